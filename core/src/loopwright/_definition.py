@@ -1,0 +1,304 @@
+"""What YAML describes: agent definitions and the runtime assembly, as frozen attrs classes.
+
+The YAML keys are the camelCase forms of these field names (``max_iterations`` ↔
+``maxIterations``). :mod:`loopwright._config` loads and validates files into these classes
+against the JSON Schemas in ``specs/``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import attrs
+
+__all__ = [
+    "AgentRetry",
+    "Assembly",
+    "Capabilities",
+    "Completion",
+    "Definition",
+    "FileGrants",
+    "InitialPrompt",
+    "InitialToolCall",
+    "InputSpec",
+    "Limits",
+    "PluginSpec",
+    "ProviderConfig",
+    "StoreConfig",
+]
+
+
+@attrs.frozen(kw_only=True)
+class PluginSpec:
+    """A plugin-backed setting: ``{kind: NAME, ...options}``.
+
+    Attributes:
+        kind: The registered kind.
+        options: The other keys, as written.
+    """
+
+    kind: str
+    options: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen(kw_only=True)
+class InputSpec:
+    """One declared input of a definition.
+
+    Attributes:
+        type: A JSON type name (``string``, ``integer``, ``number``, ``boolean``, ``object``, ``array``).
+        description: What it is for.
+        default: Used when the caller gives none; without a default the input is required.
+        required: Whether the caller must give it (``True`` when there is no default).
+    """
+
+    type: str = "string"
+    description: str | None = None
+    default: Any = None
+    required: bool = True
+
+
+@attrs.frozen(kw_only=True)
+class InitialToolCall:
+    """A tool call a definition makes before the model speaks.
+
+    Attributes:
+        name: The tool.
+        arguments: Its arguments; string values are templated from ``inputs``.
+        id: The call id; generated when absent.
+    """
+
+    name: str
+    arguments: Mapping[str, Any] = attrs.field(factory=dict)
+    id: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class InitialPrompt:
+    """One entry of ``initialPrompts``.
+
+    Attributes:
+        role: ``user`` or ``assistant``.
+        content: Its text, templated from ``inputs``.
+        tool_calls: Calls an ``assistant`` entry makes; they run first, marked ``injected``.
+    """
+
+    role: Literal["user", "assistant", "system"] = "user"
+    content: str | None = None
+    tool_calls: tuple[InitialToolCall, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class Limits:
+    """Budgets of one run segment. ``None`` means no limit.
+
+    Attributes:
+        max_iterations: Model turns (the definition's ``maxIterations`` overrides it).
+        tool_calls: Tool calls.
+        tokens: Input plus output tokens, checked before each model call.
+        cost: Cost in the pricing currency, checked before each model call.
+        elapsed: Seconds of wall time.
+        tool_timeout: Seconds one tool call may take.
+        max_depth: How deep agents may start agents.
+    """
+
+    max_iterations: int | None = None
+    tool_calls: int | None = None
+    tokens: int | None = None
+    cost: float | None = None
+    elapsed: float | None = None
+    tool_timeout: float | None = None
+    max_depth: int | None = None
+
+    def merged(self, other: Limits) -> Limits:
+        """Return these limits with every field ``other`` sets taken from ``other``."""
+        changes = {f.name: getattr(other, f.name) for f in attrs.fields(Limits)
+                   if getattr(other, f.name) is not None}
+        return attrs.evolve(self, **changes)
+
+
+DEFAULT_LIMITS = Limits(max_iterations=200, tool_calls=200, tool_timeout=60.0, max_depth=8)
+
+
+@attrs.frozen(kw_only=True)
+class Completion:
+    """A completion gate (seed 003).
+
+    Attributes:
+        verify: The verifier's name (``allTodosDone`` is built in).
+        max_attempts: How many times the model may claim it is done; required, at least 1.
+    """
+
+    verify: str
+    max_attempts: int
+
+
+@attrs.frozen(kw_only=True)
+class Definition:
+    """An agent, as a YAML definition describes it.
+
+    Attributes:
+        name: The agent's name.
+        model: ``PROVIDER:MODEL``; ``None`` uses the assembly's ``defaultModel``.
+        description: What it does.
+        model_settings: ``temperature``, ``maxTokens``, ``topP``, ``stop``, ``seed``,
+            ``toolChoice`` and provider extras, passed to the provider as written.
+        system_prompt: The system prompt, templated from ``inputs``.
+        inputs: Declared inputs.
+        initial_prompts: Prompts (and injected tool calls) before the task prompt.
+        tools: Tool names or paths (``/agent-tools/os/read-file`` → ``read-file``).
+        max_iterations: Model turns per run segment.
+        limits: Other budgets.
+        context_strategy: How to shrink the transcript.
+        requires_approval: Tool names whose every call is held for approval.
+        approval_policy: ``perCall`` (only held calls wait) or ``holdTurn`` (seed 002).
+        completion: A completion gate.
+        output: A JSON Schema for structured output.
+        hooks: Plugin references whose hooks apply to this agent only.
+        guardrails: Plugin references whose before_tool_call hooks apply to this agent only.
+        fallback_models: Models to try, in order, when the model fails for good.
+        source: The file it was read from, if any.
+    """
+
+    name: str
+    model: str | None = None
+    description: str | None = None
+    model_settings: Mapping[str, Any] = attrs.field(factory=dict)
+    system_prompt: str | None = None
+    inputs: Mapping[str, InputSpec] = attrs.field(factory=dict)
+    initial_prompts: tuple[InitialPrompt, ...] = ()
+    tools: tuple[str, ...] = ()
+    max_iterations: int | None = None
+    limits: Limits = attrs.field(factory=Limits)
+    context_strategy: PluginSpec | None = None
+    requires_approval: tuple[str, ...] = ()
+    approval_policy: Literal["perCall", "holdTurn"] = "perCall"
+    completion: Completion | None = None
+    output: Mapping[str, Any] | None = None
+    hooks: tuple[str, ...] = ()
+    guardrails: tuple[str, ...] = ()
+    fallback_models: tuple[str, ...] = ()
+    source: Path | None = None
+
+    @property
+    def tool_names(self) -> tuple[str, ...]:
+        """The tool names, each path reduced to its last segment."""
+        return tuple(t.rstrip("/").rsplit("/", 1)[-1] for t in self.tools)
+
+
+@attrs.frozen(kw_only=True)
+class FileGrants:
+    """File roots an instance may read and write.
+
+    Attributes:
+        read: Folders (or files) it may read.
+        write: Folders (or files) it may write (and read).
+    """
+
+    read: tuple[str, ...] = ()
+    write: tuple[str, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class Capabilities:
+    """What an instance may touch. :func:`loopwright.intersect` never widens these.
+
+    Attributes:
+        files: File roots.
+        shell: ``none``, ``allow``, ``approval`` or ``loopApproval``.
+        network: Whether tools may reach the network.
+        agents_spawn: Whether it may start agents.
+        agents_max_depth: How deep agents it starts may nest.
+    """
+
+    files: FileGrants = attrs.field(factory=FileGrants)
+    shell: Literal["none", "allow", "approval", "loopApproval"] = "none"
+    network: bool = False
+    agents_spawn: bool = False
+    agents_max_depth: int = 8
+
+
+@attrs.frozen(kw_only=True)
+class ProviderConfig:
+    """One entry of the assembly's ``providers:``.
+
+    Attributes:
+        kind: The registered provider kind.
+        base_url: The API base URL.
+        api_key: The key, written in the file (prefer ``api_key_env``).
+        api_key_env: The environment variable holding the key.
+        options: Every other key, passed to the provider.
+    """
+
+    kind: str
+    base_url: str | None = None
+    api_key: str | None = None
+    api_key_env: str | None = None
+    options: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen(kw_only=True)
+class StoreConfig:
+    """The assembly's ``store:``.
+
+    Attributes:
+        kind: The registered store kind (``file`` by default).
+        options: Every other key (``path`` for the file store).
+    """
+
+    kind: str = "file"
+    options: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen(kw_only=True)
+class AgentRetry:
+    """Runtime-level retries of transient provider failures (seed 000: default none).
+
+    Attributes:
+        max_retries: Retries after the provider's own.
+    """
+
+    max_retries: int = 0
+
+
+@attrs.frozen(kw_only=True)
+class Assembly:
+    """A runtime, as ``loopwright.yaml`` describes it.
+
+    Attributes:
+        store: Where instances live.
+        providers: Named provider configurations.
+        default_model: The model for definitions that name none.
+        plugins: Plugin references to load after the entry points.
+        disable_plugins: Entry-point names not to load.
+        capabilities: The grants of agents started here.
+        agent_definitions: Definitions registered by name → path.
+        agents_may_reach_any_instance: Let agent tools reach instances outside the caller's subtree.
+        limits: Default limits for every definition.
+        records: Record sinks.
+        pricing: Price overrides per ``PROVIDER:MODEL`` (USD per million tokens:
+            ``input``, ``output``, ``cacheRead``, ``cacheWrite``).
+        agent_retry: Runtime-level retries.
+        path: The file it was read from, if any.
+    """
+
+    store: StoreConfig = attrs.field(factory=StoreConfig)
+    providers: Mapping[str, ProviderConfig] = attrs.field(factory=dict)
+    default_model: str | None = None
+    plugins: tuple[str, ...] = ()
+    disable_plugins: tuple[str, ...] = ()
+    capabilities: Capabilities = attrs.field(factory=Capabilities)
+    agent_definitions: Mapping[str, str] = attrs.field(factory=dict)
+    agents_may_reach_any_instance: bool = False
+    limits: Limits = attrs.field(factory=Limits)
+    records: tuple[PluginSpec, ...] = ()
+    pricing: Mapping[str, Mapping[str, float]] = attrs.field(factory=dict)
+    agent_retry: AgentRetry = attrs.field(factory=AgentRetry)
+    path: Path | None = None
+
+    @property
+    def base_dir(self) -> Path:
+        """The folder relative paths in the assembly are resolved against."""
+        return self.path.parent if self.path else Path.cwd()

@@ -1,0 +1,328 @@
+"""The plugin manager: one per :class:`~loopwright.Runtime`, never a global one.
+
+Loading order (so that hooks run in this order too):
+
+1. the built-in plugin modules of :data:`BUILTIN_PLUGINS`;
+2. the entry points of group ``loopwright``, except blocked names (the assembly's
+   ``disablePlugins`` and the comma-separated ``LOOPWRIGHT_DISABLE_PLUGINS``; set
+   ``LOOPWRIGHT_DISABLE_PLUGIN_AUTOLOAD=1`` to load none);
+3. the assembly's ``plugins:``, each an entry-point name, a dotted module path or a ``.py`` file
+   relative to the assembly file;
+4. plugins a host registers later with :meth:`PluginHost.register`.
+
+Then ``check_pending()`` rejects hook implementations that match no spec (a misspelled hook), and
+the registration hooks fill the component registries.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import inspect
+import os
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pluggy
+
+from loopwright import hookspecs
+from loopwright._tools import Tool, as_tool
+from loopwright.errors import PluginError, RegistrationError
+
+__all__ = ["BUILTIN_PLUGINS", "ENTRY_POINT_GROUP", "PluginHost", "Registry", "hookimpl"]
+
+ENTRY_POINT_GROUP = "loopwright"
+
+#: Plugin modules that ship inside loopwright-core. They register exactly as a third party would.
+BUILTIN_PLUGINS: tuple[str, ...] = (
+    "loopwright.builtins.tools",
+    "loopwright.builtins.file_store",
+    "loopwright.builtins.context",
+    "loopwright.builtins.records",
+)
+
+#: Mark a function as an implementation of a ``loopwright_*`` hook.
+hookimpl = pluggy.HookimplMarker(hookspecs.PROJECT)
+
+_SYNC_ONLY = frozenset(hookspecs.REGISTRATIONS)
+
+
+class _Manager(pluggy.PluginManager):
+    """A PluginManager that counts changes so that cached hook lists know when to refresh."""
+
+    def __init__(self) -> None:
+        super().__init__(hookspecs.PROJECT)
+        self.generation = 0
+        self.add_hookspecs(hookspecs)
+
+    def register(self, plugin: object, name: str | None = None) -> str | None:
+        name = super().register(plugin, name)
+        self.generation += 1
+        return name
+
+    def unregister(self, plugin: object | None = None, name: str | None = None) -> Any:
+        out = super().unregister(plugin, name)
+        self.generation += 1
+        return out
+
+
+class Registry:
+    """Components registered under names, each remembering the plugin that registered it.
+
+    Attributes:
+        kind: What is registered (``provider``, ``tool`` ...), for error messages.
+    """
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._items: dict[str, tuple[Any, str]] = {}
+
+    def add(self, name: str, item: Any, plugin: str) -> None:
+        """Register ``item`` as ``name``; a name taken by another plugin raises RegistrationError."""
+        if name in self._items:
+            raise RegistrationError(kind=self.kind, name=name, first=self._items[name][1], second=plugin)
+        self._items[name] = (item, plugin)
+
+    def get(self, name: str) -> Any:
+        """Return the item registered as ``name``. Raise KeyError if there is none."""
+        return self._items[name][0]
+
+    def plugin_of(self, name: str) -> str:
+        """Return the name of the plugin that registered ``name``."""
+        return self._items[name][1]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
+
+    def names(self) -> list[str]:
+        """Return the registered names, sorted."""
+        return sorted(self._items)
+
+    def items(self) -> list[tuple[str, Any, str]]:
+        """Return ``(name, item, plugin)`` for every entry, sorted by name."""
+        return [(n, i, p) for n, (i, p) in sorted(self._items.items())]
+
+
+class PluginHost:
+    """Owns the plugin manager of one runtime and the registries its plugins fill.
+
+    Attributes:
+        pm: The pluggy manager.
+        providers: Provider kinds → factories.
+        tools: Tool names → :class:`~loopwright.Tool`.
+        stores: Store kinds → factories.
+        context_strategies: Strategy kinds → factories.
+        record_sinks: Sink kinds → factories.
+        commands: CLI command names → click commands.
+    """
+
+    def __init__(self) -> None:
+        self.pm = _Manager()
+        self.providers = Registry("provider")
+        self.tools = Registry("tool")
+        self.stores = Registry("store")
+        self.context_strategies = Registry("context strategy")
+        self.record_sinks = Registry("record sink")
+        self.commands = Registry("command")
+        self._registered_order: list[str] = []
+        self._impl_cache: dict[str, tuple[int, tuple[Any, ...]]] = {}
+
+    # -- loading ----------------------------------------------------------------------------
+
+    def load(
+        self, *, extra: Sequence[str] = (), base_dir: Path | None = None,
+        blocked: Iterable[str] = (), autoload: bool | None = None,
+    ) -> None:
+        """Load built-ins, entry points and ``extra`` plugin references, then fill registries.
+
+        :param extra: The assembly's ``plugins:`` entries.
+        :param base_dir: The folder ``.py`` references are relative to.
+        :param blocked: Entry-point names not to load.
+        :param autoload: Whether to load entry points; default: unless
+            ``LOOPWRIGHT_DISABLE_PLUGIN_AUTOLOAD`` is set.
+        """
+        for modname in BUILTIN_PLUGINS:
+            self._register_checked(importlib.import_module(modname), modname)
+        blocked_names = set(blocked)
+        env_blocked = os.environ.get("LOOPWRIGHT_DISABLE_PLUGINS", "")
+        blocked_names.update(n.strip() for n in env_blocked.split(",") if n.strip())
+        if autoload is None:
+            autoload = os.environ.get("LOOPWRIGHT_DISABLE_PLUGIN_AUTOLOAD", "") in ("", "0")
+        for name in sorted(blocked_names):
+            self.pm.set_blocked(name)
+        eps = _entry_points() if autoload else {}
+        for name, ep in eps.items():
+            if name in blocked_names or self.pm.has_plugin(name):
+                continue
+            try:
+                plugin = ep.load()
+            except Exception as exc:
+                raise PluginError(f"could not load entry point {ep.value!r}: {exc}", plugin_name=name) from exc
+            self._register_checked(plugin, name)
+        for ref in extra:
+            plugin, name = _resolve_reference(ref, base_dir, eps)
+            if name in blocked_names:
+                raise PluginError("is listed in plugins: but also blocked", plugin_name=name)
+            if not self.pm.has_plugin(name):
+                self._register_checked(plugin, name)
+        self.pm.check_pending()
+        for name in list(self._registered_order):
+            self._call_registrations(name)
+
+    def register(self, plugin: object, name: str | None = None) -> str:
+        """Register one more plugin now (a host's hooks, a test's plugin) and its components."""
+        name = name or _default_name(plugin)
+        self._register_checked(plugin, name)
+        self.pm.check_pending()
+        self._call_registrations(name)
+        return name
+
+    def unregister(self, name: str) -> None:
+        """Remove a plugin's hooks and every component it registered."""
+        self.pm.unregister(name=name)
+        self._registered_order.remove(name)
+        for reg in self._registries():
+            for item_name, _item, plugin in reg.items():
+                if plugin == name:
+                    del reg._items[item_name]  # noqa: SLF001 - the registry's owner
+
+    def plugin_names(self) -> list[str]:
+        """Return the loaded plugins' names in registration order."""
+        return list(self._registered_order)
+
+    def registered_by(self, name: str) -> dict[str, list[str]]:
+        """Return what plugin ``name`` registered, as ``{kind: [names]}``."""
+        out: dict[str, list[str]] = {}
+        for reg in self._registries():
+            names = [n for n, _i, p in reg.items() if p == name]
+            if names:
+                out[reg.kind] = names
+        return out
+
+    def _registries(self) -> tuple[Registry, ...]:
+        return (self.providers, self.tools, self.stores, self.context_strategies,
+                self.record_sinks, self.commands)
+
+    def _register_checked(self, plugin: object, name: str) -> None:
+        for hook_name in _SYNC_ONLY:
+            fn = getattr(plugin, hook_name, None)
+            if fn is not None and inspect.iscoroutinefunction(fn):
+                raise PluginError(f"{hook_name} must not be async def", plugin_name=name)
+        try:
+            self.pm.register(plugin, name)
+        except ValueError as exc:
+            raise PluginError(str(exc), plugin_name=name) from exc
+        except pluggy.PluginValidationError as exc:
+            raise PluginError(str(exc), plugin_name=name) from exc
+        self._registered_order.append(name)
+
+    def _call_registrations(self, name: str) -> None:
+        plugin = self.pm.get_plugin(name)
+
+        def keyed(reg: Registry) -> Callable[..., None]:
+            def register(kind: str, factory: Any) -> None:
+                reg.add(kind, factory, name)
+            return register
+
+        def register_tools(*tools: Any) -> None:
+            for t in tools:
+                made = as_tool(t)
+                self.tools.add(made.name, made.replace(plugin=name), name)
+
+        def register_commands(*commands: Any) -> None:
+            for c in commands:
+                self.commands.add(c.name, c, name)
+
+        calls: Mapping[str, Callable[..., None]] = {
+            "loopwright_register_providers": keyed(self.providers),
+            "loopwright_register_tools": register_tools,
+            "loopwright_register_stores": keyed(self.stores),
+            "loopwright_register_context_strategies": keyed(self.context_strategies),
+            "loopwright_register_record_sinks": keyed(self.record_sinks),
+            "loopwright_register_commands": register_commands,
+        }
+        for hook_name, registrar in calls.items():
+            fn = getattr(plugin, hook_name, None)
+            if fn is None:
+                continue
+            argnames = _argnames(fn)
+            fn(**({"register": registrar} if "register" in argnames else {}))
+
+    # -- calling ----------------------------------------------------------------------------
+
+    def impls(self, hook_name: str) -> tuple[Any, ...]:
+        """Return ``(plugin_name, function, argnames)`` for each implementation, in registration order.
+
+        Cached; the cache refreshes when a plugin is registered or unregistered.
+        """
+        gen = self.pm.generation
+        hit = self._impl_cache.get(hook_name)
+        if hit is not None and hit[0] == gen:
+            return hit[1]
+        caller = getattr(self.pm.hook, hook_name)
+        order = {n: i for i, n in enumerate(self._registered_order)}
+        hookimpls = sorted(
+            caller.get_hookimpls(),
+            key=lambda h: (0 if h.tryfirst else 2 if h.trylast else 1, order.get(h.plugin_name, 1 << 30)),
+        )
+        out = tuple((h.plugin_name, h.function, tuple(h.argnames) + tuple(h.kwargnames)) for h in hookimpls)
+        self._impl_cache[hook_name] = (gen, out)
+        return out
+
+
+def _argnames(fn: Callable[..., Any]) -> tuple[str, ...]:
+    return tuple(inspect.signature(fn).parameters)
+
+
+def _default_name(plugin: object) -> str:
+    if inspect.ismodule(plugin):
+        return plugin.__name__
+    return f"{type(plugin).__module__}.{type(plugin).__qualname__}@{id(plugin):x}"
+
+
+def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def _resolve_reference(
+    ref: str, base_dir: Path | None, eps: Mapping[str, importlib.metadata.EntryPoint],
+) -> tuple[object, str]:
+    """Load a ``plugins:`` entry: a ``.py`` file, an entry-point name, or a dotted module path."""
+    if ref.endswith(".py"):
+        path = Path(ref)
+        if not path.is_absolute():
+            path = (base_dir or Path.cwd()) / path
+        if not path.is_file():
+            raise PluginError(f"no such plugin file: {path}", plugin_name=ref)
+        modname = f"loopwright_plugin_file_{abs(hash(str(path.resolve()))):x}"
+        spec = importlib.util.spec_from_file_location(modname, path)
+        if spec is None or spec.loader is None:
+            raise PluginError(f"cannot import {path}", plugin_name=ref)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[modname] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            del sys.modules[modname]
+            raise PluginError(f"importing {path} failed: {exc!r}", plugin_name=ref) from exc
+        return module, ref
+    ep = eps.get(ref) or _entry_points().get(ref)
+    if ep is not None:
+        try:
+            return ep.load(), ref
+        except Exception as exc:
+            raise PluginError(f"could not load entry point {ep.value!r}: {exc}", plugin_name=ref) from exc
+    try:
+        return importlib.import_module(ref), ref
+    except ImportError as exc:
+        raise PluginError(
+            f"is neither an entry point of group {ENTRY_POINT_GROUP!r}, an importable module, "
+            f"nor a .py file: {exc}", plugin_name=ref) from exc
+
+
+def tools_by_name(tools: Iterable[Tool]) -> dict[str, Tool]:
+    """Index tools by name."""
+    return {t.name: t for t in tools}

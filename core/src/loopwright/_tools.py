@@ -1,0 +1,260 @@
+"""Tools: the :func:`tool` decorator, the :class:`Tool` object and JSON Schemas from type hints.
+
+A tool is a plain or ``async`` function. Its JSON Schema comes from its signature's type hints,
+and its description and per-argument descriptions from its docstring (Google ``Args:`` sections
+or Sphinx ``:param x:`` lines). The schema and its validator are built once, when the tool is
+made, never per call.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import re
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal, TypeVar, overload
+
+import attrs
+import jsonschema
+
+from loopwright._types import ToolSpec
+
+__all__ = ["Tool", "schema_for_function", "tool"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+@attrs.frozen(kw_only=True)
+class Tool:
+    """A tool the model can call.
+
+    Attributes:
+        name: What the model calls it (1-64 of ``A-Za-z0-9_-``).
+        description: What it does, for the model.
+        parameters: The JSON Schema of its arguments.
+        function: The callable; ``async def`` is awaited, a plain function runs in a worker thread.
+        parallel_safe: Whether it may run at the same time as other calls of the same turn.
+        requires_approval: Whether each call is held until someone approves it.
+        ends_loop: Whether a successful call ends the run as ``completed``.
+        idempotent: Whether a call interrupted by a crash may simply run again on resume.
+        timeout: Seconds before the run stops waiting for it; ``None`` uses the definition's limit.
+        is_async: Whether ``function`` is a coroutine function.
+        plugin: The plugin that registered it, filled in by the registrar.
+    """
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any]
+    function: Callable[..., Any]
+    parallel_safe: bool = True
+    requires_approval: bool = False
+    ends_loop: bool = False
+    idempotent: bool = False
+    timeout: float | None = None
+    is_async: bool = attrs.field(default=attrs.Factory(
+        lambda self: inspect.iscoroutinefunction(self.function), takes_self=True))
+    plugin: str | None = None
+    _validator: Any = attrs.field(default=None, repr=False, eq=False, alias="_validator")
+    _spec: ToolSpec | None = attrs.field(default=None, repr=False, eq=False, alias="_spec")
+
+    def __attrs_post_init__(self) -> None:
+        if not _NAME_RE.match(self.name):
+            raise ValueError(f"tool name {self.name!r} must be 1-64 characters of A-Z a-z 0-9 _ -")
+        jsonschema.Draft202012Validator.check_schema(self.parameters)
+        object.__setattr__(self, "_validator", jsonschema.Draft202012Validator(self.parameters))
+        object.__setattr__(self, "_spec", ToolSpec(
+            name=self.name, description=self.description, parameters=self.parameters))
+
+    @property
+    def spec(self) -> ToolSpec:
+        """What the model is told about this tool."""
+        return self._spec  # type: ignore[return-value]
+
+    def validation_errors(self, arguments: Mapping[str, Any]) -> list[str]:
+        """Return the problems with ``arguments`` (empty when they are valid), e.g. ``a: required``."""
+        validator = self._validator
+        if validator.is_valid(arguments):
+            return []
+        problems = []
+        for error in sorted(validator.iter_errors(arguments), key=lambda e: list(e.path)):
+            where = ".".join(str(p) for p in error.path)
+            if error.validator == "required":
+                missing = re.findall(r"'([^']+)' is a required property", error.message)
+                for name in missing:
+                    problems.append(f"{'.'.join([where, name]) if where else name}: required")
+                continue
+            if error.validator == "additionalProperties":
+                problems.append(f"{where or '(arguments)'}: {error.message}")
+                continue
+            problems.append(f"{where or '(arguments)'}: {error.message}")
+        return problems
+
+    def replace(self, **changes: Any) -> Tool:
+        """Return a copy with some fields changed."""
+        return attrs.evolve(self, **changes)
+
+
+@overload
+def tool(func: F, /) -> Tool: ...
+@overload
+def tool(
+    *, name: str | None = None, description: str | None = None, parallel_safe: bool = True,
+    requires_approval: bool = False, ends_loop: bool = False, idempotent: bool = False,
+    timeout: float | None = None,
+) -> Callable[[F], Tool]: ...
+
+
+def tool(
+    func: Callable[..., Any] | None = None, /, *, name: str | None = None,
+    description: str | None = None, parallel_safe: bool = True, requires_approval: bool = False,
+    ends_loop: bool = False, idempotent: bool = False, timeout: float | None = None,
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Make a :class:`Tool` from a function, as ``@tool`` or ``@tool(parallel_safe=False, ...)``.
+
+    The schema comes from the type hints (``int``, ``float``, ``str``, ``bool``, ``list[X]``,
+    ``dict[str, X]``, ``X | None``, ``Literal[...]``, enums, attrs classes and TypedDicts); a
+    parameter without a default is required. The description is the docstring's first
+    paragraph; argument descriptions come from its ``Args:`` section or ``:param x:`` lines.
+    The returned :class:`Tool` is still callable through ``tool.function``.
+    """
+
+    def make(f: Callable[..., Any]) -> Tool:
+        summary, params = _parse_docstring(inspect.getdoc(f) or "")
+        return Tool(
+            name=name or f.__name__,
+            description=description if description is not None else summary,
+            parameters=schema_for_function(f, params),
+            function=f,
+            parallel_safe=parallel_safe,
+            requires_approval=requires_approval,
+            ends_loop=ends_loop,
+            idempotent=idempotent,
+            timeout=timeout,
+        )
+
+    if func is not None:
+        return make(func)
+    return make
+
+
+def as_tool(obj: Any) -> Tool:
+    """Return ``obj`` if it is a :class:`Tool`, else wrap a plain function with the defaults."""
+    if isinstance(obj, Tool):
+        return obj
+    if callable(obj):
+        return tool(obj)
+    raise TypeError(f"not a tool: {obj!r}")
+
+
+_PARAM_SPHINX = re.compile(r"^:param\s+(?:\w+\s+)?(\w+):\s*(.*)$")
+_SECTION = re.compile(r"^(Args|Arguments|Parameters|Returns|Raises|Yields|Example|Examples|Note|Notes):\s*$")
+
+
+def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
+    """Split a docstring into its first paragraph and the argument descriptions."""
+    lines = doc.splitlines()
+    summary_lines: list[str] = []
+    for line in lines:
+        if not line.strip() or _SECTION.match(line.strip()) or line.strip().startswith(":"):
+            break
+        summary_lines.append(line.strip())
+    params: dict[str, str] = {}
+    section = None
+    current: str | None = None
+    for raw in lines:
+        line = raw.strip()
+        m = _PARAM_SPHINX.match(line)
+        if m:
+            current = m.group(1)
+            params[current] = m.group(2).strip()
+            section = None
+            continue
+        s = _SECTION.match(line)
+        if s:
+            section = s.group(1)
+            current = None
+            continue
+        if section in {"Args", "Arguments", "Parameters"} and line:
+            gm = re.match(r"^(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$", line)
+            if gm and raw.startswith(" " * 4) and not raw.startswith(" " * 8):
+                current = gm.group(1)
+                params[current] = gm.group(2).strip()
+                continue
+        if current and line and not line.startswith(":"):
+            params[current] = f"{params[current]} {line}".strip()
+        elif not line:
+            current = None if section is None else current
+    return " ".join(summary_lines), params
+
+
+def schema_for_function(func: Callable[..., Any], descriptions: Mapping[str, str] | None = None,
+                        ) -> dict[str, Any]:
+    """Return the JSON Schema (an object schema) of ``func``'s parameters."""
+    descriptions = descriptions or {}
+    hints = typing.get_type_hints(func, include_extras=False)
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    for pname, param in inspect.signature(func).parameters.items():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        schema = _schema_for_type(hints.get(pname, Any))
+        if pname in descriptions:
+            schema = {**schema, "description": descriptions[pname]}
+        if param.default is inspect.Parameter.empty:
+            required.append(pname)
+        elif param.default is None or isinstance(param.default, (str, int, float, bool)):
+            schema = {**schema, "default": param.default}
+        properties[pname] = schema
+    out: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": False}
+    if required:
+        out["required"] = required
+    return out
+
+
+def _schema_for_type(tp: Any) -> dict[str, Any]:  # noqa: C901, PLR0911, PLR0912 - one branch per type
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any or tp is inspect.Parameter.empty:
+        return {}
+    if tp is type(None):
+        return {"type": "null"}
+    if tp is bool:
+        return {"type": "boolean"}
+    if tp is int:
+        return {"type": "integer"}
+    if tp is float:
+        return {"type": "number"}
+    if tp is str:
+        return {"type": "string"}
+    if origin is Literal:
+        return {"enum": list(args)}
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return {"enum": [m.value for m in tp]}
+    if origin in (typing.Union, types.UnionType):
+        non_none = [a for a in args if a is not type(None)]
+        options = [_schema_for_type(a) for a in non_none]
+        if len(non_none) < len(args):
+            options.append({"type": "null"})
+        return options[0] if len(options) == 1 else {"anyOf": options}
+    if origin in (list, Sequence, tuple, set, frozenset) or tp in (list, tuple, set):
+        item = _schema_for_type(args[0]) if args else {}
+        return {"type": "array", "items": item}
+    if origin in (dict, Mapping) or tp is dict:
+        value = _schema_for_type(args[1]) if len(args) == 2 else {}  # noqa: PLR2004
+        return {"type": "object", "additionalProperties": value}
+    if attrs.has(tp):
+        fields = attrs.fields(tp)
+        hints = typing.get_type_hints(tp)
+        props = {f.name: _schema_for_type(hints.get(f.name, Any)) for f in fields}
+        req = [f.name for f in fields if f.default is attrs.NOTHING]
+        return {"type": "object", "properties": props, "required": req, "additionalProperties": False}
+    if typing.is_typeddict(tp):
+        hints = typing.get_type_hints(tp)
+        props = {k: _schema_for_type(v) for k, v in hints.items()}
+        return {"type": "object", "properties": props,
+                "required": sorted(getattr(tp, "__required_keys__", ())), "additionalProperties": False}
+    raise TypeError(f"no JSON Schema for the type {tp!r}; annotate the parameter with a JSON type")

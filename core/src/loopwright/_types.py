@@ -1,0 +1,448 @@
+"""The value objects that cross plugin and hook boundaries.
+
+Everything here is a frozen attrs class with keyword-only fields, so a hook can read it but
+never change the run except through a decision, and new fields can be added without breaking
+anybody. JSON forms (on disk and under ``--json``) use camelCase; see :mod:`loopwright._convert`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Literal
+
+import attrs
+
+__all__ = [
+    "AgentResult",
+    "Cost",
+    "Event",
+    "InstanceInfo",
+    "Message",
+    "ModelRequest",
+    "ModelResponse",
+    "PendingApproval",
+    "Record",
+    "Role",
+    "State",
+    "StopReason",
+    "ToolCall",
+    "ToolResult",
+    "ToolSpec",
+    "ToolStatus",
+    "Transcript",
+    "Usage",
+]
+
+Role = Literal["system", "user", "assistant", "tool"]
+
+
+class State(enum.StrEnum):
+    """The state of an instance (seed 000)."""
+
+    RUNNING = "running"
+    WAITING = "waiting"
+    WAITING_FOR_APPROVAL = "waiting_for_approval"
+    STOPPED = "stopped"
+    ERROR = "error"
+
+
+class StopReason(enum.StrEnum):
+    """Why a run segment ended."""
+
+    COMPLETED = "completed"
+    WAITING = "waiting"
+    WAITING_FOR_APPROVAL = "waiting_for_approval"
+    MAX_ITERATIONS = "max_iterations"
+    LIMIT_EXCEEDED = "limit_exceeded"
+    CONTENT_FILTER = "content_filter"
+    OUTPUT_INVALID = "output_invalid"
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+class ToolStatus(enum.StrEnum):
+    """How a tool call came back. Every call gets exactly one result with one of these."""
+
+    SUCCESS = "success"
+    INVALID_ARGUMENTS = "invalid_arguments"
+    UNKNOWN_TOOL = "unknown_tool"
+    TOOL_ERROR = "tool_error"
+    TOOL_FAILED = "tool_failed"
+    TIMEOUT = "timeout"
+    DENIED = "denied"
+    BLOCKED = "blocked"
+    SKIPPED = "skipped"
+    UNKNOWN_OUTCOME = "unknown_outcome"
+
+
+@attrs.frozen(kw_only=True)
+class Usage:
+    """Token counts of one or more model calls. ``None`` means the provider did not say.
+
+    Attributes:
+        input_tokens: Prompt tokens, cached ones included.
+        output_tokens: Completion tokens, reasoning included.
+        total_tokens: Their sum.
+        cache_read_tokens: Prompt tokens served from the provider's cache.
+        cache_write_tokens: Prompt tokens written to the provider's cache.
+        reasoning_tokens: Output tokens spent on hidden reasoning.
+        requests: How many model calls this covers.
+    """
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    total_tokens: int = 0
+    cache_read_tokens: int | None = None
+    cache_write_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    requests: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        """Sum two usages; an optional count stays ``None`` only when both are ``None``."""
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            total_tokens=self.total_tokens + other.total_tokens,
+            cache_read_tokens=_add_opt(self.cache_read_tokens, other.cache_read_tokens),
+            cache_write_tokens=_add_opt(self.cache_write_tokens, other.cache_write_tokens),
+            reasoning_tokens=_add_opt(self.reasoning_tokens, other.reasoning_tokens),
+            requests=self.requests + other.requests,
+        )
+
+
+def _add_opt(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a + b
+
+
+@attrs.frozen(kw_only=True)
+class Cost:
+    """A price in a currency. ``amount`` is ``None`` when any part of it is unknown, never 0.
+
+    Attributes:
+        amount: The price, or ``None`` when unknown.
+        currency: ISO code, ``USD`` unless a pricing override says otherwise.
+    """
+
+    amount: float | None = 0.0
+    currency: str = "USD"
+
+    def __add__(self, other: Cost) -> Cost:
+        """Sum two costs; unknown plus anything is unknown."""
+        if self.amount is None or other.amount is None:
+            return Cost(amount=None, currency=self.currency)
+        return Cost(amount=self.amount + other.amount, currency=self.currency)
+
+
+UNKNOWN_COST = Cost(amount=None)
+ZERO_COST = Cost(amount=0.0)
+
+
+@attrs.frozen(kw_only=True)
+class ToolCall:
+    """A call the model asked for (or an injected one from ``initialPrompts``).
+
+    Attributes:
+        id: The provider's call id, unique within the instance.
+        name: The tool name the model used (maybe one that does not exist).
+        arguments: The parsed arguments; empty when they could not be parsed.
+        raw_arguments: The arguments as the model wrote them, when they were not valid JSON.
+        injected: Whether the call came from the definition's ``initialPrompts``.
+    """
+
+    id: str
+    name: str
+    arguments: Mapping[str, Any] = attrs.field(factory=dict)
+    raw_arguments: str | None = None
+    injected: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class Message:
+    """One transcript entry.
+
+    Attributes:
+        role: ``system``, ``user``, ``assistant`` or ``tool``.
+        content: The text, or ``None`` (an assistant turn made only of tool calls).
+        tool_calls: The calls an assistant message asks for.
+        tool_call_id: For ``tool`` messages, the call answered.
+        name: For ``tool`` messages, the tool's name.
+        status: For ``tool`` messages, the :class:`ToolStatus`.
+        source: Who sent a ``user`` message: ``api``, ``user``, ``agent``, ``runtime`` or ``definition``.
+        injected: Whether the message came from the definition's ``initialPrompts``.
+        model: For ``assistant`` messages, the model that served the turn.
+    """
+
+    role: Role
+    content: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+    status: ToolStatus | None = None
+    source: str | None = None
+    injected: bool = False
+    model: str | None = None
+
+
+class Transcript(Sequence[Message]):
+    """The messages of an instance: appended to, never copied per turn.
+
+    A provider that turns messages into its wire format asks :meth:`encoded`, which keeps the
+    encoded form of every message it has seen and encodes only the new ones. Replacing the
+    messages (compaction, a ``ModifyRequest``) starts a new epoch and drops the caches.
+    """
+
+    __slots__ = ("_caches", "_epoch", "_messages")
+
+    def __init__(self, messages: Sequence[Message] = ()) -> None:
+        """Start a transcript holding ``messages``."""
+        self._messages: list[Message] = list(messages)
+        self._epoch = 0
+        self._caches: dict[str, list[Any]] = {}
+
+    def __getitem__(self, index: Any) -> Any:
+        """Return a message, or a list of messages for a slice."""
+        return self._messages[index]
+
+    def __len__(self) -> int:
+        """Return the number of messages."""
+        return len(self._messages)
+
+    def __iter__(self) -> Iterator[Message]:
+        """Iterate over the messages in order."""
+        return iter(self._messages)
+
+    def __repr__(self) -> str:
+        return f"Transcript({len(self._messages)} messages, epoch {self._epoch})"
+
+    @property
+    def epoch(self) -> int:
+        """How many times the messages were replaced wholesale."""
+        return self._epoch
+
+    def append(self, message: Message) -> None:
+        """Add one message at the end."""
+        self._messages.append(message)
+
+    def extend(self, messages: Sequence[Message]) -> None:
+        """Add messages at the end, in order."""
+        self._messages.extend(messages)
+
+    def replace(self, messages: Sequence[Message]) -> None:
+        """Replace every message (compaction); encoded caches are dropped."""
+        self._messages = list(messages)
+        self._epoch += 1
+        self._caches.clear()
+
+    def encoded(self, key: str, encode: Any) -> list[Any]:
+        """Return ``[encode(m) for m in self]``, encoding only messages added since the last call.
+
+        :param key: A name for the encoding (one per wire format), for example ``"openai-chat"``.
+        :param encode: A function of one :class:`Message`. It must be pure: its results are cached.
+        :return: The cached list itself; treat it as read-only.
+        """
+        cache = self._caches.get(key)
+        if cache is None:
+            cache = self._caches[key] = []
+        n = len(cache)
+        if n < len(self._messages):
+            cache.extend(map(encode, self._messages[n:]))
+        return cache
+
+
+@attrs.frozen(kw_only=True)
+class ToolSpec:
+    """What the model is told about a tool.
+
+    Attributes:
+        name: The tool's name.
+        description: What it does, for the model.
+        parameters: The JSON Schema of its arguments (an object schema).
+    """
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any]
+
+
+@attrs.frozen(kw_only=True)
+class ModelRequest:
+    """One call to a model.
+
+    Attributes:
+        model: The model id as the provider knows it (after ``PROVIDER:``).
+        provider: The provider's name in the assembly, or its kind.
+        messages: The transcript, system prompt first. Read-only.
+        tools: The tools the model may call.
+        settings: The definition's ``modelSettings`` (camelCase keys, extras passed through).
+        output_schema: A JSON Schema the answer must follow, when the definition has ``output``.
+        stream: Whether to stream the answer.
+    """
+
+    model: str
+    provider: str
+    messages: Sequence[Message]
+    tools: Sequence[ToolSpec] = ()
+    settings: Mapping[str, Any] = attrs.field(factory=dict)
+    output_schema: Mapping[str, Any] | None = None
+    stream: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class ModelResponse:
+    """What a model answered.
+
+    Attributes:
+        message: The assistant message (text and/or tool calls).
+        usage: Tokens the call used.
+        finish_reason: Normalised: ``stop``, ``tool_calls``, ``length``, ``content_filter`` or ``error``.
+        model: The model that served the call, as the provider reported it.
+        raw_finish_reason: The provider's own finish reason.
+    """
+
+    message: Message
+    usage: Usage = attrs.field(factory=Usage)
+    finish_reason: str = "stop"
+    model: str | None = None
+    raw_finish_reason: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ToolResult:
+    """The result of one tool call, as the model will see it.
+
+    Attributes:
+        tool_call_id: The call answered.
+        name: The tool's name as the model called it.
+        status: How the call came back.
+        content: The text the model sees (cut at 100,000 characters, with a marker).
+        data: The tool's return value before it became text, for ``success``.
+        duration: Seconds the tool ran, or ``None`` if it did not run.
+    """
+
+    tool_call_id: str
+    name: str
+    status: ToolStatus
+    content: str
+    data: Any = None
+    duration: float | None = None
+
+    @property
+    def is_error(self) -> bool:
+        """Whether the status is anything but ``success``."""
+        return self.status is not ToolStatus.SUCCESS
+
+
+@attrs.frozen(kw_only=True)
+class PendingApproval:
+    """A tool call held until someone approves or denies it.
+
+    Attributes:
+        tool_call_id: The held call.
+        tool: The tool's name.
+        arguments: The call's arguments.
+        reason: Why it is held.
+        requested_at: When it was held (ISO 8601, UTC).
+        decision: ``approved``, ``denied`` or ``None`` while undecided.
+        decision_reason: The reason given with a denial.
+    """
+
+    tool_call_id: str
+    tool: str
+    arguments: Mapping[str, Any]
+    reason: str
+    requested_at: str
+    decision: Literal["approved", "denied"] | None = None
+    decision_reason: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class InstanceInfo:
+    """Read-only facts about the instance a hook is called for.
+
+    Attributes:
+        instance_id: The instance's id.
+        name: The definition's name.
+        model: The definition's model reference (``PROVIDER:MODEL``).
+        depth: 0 for a top-level agent, 1 for its children, and so on.
+        spawner_instance_id: The instance that started this one, if any.
+    """
+
+    instance_id: str
+    name: str
+    model: str
+    depth: int = 0
+    spawner_instance_id: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Event:
+    """Something that happened during a run, as :meth:`AgentRun.events` yields it.
+
+    Attributes:
+        kind: ``state``, ``turn_started``, ``text``, ``tool_call``, ``tool_result``, ``usage``,
+            ``message``, ``approval`` or ``turn_finished``.
+        instance_id: The instance it concerns.
+        turn: The turn number within the instance, when it belongs to one.
+        data: Kind-specific fields (for ``text``: ``delta``; ``tool_call``: ``call``; ...).
+    """
+
+    kind: str
+    instance_id: str
+    turn: int | None = None
+    data: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen(kw_only=True)
+class Record:
+    """One entry of an instance's record log, as record sinks and ``loopwright records`` see it.
+
+    Attributes:
+        kind: ``turn``, ``tool_call``, ``hook``, ``state``, ``message``, ``cost``, ``error`` ...
+        instance_id: The instance it concerns.
+        at: When (ISO 8601, UTC).
+        data: Kind-specific JSON-ready fields (camelCase keys).
+    """
+
+    kind: str
+    instance_id: str
+    at: str
+    data: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen(kw_only=True)
+class AgentResult:
+    """Where a run segment left an instance.
+
+    Attributes:
+        instance_id: The instance's id.
+        state: Its :class:`State`.
+        stop_reason: Why the segment ended.
+        text: The last assistant text (or the ``task_complete`` result).
+        output: The parsed structured output, when the definition asks for one; else the
+            ``task_complete`` arguments, when that ended the run.
+        usage: Tokens of the whole instance.
+        cost: Cost of the instance's own model calls.
+        subtree_cost: ``cost`` plus the cost of every descendant.
+        pending_approvals: Calls waiting for a decision.
+        error: The error message, in the ``error`` state.
+        cancelled: Whether the run was cancelled.
+        limit: For ``limit_exceeded``, the name of the limit.
+    """
+
+    instance_id: str
+    state: State
+    stop_reason: StopReason | None = None
+    text: str | None = None
+    output: Any = None
+    usage: Usage = attrs.field(factory=Usage)
+    cost: Cost = attrs.field(factory=Cost)
+    subtree_cost: Cost = attrs.field(factory=Cost)
+    pending_approvals: tuple[PendingApproval, ...] = ()
+    error: str | None = None
+    cancelled: bool = False
+    limit: str | None = None

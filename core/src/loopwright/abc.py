@@ -1,0 +1,203 @@
+"""The interfaces plugins implement: providers, stores, context strategies and record sinks.
+
+Each is an abstract class with one or a few async methods that raise ``NotImplementedError``,
+plus ``aclose()`` and the async context manager protocol. A plugin registers a *factory* for its
+kind through the matching ``loopwright_register_*`` hook; the runtime builds instances from the
+assembly's settings and closes them when it closes.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Self
+
+import attrs
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from loopwright._types import Message, ModelRequest, ModelResponse, Record, Usage
+
+__all__ = [
+    "ContextStrategy",
+    "Provider",
+    "ProviderSettings",
+    "RecordSink",
+    "Store",
+    "StoreSettings",
+]
+
+
+class _AsyncClosing:
+    async def aclose(self) -> None:  # noqa: B027 - optional to override
+        """Release what the object holds. Called once, when the runtime closes."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+@attrs.frozen(kw_only=True)
+class ProviderSettings:
+    """How the assembly configures one provider.
+
+    Attributes:
+        name: The provider's name in the assembly (``providers: {NAME: ...}``), or its kind when
+            a model reference names a kind directly.
+        kind: The registered provider kind.
+        base_url: The API's base URL, when set.
+        api_key: The API key, resolved from ``apiKey`` or ``apiKeyEnv``.
+        options: Every other key of the provider's YAML mapping, camelCase as written.
+        http_client: An ``httpx.AsyncClient`` to use instead of building one (tests inject one
+            with ``httpx.MockTransport``).
+    """
+
+    name: str
+    kind: str
+    base_url: str | None = None
+    api_key: str | None = None
+    options: Mapping[str, Any] = attrs.field(factory=dict)
+    http_client: Any = None
+
+
+class Provider(_AsyncClosing, abc.ABC):
+    """A model API.
+
+    Subclasses implement :meth:`complete`. A provider is built once per runtime from
+    :class:`ProviderSettings` and serves every model of its kind, concurrently: keep per-call
+    state on the stack, not on ``self``.
+
+    Usage::
+
+        class EchoProvider(Provider):
+            def __init__(self, settings: ProviderSettings) -> None:
+                self.settings = settings
+
+            async def complete(self, request: ModelRequest) -> ModelResponse:
+                last = request.messages[-1].content or ""
+                return ModelResponse(message=Message(role="assistant", content=last))
+
+        @loopwright.hookimpl
+        def loopwright_register_providers(register):
+            register("echo", EchoProvider)
+    """
+
+    @abc.abstractmethod
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        """Send one request and return the answer.
+
+        Raise :class:`~loopwright.errors.ProviderError` on failure, with ``transient=True`` for
+        failures a retry may fix (408, 429, 5xx, timeouts, connection resets). Retrying those
+        (honouring ``retry_after``) is the provider's job; :func:`loopwright.retry_transient`
+        does it. Never raise for a malformed answer the model gave: put what can be read in the
+        message (unparseable tool arguments go in ``ToolCall.raw_arguments``).
+        """
+        raise NotImplementedError
+
+
+@attrs.frozen(kw_only=True)
+class StoreSettings:
+    """How the assembly configures the store.
+
+    Attributes:
+        kind: The registered store kind.
+        base_dir: The folder relative paths are resolved against (the assembly's folder).
+        options: Every other key of ``store:``, camelCase as written.
+    """
+
+    kind: str
+    base_dir: Path
+    options: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+class Store(_AsyncClosing, abc.ABC):
+    """Where instances live between and across processes.
+
+    An instance is a *header* (a JSON object, rewritten whole and atomically), an append-only
+    *entry log* (its transcript and turn bookkeeping) and an append-only *record log*. Every
+    value is a JSON-ready ``dict``; the runtime owns their meaning. Appending must cost the same
+    whatever the log's length.
+    """
+
+    @abc.abstractmethod
+    async def create(self, instance_id: str, header: Mapping[str, Any]) -> None:
+        """Create an instance. Raise :class:`~loopwright.errors.StoreError` if the id exists."""
+        raise NotImplementedError
+
+    @abc.abstractmethod
+    async def write_header(self, instance_id: str, header: Mapping[str, Any]) -> None:
+        """Replace the header atomically: a reader sees the old one or the new one, never a mix."""
+        raise NotImplementedError
+
+    @abc.abstractmethod
+    async def read_header(self, instance_id: str) -> dict[str, Any]:
+        """Return the header. Raise :class:`~loopwright.errors.InstanceNotFoundError` if absent."""
+        raise NotImplementedError
+
+    @abc.abstractmethod
+    async def append_entries(self, instance_id: str, entries: Sequence[Mapping[str, Any]]) -> None:
+        """Append to the entry log; when this returns, a new process can read them."""
+        raise NotImplementedError
+
+    @abc.abstractmethod
+    async def read_entries(self, instance_id: str) -> list[dict[str, Any]]:
+        """Return the whole entry log in order. A torn last line (a crash mid-write) is dropped."""
+        raise NotImplementedError
+
+    @abc.abstractmethod
+    async def append_records(self, instance_id: str, records: Sequence[Mapping[str, Any]]) -> None:
+        """Append to the record log."""
+        raise NotImplementedError
+
+    @abc.abstractmethod
+    async def read_records(self, instance_id: str) -> list[dict[str, Any]]:
+        """Return the whole record log in order."""
+        raise NotImplementedError
+
+    @abc.abstractmethod
+    async def list_headers(self) -> list[dict[str, Any]]:
+        """Return every instance's header, oldest first."""
+        raise NotImplementedError
+
+    def locations(self) -> Sequence[Path]:
+        """Return the folders and files this store keeps data in, so the runtime can refuse to
+        grant any of them to an agent. A store with no local files returns ``()``.
+        """
+        return ()
+
+
+class ContextStrategy(abc.ABC):
+    """Shrinks a transcript before a model call when it grows too large.
+
+    Attributes:
+        kind: The registered kind, for records.
+    """
+
+    kind: str = "?"
+
+    @abc.abstractmethod
+    def should_apply(
+        self, messages: Sequence[Message], *, last_usage: Usage | None, context_window: int | None,
+    ) -> bool:
+        """Return whether to run before the next model call (the trigger)."""
+        raise NotImplementedError
+
+    @abc.abstractmethod
+    async def apply(self, messages: Sequence[Message]) -> Sequence[Message]:
+        """Return the messages to keep instead. The system prompt must stay first."""
+        raise NotImplementedError
+
+
+class RecordSink(_AsyncClosing, abc.ABC):
+    """Receives every record, for example to ship it to a log service."""
+
+    @abc.abstractmethod
+    async def write(self, record: Record) -> None:
+        """Take one record. Exceptions are caught, recorded and the run goes on (fail open)."""
+        raise NotImplementedError

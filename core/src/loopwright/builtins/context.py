@@ -1,0 +1,1 @@
+"""Built-in plugin: context (see the module docstring once written)."""

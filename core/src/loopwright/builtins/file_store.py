@@ -1,0 +1,1 @@
+"""Built-in plugin: file_store (see the module docstring once written)."""

@@ -1,0 +1,1 @@
+"""Built-in plugin: records (see the module docstring once written)."""

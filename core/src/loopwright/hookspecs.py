@@ -1,0 +1,358 @@
+"""Every hook loopwright calls. Implement them with :data:`loopwright.hookimpl`.
+
+Rules that hold for every hook here:
+
+* Names carry the ``loopwright_`` prefix. An implementation takes any subset of the spec's
+  keyword arguments (none included), so arguments added later break nobody.
+* Implementations run in **registration order**: built-in plugins, then entry points, then the
+  assembly's ``plugins:``, then plugins a host registers. (pluggy itself calls LIFO; the core
+  walks the implementations in order instead.)
+* ``async def`` implementations are awaited, one at a time, in that order.
+* Interceptors (``before_*`` / ``after_*``) return a decision from :mod:`loopwright` or ``None``
+  (Continue). They **fail closed**: one that raises blocks the step. Every decision other than
+  Continue is written as a ``hook`` record.
+* Observers (``on_*``) return nothing. They **fail open**: an exception is recorded and the run
+  goes on.
+* Registration hooks receive a ``register`` callable. Registering a name that another plugin
+  registered already raises :class:`~loopwright.errors.RegistrationError` naming both.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pluggy
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from loopwright._decisions import Decision
+    from loopwright._tools import Tool
+    from loopwright._types import (
+        Cost, Event, InstanceInfo, Message, ModelRequest, ModelResponse, Record, ToolCall,
+        ToolResult, Usage,
+    )
+
+__all__ = [
+    "hookspec",
+    "loopwright_after_inference",
+    "loopwright_after_tool_call",
+    "loopwright_before_compaction",
+    "loopwright_before_inference",
+    "loopwright_before_tool_call",
+    "loopwright_on_cost",
+    "loopwright_on_message",
+    "loopwright_on_record",
+    "loopwright_on_state_change",
+    "loopwright_on_stream_event",
+    "loopwright_register_commands",
+    "loopwright_register_context_strategies",
+    "loopwright_register_providers",
+    "loopwright_register_record_sinks",
+    "loopwright_register_stores",
+    "loopwright_register_tools",
+]
+
+PROJECT = "loopwright"
+hookspec = pluggy.HookspecMarker(PROJECT)
+
+# ---------------------------------------------------------------------------------------------
+# Registration hooks: called once, when a Runtime (or the CLI) is built.
+# ---------------------------------------------------------------------------------------------
+
+
+@hookspec
+def loopwright_register_providers(register: Callable[..., None]) -> None:
+    """Register provider kinds.
+
+    Call ``register(kind, factory)``, where ``factory(settings)`` takes a
+    :class:`~loopwright.ProviderSettings` and returns a :class:`~loopwright.abc.Provider`.
+
+    :param register: The registrar.
+
+    Return value ignored. ``async def`` is not allowed.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def loopwright_register_tools(register: Callable[..., None]) -> None:
+    """Register tools.
+
+    Call ``register(tool)`` with a function decorated by :func:`loopwright.tool` (or a plain
+    function, which is wrapped with the defaults) or a :class:`~loopwright.Tool`.
+
+    :param register: The registrar.
+
+    Return value ignored. ``async def`` is not allowed.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def loopwright_register_stores(register: Callable[..., None]) -> None:
+    """Register store kinds.
+
+    Call ``register(kind, factory)``, where ``factory(settings)`` takes a
+    :class:`~loopwright.StoreSettings` and returns a :class:`~loopwright.abc.Store`.
+
+    :param register: The registrar.
+
+    Return value ignored. ``async def`` is not allowed.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def loopwright_register_context_strategies(register: Callable[..., None]) -> None:
+    """Register context strategy kinds.
+
+    Call ``register(kind, factory)``, where ``factory(options)`` takes the strategy's YAML
+    mapping (without ``kind``) and returns a :class:`~loopwright.abc.ContextStrategy`.
+
+    :param register: The registrar.
+
+    Return value ignored. ``async def`` is not allowed.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def loopwright_register_record_sinks(register: Callable[..., None]) -> None:
+    """Register record sink kinds.
+
+    Call ``register(kind, factory)``, where ``factory(options)`` takes the sink's YAML mapping
+    (without ``kind``) and returns a :class:`~loopwright.abc.RecordSink`.
+
+    :param register: The registrar.
+
+    Return value ignored. ``async def`` is not allowed.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def loopwright_register_commands(register: Callable[..., None]) -> None:
+    """Register CLI subcommands.
+
+    Call ``register(command)`` with a :class:`click.Command`. It is added to the ``loopwright``
+    group; a name that is taken is an error naming both plugins.
+
+    :param register: The registrar.
+
+    Return value ignored. ``async def`` is not allowed.
+
+    .. versionadded:: 0.1
+    """
+
+
+# ---------------------------------------------------------------------------------------------
+# Interceptors: return a decision or None (Continue). They fail closed.
+# ---------------------------------------------------------------------------------------------
+
+
+@hookspec
+def loopwright_before_inference(
+    request: ModelRequest, instance: InstanceInfo, turn: int,
+) -> Decision | None:
+    """Called before each model call, after the context strategy ran.
+
+    :param request: The request about to be sent. Frozen; return :class:`~loopwright.ModifyRequest`
+        to send another (for this call only; the transcript is unchanged).
+    :param instance: The instance being run.
+    :param turn: The turn number within the instance (1-based).
+    :return: ``None``, :class:`~loopwright.ModifyRequest`, :class:`~loopwright.Block` (the run
+        fails with :class:`~loopwright.errors.HookBlockedError`) or :class:`~loopwright.Respond`
+        (its content is the answer and the model is not called).
+
+    Walk stops at the first Block or Respond; Modify decisions chain. ``async def`` is allowed.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def loopwright_after_inference(
+    response: ModelResponse, request: ModelRequest, instance: InstanceInfo, turn: int,
+) -> Decision | None:
+    """Called after each model answer, before the loop acts on it.
+
+    :param response: What the model answered.
+    :param request: The request that was sent.
+    :param instance: The instance being run.
+    :param turn: The turn number within the instance.
+    :return: ``None``, :class:`~loopwright.ModifyMessage` (the transcript keeps the new message)
+        or :class:`~loopwright.Block` (the answer is dropped and the run fails).
+
+    Walk stops at the first Block; Modify decisions chain. ``async def`` is allowed.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def loopwright_before_tool_call(
+    call: ToolCall, tool: Tool | None, instance: InstanceInfo, turn: int,
+) -> Decision | None:
+    """Called before each tool call runs, after its arguments were validated.
+
+    Not called for unknown tools or invalid arguments: those already have their result.
+
+    :param call: The call, with its (possibly modified) arguments.
+    :param tool: The tool that would run.
+    :param instance: The instance being run.
+    :param turn: The turn number within the instance.
+    :return: ``None``, :class:`~loopwright.ModifyInputs`, :class:`~loopwright.Block` (the model
+        sees a ``blocked`` result with the reason), :class:`~loopwright.RequireApproval` or
+        :class:`~loopwright.Respond` (a ``success`` result without running the tool).
+
+    Walk stops at the first Block, RequireApproval or Respond; Modify decisions chain.
+    ``async def`` is allowed. Guardrails are implementations of this hook.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def loopwright_after_tool_call(
+    call: ToolCall, result: ToolResult, instance: InstanceInfo, turn: int,
+) -> Decision | None:
+    """Called after each tool call has its result, before the model sees it.
+
+    Called for every result, errors included.
+
+    :param call: The call.
+    :param result: Its result.
+    :param instance: The instance being run.
+    :param turn: The turn number within the instance.
+    :return: ``None``, :class:`~loopwright.ModifyResult` or :class:`~loopwright.Block` (the model
+        sees a ``blocked`` result with the reason instead).
+
+    Walk stops at the first Block; Modify decisions chain. ``async def`` is allowed.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def loopwright_before_compaction(
+    instance: InstanceInfo, strategy: str, messages: Sequence[Message],
+) -> Decision | None:
+    """Called before a context strategy replaces the transcript.
+
+    :param instance: The instance being run.
+    :param strategy: The strategy's kind, for example ``clearToolResults``.
+    :param messages: The transcript as it is now.
+    :return: ``None`` or :class:`~loopwright.Block` (skip this compaction).
+
+    Walk stops at the first Block. ``async def`` is allowed.
+
+    .. versionadded:: 0.1
+    """
+
+
+# ---------------------------------------------------------------------------------------------
+# Observers: return value ignored. They fail open.
+# ---------------------------------------------------------------------------------------------
+
+
+@hookspec
+def loopwright_on_message(message: Message, instance: InstanceInfo) -> None:
+    """Called for every message added to a transcript (prompts, answers, tool results, messages).
+
+    :param message: The message.
+    :param instance: The instance it was added to.
+
+    Return value ignored. ``async def`` is allowed.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def loopwright_on_state_change(
+    instance: InstanceInfo, old: str | None, new: str, stop_reason: str | None,
+) -> None:
+    """Called when an instance changes state (``running``, ``waiting`` ...).
+
+    :param instance: The instance.
+    :param old: The previous state, ``None`` for a new instance.
+    :param new: The new state.
+    :param stop_reason: Why the segment ended, when the new state is a resting one.
+
+    Return value ignored. ``async def`` is allowed.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def loopwright_on_cost(
+    instance: InstanceInfo, turn: int, usage: Usage, cost: Cost, model: str,
+) -> None:
+    """Called after each model call with what it used and cost.
+
+    :param instance: The instance.
+    :param turn: The turn number.
+    :param usage: Tokens of this call.
+    :param cost: Its cost; ``cost.amount`` is ``None`` when the price is unknown.
+    :param model: The ``PROVIDER:MODEL`` that served the call.
+
+    Return value ignored. ``async def`` is allowed.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def loopwright_on_stream_event(event: Event, instance: InstanceInfo) -> None:
+    """Called for each event :meth:`AgentRun.events` yields (text deltas, tool calls, results ...).
+
+    :param event: The event.
+    :param instance: The instance.
+
+    Return value ignored. ``async def`` is allowed.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def loopwright_on_record(record: Record) -> None:
+    """Called for every record written to an instance's record log. Record sinks build on it.
+
+    :param record: The record.
+
+    Return value ignored. ``async def`` is allowed.
+
+    .. versionadded:: 0.1
+    """
+
+
+INTERCEPTORS: tuple[str, ...] = (
+    "loopwright_before_inference",
+    "loopwright_after_inference",
+    "loopwright_before_tool_call",
+    "loopwright_after_tool_call",
+    "loopwright_before_compaction",
+)
+OBSERVERS: tuple[str, ...] = (
+    "loopwright_on_message",
+    "loopwright_on_state_change",
+    "loopwright_on_cost",
+    "loopwright_on_stream_event",
+    "loopwright_on_record",
+)
+REGISTRATIONS: tuple[str, ...] = (
+    "loopwright_register_providers",
+    "loopwright_register_tools",
+    "loopwright_register_stores",
+    "loopwright_register_context_strategies",
+    "loopwright_register_record_sinks",
+    "loopwright_register_commands",
+)
