@@ -1,1 +1,628 @@
-"""Built-in plugin: file_store (see the module docstring once written)."""
+"""Built-in plugin: the ``file`` store, the embedded default.
+
+Assembly::
+
+    store:
+      kind: file
+      path: .loopwright/instances   # default; relative to the assembly's folder
+      fsync: false                  # default; true also survives power loss, at a cost per append
+
+On-disk layout, one folder per instance (folders and files are created owner-only, 0o700/0o600)::
+
+    <path>/
+      <instance_id>/
+        instance.json    the header: pretty JSON, always replaced whole and atomically
+        entries.jsonl    the entry log: append-only, one compact JSON object per line
+        records.jsonl    the record log: append-only, one compact JSON object per line
+        lock             the runner lock (fcntl.flock) with its holder's owner, host and pid
+
+Instance ids must match ``[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}`` and must not contain ``..``, so
+an id can never name a path outside ``<path>``.
+
+Durability:
+
+* **A killed process loses nothing already appended.** Each append call writes all its lines
+  with a single ``write()`` to a file opened ``O_APPEND``, so when ``append_*`` returns the
+  data is in the operating system's page cache and survives ``SIGKILL`` or a crash of Python.
+  A process killed *during* an append leaves at most one torn last line. Readers drop it, and
+  the next append after opening the log truncates it first so new lines never glue onto it.
+* **The header is always atomic and durable.** It is written to a temporary file in the same
+  folder, flushed, fsynced, ``os.replace``-d over ``instance.json`` and the folder is fsynced:
+  any reader, even after power loss, sees the old header or the new one, never a mix. That is
+  two fsyncs per header write, so the runtime should write the header when the instance's
+  state changes, not on every turn.
+* **fsync: true** adds an ``os.fsync`` after every append, so appended lines also survive power
+  loss or a kernel crash. It costs a disk flush per append (from tens of microseconds on fast
+  NVMe to milliseconds elsewhere); without it, a power loss may lose the last few seconds of
+  appends (never the header's atomicity).
+
+Appending costs the same at turn 10,000 as at turn 1: logs are never re-read or rewritten, and
+open log handles are kept in a small LRU (:attr:`FileStore.max_open_logs`) closed by
+:meth:`FileStore.aclose`. The methods are ``async def`` but do their file I/O directly, without
+a thread hop: an append is a few tens of microseconds, cheaper than the hop. Reading a whole log
+(``read_entries``, on resume) blocks the event loop for as long as it takes. A ``FileStore`` is
+meant for one event loop; it is not thread-safe.
+
+**The store folder must never lie inside a file root granted to an agent**: an agent that can
+write there can rewrite its own transcript, grants and pending approvals. :meth:`FileStore.locations`
+returns the folder so the runtime can refuse such an assembly.
+
+One runner per instance: :meth:`FileStore.acquire` takes an exclusive, non-blocking
+``fcntl.flock`` on ``<instance>/lock``. The kernel drops it when the holding process dies, so
+a lock left by a killed process is simply taken over. ``flock`` is POSIX-only, is not reliable
+on network filesystems (NFS, SMB), and is shared with children forked without ``exec``; use the
+``postgres`` store to share instances between machines. Only the lease holder should append to
+an instance's logs: opening a log cuts a torn last line, which could be another writer's write in
+progress.
+
+Headers that cannot be read are skipped by :meth:`FileStore.list_headers` with a warning logged
+on the ``loopwright.builtins.file_store`` logger (not :mod:`warnings`: it is a problem of the
+data at run time, not of the calling code, and must be reported every time).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import datetime as dt
+import errno
+import fcntl
+import json
+import logging
+import os
+import re
+import socket
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, Self
+
+import attrs
+
+from loopwright._plugins import hookimpl
+from loopwright.abc import Store, StoreSettings
+from loopwright.errors import (
+    ConfigError,
+    ConfigProblem,
+    InstanceLockedError,
+    InstanceNotFoundError,
+    StoreError,
+)
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+__all__ = ["FileStore", "Lease", "loopwright_register_stores"]
+
+_log = logging.getLogger(__name__)
+
+#: The store folder when ``path`` is not set, relative to the assembly's folder.
+DEFAULT_PATH: Final = ".loopwright/instances"
+
+HEADER_FILE: Final = "instance.json"
+ENTRIES_FILE: Final = "entries.jsonl"
+RECORDS_FILE: Final = "records.jsonl"
+LOCK_FILE: Final = "lock"
+
+_ID_RE: Final = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}")
+_OPTIONS: Final = frozenset({"path", "fsync"})
+_O_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
+_TAIL_CHUNK: Final = 64 * 1024
+
+
+def _to_json(obj: object) -> object:
+    """Let any Mapping (a MappingProxyType, a frozen mapping) serialise like a dict."""
+    if isinstance(obj, Mapping):
+        return dict(obj)
+    raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
+
+
+# Built once: json.dumps() with non-default arguments builds a new encoder on every call.
+_encode_line: Final = json.JSONEncoder(
+    separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=_to_json,
+).encode
+_encode_header: Final = json.JSONEncoder(
+    indent=2, ensure_ascii=False, allow_nan=False, default=_to_json,
+).encode
+
+
+@hookimpl
+def loopwright_register_stores(register: Callable[..., None]) -> None:
+    """Register the ``file`` store kind."""
+    register("file", FileStore)
+
+
+def _encode_item(item: Mapping[str, Any]) -> str:
+    if type(item) is not dict and not isinstance(item, Mapping):
+        raise TypeError(f"each item must be a mapping, not {type(item).__name__}")
+    return _encode_line(item)
+
+
+def _check_id(instance_id: object) -> str:
+    """Return ``instance_id`` if it is safe as a folder name; raise StoreError otherwise."""
+    if not isinstance(instance_id, str) or not _ID_RE.fullmatch(instance_id) or ".." in instance_id:
+        raise StoreError(
+            f"invalid instance id {instance_id!r}: use 1 to 128 of A-Z a-z 0-9 _ . -, "
+            "not starting with '.' and without '..'",
+        )
+    return instance_id
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    written = os.write(fd, data)
+    if written != len(data):  # rare for regular files: a signal or a full disk
+        view = memoryview(data)
+        while written < len(data):
+            written += os.write(fd, view[written:])
+
+
+def _line_start(fd: int, end: int) -> int:
+    """Return the offset just after the last newline before ``end``, or 0 if there is none."""
+    pos = end
+    while pos > 0:
+        start = max(0, pos - _TAIL_CHUNK)
+        chunk = os.pread(fd, pos - start, start)
+        nl = chunk.rfind(b"\n")
+        if nl >= 0:
+            return start + nl + 1
+        pos = start
+    return 0
+
+
+def _is_object_line(line: bytes) -> bool:
+    try:
+        return type(json.loads(line)) is dict
+    except ValueError:  # includes UnicodeDecodeError
+        return False
+
+
+def _describe_holder(raw: bytes) -> str | None:
+    """Turn the lock file's content into ``"OWNER (host H, pid P)"``, or None if empty."""
+    text = raw.decode("utf-8", "replace").strip()
+    if not text:
+        return None
+    try:
+        info = json.loads(text)
+        return f"{info['owner']} (host {info['host']}, pid {info['pid']})"
+    except (ValueError, KeyError, TypeError):
+        return text[:200]
+
+
+@attrs.define(eq=False)
+class Lease:
+    """An exclusive hold on one instance, from :meth:`FileStore.acquire` until :meth:`release`.
+
+    Also a context manager that releases on exit. A lease is a process-level lock: while it is
+    held, no other process (and no other :meth:`~FileStore.acquire` in this one) can take it.
+
+    Attributes:
+        instance_id: The instance held.
+        owner: The owner given to :meth:`~FileStore.acquire`.
+        path: The lock file.
+        previous_holder: The holder recorded in the lock file by a process that died without
+            releasing it (so the instance may hold an interrupted step), else ``None``.
+    """
+
+    instance_id: str
+    owner: str
+    path: Path
+    previous_holder: str | None = None
+    _fd: int | None = attrs.field(default=None, repr=False, alias="fd")
+    _on_release: Callable[[Lease], None] | None = attrs.field(default=None, repr=False, alias="on_release")
+
+    @property
+    def released(self) -> bool:
+        """Whether :meth:`release` was called."""
+        return self._fd is None
+
+    def release(self) -> None:
+        """Clear the holder from the lock file and unlock it. Calling it again does nothing."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            # Cleared while still locked: a non-empty file at acquire time means a crashed holder.
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+            if self._on_release is not None:
+                self._on_release(self)
+
+    def __enter__(self) -> Self:
+        """Return the lease itself."""
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None,
+    ) -> None:
+        """Release the lease."""
+        self.release()
+
+
+class FileStore(Store):
+    """Instances as folders of JSON files: the embedded default store (see the module docstring).
+
+    :param settings: ``settings.options`` may hold ``path`` (the store folder, default
+        ``.loopwright/instances``, relative to ``settings.base_dir``; ``~`` is expanded) and
+        ``fsync`` (bool, default ``False``: fsync every append too). Any other key, or a value
+        of the wrong type, raises :class:`~loopwright.errors.ConfigError`.
+
+    Attributes:
+        root: The store folder, absolute. Created on the first :meth:`create`.
+        fsync: Whether every append is fsynced.
+        max_open_logs: How many log files stay open for appending (least recently used closed first).
+    """
+
+    max_open_logs: int = 64
+
+    def __init__(self, settings: StoreSettings) -> None:
+        """Check the options and resolve the store folder; nothing is created yet."""
+        options = settings.options
+        problems = [
+            ConfigProblem(f"unknown option {key!r} of the file store (known: fsync, path)",
+                          path=f"$.store.{key}")
+            for key in options if key not in _OPTIONS
+        ]
+        raw_path = options.get("path", DEFAULT_PATH)
+        if not isinstance(raw_path, (str, os.PathLike)) or not os.fspath(raw_path):
+            problems.append(ConfigProblem("must be a non-empty path", path="$.store.path"))
+            raw_path = DEFAULT_PATH
+        fsync = options.get("fsync", False)
+        if not isinstance(fsync, bool):
+            problems.append(ConfigProblem("must be true or false", path="$.store.fsync"))
+        if problems:
+            raise ConfigError("invalid options for the file store", problems=problems)
+        path = Path(raw_path).expanduser()
+        if not path.is_absolute():
+            path = Path(settings.base_dir) / path
+        self.root: Path = path.resolve()
+        self.fsync: bool = fsync
+        # (instance_id, file name) -> fd opened O_RDWR | O_APPEND, most recently used last.
+        self._logs: collections.OrderedDict[tuple[str, str], int] = collections.OrderedDict()
+        self._leases: set[Lease] = set()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        """Show the store folder and the fsync option."""
+        return f"FileStore(root={str(self.root)!r}, fsync={self.fsync})"
+
+    # -- headers -------------------------------------------------------------------------------
+
+    async def create(self, instance_id: str, header: Mapping[str, Any]) -> None:
+        """Create the instance's folder, empty logs and header.
+
+        Raise :class:`~loopwright.errors.StoreError` if the folder exists (even without a header),
+        the id is invalid, or the header is not JSON-ready.
+        """
+        folder = self.root / _check_id(instance_id)
+        data = self._header_bytes(instance_id, header)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            folder.mkdir(mode=0o700)
+        except FileExistsError:
+            raise StoreError(f"already exists ({folder})", instance_id=instance_id) from None
+        except OSError as exc:
+            raise StoreError(f"cannot create {folder}: {exc}", instance_id=instance_id) from exc
+        try:
+            for name in (ENTRIES_FILE, RECORDS_FILE):
+                os.close(os.open(folder / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o600))
+            self._replace_header(instance_id, folder, data)  # also fsyncs the folder
+            _fsync_dir(self.root)
+        except BaseException:
+            # Leave no header-less folder behind: it would block the id and look like litter.
+            for name in (ENTRIES_FILE, RECORDS_FILE, HEADER_FILE):
+                with contextlib.suppress(OSError):
+                    (folder / name).unlink()
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+            raise
+
+    async def write_header(self, instance_id: str, header: Mapping[str, Any]) -> None:
+        """Replace the header atomically and durably (temp file, fsync, rename, fsync folder).
+
+        Raise :class:`~loopwright.errors.InstanceNotFoundError` if the instance does not exist.
+        """
+        folder = self.root / _check_id(instance_id)
+        data = self._header_bytes(instance_id, header)
+        if not folder.is_dir():
+            raise InstanceNotFoundError(instance_id)
+        self._replace_header(instance_id, folder, data)
+
+    async def read_header(self, instance_id: str) -> dict[str, Any]:
+        """Return the header.
+
+        Raise :class:`~loopwright.errors.InstanceNotFoundError` if absent, and
+        :class:`~loopwright.errors.StoreError` naming the file if it is not a JSON object.
+        """
+        path = self.root / _check_id(instance_id) / HEADER_FILE
+        try:
+            data = path.read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            raise InstanceNotFoundError(instance_id) from None
+        except OSError as exc:
+            raise StoreError(f"cannot read {path}: {exc}", instance_id=instance_id) from exc
+        try:
+            header = json.loads(data)
+        except ValueError as exc:
+            raise StoreError(f"{path} is not valid JSON: {exc}", instance_id=instance_id) from exc
+        if type(header) is not dict:
+            raise StoreError(f"{path} holds a JSON {type(header).__name__}, not an object",
+                             instance_id=instance_id)
+        return header
+
+    async def list_headers(self) -> list[dict[str, Any]]:
+        """Return every instance's header, sorted by ``createdAt`` and then by id.
+
+        Folders that are not instances (a name that is not a valid id, no ``instance.json``) are
+        skipped silently; an unreadable or invalid header is skipped with a logged warning.
+        A header without a string ``createdAt`` sorts first.
+        """
+        try:
+            names = [e.name for e in os.scandir(self.root) if e.is_dir(follow_symlinks=False)]
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise StoreError(f"cannot list {self.root}: {exc}") from exc
+        found: list[tuple[str, str, dict[str, Any]]] = []
+        for name in names:
+            if not _ID_RE.fullmatch(name) or ".." in name:
+                continue
+            try:
+                header = await self.read_header(name)
+            except InstanceNotFoundError:
+                continue
+            except StoreError as exc:
+                _log.warning("file store: skipping an instance whose header cannot be read: %s", exc)
+                continue
+            created = header.get("createdAt")
+            found.append((created if isinstance(created, str) else "", name, header))
+        found.sort(key=lambda t: (t[0], t[1]))
+        return [h for _c, _n, h in found]
+
+    # -- logs ----------------------------------------------------------------------------------
+
+    async def append_entries(self, instance_id: str, entries: Sequence[Mapping[str, Any]]) -> None:
+        """Append to the entry log with one write; when this returns, a new process can read them.
+
+        Raise :class:`~loopwright.errors.InstanceNotFoundError` for an unknown instance and
+        :class:`~loopwright.errors.StoreError` if an entry is not a JSON-ready mapping (nothing
+        is written then) or the write fails.
+        """
+        self._append(instance_id, ENTRIES_FILE, entries)
+
+    async def read_entries(self, instance_id: str) -> list[dict[str, Any]]:
+        """Return the whole entry log in order.
+
+        A torn last line (not valid JSON, or no trailing newline) is dropped; a corrupt line
+        anywhere else raises :class:`~loopwright.errors.StoreError` naming the file and line.
+        """
+        return self._read_log(instance_id, ENTRIES_FILE)
+
+    async def append_records(self, instance_id: str, records: Sequence[Mapping[str, Any]]) -> None:
+        """Append to the record log; same contract as :meth:`append_entries`."""
+        self._append(instance_id, RECORDS_FILE, records)
+
+    async def read_records(self, instance_id: str) -> list[dict[str, Any]]:
+        """Return the whole record log in order; same contract as :meth:`read_entries`."""
+        return self._read_log(instance_id, RECORDS_FILE)
+
+    # -- locking -------------------------------------------------------------------------------
+
+    async def acquire(self, instance_id: str, owner: str) -> Lease:
+        """Take the instance's runner lock without waiting and return the :class:`Lease`.
+
+        The lock file records ``owner``, the host and the pid while it is held. Raise
+        :class:`~loopwright.errors.InstanceLockedError` (with ``holder`` when it is known)
+        if a live process holds it, and :class:`~loopwright.errors.InstanceNotFoundError`
+        if the instance does not exist. A lock whose holder died is taken over; the dead
+        holder is reported in :attr:`Lease.previous_holder`.
+        """
+        folder = self.root / _check_id(instance_id)
+        if self._closed:
+            raise StoreError("the store is closed", instance_id=instance_id)
+        if not (folder / HEADER_FILE).is_file():
+            raise InstanceNotFoundError(instance_id)
+        path = folder / LOCK_FILE
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise StoreError(f"cannot open {path}: {exc}", instance_id=instance_id) from exc
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
+                    raise StoreError(f"cannot lock {path}: {exc}", instance_id=instance_id) from exc
+                # The holder may not have written itself yet: then it is unknown (None).
+                holder = _describe_holder(os.pread(fd, 4096, 0))
+                raise InstanceLockedError(instance_id, holder=holder) from None
+            previous = _describe_holder(os.pread(fd, 4096, 0))
+            info = {
+                "owner": owner,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "acquiredAt": dt.datetime.now(dt.UTC).isoformat(),
+            }
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        lease = Lease(instance_id=instance_id, owner=owner, path=path, previous_holder=previous,
+                      fd=fd, on_release=self._leases.discard)
+        self._leases.add(lease)
+        return lease
+
+    # -- lifetime ------------------------------------------------------------------------------
+
+    def locations(self) -> Sequence[Path]:
+        """Return ``(root,)``: no file root granted to an agent may contain or lie inside it."""
+        return (self.root,)
+
+    async def aclose(self) -> None:
+        """Close every open log and release every lease still held. Appends afterwards raise."""
+        self._closed = True
+        while self._logs:
+            _key, fd = self._logs.popitem()
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        for lease in list(self._leases):
+            lease.release()
+
+    # -- internals -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _header_bytes(instance_id: str, header: Mapping[str, Any]) -> bytes:
+        if not isinstance(header, Mapping):
+            raise StoreError(f"the header must be a mapping, not {type(header).__name__}",
+                             instance_id=instance_id)
+        try:
+            return (_encode_header(dict(header)) + "\n").encode()
+        except (TypeError, ValueError) as exc:
+            raise StoreError(f"the header is not JSON-ready: {exc}", instance_id=instance_id) from exc
+
+    def _replace_header(self, instance_id: str, folder: Path, data: bytes) -> None:
+        """Write ``data`` to a temp file in ``folder``, fsync, rename it over the header, fsync ``folder``."""
+        target = folder / HEADER_FILE
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{HEADER_FILE}.", suffix=".tmp", dir=folder)
+        except FileNotFoundError:
+            raise InstanceNotFoundError(instance_id) from None
+        except OSError as exc:
+            raise StoreError(f"cannot write {target}: {exc}", instance_id=instance_id) from exc
+        try:
+            try:
+                _write_all(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            Path(tmp).replace(target)
+        except BaseException as exc:
+            with contextlib.suppress(OSError):
+                Path(tmp).unlink()
+            if isinstance(exc, OSError):
+                raise StoreError(f"cannot write {target}: {exc}", instance_id=instance_id) from exc
+            raise
+        try:
+            _fsync_dir(folder)
+        except OSError as exc:
+            raise StoreError(f"cannot fsync {folder}: {exc}", instance_id=instance_id) from exc
+
+    def _append(self, instance_id: str, name: str, items: Sequence[Mapping[str, Any]]) -> None:
+        """Encode ``items`` as lines and append them with one write (the hot path: keep it lean)."""
+        if not items:
+            return
+        try:
+            lines = [_encode_item(item) for item in items]
+        except (TypeError, ValueError) as exc:
+            raise StoreError(f"cannot append to {name}: {exc}", instance_id=instance_id) from exc
+        lines.append("")
+        data = "\n".join(lines).encode()
+        key = (instance_id, name)
+        logs = self._logs
+        fd = logs.get(key)
+        if fd is None:
+            fd = self._open_log(instance_id, name)
+        else:
+            logs.move_to_end(key)
+        try:
+            _write_all(fd, data)
+            if self.fsync:
+                os.fsync(fd)
+        except OSError as exc:
+            # The write may be torn: reopen (and so repair the tail) before the next append.
+            del logs[key]
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            raise StoreError(f"cannot append to {self.root / instance_id / name}: {exc}",
+                             instance_id=instance_id) from exc
+
+    def _open_log(self, instance_id: str, name: str) -> int:
+        """Open a log for appending, cut a torn tail left by a crash, and cache the handle."""
+        if self._closed:
+            raise StoreError("the store is closed", instance_id=instance_id)
+        folder = self.root / _check_id(instance_id)
+        path = folder / name
+        try:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_APPEND | _O_CLOEXEC)
+            except FileNotFoundError:
+                if not (folder / HEADER_FILE).is_file():
+                    raise InstanceNotFoundError(instance_id) from None
+                fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | _O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise StoreError(f"cannot open {path}: {exc}", instance_id=instance_id) from exc
+        try:
+            self._repair_tail(fd, path)
+        except OSError as exc:
+            os.close(fd)
+            raise StoreError(f"cannot repair {path}: {exc}", instance_id=instance_id) from exc
+        logs = self._logs
+        logs[(instance_id, name)] = fd
+        while len(logs) > self.max_open_logs:
+            _key, old = logs.popitem(last=False)
+            with contextlib.suppress(OSError):
+                os.close(old)
+        return fd
+
+    @staticmethod
+    def _repair_tail(fd: int, path: Path) -> None:
+        """Truncate a torn last line (no newline, or not a JSON object) so appends start clean.
+
+        Reads only the last line, once per opening: the cost does not grow with the log.
+        """
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return
+        if os.pread(fd, 1, size - 1) == b"\n":
+            start = _line_start(fd, size - 1)
+            if _is_object_line(os.pread(fd, size - 1 - start, start)):
+                return
+        else:
+            start = _line_start(fd, size)
+        os.ftruncate(fd, start)
+        _log.warning("file store: dropped a torn last line of %d bytes from %s", size - start, path)
+
+    def _read_log(self, instance_id: str, name: str) -> list[dict[str, Any]]:
+        folder = self.root / _check_id(instance_id)
+        path = folder / name
+        try:
+            data = path.read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            if not (folder / HEADER_FILE).is_file():
+                raise InstanceNotFoundError(instance_id) from None
+            return []
+        except OSError as exc:
+            raise StoreError(f"cannot read {path}: {exc}", instance_id=instance_id) from exc
+        lines = data.split(b"\n")
+        # With a trailing newline the split ends with b""; otherwise that piece is a torn line.
+        lines.pop()
+        out: list[dict[str, Any]] = []
+        loads = json.loads
+        last = len(lines) - 1
+        ended_clean = data.endswith(b"\n")
+        for number, line in enumerate(lines):
+            try:
+                obj = loads(line)
+            except ValueError as exc:
+                if number == last and ended_clean:
+                    break  # a torn last line: dropped, and cut before the next append
+                raise StoreError(f"{path}: line {number + 1} is not valid JSON: {exc}",
+                                 instance_id=instance_id) from exc
+            if type(obj) is not dict:
+                if number == last and ended_clean:
+                    break
+                raise StoreError(f"{path}: line {number + 1} holds a JSON {type(obj).__name__}, "
+                                 "not an object", instance_id=instance_id)
+            out.append(obj)
+        return out
