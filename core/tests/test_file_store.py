@@ -216,8 +216,12 @@ async def test_header_write_is_atomic(store: FileStore, monkeypatch: pytest.Monk
     assert await store.read_header("atom") == {"version": 3}
 
 
-async def test_header_write_fsyncs_file_and_folder(store: FileStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every header write fsyncs the temp file before the rename and the folder after it."""
+@pytest.mark.parametrize(("strict", "expected"), [(False, ["file", "replace"]), (True, ["file", "replace", "dir"])])
+async def test_header_write_fsyncs_file_and_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, strict: bool, expected: list[str],
+) -> None:
+    """Every header write fsyncs the temp file before the rename; with fsync: true the folder after it too."""
+    store = FileStore(StoreSettings(kind="file", base_dir=tmp_path, options={"fsync": strict}))
     await store.create("dur", {})
     events: list[str] = []
     real_fsync, real_replace = os.fsync, os.replace
@@ -233,7 +237,8 @@ async def test_header_write_fsyncs_file_and_folder(store: FileStore, monkeypatch
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "replace", replace)
     await store.write_header("dur", {"v": 2})
-    assert events == ["file", "replace", "dir"]
+    assert events == expected
+    await store.aclose()
 
 
 async def test_list_headers_sorted_and_skips_non_instances(
@@ -322,11 +327,14 @@ async def test_invalid_complete_last_line_dropped_and_cut(store: FileStore, tmp_
 async def test_torn_tail_without_any_newline_is_cut_whole(store: FileStore, tmp_path: Path) -> None:
     """A log holding only a torn first line (longer than one read chunk) is emptied before appending."""
     await store.create("one", {})
+    await store.aclose()  # the crashed writer's process is gone; a new one opens the log
     log = store.root / "one" / "entries.jsonl"
     log.write_bytes(b'{"big": "' + b"y" * 200_000)
-    assert await store.read_entries("one") == []
-    await store.append_entries("one", [{"n": 0}])
+    reopened = make_store(tmp_path)
+    assert await reopened.read_entries("one") == []
+    await reopened.append_entries("one", [{"n": 0}])
     assert log.read_bytes() == b'{"n":0}\n'
+    await reopened.aclose()
 
 
 async def test_corrupt_middle_line_raises_with_line_number(store: FileStore) -> None:

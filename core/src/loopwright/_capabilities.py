@@ -1,0 +1,121 @@
+"""Grants: what an instance may touch, and :func:`intersect`, which never widens them.
+
+Paths are compared after symlinks are resolved (``Path.resolve``), so a link inside a granted
+root that points outside it grants nothing outside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from loopwright._definition import Capabilities, FileGrants
+from loopwright.errors import CapabilityError
+
+__all__ = [
+    "NO_GRANTS",
+    "capabilities_from_dict",
+    "capabilities_to_dict",
+    "check_store_outside",
+    "intersect",
+    "is_within",
+]
+
+_SHELL_ORDER = {"none": 0, "loopApproval": 1, "approval": 2, "allow": 3}
+_SHELL_BY_RANK = {v: k for k, v in _SHELL_ORDER.items()}
+
+#: Grants that allow nothing; what a malformed saved grant fails closed to.
+NO_GRANTS = Capabilities(agents_max_depth=0)
+
+
+def _resolve(path: str | Path, base: Path | None = None) -> Path:
+    p = Path(path).expanduser()
+    if not p.is_absolute():
+        p = (base or Path.cwd()) / p
+    return p.resolve()
+
+
+def is_within(path: str | Path, root: str | Path) -> bool:
+    """Return whether ``path`` is ``root`` or lies under it, both with symlinks resolved."""
+    p, r = _resolve(path), _resolve(root)
+    return p == r or r in p.parents
+
+
+def _narrow(requested: Iterable[str], allowed: Sequence[str]) -> tuple[str, ...]:
+    out = []
+    for req in requested:
+        resolved = _resolve(req)
+        if any(is_within(resolved, root) for root in allowed):
+            out.append(str(resolved))
+    return tuple(out)
+
+
+def intersect(parent: Capabilities, requested: Capabilities | None) -> Capabilities:
+    """Return what ``requested`` asks for, narrowed to what ``parent`` holds.
+
+    A requested file root survives only if it lies within one of the parent's roots (read roots
+    may lie within read or write roots; write roots only within write roots). Shell access
+    takes the stricter mode (``none`` < ``loopApproval`` < ``approval`` < ``allow``), network
+    and spawning need both, and the depth is the smaller. ``requested=None`` means "all the
+    parent holds".
+    """
+    if requested is None:
+        return parent
+    readable = parent.files.read + parent.files.write
+    files = FileGrants(
+        read=_narrow(requested.files.read, readable),
+        write=_narrow(requested.files.write, parent.files.write),
+    )
+    shell = _SHELL_BY_RANK[min(_SHELL_ORDER[parent.shell], _SHELL_ORDER[requested.shell])]
+    return Capabilities(
+        files=files,
+        shell=shell,  # type: ignore[arg-type]
+        network=parent.network and requested.network,
+        agents_spawn=parent.agents_spawn and requested.agents_spawn,
+        agents_max_depth=min(parent.agents_max_depth, requested.agents_max_depth),
+    )
+
+
+def capabilities_to_dict(caps: Capabilities) -> dict[str, Any]:
+    """Return the JSON form saved in an instance header (the ``capabilities`` key)."""
+    return {
+        "files": {"read": list(caps.files.read), "write": list(caps.files.write)},
+        "shell": caps.shell,
+        "network": caps.network,
+        "agents": {"spawn": caps.agents_spawn, "maxDepth": caps.agents_max_depth},
+    }
+
+
+def capabilities_from_dict(data: Any) -> Capabilities:
+    """Parse a saved ``capabilities`` entry. Raise ValueError unless it is well formed."""
+    if not isinstance(data, Mapping) or set(data) - {"files", "shell", "network", "agents"}:
+        raise ValueError("capabilities must be a mapping of files, shell, network and agents")
+    files = data.get("files", {})
+    agents = data.get("agents", {})
+    if not isinstance(files, Mapping) or not isinstance(agents, Mapping):
+        raise ValueError("files and agents must be mappings")
+    read, write = files.get("read", []), files.get("write", [])
+    if not all(isinstance(x, list) and all(isinstance(s, str) for s in x) for x in (read, write)):
+        raise ValueError("file roots must be lists of strings")
+    shell = data.get("shell", "none")
+    if shell not in _SHELL_ORDER:
+        raise ValueError(f"unknown shell mode {shell!r}")
+    network, spawn = data.get("network", False), agents.get("spawn", False)
+    depth = agents.get("maxDepth", 8)
+    if not isinstance(network, bool) or not isinstance(spawn, bool) or not isinstance(depth, int):
+        raise ValueError("network and agents.spawn must be booleans, agents.maxDepth an integer")
+    return Capabilities(files=FileGrants(read=tuple(read), write=tuple(write)), shell=shell,
+                        network=network, agents_spawn=spawn, agents_max_depth=depth)
+
+
+def check_store_outside(store_locations: Iterable[Path], caps: Capabilities, *, base: Path) -> None:
+    """Raise :class:`CapabilityError` if any granted file root overlaps a store location."""
+    for loc in store_locations:
+        store = _resolve(loc, base)
+        for root in caps.files.read + caps.files.write:
+            r = _resolve(root, base)
+            if store == r or r in store.parents or store in r.parents:
+                raise CapabilityError(
+                    f"the store at {store} lies within the granted file root {r} (or contains it); "
+                    "agents must never reach the store: move the store or narrow the grant")

@@ -1,0 +1,900 @@
+"""Load, validate and convert the YAML files loopwright reads: definitions and assemblies.
+
+A file goes through four steps, and every step reports *all* its problems at once, each as a
+:class:`~loopwright.errors.ConfigProblem` with file, line, column and JSON path:
+
+1. :func:`load_yaml` parses it with ruamel's round-trip loader, which keeps the position of every
+   key and item (:class:`Positions`); a syntax error names the file, line and column.
+2. The data is validated against the JSON Schema in ``specs/`` (shipped inside the package as
+   ``loopwright/_specs``): the schemas are the single source of truth for which keys exist.
+3. Checks a schema cannot express: template variables that name no input, malformed templates,
+   input defaults of the wrong type, an ``output`` that is not a valid JSON Schema.
+4. The data is structured into the frozen classes of :mod:`loopwright._definition` with a cattrs
+   converter (camelCase keys, durations parsed to seconds, ``{kind, ...options}`` split).
+
+:func:`load_definition` and :func:`load_assembly` raise :class:`~loopwright.errors.ConfigError`
+carrying the problems; :func:`validate_file` returns them (``loopwright validate``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import datetime
+import difflib
+import functools
+import json
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import attrs
+import cattrs
+import jsonschema
+import referencing
+from jsonschema.exceptions import ValidationError
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap, CommentedSeq, TaggedScalar
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
+
+from loopwright._convert import camel, make_converter
+from loopwright._definition import (
+    Assembly,
+    Capabilities,
+    Definition,
+    FileGrants,
+    InputSpec,
+    Limits,
+    PluginSpec,
+    ProviderConfig,
+    StoreConfig,
+)
+from loopwright._template import TemplateError, compile_template, matches_type
+from loopwright.errors import ConfigError, ConfigProblem
+
+__all__ = [
+    "ASSEMBLY_FILE_NAMES",
+    "SPECS_DIR",
+    "Kind",
+    "Positions",
+    "capabilities_from_dict",
+    "capabilities_to_dict",
+    "definition_from_dict",
+    "definition_to_dict",
+    "detect_kind",
+    "load_assembly",
+    "load_definition",
+    "load_yaml",
+    "parse_duration",
+    "schema",
+    "validate_data",
+    "validate_file",
+    "validator",
+]
+
+#: Where the JSON Schemas live: a symlink to the repository's ``specs/`` folder.
+SPECS_DIR = Path(__file__).parent / "_specs"
+
+#: File names that are always read as assemblies.
+ASSEMBLY_FILE_NAMES = frozenset({"loopwright.yaml", "loopwright.yml"})
+
+#: What a file can describe; each has a schema ``specs/<kind>.schema.json``.
+Kind = Literal["definition", "assembly", "instance", "record"]
+_KINDS: tuple[Kind, ...] = ("definition", "assembly", "instance", "record")
+
+_PathKey = tuple[str | int, ...]
+
+
+# ---------------------------------------------------------------------------------------------
+# Durations
+# ---------------------------------------------------------------------------------------------
+
+_DURATION_RE = re.compile(r"^\s*(?:\d+(?:\.\d+)?\s*(?:ms|s|m|h)\s*)+$")
+_DURATION_PART_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(value: str | float) -> float:
+    """Return a duration in seconds.
+
+    Accepts a number of seconds, a numeric string (``"1.5"``), or one or more number-unit pairs
+    with units ``ms``, ``s``, ``m`` and ``h``: ``parse_duration("500ms") == 0.5``,
+    ``parse_duration("1m30s") == 90.0``.
+
+    :raises ValueError: for anything else, or a negative number.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"invalid duration {value!r}: expected seconds or a string like 500ms, 30m, 2h")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, str) and _DURATION_RE.match(value):
+        seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in _DURATION_PART_RE.findall(value))
+    else:
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"invalid duration {value!r}: expected seconds or a string like 500ms, 1s, 30m, 2h"
+            ) from None
+    if seconds < 0:
+        raise ValueError(f"invalid duration {value!r}: it must not be negative")
+    return seconds
+
+
+# ---------------------------------------------------------------------------------------------
+# YAML with positions
+# ---------------------------------------------------------------------------------------------
+
+
+class Positions:
+    """Where each key and value of a loaded document sits, as 1-based ``(line, column)``.
+
+    Paths are tuples of keys and list indexes: ``("providers", "default", "baseUrl")``,
+    ``("initialPrompts", 0, "content")``. The empty path is the document itself. Data that came
+    from Python has an empty :class:`Positions`, whose lookups all return ``None``.
+
+    Attributes:
+        file: The file's path as given, or ``None``.
+        text: The document's text (used to place problems inside multi-line strings).
+    """
+
+    __slots__ = ("_keys", "_line_starts", "_values", "file", "text")
+
+    def __init__(self, file: str | None = None, text: str = "") -> None:
+        self.file = file
+        self.text = text
+        self._keys: dict[_PathKey, tuple[int, int]] = {}
+        self._values: dict[_PathKey, tuple[int, int]] = {}
+        self._line_starts: list[int] | None = None
+
+    def key(self, path: Sequence[str | int]) -> tuple[int, int] | None:
+        """Return where the key at ``path`` is written (for list items: where the item starts)."""
+        return self._keys.get(tuple(path))
+
+    def value(self, path: Sequence[str | int]) -> tuple[int, int] | None:
+        """Return where the value at ``path`` starts."""
+        return self._values.get(tuple(path))
+
+    def locate(self, path: Sequence[str | int], *, key: bool = False) -> tuple[int | None, int | None]:
+        """Return the position of ``path``'s key (or value), else of its nearest located ancestor."""
+        path = tuple(path)
+        table = self._keys if key else self._values
+        for end in range(len(path), -1, -1):
+            found = table.get(path[:end]) or self._values.get(path[:end])
+            if found:
+                return found
+        return None, None
+
+    def find(self, path: Sequence[str | int], needle: str, occurrence: int = 0) -> tuple[int | None, int | None]:
+        """Return the position of the ``occurrence``-th ``needle`` in the source of the value at ``path``.
+
+        Used to point inside a (possibly multi-line) string; falls back to the value's position
+        when the needle cannot be found in the text as written (escapes, folding).
+        """
+        start = self.value(path)
+        if start is None or not self.text:
+            return self.locate(path)
+        index = self._offset(*start)
+        for _ in range(occurrence + 1):
+            found = self.text.find(needle, index)
+            if found == -1:
+                return start
+            index = found + 1
+        return self._position(found)
+
+    def _offsets(self) -> list[int]:
+        if self._line_starts is None:
+            starts = [0]
+            starts.extend(i + 1 for i, ch in enumerate(self.text) if ch == "\n")
+            self._line_starts = starts
+        return self._line_starts
+
+    def _offset(self, line: int, column: int) -> int:
+        starts = self._offsets()
+        return starts[min(line, len(starts)) - 1] + column - 1
+
+    def _position(self, offset: int) -> tuple[int, int]:
+        starts = self._offsets()
+        line = bisect.bisect_right(starts, offset)
+        return line, offset - starts[line - 1] + 1
+
+    def _add(self, path: _PathKey, key: tuple[int, int], value: tuple[int, int]) -> None:
+        self._keys[path] = key
+        self._values[path] = value
+
+    def __repr__(self) -> str:
+        return f"<Positions {self.file or '<data>'}: {len(self._values)} values>"
+
+
+def _yaml() -> YAML:
+    yaml = YAML(typ="rt")
+    yaml.allow_duplicate_keys = False
+    return yaml
+
+
+def load_yaml(path: str | Path) -> tuple[Any, Positions]:
+    """Read a YAML (or JSON) file and return its data as plain dicts and lists, with positions.
+
+    Keys become strings; timestamps become ISO 8601 strings; tagged scalars (``!tag x``) their value.
+
+    :raises ConfigError: when the file cannot be read, or is not well-formed YAML: the problem
+        names the file, line and column.
+    """
+    file = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        problem = ConfigProblem(f"cannot read the file: {reason}", file=file)
+        raise ConfigError(f"cannot read {file}: {reason}", path=file, problems=[problem]) from exc
+    return _parse_yaml(text, file)
+
+
+def _parse_yaml(text: str, file: str | None, *, line_offset: int = 0) -> tuple[Any, Positions]:
+    positions = Positions(file, text)
+    try:
+        node = _yaml().load(text)
+    except MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 + line_offset if mark else None
+        column = mark.column + 1 if mark else None
+        what = exc.problem or exc.context or "malformed YAML"
+        if exc.context and exc.problem:
+            what = f"{exc.problem} ({exc.context})"
+        problem = ConfigProblem(f"invalid YAML: {what}", file=file, line=line, column=column)
+        raise ConfigError(f"{problem.file or '<text>'}:{line}:{column}: invalid YAML: {what}",
+                          path=file, problems=[problem]) from None
+    except YAMLError as exc:
+        problem = ConfigProblem(f"invalid YAML: {exc}", file=file)
+        raise ConfigError(f"{file}: invalid YAML: {exc}", path=file, problems=[problem]) from None
+    if isinstance(node, (CommentedMap, CommentedSeq)):
+        positions._add((), (node.lc.line + 1 + line_offset, node.lc.col + 1),
+                       (node.lc.line + 1 + line_offset, node.lc.col + 1))
+    return _plain(node, (), positions, line_offset), positions
+
+
+def _plain(node: Any, path: _PathKey, positions: Positions, line_offset: int) -> Any:
+    """Turn ruamel's round-trip nodes into plain data, recording positions on the way."""
+    if isinstance(node, CommentedMap):
+        out: dict[str, Any] = {}
+        data = node.lc.data
+        for key, value in node.items():
+            name = _key_text(key)
+            child = (*path, name)
+            where = data.get(key)
+            if where is not None:  # merged keys (<<: *anchor) have no position of their own
+                positions._add(child, (where[0] + 1 + line_offset, where[1] + 1),
+                               (where[2] + 1 + line_offset, where[3] + 1))
+            out[name] = _plain(value, child, positions, line_offset)
+        return out
+    if isinstance(node, CommentedSeq):
+        items: list[Any] = []
+        for index, value in enumerate(node):
+            child = (*path, index)
+            where = node.lc.data.get(index) if isinstance(node.lc.data, dict) else (
+                node.lc.data[index] if index < len(node.lc.data) else None)
+            if where is not None:
+                pos = (where[0] + 1 + line_offset, where[1] + 1)
+                positions._add(child, pos, pos)
+            items.append(_plain(value, child, positions, line_offset))
+        return items
+    if isinstance(node, TaggedScalar):
+        return node.value
+    if isinstance(node, bool):
+        return bool(node)
+    if isinstance(node, int):
+        return int(node)
+    if isinstance(node, float):
+        return float(node)
+    if isinstance(node, str):
+        return str(node)
+    if isinstance(node, (datetime.date, datetime.datetime)):
+        return node.isoformat()
+    return node
+
+
+def _key_text(key: Any) -> str:
+    if isinstance(key, str):
+        return str(key)
+    if isinstance(key, bool) or key is None:
+        return json.dumps(key)
+    return str(key)
+
+
+def _plain_data(value: Any) -> Any:
+    """Copy Python data into the plain JSON shape the validator expects (dicts, lists, str keys)."""
+    if isinstance(value, Mapping):
+        return {_key_text(k): _plain_data(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain_data(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# Schemas
+# ---------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def schema(kind: Kind) -> Mapping[str, Any]:
+    """Return the JSON Schema of ``kind`` (``definition``, ``assembly``, ``instance`` or ``record``)."""
+    if kind not in _KINDS:
+        raise ValueError(f"unknown kind {kind!r}; expected one of {', '.join(_KINDS)}")
+    with (SPECS_DIR / f"{kind}.schema.json").open(encoding="utf-8") as f:
+        loaded: dict[str, Any] = json.load(f)
+    return loaded
+
+
+@functools.cache
+def _registry() -> referencing.Registry[Any]:
+    resources = [referencing.Resource.from_contents(schema(k)) for k in _KINDS]
+    return referencing.Registry().with_resources((r.id(), r) for r in resources)  # type: ignore[misc]
+
+
+@functools.cache
+def validator(kind: Kind) -> jsonschema.Draft202012Validator:
+    """Return the (cached) validator of ``kind``'s schema. Cross-file ``$ref`` s resolve offline."""
+    return jsonschema.Draft202012Validator(schema(kind), registry=_registry())
+
+
+_TYPE_WORDS = {
+    "object": "a mapping", "array": "a list", "string": "a string", "integer": "an integer",
+    "number": "a number", "boolean": "a boolean (true or false)", "null": "null",
+}
+
+
+def _type_word(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return type(value).__name__
+
+
+def _json_path(path: Sequence[str | int]) -> str:
+    out = "$"
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", part):
+            out += f".{part}"
+        else:
+            out += f"[{json.dumps(part)}]"
+    return out
+
+
+def _lower_first(text: str) -> str:
+    return text[:1].lower() + text[1:] if text[:1].isupper() and not text[1:2].isupper() else text
+
+
+class _Reporter:
+    """Turns validation errors and semantic findings into positioned problems."""
+
+    def __init__(self, positions: Positions) -> None:
+        self.positions = positions
+        self.problems: list[ConfigProblem] = []
+
+    def add(self, message: str, path: Sequence[str | int], *, key: bool = False,
+            where: tuple[int | None, int | None] | None = None) -> None:
+        line, column = where if where is not None else self.positions.locate(path, key=key)
+        self.problems.append(ConfigProblem(message, file=self.positions.file, line=line,
+                                           column=column, path=_json_path(path)))
+
+    def schema_errors(self, errors: Iterator[ValidationError]) -> None:
+        for error in errors:
+            self._error(error, None)
+
+    def _error(self, error: ValidationError, hint: str | None) -> None:  # noqa: C901, PLR0912
+        path = tuple(error.absolute_path)
+        kw = str(error.validator)
+        schema_here = error.schema if isinstance(error.schema, Mapping) else {}
+        custom = (schema_here.get("errorMessage") or {}).get(kw)
+        described = schema_here.get("description") or hint
+        if "propertyNames" in error.absolute_schema_path:
+            name = error.instance
+            expected = f": expected {_lower_first(described)}" if described else ""
+            self.add(f"invalid name {name!r}{expected}", (*path, name), key=True)
+            return
+        if kw == "additionalProperties" and error.validator_value is False:
+            allowed = list(schema_here.get("properties", {}))
+            for name in error.instance:
+                if name in allowed or any(re.search(p, name) for p in schema_here.get("patternProperties", {})):
+                    continue
+                close = difflib.get_close_matches(name, allowed, n=1)
+                hint_text = f"; did you mean {close[0]!r}?" if close else f" (allowed: {', '.join(allowed)})"
+                self.add(f"unknown key {name!r}{hint_text}", (*path, name), key=True)
+            return
+        if custom:
+            if kw == "not" and isinstance(error.validator_value, Mapping):
+                present = [k for k in error.validator_value.get("required", ()) if k in error.instance]
+                self.add(custom, (*path, present[-1]) if present else path, key=bool(present))
+            else:
+                self.add(custom, path, key=kw == "required")
+            return
+        if kw in {"oneOf", "anyOf"} and error.context:
+            self._alternatives(error, path, described)
+            return
+        value = error.instance
+        if kw == "required":
+            missing = [k for k in error.validator_value if k not in error.instance]
+            for name in missing:
+                self.add(f"missing required key {name!r}", path, key=True)
+            return
+        if kw == "type":
+            expected = error.validator_value
+            options = [expected] if isinstance(expected, str) else list(expected)
+            words = " or ".join(_TYPE_WORDS.get(t, t) for t in options)
+            if value is None and not path:
+                self.add(f"the document is empty; expected {words}", path)
+            else:
+                self.add(f"must be {words}, got {_type_word(value)}", path)
+            return
+        if kw == "enum":
+            choices = [c for c in error.validator_value if c is not None]
+            text = ", ".join(str(c) for c in choices)
+            close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+            suggestion = f"; did you mean {close[0]!r}?" if close and isinstance(value, str) else ""
+            self.add(f"{json.dumps(value)} is not one of: {text}{suggestion}", path)
+            return
+        if kw == "const":
+            self.add(f"must be {json.dumps(error.validator_value)}, got {json.dumps(value)}", path)
+            return
+        if kw == "pattern":
+            expected = _lower_first(described) if described else f"a string matching {error.validator_value}"
+            self.add(f"invalid value {value!r}: expected {expected}", path)
+            return
+        if kw == "minLength" and error.validator_value == 1:
+            self.add("must not be empty", path)
+            return
+        if kw in {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"}:
+            words = {"minimum": "at least", "exclusiveMinimum": "greater than",
+                     "maximum": "at most", "exclusiveMaximum": "less than"}[kw]
+            self.add(f"must be {words} {error.validator_value}, got {value}", path)
+            return
+        self.add(error.message, path)
+
+    def _alternatives(self, error: ValidationError, path: _PathKey, described: str | None) -> None:
+        """Report a failed ``oneOf``/``anyOf`` through the branch the value was meant for."""
+        branches: dict[int, list[ValidationError]] = {}
+        for sub in error.context or ():
+            branches.setdefault(int(sub.relative_schema_path[0]), []).append(sub)
+        fitting = [
+            errs for errs in branches.values()
+            if not any(e.validator == "type" and not e.relative_path for e in errs)
+        ]
+        if len(fitting) == 1:
+            for sub in fitting[0]:
+                self._error(sub, described)
+            return
+        types = [
+            sub.validator_value for errs in branches.values() for sub in errs
+            if sub.validator == "type" and not sub.relative_path
+        ]
+        if described:
+            self.add(f"invalid value {json.dumps(error.instance)}: expected {_lower_first(described)}", path)
+        elif types and len(types) == len(branches):
+            words = " or ".join(_TYPE_WORDS.get(t, str(t)) for t in types if isinstance(t, str))
+            self.add(f"must be {words}, got {_type_word(error.instance)}", path)
+        else:
+            self.add(error.message, path)
+
+
+def validate_data(kind: Kind, data: Any, *, positions: Positions | None = None) -> list[ConfigProblem]:
+    """Return every problem of ``data`` as a ``kind``, sorted by position; empty when it is valid.
+
+    Runs the schema and the checks beyond it, but does not build the objects.
+
+    :param kind: ``definition``, ``assembly``, ``instance`` or ``record``.
+    :param data: Plain data (dicts, lists, scalars), as :func:`load_yaml` returns it.
+    :param positions: Where each key sits, to place the problems; ``None`` for data from Python.
+    """
+    reporter = _Reporter(positions or Positions())
+    reporter.schema_errors(validator(kind).iter_errors(data))
+    if kind == "definition" and isinstance(data, Mapping):
+        _check_definition(data, reporter)
+    return _sorted(reporter.problems)
+
+
+def _sorted(problems: list[ConfigProblem]) -> list[ConfigProblem]:
+    seen: set[tuple[Any, ...]] = set()
+    unique = []
+    for p in problems:
+        ident = (p.line, p.column, p.path, p.message)
+        if ident not in seen:
+            seen.add(ident)
+            unique.append(p)
+    return sorted(unique, key=lambda p: (p.line or 0, p.column or 0, p.path))
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks beyond the schema
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_definition(data: Mapping[str, Any], reporter: _Reporter) -> None:
+    inputs = data.get("inputs")
+    inputs = inputs if isinstance(inputs, Mapping) else {}
+    _check_inputs(inputs, reporter)
+    names = set(inputs)
+    if isinstance(data.get("systemPrompt"), str):
+        _check_template(data["systemPrompt"], ("systemPrompt",), names, reporter)
+    prompts = data.get("initialPrompts")
+    for i, prompt in enumerate(prompts if isinstance(prompts, list) else ()):
+        if not isinstance(prompt, Mapping):
+            continue
+        if isinstance(prompt.get("content"), str):
+            _check_template(prompt["content"], ("initialPrompts", i, "content"), names, reporter)
+        calls = prompt.get("toolCalls")
+        for j, call in enumerate(calls if isinstance(calls, list) else ()):
+            if isinstance(call, Mapping) and isinstance(call.get("arguments"), Mapping):
+                for path, text in _strings(call["arguments"], ("initialPrompts", i, "toolCalls", j, "arguments")):
+                    _check_template(text, path, names, reporter)
+    output = data.get("output")
+    if isinstance(output, Mapping):
+        for error in jsonschema.Draft202012Validator(jsonschema.Draft202012Validator.META_SCHEMA).iter_errors(output):
+            reporter.add(f"`output` is not a valid JSON Schema: {error.message}",
+                         ("output", *error.absolute_path))
+
+
+def _check_inputs(inputs: Mapping[str, Any], reporter: _Reporter) -> None:
+    for name, spec in inputs.items():
+        if not isinstance(spec, Mapping) or "default" not in spec:
+            continue
+        json_type = spec.get("type", "string")
+        default = spec["default"]
+        if default is not None and isinstance(json_type, str) and not matches_type(default, json_type):
+            reporter.add(f"the default of input {name!r} must be {_TYPE_WORDS.get(json_type, json_type)}, "
+                         f"got {_type_word(default)}", ("inputs", name, "default"))
+        if spec.get("required") is True:
+            reporter.add(f"input {name!r} has a default, so it cannot be required; drop one of them",
+                         ("inputs", name, "required"), key=True)
+
+
+def _strings(value: Any, path: _PathKey) -> Iterator[tuple[_PathKey, str]]:
+    if isinstance(value, str):
+        yield path, value
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            yield from _strings(v, (*path, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _strings(v, (*path, i))
+
+
+def _check_template(text: str, path: _PathKey, names: set[str], reporter: _Reporter) -> None:
+    positions = reporter.positions
+    try:
+        template = compile_template(text)
+    except TemplateError as exc:
+        offset = exc.offset or 0
+        where = positions.find(path, "{{", text.count("{{", 0, offset))
+        reporter.add(str(exc), path, where=where)
+        return
+    for ph in template.placeholders:
+        if ph.path and ph.path[0] not in names:
+            declared = ", ".join(sorted(names)) or "none"
+            close = difflib.get_close_matches(ph.path[0], sorted(names), n=1)
+            suggestion = f"; did you mean {close[0]!r}?" if close else ""
+            where = positions.find(path, ph.text, text.count(ph.text, 0, ph.start))
+            reporter.add(f"unknown template variable {ph.path[0]!r} in {ph.text}{suggestion} "
+                         f"(declared inputs: {declared})", path, where=where)
+
+
+# ---------------------------------------------------------------------------------------------
+# Structuring
+# ---------------------------------------------------------------------------------------------
+
+
+def _split_kind(data: Mapping[str, Any], default: str | None = None) -> tuple[str, dict[str, Any]]:
+    options = dict(data)
+    kind = options.pop("kind", default)
+    if not isinstance(kind, str):
+        raise ValueError("`kind` is required")
+    return kind, options
+
+
+_PROVIDER_KEYS = {"kind": "kind", "baseUrl": "base_url", "apiKey": "api_key", "apiKeyEnv": "api_key_env"}
+
+
+def _structure_provider(data: Mapping[str, Any], _t: type) -> ProviderConfig:
+    known = {_PROVIDER_KEYS[k]: v for k, v in data.items() if k in _PROVIDER_KEYS}
+    options = {k: v for k, v in data.items() if k not in _PROVIDER_KEYS}
+    return ProviderConfig(**known, options=options)
+
+
+def _unstructure_provider(provider: ProviderConfig) -> dict[str, Any]:
+    out: dict[str, Any] = {"kind": provider.kind}
+    for key, attr in _PROVIDER_KEYS.items():
+        if attr != "kind" and getattr(provider, attr) is not None:
+            out[key] = getattr(provider, attr)
+    return {**out, **provider.options}
+
+
+def _structure_capabilities(data: Mapping[str, Any], _t: type) -> Capabilities:
+    files = data.get("files") or {}
+    agents = data.get("agents") or {}
+    defaults = Capabilities()
+    return Capabilities(
+        files=FileGrants(read=tuple(files.get("read", ())), write=tuple(files.get("write", ()))),
+        shell=data.get("shell", defaults.shell),
+        network=bool(data.get("network", defaults.network)),
+        agents_spawn=bool(agents.get("spawn", defaults.agents_spawn)),
+        agents_max_depth=int(agents.get("maxDepth", defaults.agents_max_depth)),
+    )
+
+
+def capabilities_to_dict(capabilities: Capabilities) -> dict[str, Any]:
+    """Return grants in their YAML/JSON form (``{files, shell, network, agents: {spawn, maxDepth}}``).
+
+    This is the form of the assembly's ``capabilities`` and of the instance header's.
+    """
+    return {
+        "files": {"read": list(capabilities.files.read), "write": list(capabilities.files.write)},
+        "shell": capabilities.shell,
+        "network": capabilities.network,
+        "agents": {"spawn": capabilities.agents_spawn, "maxDepth": capabilities.agents_max_depth},
+    }
+
+
+def capabilities_from_dict(data: Mapping[str, Any]) -> Capabilities:
+    """Return the grants :func:`capabilities_to_dict` wrote (missing keys take their defaults).
+
+    :raises ConfigError: when ``data`` does not follow the schema's ``capabilities`` shape; a
+        store turns this into a :class:`~loopwright.errors.GrantsError` (fail closed).
+    """
+    data = _plain_data(data)
+    reporter = _Reporter(Positions())
+    sub = jsonschema.Draft202012Validator(schema("assembly")["$defs"]["capabilities"])
+    reporter.schema_errors(sub.iter_errors(data))
+    if reporter.problems:
+        raise ConfigError("malformed capabilities", problems=reporter.problems)
+    return _structure_capabilities(data, Capabilities)
+
+
+def _structure_input(data: Any, _t: type) -> InputSpec:
+    if isinstance(data, str):
+        return InputSpec(type=data)
+    spec = dict(data)
+    return InputSpec(
+        type=spec.get("type", "string"),
+        description=spec.get("description"),
+        default=spec.get("default"),
+        required=spec.get("required", "default" not in spec),
+    )
+
+
+def _unstructure_input(spec: InputSpec) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": spec.type}
+    if spec.description is not None:
+        out["description"] = spec.description
+    if spec.default is not None:
+        out["default"] = spec.default
+    out["required"] = spec.required
+    return out
+
+
+@functools.cache
+def _converter() -> cattrs.Converter:
+    conv = make_converter(forbid_extra_keys=True)
+
+    base_limits = conv.get_structure_hook(Limits)
+
+    def structure_limits(data: Mapping[str, Any], t: type) -> Limits:
+        data = dict(data)
+        for key in ("elapsed", "toolTimeout"):
+            if key in data and data[key] is not None:
+                data[key] = parse_duration(data[key])
+        return base_limits(data, t)  # type: ignore[no-any-return]
+
+    conv.register_structure_hook(Limits, structure_limits)
+    conv.register_structure_hook(PluginSpec, lambda d, _t: PluginSpec(kind=_split_kind(d)[0],
+                                                                        options=_split_kind(d)[1]))
+    conv.register_structure_hook(StoreConfig, lambda d, _t: StoreConfig(kind=_split_kind(d, "file")[0],
+                                                                          options=_split_kind(d, "file")[1]))
+    conv.register_structure_hook(ProviderConfig, _structure_provider)
+    conv.register_structure_hook(Capabilities, _structure_capabilities)
+    conv.register_structure_hook(InputSpec, _structure_input)
+    # Generated after the hooks above, so that its fields use them.
+    base_assembly = conv.get_structure_hook(Assembly)
+
+    def structure_assembly(data: Mapping[str, Any], t: type) -> Assembly:
+        data = dict(data)
+        if isinstance(data.get("providers"), Mapping):
+            data["providers"] = {name: {"kind": name, **entry} for name, entry in data["providers"].items()}
+        return base_assembly(data, t)  # type: ignore[no-any-return]
+
+    conv.register_structure_hook(Assembly, structure_assembly)
+    conv.register_unstructure_hook(PluginSpec, lambda p: {"kind": p.kind, **p.options})
+    conv.register_unstructure_hook(StoreConfig, lambda s: {"kind": s.kind, **s.options})
+    conv.register_unstructure_hook(ProviderConfig, _unstructure_provider)
+    conv.register_unstructure_hook(Capabilities, capabilities_to_dict)
+    conv.register_unstructure_hook(InputSpec, _unstructure_input)
+    return conv
+
+
+_CATTRS_PATH_RE = re.compile(r"\$((?:\.[A-Za-z0-9_]+|\[[^\]]*\])*)$")
+
+
+def _structure(cls: type[Any], data: Mapping[str, Any], reporter: _Reporter) -> Any:
+    try:
+        return _converter().structure(data, cls)
+    except (cattrs.BaseValidationError, ValueError, TypeError) as exc:
+        lines = cattrs.transform_error(exc) if isinstance(exc, cattrs.BaseValidationError) else [f"{exc} @ $"]
+        for line in lines:
+            message, _, where = line.rpartition(" @ ")
+            path: list[str | int] = []
+            for part in re.findall(r"\.([A-Za-z0-9_]+)|\[([^\]]*)\]", where):
+                path.append(camel(part[0]) if part[0] else (int(part[1]) if part[1].isdigit() else part[1].strip("'\"")))
+            reporter.add(message or line, path)
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------------------------
+
+
+def _read(source: str | Path | Mapping[str, Any], base_dir: str | Path | None) -> tuple[Any, Positions, Path | None]:
+    if isinstance(source, Mapping):
+        return _plain_data(source), Positions(), None
+    path = Path(source)
+    if base_dir is not None and not path.is_absolute():
+        path = Path(base_dir) / path
+    data, positions = load_yaml(path)
+    return data, positions, path.resolve()
+
+
+def _load(kind: Kind, source: str | Path | Mapping[str, Any], base_dir: str | Path | None,
+          cls: type[Any]) -> tuple[Any, list[ConfigProblem], Path | None, str]:
+    data, positions, path = _read(source, base_dir)
+    label = str(positions.file) if positions.file else f"the {kind}"
+    problems = validate_data(kind, data, positions=positions)
+    if problems:
+        return None, problems, path, label
+    reporter = _Reporter(positions)
+    obj = _structure(cls, data, reporter)
+    return obj, _sorted(reporter.problems), path, label
+
+
+def load_definition(source: str | Path | Mapping[str, Any], *,
+                    base_dir: str | Path | None = None) -> Definition:
+    """Load and check an agent definition.
+
+    :param source: A file path (YAML or JSON), or the definition's data as a mapping.
+    :param base_dir: The folder a relative path is resolved against (default: the working folder).
+    :return: The definition; ``source`` is the resolved file path when it came from a file.
+    :raises ConfigError: listing every problem, each with file, line, column and JSON path.
+    """
+    defn, problems, path, label = _load("definition", source, base_dir, Definition)
+    if problems:
+        raise ConfigError(f"{label} is not a valid definition", path=str(path) if path else None,
+                          problems=problems)
+    return attrs.evolve(defn, source=path) if path else defn  # type: ignore[no-any-return]
+
+
+def load_assembly(source: str | Path | Mapping[str, Any] | None = None) -> Assembly:
+    """Load and check an assembly (``loopwright.yaml``).
+
+    :param source: A file path, the assembly's data as a mapping, or ``None`` for the defaults.
+    :return: The assembly; ``path`` is the resolved file path when it came from a file.
+    :raises ConfigError: listing every problem, each with file, line, column and JSON path.
+    """
+    if source is None:
+        return Assembly()
+    assembly, problems, path, label = _load("assembly", source, None, Assembly)
+    if problems:
+        raise ConfigError(f"{label} is not a valid assembly", path=str(path) if path else None,
+                          problems=problems)
+    return attrs.evolve(assembly, path=path) if path else assembly  # type: ignore[no-any-return]
+
+
+def definition_to_dict(definition: Definition) -> dict[str, Any]:
+    """Return ``definition`` as JSON-ready data in the YAML's own shape (camelCase keys).
+
+    Defaults are left out and durations are seconds. The result is what the instance header
+    stores as ``definition`` (a valid definition by the schema), so another process can resume the
+    instance without the file. ``source`` is not included.
+    """
+    data: dict[str, Any] = _converter().unstructure(attrs.evolve(definition, source=None))
+    data.pop("source", None)
+    return _plain_data(data)  # type: ignore[no-any-return]
+
+
+def definition_from_dict(data: Mapping[str, Any], *, source: str | Path | None = None) -> Definition:
+    """Return the definition :func:`definition_to_dict` wrote, checked like a file.
+
+    :param data: The snapshot.
+    :param source: The file it originally came from, kept as ``Definition.source``.
+    :raises ConfigError: when the snapshot is not a valid definition.
+    """
+    defn = load_definition(data)
+    return attrs.evolve(defn, source=Path(source)) if source is not None else defn
+
+
+# ---------------------------------------------------------------------------------------------
+# validate_file
+# ---------------------------------------------------------------------------------------------
+
+_ASSEMBLY_ONLY_KEYS = frozenset({
+    "store", "providers", "defaultModel", "plugins", "disablePlugins", "capabilities",
+    "agentDefinitions", "agentsMayReachAnyInstance", "records", "pricing", "agentRetry",
+})
+
+
+def detect_kind(path: str | Path, data: Any = None) -> Kind:
+    """Guess what ``path`` describes, from its name and (if given) its top-level keys.
+
+    ``loopwright.yaml`` and files with assembly-only keys (``providers``, ``store``, ``plugins``
+    ...) are assemblies; ``instance.json`` and mappings with ``instanceId`` and ``state`` are
+    instance headers; ``*.jsonl`` files and mappings with ``kind``, ``instanceId`` and ``at`` are
+    records; anything else is a definition.
+    """
+    name = Path(path).name
+    if name in ASSEMBLY_FILE_NAMES:
+        return "assembly"
+    if name == "instance.json":
+        return "instance"
+    if name.endswith(".jsonl"):
+        return "record"
+    if isinstance(data, Mapping):
+        if {"instanceId", "state"} <= data.keys():
+            return "instance"
+        if {"kind", "instanceId", "at"} <= data.keys():
+            return "record"
+        if data.keys() & _ASSEMBLY_ONLY_KEYS:
+            return "assembly"
+    return "definition"
+
+
+def validate_file(path: str | Path, kind: Kind | None = None) -> list[ConfigProblem]:
+    """Return every problem of the file at ``path``; an empty list means it is valid. Never raises.
+
+    :param path: A YAML or JSON file; a ``.jsonl`` file is read as one record per line.
+    :param kind: ``definition``, ``assembly``, ``instance`` or ``record``; guessed by
+        :func:`detect_kind` when ``None``.
+    """
+    file = str(path)
+    if file.endswith(".jsonl") and kind in {None, "record"}:
+        return _validate_lines(path)
+    try:
+        data, positions = load_yaml(path)
+    except ConfigError as exc:
+        return list(exc.problems)
+    kind = kind or detect_kind(path, data)
+    problems = validate_data(kind, data, positions=positions)
+    if problems or kind not in {"definition", "assembly"}:
+        return problems
+    reporter = _Reporter(positions)
+    _structure(Definition if kind == "definition" else Assembly, data, reporter)
+    return _sorted(reporter.problems)
+
+
+def _validate_lines(path: str | Path) -> list[ConfigProblem]:
+    file = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        return [ConfigProblem(f"cannot read the file: {exc}", file=file)]
+    problems: list[ConfigProblem] = []
+    for number, line in enumerate(text.splitlines()):
+        if not line.strip():
+            continue
+        try:
+            data, positions = _parse_yaml(line, file, line_offset=number)
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+            continue
+        problems.extend(validate_data("record", data, positions=positions))
+    return problems

@@ -1,0 +1,213 @@
+"""The in-memory state of one instance, and how it is saved to and rebuilt from a store.
+
+An instance is saved as a header (rewritten at state changes) and an append-only entry log.
+Entries, one JSON object each, with ``t`` naming the type:
+
+``{"t": "seg"}``
+    A new run segment starts: the limits' counters restart at zero.
+``{"t": "msg", "m": MESSAGE}``
+    A message joins the transcript. Tool results are written as each call finishes, so their
+    order on disk may be finishing order; loading puts them back in call order.
+``{"t": "turn", "n": N, "model": "PROVIDER:MODEL", "usage": USAGE, "cost": AMOUNT}``
+    Model call N was answered (written together with the assistant message).
+``{"t": "reset", "messages": [MESSAGE, ...]}``
+    A context strategy replaced the transcript.
+
+Nothing is rewritten: saving a turn costs the same at turn 10,000 as at turn 1.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from loopwright._convert import converter
+from loopwright._definition import Capabilities, Definition
+from loopwright._types import (
+    AgentResult, Cost, InstanceInfo, Message, PendingApproval, State, StopReason, Transcript, Usage,
+)
+
+__all__ = ["Instance", "now_iso", "rebuild"]
+
+_message_unstructure = converter.get_unstructure_hook(Message)
+_message_structure = converter.get_structure_hook(Message)
+_usage_unstructure = converter.get_unstructure_hook(Usage)
+_usage_structure = converter.get_structure_hook(Usage)
+
+
+def now_iso() -> str:
+    """Return the current UTC time as ISO 8601 with milliseconds."""
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def message_to_json(message: Message) -> dict[str, Any]:
+    """Return the JSON form of a message."""
+    return _message_unstructure(message)  # type: ignore[no-any-return]
+
+
+def message_from_json(data: Mapping[str, Any]) -> Message:
+    """Parse the JSON form of a message."""
+    return _message_structure(data, Message)  # type: ignore[no-any-return]
+
+
+@attrs.define(kw_only=True)
+class Instance:
+    """One instance's live state. Owned by the runtime; never handed to plugins.
+
+    Attributes:
+        id: The instance id.
+        definition: The definition it runs.
+        header: The JSON header as last saved (extra keys kept as they are).
+        transcript: Its messages.
+        grants: The capabilities it runs with.
+        turn: Model calls made over its whole life.
+        usage: Tokens over its whole life.
+        cost: Cost of its own model calls.
+        children_cost: Cost rolled up from descendants.
+        seg_iterations: Model calls in the current run segment.
+        seg_tool_calls: Tool calls in the current run segment.
+        seg_tokens: Tokens in the current run segment.
+        seg_cost: Cost in the current run segment (``None`` once unknown).
+    """
+
+    id: str
+    definition: Definition
+    header: dict[str, Any]
+    transcript: Transcript = attrs.field(factory=Transcript)
+    grants: Capabilities = attrs.field(factory=Capabilities)
+    turn: int = 0
+    usage: Usage = attrs.field(factory=Usage)
+    cost: Cost = attrs.field(factory=Cost)
+    children_cost: Cost = attrs.field(factory=Cost)
+    seg_iterations: int = 0
+    seg_tool_calls: int = 0
+    seg_tokens: int = 0
+    seg_cost: float | None = 0.0
+    completion_attempts: int = 0
+    #: The hook context, built on first use only (never when no hook is registered).
+    info: InstanceInfo | None = None
+
+    # -- header fields ---------------------------------------------------------------------
+
+    @property
+    def state(self) -> State:
+        """The instance's state."""
+        return State(self.header.get("state", State.WAITING))
+
+    @property
+    def pending_approvals(self) -> list[PendingApproval]:
+        """The held calls, decided or not."""
+        return [converter.structure(p, PendingApproval) for p in self.header.get("pendingApprovals", [])]
+
+    def set_pending(self, pending: Sequence[PendingApproval]) -> None:
+        """Replace the pending approvals (saved with the next header write)."""
+        self.header["pendingApprovals"] = [converter.unstructure(p) for p in pending]
+
+    def result(self) -> AgentResult:
+        """Return the instance's :class:`AgentResult` as it stands."""
+        h = self.header
+        stop = h.get("stopReason")
+        return AgentResult(
+            instance_id=self.id,
+            state=self.state,
+            stop_reason=StopReason(stop) if stop else None,
+            text=h.get("text"),
+            output=h.get("output"),
+            usage=self.usage,
+            cost=self.cost,
+            subtree_cost=self.cost + self.children_cost,
+            pending_approvals=tuple(self.pending_approvals),
+            error=h.get("error"),
+            cancelled=bool(h.get("cancelled", False)),
+            limit=h.get("limit"),
+        )
+
+    def totals_to_header(self) -> None:
+        """Copy the usage and cost totals into the header, for listings that do not replay logs."""
+        self.header["usage"] = _usage_unstructure(self.usage)
+        self.header["cost"] = self.cost.amount
+        self.header["turns"] = self.turn
+
+
+def rebuild(instance: Instance, entries: Sequence[Mapping[str, Any]]) -> None:
+    """Replay an entry log into ``instance``: transcript, counters, usage and cost.
+
+    Tool results of one assistant message are put back in call order.
+    """
+    messages: list[Message] = []
+    usage = Usage()
+    cost: Cost = Cost()
+    turn = 0
+    seg_iter = seg_tools = seg_tokens = 0
+    seg_cost: float | None = 0.0
+    for entry in entries:
+        t = entry.get("t")
+        if t == "msg":
+            m = message_from_json(entry["m"])
+            messages.append(m)
+            if m.role == "tool":
+                seg_tools += 1
+        elif t == "turn":
+            turn = max(turn, int(entry.get("n", turn + 1)))
+            u = _usage_structure(entry.get("usage") or {}, Usage)
+            usage += u
+            amount = entry.get("cost")
+            c = Cost(amount=amount)
+            cost += c
+            seg_iter += 1
+            seg_tokens += u.input_tokens + u.output_tokens
+            seg_cost = None if seg_cost is None or amount is None else seg_cost + amount
+        elif t == "seg":
+            seg_iter = seg_tools = seg_tokens = 0
+            seg_cost = 0.0
+        elif t == "reset":
+            messages = [message_from_json(m) for m in entry["messages"]]
+    instance.transcript = Transcript(_call_order(messages))
+    instance.usage = usage
+    instance.cost = cost
+    instance.turn = turn
+    instance.seg_iterations = seg_iter
+    instance.seg_tool_calls = seg_tools
+    instance.seg_tokens = seg_tokens
+    instance.seg_cost = seg_cost
+
+
+def _call_order(messages: list[Message]) -> list[Message]:
+    """Reorder each run of tool messages to follow the calls of the assistant message before it."""
+    out: list[Message] = []
+    i = 0
+    while i < len(messages):
+        m = messages[i]
+        out.append(m)
+        i += 1
+        if m.role == "assistant" and m.tool_calls:
+            j = i
+            while j < len(messages) and messages[j].role == "tool":
+                j += 1
+            if j - i > 1:
+                order = {c.id: k for k, c in enumerate(m.tool_calls)}
+                out.extend(sorted(messages[i:j], key=lambda r: order.get(r.tool_call_id or "", 1 << 30)))
+            else:
+                out.extend(messages[i:j])
+            i = j
+    return out
+
+
+def unanswered_calls(transcript: Sequence[Message]) -> tuple[Message | None, list[Any]]:
+    """Return the last assistant message with tool calls and those of its calls without a result.
+
+    Only the tail of the transcript is looked at: the last assistant message and the tool
+    messages after it.
+    """
+    answered: set[str] = set()
+    for m in reversed(transcript):
+        if m.role == "tool":
+            answered.add(m.tool_call_id or "")
+            continue
+        if m.role == "assistant" and m.tool_calls:
+            return m, [c for c in m.tool_calls if c.id not in answered]
+        return None, []
+    return None, []

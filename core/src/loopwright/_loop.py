@@ -1,0 +1,718 @@
+"""The agent loop: run segments, turns and tool calls (seed 000, "The loop").
+
+One turn: apply the context strategy if its trigger holds, run ``before_inference``, call the
+provider (its own retries, then ``agentRetry``, then the fallback models), run
+``after_inference``, validate and run the tool calls (concurrently when every one is
+``parallelSafe``, at most 8 at once, each with a timeout), return the results in call order
+and save the turn. Every step is appended to the store before the next begins.
+
+Hooks cost nothing when none is registered: each hook point first looks at the cached tuple of
+implementations and skips all hook work, the :class:`InstanceInfo` included, when it is empty.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import attrs
+
+from loopwright._convert import converter
+from loopwright._decisions import (
+    Block, Decision, ModifyInputs, ModifyMessage, ModifyRequest, ModifyResult, RequireApproval, Respond,
+)
+from loopwright._hooks import intercept, notify
+from loopwright._instance import Instance, message_to_json, now_iso, unanswered_calls
+from loopwright._types import (
+    Cost, Event, InstanceInfo, Message, ModelRequest, ModelResponse, PendingApproval, State, StopReason,
+    ToolCall, ToolResult, ToolStatus, Usage,
+)
+from loopwright.builtins.tools import AwaitUser
+from loopwright.errors import HookBlockedError, ProviderError, RunError, ToolError
+
+if TYPE_CHECKING:
+    from loopwright._definition import Limits
+    from loopwright._runtime import AgentRun, Runtime
+    from loopwright._tools import Tool
+
+__all__ = ["MAX_CALLS_PER_REPLY", "MAX_CONCURRENT_CALLS", "MAX_RESULT_CHARS", "Loop", "SegmentEnd"]
+
+#: Tool calls taken from one model reply; the rest get ``skipped`` results.
+MAX_CALLS_PER_REPLY = 32
+#: Tool calls running at once.
+MAX_CONCURRENT_CALLS = 8
+#: Characters of one tool result; longer ones are cut, with a marker.
+MAX_RESULT_CHARS = 100_000
+
+_dumps = functools.partial(json.dumps, ensure_ascii=False, default=str)
+_usage_unstructure = converter.get_unstructure_hook(Usage)
+
+
+class SegmentEnd(Exception):  # noqa: N818 - control flow inside the loop only
+    """Raised inside the loop to end the segment in a resting state."""
+
+    def __init__(self, state: State, reason: StopReason, *, error: str | None = None,
+                 limit: str | None = None, failure: BaseException | None = None) -> None:
+        self.state = state
+        self.reason = reason
+        self.error = error
+        self.limit = limit
+        self.failure = failure
+        super().__init__(reason.value)
+
+
+@attrs.define
+class _Call:
+    """One call of a turn on its way to a result."""
+
+    index: int
+    call: ToolCall
+    tool: Tool | None = None
+    result: ToolResult | None = None
+    held: str | None = None          # approval reason when held
+    awaiting_user: bool = False
+
+
+class Loop:
+    """Drives instances of one runtime. Stateless apart from the runtime it serves."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        """Bind the loop to ``runtime`` (its plugins, store, providers and prices)."""
+        self.rt = runtime
+        self.host = runtime.plugins
+        self.store = runtime.store
+
+    # ------------------------------------------------------------------ hook helpers
+
+    def _info(self, inst: Instance) -> InstanceInfo:
+        info = inst.info
+        if info is None:
+            info = inst.info = InstanceInfo(
+                instance_id=inst.id, name=inst.definition.name, model=self.rt.model_ref(inst.definition),
+                depth=int(inst.header.get("depth", 0)),
+                spawner_instance_id=inst.header.get("spawnerInstanceId"))
+        return info
+
+    def _observer_error(self, inst: Instance) -> Any:
+        def on_error(plugin: str, exc: BaseException) -> None:
+            self.record(inst, "observer_error", {"plugin": plugin, "error": f"{type(exc).__name__}: {exc}"})
+        return on_error
+
+    async def observe(self, inst: Instance, hook: str, **values: Any) -> None:
+        impls = self.host.impls(hook)
+        if impls:
+            values.setdefault("instance", self._info(inst))
+            await notify(impls, values, on_error=self._observer_error(inst))
+
+    def _hook_records(self, inst: Instance, hook: str, decisions: Sequence[tuple[str, Decision, str | None]],
+                      turn: int) -> None:
+        for plugin, decision, error in decisions:
+            data: dict[str, Any] = {"hook": hook, "plugin": plugin, "decision": decision.kind, "turn": turn}
+            reason = getattr(decision, "reason", None)
+            if reason is not None:
+                data["reason"] = reason
+            if error is not None:
+                data["error"] = error
+            self.record(inst, "hook", data)
+
+    # ------------------------------------------------------------------ records, events, saving
+
+    def record(self, inst: Instance, kind: str, data: Mapping[str, Any]) -> None:
+        """Queue a record for the instance's record log (written with the next save)."""
+        self.rt.queue_record(inst.id, kind, data)
+
+    async def emit(self, run: AgentRun, kind: str, turn: int | None, **data: Any) -> None:
+        """Give an event to the run's subscribers and the ``on_stream_event`` hook."""
+        event = Event(kind=kind, instance_id=run.instance_id, turn=turn, data=data)
+        run.publish(event)
+        impls = self.host.impls("loopwright_on_stream_event")
+        if impls:
+            await notify(impls, {"event": event, "instance": self._info(run.inst)},
+                         on_error=self._observer_error(run.inst))
+
+    async def save(self, inst: Instance, entries: Sequence[Mapping[str, Any]]) -> None:
+        """Append entries to the instance's log, then flush queued records."""
+        if entries:
+            await self.store.append_entries(inst.id, entries)
+        await self.rt.flush_records(inst.id)
+
+    async def add_message(self, run: AgentRun, message: Message, *, save: bool = True) -> dict[str, Any]:
+        """Append a message to the transcript; return its entry (saved unless ``save=False``)."""
+        inst = run.inst
+        inst.transcript.append(message)
+        entry = {"t": "msg", "m": message_to_json(message)}
+        if save:
+            await self.save(inst, [entry])
+        await self.observe(inst, "loopwright_on_message", message=message)
+        return entry
+
+    async def set_state(self, run: AgentRun, state: State, reason: StopReason | None = None, **extra: Any,
+                        ) -> None:
+        """Change the instance's state, save the header and tell observers."""
+        inst = run.inst
+        old = inst.header.get("state")
+        h = inst.header
+        if old == state.value and h.get("stopReason") == (reason.value if reason else None) and all(
+                h.get(k) == v for k, v in extra.items()):
+            # Nothing to save (a new instance is created "running"); followers still hear of it.
+            await self.emit(run, "state", inst.turn, state=state.value, stopReason=h.get("stopReason"))
+            return
+        h["state"] = state.value
+        h["stopReason"] = reason.value if reason else None
+        for k, v in extra.items():
+            h[k] = v
+        h["updatedAt"] = now_iso()
+        inst.totals_to_header()
+        await self.rt.write_header(inst)
+        self.record(inst, "state", {"from": old, "to": state.value, "stopReason": h["stopReason"],
+                                    **{k: v for k, v in extra.items() if v is not None}})
+        await self.rt.flush_records(inst.id)
+        await self.observe(inst, "loopwright_on_state_change", old=old, new=state.value,
+                            stop_reason=h["stopReason"])
+        await self.emit(run, "state", inst.turn, state=state.value, stopReason=h["stopReason"])
+
+    # ------------------------------------------------------------------ segments
+
+    async def run_segment(self, run: AgentRun, *, new_segment: bool, prelude: Any = None) -> None:
+        """Run the instance until it rests. ``prelude`` runs first, inside the segment.
+
+        :param new_segment: Whether the limits' counters restart (a start or a message) or
+            continue (an approval decision, a resume after a crash).
+        :param prelude: An async function of no arguments run after the state is ``running``.
+        """
+        inst = run.inst
+        if new_segment:
+            inst.seg_iterations = inst.seg_tool_calls = inst.seg_tokens = 0
+            inst.seg_cost = 0.0
+            inst.completion_attempts = 0
+            inst.header["segmentStartedAt"] = time.time()
+            await self.store.append_entries(inst.id, [{"t": "seg", "at": now_iso()}])
+        await self.set_state(run, State.RUNNING, None, error=None, limit=None, cancelled=False)
+        try:
+            if prelude is not None:
+                await prelude()
+            await self._turns(run)
+        except SegmentEnd as end:
+            run.failure = end.failure
+            extra: dict[str, Any] = {"error": end.error, "limit": end.limit}
+            if end.error:
+                self.record(inst, "error", {"message": end.error, "stopReason": end.reason.value})
+            await self.set_state(run, end.state, end.reason, **extra)
+
+    async def _turns(self, run: AgentRun) -> None:
+        inst = run.inst
+        defn = inst.definition
+        limits = self.rt.limits_for(defn)
+        while True:
+            await self._drain_inbox(run)
+            self._check_limits(inst, limits)
+            strategy = self.rt.context_strategy(defn)
+            if strategy is not None:
+                await self._compact(run, strategy)
+            response = await self._infer(run)
+            calls = response.message.tool_calls
+            if response.finish_reason == "content_filter" and not calls:
+                raise SegmentEnd(State.STOPPED, StopReason.CONTENT_FILTER)
+            if not calls:
+                if await self._completion_gate(run, limits):
+                    continue
+                raise SegmentEnd(State.WAITING, StopReason.WAITING)
+            await self.run_calls(run, calls, limits)
+
+    def _check_limits(self, inst: Instance, limits: Limits) -> None:
+        if limits.max_iterations is not None and inst.seg_iterations >= limits.max_iterations:
+            raise SegmentEnd(State.ERROR, StopReason.MAX_ITERATIONS,
+                             error=f"max iterations ({limits.max_iterations}) reached", limit="maxIterations")
+        if limits.tokens is not None and inst.seg_tokens >= limits.tokens:
+            raise SegmentEnd(State.ERROR, StopReason.LIMIT_EXCEEDED, limit="tokens",
+                             error=f"token limit ({limits.tokens}) reached: {inst.seg_tokens} tokens used")
+        if limits.cost is not None:
+            if inst.seg_cost is None:
+                raise SegmentEnd(State.ERROR, StopReason.LIMIT_EXCEEDED, limit="cost",
+                                 error="cost limit set but the price of a model used is unknown")
+            if inst.seg_cost >= limits.cost:
+                raise SegmentEnd(State.ERROR, StopReason.LIMIT_EXCEEDED, limit="cost",
+                                 error=f"cost limit ({limits.cost}) reached: {inst.seg_cost:.6f} spent")
+        if limits.elapsed is not None:
+            started = float(inst.header.get("segmentStartedAt") or time.time())
+            if time.time() - started >= limits.elapsed:
+                raise SegmentEnd(State.ERROR, StopReason.LIMIT_EXCEEDED, limit="elapsed",
+                                 error=f"elapsed-time limit ({limits.elapsed:g} s) reached")
+
+    async def _drain_inbox(self, run: AgentRun) -> None:
+        inst = run.inst
+        inbox = inst.header.get("inbox")
+        if not inbox:
+            return
+        inst.header["inbox"] = []
+        for item in inbox:
+            await self.add_message(run, Message(role="user", content=item["text"], source=item.get("source")))
+        await self.rt.write_header(inst)
+
+    # ------------------------------------------------------------------ inference
+
+    async def _infer(self, run: AgentRun) -> ModelResponse:
+        inst = run.inst
+        defn = inst.definition
+        turn = inst.turn + 1
+        ref = self.rt.model_ref(defn)
+        pname, model_id = self.rt.split_model(ref)
+        request = ModelRequest(
+            model=model_id, provider=pname, messages=inst.transcript, tools=self.rt.tool_specs(defn),
+            settings=defn.model_settings, output_schema=defn.output, stream=run.stream)
+        response: ModelResponse | None = None
+        impls = self.host.impls("loopwright_before_inference")
+        if impls:
+            outcome = await intercept(
+                impls, {"request": request, "instance": self._info(inst), "turn": turn},
+                hook="before_inference", allowed=(ModifyRequest, Block, Respond),
+                modify={ModifyRequest: lambda v, d: v.__setitem__("request", d.request)})
+            self._hook_records(inst, "before_inference", outcome.decisions, turn)
+            request = outcome.values["request"]
+            if isinstance(outcome.stop, Block):
+                raise SegmentEnd(State.ERROR, StopReason.ERROR, error=f"blocked by hook: {outcome.stop.reason}",
+                                 failure=HookBlockedError(hook=outcome.stopped_by or "?",
+                                                          reason=outcome.stop.reason))
+            if isinstance(outcome.stop, Respond):
+                content = outcome.stop.content
+                text = content if isinstance(content, str) or content is None else _dumps(content)
+                response = ModelResponse(message=Message(role="assistant", content=text), model="hook")
+        served = ref
+        t0 = time.perf_counter()
+        if response is None:
+            response, served = await self._call_model(run, request, ref)
+        latency = time.perf_counter() - t0
+        impls = self.host.impls("loopwright_after_inference")
+        if impls:
+            outcome = await intercept(
+                impls, {"response": response, "request": request, "instance": self._info(inst), "turn": turn},
+                hook="after_inference", allowed=(ModifyMessage, Block),
+                modify={ModifyMessage: lambda v, d: v.__setitem__(
+                    "response", attrs.evolve(v["response"], message=d.message))})
+            self._hook_records(inst, "after_inference", outcome.decisions, turn)
+            response = outcome.values["response"]
+            if isinstance(outcome.stop, Block):
+                raise SegmentEnd(State.ERROR, StopReason.ERROR, error=f"blocked by hook: {outcome.stop.reason}",
+                                 failure=HookBlockedError(hook=outcome.stopped_by or "?",
+                                                          reason=outcome.stop.reason))
+        message = response.message
+        if message.role != "assistant" or message.model != served:
+            message = attrs.evolve(message, role="assistant", model=served)
+        calls = message.tool_calls
+        if len(calls) != len({c.id for c in calls}) or any(not c.id for c in calls):
+            message = attrs.evolve(message, tool_calls=_unique_ids(calls, turn))
+        usage = response.usage
+        spname, smodel = self.rt.split_model(served)
+        cost = self.rt.price(usage, spname, smodel)
+        inst.turn = turn
+        inst.usage += usage
+        inst.cost += cost
+        inst.seg_iterations += 1
+        inst.seg_tokens += usage.input_tokens + usage.output_tokens
+        inst.seg_cost = None if inst.seg_cost is None or cost.amount is None else inst.seg_cost + cost.amount
+        inst.transcript.append(message)
+        usage_json = _usage_unstructure(usage)
+        await self.save(inst, [
+            {"t": "msg", "m": message_to_json(message)},
+            {"t": "turn", "n": turn, "model": served, "usage": usage_json, "cost": cost.amount},
+        ])
+        self.record(inst, "turn", {
+            "turn": turn, "model": served, "usage": usage_json, "cost": cost.amount,
+            "finishReason": response.finish_reason, "toolCalls": len(calls), "latency": round(latency, 6)})
+        if message.content:
+            inst.header["text"] = message.content
+        await self.observe(inst, "loopwright_on_message", message=message)
+        await self.observe(inst, "loopwright_on_cost", turn=turn, usage=usage, cost=cost, model=served)
+        if run.has_listeners or self.host.impls("loopwright_on_stream_event"):
+            if message.content:
+                await self.emit(run, "text", turn, text=message.content)
+            await self.emit(run, "usage", turn, usage=usage_json, cost=cost.amount, model=served)
+        return attrs.evolve(response, message=message) if response.message is not message else response
+
+    async def _call_model(self, run: AgentRun, request: ModelRequest, ref: str) -> tuple[ModelResponse, str]:
+        from loopwright._retry import retry_transient  # noqa: PLC0415 - keeps import order simple
+
+        inst = run.inst
+        refs = (ref, *inst.definition.fallback_models)
+        retries = self.rt.assembly.agent_retry.max_retries
+        failure: ProviderError | None = None
+        for i, candidate in enumerate(refs):
+            pname, model_id = self.rt.split_model(candidate)
+            try:
+                provider = self.rt.provider(pname)
+            except Exception as exc:  # noqa: BLE001 - a misconfigured fallback is one more failure
+                failure = ProviderError(str(exc), provider=pname, model=model_id)
+                self.record(inst, "error", {"model": candidate, "message": str(failure)})
+                continue
+            req = request if i == 0 else attrs.evolve(request, model=model_id, provider=pname)
+            try:
+                if retries:
+                    response = await retry_transient(functools.partial(provider.complete, req), max_retries=retries)
+                else:
+                    response = await provider.complete(req)
+            except ProviderError as exc:
+                failure = exc
+                self.record(inst, "error", {"model": candidate, "message": str(exc), "status": exc.status,
+                                            "transient": exc.transient})
+                continue
+            return response, candidate
+        assert failure is not None  # noqa: S101 - refs is never empty
+        raise SegmentEnd(State.ERROR, StopReason.ERROR, error=str(failure),
+                         failure=RunError(f"model call failed: {failure}", cause=failure))
+
+    # ------------------------------------------------------------------ completion gate
+
+    async def _completion_gate(self, run: AgentRun, limits: Limits) -> bool:
+        """Return True to keep looping (the gate failed and re-prompted)."""
+        inst = run.inst
+        completion = inst.definition.completion
+        if completion is None:
+            return False
+        inst.completion_attempts += 1
+        verifier = self.rt.verifier(completion.verify)
+        ok, reason = verifier(inst.transcript)
+        self.record(inst, "completion", {"attempt": inst.completion_attempts, "ok": ok, "reason": reason})
+        if ok:
+            return False
+        if inst.completion_attempts >= completion.max_attempts:
+            raise SegmentEnd(State.ERROR, StopReason.LIMIT_EXCEEDED, limit="completion",
+                             error=f"completion check failed after {inst.completion_attempts} attempts: {reason}")
+        await self.add_message(run, Message(
+            role="user", source="runtime",
+            content=f"The task is not complete: {reason}. Continue until it is, then finish."))
+        del limits
+        return True
+
+    # ------------------------------------------------------------------ context strategy
+
+    async def _compact(self, run: AgentRun, strategy: Any) -> None:
+        inst = run.inst
+        if not strategy.should_apply(inst.transcript, last_usage=None, context_window=None):
+            return
+        impls = self.host.impls("loopwright_before_compaction")
+        if impls:
+            outcome = await intercept(
+                impls, {"instance": self._info(inst), "strategy": strategy.kind, "messages": inst.transcript},
+                hook="before_compaction", allowed=(Block,), modify={})
+            self._hook_records(inst, "before_compaction", outcome.decisions, inst.turn)
+            if outcome.stop is not None:
+                return
+        before = len(inst.transcript)
+        kept = list(await strategy.apply(inst.transcript))
+        inst.transcript.replace(kept)
+        await self.save(inst, [{"t": "reset", "messages": [message_to_json(m) for m in kept]}])
+        self.record(inst, "compaction", {"strategy": strategy.kind, "before": before, "after": len(kept),
+                                         "turn": inst.turn})
+
+    # ------------------------------------------------------------------ tool calls
+
+    async def run_calls(self, run: AgentRun, calls: Sequence[ToolCall], limits: Limits) -> None:
+        """Run the calls of one assistant message and end the segment if the turn says so."""
+        inst = run.inst
+        defn = inst.definition
+        turn = inst.turn
+        items = [_Call(i, c) for i, c in enumerate(calls)]
+        for item in items[MAX_CALLS_PER_REPLY:]:
+            item.result = _result(item.call, ToolStatus.SKIPPED,
+                                  f"skipped: only {MAX_CALLS_PER_REPLY} tool calls are taken from one reply")
+        active = items[:MAX_CALLS_PER_REPLY]
+        for item in active:
+            await self._prepare(run, item, turn)
+        if defn.approval_policy == "holdTurn" and any(i.held for i in active):
+            for item in active:
+                if item.result is None and not item.held:
+                    item.held = "held with its turn (approvalPolicy: holdTurn)"
+        runnable = [i for i in active if i.result is None and not i.held]
+        exceeded = False
+        if limits.tool_calls is not None:
+            room = max(limits.tool_calls - inst.seg_tool_calls, 0)
+            for item in runnable[room:]:
+                item.result = _result(item.call, ToolStatus.SKIPPED,
+                                      f"skipped: the tool-call limit ({limits.tool_calls}) was reached")
+                exceeded = True
+            runnable = runnable[:room]
+        for item in items:
+            if item.result is not None:
+                await self._finish(run, item, turn, save=True)
+        if len(runnable) > 1 and all(i.tool.parallel_safe for i in runnable if i.tool):
+            limiter = anyio.CapacityLimiter(MAX_CONCURRENT_CALLS)
+
+            async def worker(item: _Call) -> None:
+                async with limiter:
+                    await self._execute(run, item, turn)
+
+            async with anyio.create_task_group() as tg:
+                for item in runnable:
+                    tg.start_soon(worker, item)
+        else:
+            for item in runnable:
+                await self._execute(run, item, turn)
+        # The transcript gets the results in call order, whatever order they finished in.
+        for item in items:
+            if item.result is not None:
+                inst.transcript.append(_tool_message(item))
+        await self._end_of_turn(run, items, exceeded, limits)
+
+    async def _end_of_turn(self, run: AgentRun, items: Sequence[_Call], exceeded: bool, limits: Limits) -> None:
+        inst = run.inst
+        held = [i for i in items if i.held]
+        awaiting = next((i for i in items if i.awaiting_user), None)
+        if awaiting is not None:
+            inst.header["awaitingAnswer"] = {"toolCallId": awaiting.call.id,
+                                             "question": awaiting.call.arguments.get("question")}
+        if held:
+            at = now_iso()
+            inst.set_pending([*inst.pending_approvals, *(PendingApproval(
+                tool_call_id=i.call.id, tool=i.call.name, arguments=dict(i.call.arguments), reason=i.held or "",
+                requested_at=at) for i in held)])
+            for i in held:
+                self.record(inst, "approval", {"toolCallId": i.call.id, "tool": i.call.name,
+                                               "reason": i.held, "decision": None})
+                await self.emit(run, "approval", inst.turn, toolCallId=i.call.id, tool=i.call.name, reason=i.held)
+            raise SegmentEnd(State.WAITING_FOR_APPROVAL, StopReason.WAITING_FOR_APPROVAL)
+        ender = next((i for i in items if i.result is not None and i.result.status is ToolStatus.SUCCESS
+                      and i.tool is not None and i.tool.ends_loop), None)
+        if ender is not None:
+            if inst.definition.completion is not None and await self._completion_gate(run, limits):
+                return
+            data = ender.result.data if ender.result else None
+            if isinstance(data, Mapping) and "result" in data:
+                inst.header["text"] = str(data["result"])
+                inst.header["output"] = dict(data)
+            elif ender.result is not None:
+                inst.header["text"] = ender.result.content
+            raise SegmentEnd(State.STOPPED, StopReason.COMPLETED)
+        if awaiting is not None:
+            raise SegmentEnd(State.WAITING, StopReason.WAITING)
+        if exceeded:
+            raise SegmentEnd(State.ERROR, StopReason.LIMIT_EXCEEDED, limit="toolCalls",
+                             error=f"tool-call limit ({limits.tool_calls}) reached")
+
+    async def _prepare(self, run: AgentRun, item: _Call, turn: int) -> None:
+        """Validate a call and run before_tool_call; fill ``result`` or ``held`` when decided."""
+        inst = run.inst
+        call = item.call
+        tool = self.rt.tool_for(inst.definition, call.name)
+        item.tool = tool
+        if tool is None:
+            names = ", ".join(self.rt.tool_names(inst.definition)) or "(none)"
+            item.result = _result(call, ToolStatus.UNKNOWN_TOOL,
+                                  f"unknown tool {call.name!r}. The tools you have: {names}")
+            return
+        if call.raw_arguments is not None:
+            item.result = _result(call, ToolStatus.INVALID_ARGUMENTS,
+                                  f"the arguments are not a valid JSON object: {call.raw_arguments[:500]}")
+            return
+        problems = tool.validation_errors(call.arguments)
+        if problems:
+            item.result = _result(call, ToolStatus.INVALID_ARGUMENTS, "invalid arguments: " + "; ".join(problems))
+            return
+        impls = self.host.impls("loopwright_before_tool_call")
+        if impls:
+            outcome = await intercept(
+                impls, {"call": call, "tool": tool, "instance": self._info(inst), "turn": turn},
+                hook="before_tool_call", allowed=(ModifyInputs, Block, RequireApproval, Respond),
+                modify={ModifyInputs: lambda v, d: v.__setitem__(
+                    "call", attrs.evolve(v["call"], arguments=dict(d.arguments)))})
+            self._hook_records(inst, "before_tool_call", outcome.decisions, turn)
+            if outcome.values["call"] is not call:
+                call = item.call = outcome.values["call"]
+                problems = tool.validation_errors(call.arguments)
+                if problems:
+                    item.result = _result(call, ToolStatus.INVALID_ARGUMENTS,
+                                          "invalid arguments (after a hook changed them): " + "; ".join(problems))
+                    return
+            stop = outcome.stop
+            if isinstance(stop, Block):
+                item.result = _result(call, ToolStatus.BLOCKED, f"blocked: {stop.reason}")
+                return
+            if isinstance(stop, Respond):
+                item.result = _success(call, stop.content, None)
+                return
+            if isinstance(stop, RequireApproval):
+                item.held = stop.reason
+                return
+        if tool.requires_approval:
+            item.held = f"tool {tool.name!r} requires approval"
+        elif tool.name in inst.definition.requires_approval:
+            item.held = f"the definition requires approval for {tool.name!r}"
+
+    async def _execute(self, run: AgentRun, item: _Call, turn: int) -> None:
+        """Run the tool of a prepared call, count it, and finish it (hooks, save, record)."""
+        inst = run.inst
+        tool = item.tool
+        call = item.call
+        assert tool is not None  # noqa: S101 - prepared calls have their tool
+        inst.seg_tool_calls += 1
+        if run.has_listeners:
+            await self.emit(run, "tool_call", turn, id=call.id, name=call.name, arguments=dict(call.arguments))
+        timeout = tool.timeout or self.rt.limits_for(inst.definition).tool_timeout or 60.0
+        t0 = time.perf_counter()
+        try:
+            with anyio.fail_after(timeout):
+                if tool.is_async:
+                    value = await tool.function(**call.arguments)
+                else:
+                    value = await anyio.to_thread.run_sync(
+                        functools.partial(tool.function, **call.arguments), abandon_on_cancel=True)
+        except TimeoutError:
+            item.result = _result(call, ToolStatus.TIMEOUT, f"timeout: the tool took longer than {timeout:g} s",
+                                  duration=time.perf_counter() - t0)
+        except ToolError as exc:
+            item.result = _result(call, ToolStatus.TOOL_ERROR, str(exc), duration=time.perf_counter() - t0)
+        except Exception as exc:  # noqa: BLE001 - a failing tool never ends the run
+            item.result = _result(call, ToolStatus.TOOL_FAILED, f"{type(exc).__name__}: {exc}",
+                                  duration=time.perf_counter() - t0)
+        else:
+            if isinstance(value, AwaitUser):
+                item.awaiting_user = True
+                return
+            item.result = _success(call, value, time.perf_counter() - t0)
+        await self._finish(run, item, turn, save=True)
+
+    async def _finish(self, run: AgentRun, item: _Call, turn: int, *, save: bool) -> None:
+        """Run after_tool_call on a result, then save it and write its record."""
+        inst = run.inst
+        result = item.result
+        assert result is not None  # noqa: S101
+        impls = self.host.impls("loopwright_after_tool_call")
+        if impls:
+            outcome = await intercept(
+                impls, {"call": item.call, "result": result, "instance": self._info(inst), "turn": turn},
+                hook="after_tool_call", allowed=(ModifyResult, Block),
+                modify={ModifyResult: lambda v, d: v.__setitem__(
+                    "result", attrs.evolve(v["result"], content=_cut(d.content)))})
+            self._hook_records(inst, "after_tool_call", outcome.decisions, turn)
+            result = outcome.values["result"]
+            if isinstance(outcome.stop, Block):
+                result = attrs.evolve(result, status=ToolStatus.BLOCKED, content=f"blocked: {outcome.stop.reason}",
+                                      data=None)
+            item.result = result
+        if save:
+            await self.save(inst, [{"t": "msg", "m": message_to_json(_tool_message(item))}])
+        data: dict[str, Any] = {"turn": turn, "toolCallId": result.tool_call_id, "tool": result.name,
+                                "status": result.status.value}
+        if result.duration is not None:
+            data["duration"] = round(result.duration, 6)
+        if item.call.injected:
+            data["injected"] = True
+        if result.status is not ToolStatus.SUCCESS:
+            data["error"] = result.content[:1000]
+        self.record(inst, "tool_call", data)
+        if run.has_listeners or self.host.impls("loopwright_on_stream_event"):
+            await self.emit(run, "tool_result", turn, id=result.tool_call_id, name=result.name,
+                            status=result.status.value, content=result.content)
+
+    # ------------------------------------------------------------------ approvals and answers
+
+    async def continue_after_decisions(self, run: AgentRun) -> None:
+        """Give every decided held call its result (approved ones run), then go on with the turn."""
+        inst = run.inst
+        pending = inst.pending_approvals
+        inst.set_pending([])
+        _assistant, unanswered = unanswered_calls(inst.transcript)
+        by_id = {p.tool_call_id: p for p in pending}
+        items: list[_Call] = []
+        for index, call in enumerate(unanswered):
+            p = by_id.get(call.id)
+            if p is None:
+                continue
+            item = _Call(index, call, tool=self.rt.tool_for(inst.definition, call.name))
+            self.record(inst, "approval", {"toolCallId": call.id, "tool": call.name, "decision": p.decision,
+                                           "reason": p.decision_reason})
+            if p.decision == "approved" and item.tool is not None:
+                await self._execute(run, item, inst.turn)
+            else:
+                why = p.decision_reason or "no reason given"
+                item.result = _result(call, ToolStatus.DENIED, f"denied: {why}")
+                await self._finish(run, item, inst.turn, save=True)
+            if item.result is not None:
+                inst.transcript.append(_tool_message(item))
+            items.append(item)
+        await self.rt.write_header(inst)
+        await self._end_of_turn(run, items, exceeded=False, limits=self.rt.limits_for(inst.definition))
+
+    async def answer_question(self, run: AgentRun, text: str) -> None:
+        """Make ``text`` the result of the pending ``ask_user`` call."""
+        inst = run.inst
+        awaiting = inst.header.pop("awaitingAnswer", None) or {}
+        call_id = awaiting.get("toolCallId")
+        message = Message(role="tool", tool_call_id=call_id, name="ask_user", content=text,
+                          status=ToolStatus.SUCCESS)
+        await self.add_message(run, message)
+        self.record(inst, "tool_call", {"turn": inst.turn, "toolCallId": call_id, "tool": "ask_user",
+                                        "status": ToolStatus.SUCCESS.value, "answered": True})
+
+    async def repair_interrupted(self, run: AgentRun) -> None:
+        """Give calls that were running when a process died a result: run idempotent ones again,
+        tell the model the outcome of the others is unknown.
+        """
+        inst = run.inst
+        _assistant, unanswered = unanswered_calls(inst.transcript)
+        if not unanswered:
+            return
+        skip = {p.tool_call_id for p in inst.pending_approvals}
+        awaiting = (inst.header.get("awaitingAnswer") or {}).get("toolCallId")
+        for index, call in enumerate(unanswered):
+            if call.id in skip or call.id == awaiting:
+                continue
+            item = _Call(index, call, tool=self.rt.tool_for(inst.definition, call.name))
+            if item.tool is not None and item.tool.idempotent:
+                await self._execute(run, item, inst.turn)
+            else:
+                item.result = _result(call, ToolStatus.UNKNOWN_OUTCOME,
+                                      "the call was interrupted (the process stopped while it ran); "
+                                      "its outcome is unknown. Check before calling it again.")
+                await self._finish(run, item, inst.turn, save=True)
+            if item.result is not None:
+                inst.transcript.append(_tool_message(item))
+
+
+def _unique_ids(calls: Sequence[ToolCall], turn: int) -> tuple[ToolCall, ...]:
+    seen: set[str] = set()
+    out = []
+    for k, c in enumerate(calls):
+        if not c.id or c.id in seen:
+            c = attrs.evolve(c, id=f"call_{turn}_{k}")  # noqa: PLW2901
+        seen.add(c.id)
+        out.append(c)
+    return tuple(out)
+
+
+def _cut(content: str) -> str:
+    if len(content) <= MAX_RESULT_CHARS:
+        return content
+    return (content[:MAX_RESULT_CHARS]
+            + f"\n[truncated: the result had {len(content):,} characters; only the first "
+              f"{MAX_RESULT_CHARS:,} are shown]")
+
+
+def _result(call: ToolCall, status: ToolStatus, content: str, *, duration: float | None = None) -> ToolResult:
+    return ToolResult(tool_call_id=call.id, name=call.name, status=status, content=_cut(content),
+                      duration=duration)
+
+
+def _success(call: ToolCall, value: Any, duration: float | None) -> ToolResult:
+    if isinstance(value, str):
+        text = value
+    elif value is None:
+        text = ""
+    else:
+        try:
+            text = _dumps(converter.unstructure(value))
+        except (TypeError, ValueError):
+            text = str(value)
+    return ToolResult(tool_call_id=call.id, name=call.name, status=ToolStatus.SUCCESS, content=_cut(text),
+                      data=value, duration=duration)
+
+
+def _tool_message(item: _Call) -> Message:
+    r = item.result
+    assert r is not None  # noqa: S101
+    return Message(role="tool", tool_call_id=r.tool_call_id, name=r.name, content=r.content, status=r.status,
+                   injected=item.call.injected)
+

@@ -1,0 +1,864 @@
+"""The runtime (one per assembly) and agent runs (one per instance being followed).
+
+Two lifetimes, kept apart: a :class:`Runtime` owns the plugin manager, the store, the providers
+and the record sinks, and lives as long as its ``async with`` block; an :class:`AgentRun` is a
+handle on one instance, from which a caller follows, steers, approves and cancels it. Run
+segments execute as tasks in the runtime's task group, so leaving the ``async with`` block
+stops them (an interrupted instance stays ``running`` in the store and ``resume`` continues it).
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import os
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Self
+
+import anyio
+import attrs
+
+from loopwright._capabilities import (
+    capabilities_from_dict, capabilities_to_dict, check_store_outside, intersect,
+)
+from loopwright._convert import converter
+from loopwright._definition import DEFAULT_LIMITS, Assembly, Capabilities, Definition, Limits
+from loopwright._instance import Instance, now_iso, rebuild
+from loopwright._loop import Loop
+from loopwright._plugins import PluginHost
+from loopwright._pricing import PriceTable
+from loopwright._types import AgentResult, Cost, Event, Message, Record, State, StopReason, Usage
+from loopwright.abc import ProviderSettings, StoreSettings
+from loopwright.errors import (
+    ConfigError, GrantsError, InstanceNotFoundError, LoopwrightError, RunCancelledError, RunError, StoreError,
+)
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from anyio.abc import TaskGroup
+
+    from loopwright._tools import Tool
+    from loopwright._types import ToolSpec
+    from loopwright.abc import ContextStrategy, Provider, RecordSink, Store
+
+__all__ = ["AgentRun", "Runtime", "all_todos_done", "result_to_json", "summary"]
+
+_EVENT_HISTORY = 10_000
+
+
+@attrs.define
+class _DefinitionPlan:
+    """What the runtime precomputes once per definition, so that turns do none of it."""
+
+    definition: Definition
+    tools: dict[str, Tool]
+    specs: tuple[ToolSpec, ...]
+    limits: Limits
+    model_ref: str
+    strategy: ContextStrategy | None
+
+
+class AgentRun:
+    """A handle on one instance: follow it, steer it, approve its calls, cancel it.
+
+    Get one from :meth:`Runtime.start_agent` or :meth:`Runtime.get_agent`. Every method works
+    whether the instance is running in this runtime or resting in the store.
+    """
+
+    def __init__(self, runtime: Runtime, inst: Instance) -> None:
+        """Wrap ``inst``; only the runtime makes these."""
+        self._rt = runtime
+        self.inst = inst
+        self.stream = False
+        self.failure: BaseException | None = None
+        self._subscribers: list[Any] = []
+        self._history: collections.deque[Event] = collections.deque(maxlen=_EVENT_HISTORY)
+        self._done = anyio.Event()
+        self._done.set()
+        self._scope: anyio.CancelScope | None = None
+        self._cancelled = False
+
+    def __repr__(self) -> str:
+        return f"AgentRun({self.instance_id!r}, state={self.inst.state.value!r})"
+
+    @property
+    def instance_id(self) -> str:
+        """The instance's id."""
+        return self.inst.id
+
+    @property
+    def state(self) -> State:
+        """The instance's state now."""
+        return self.inst.state
+
+    @property
+    def running(self) -> bool:
+        """Whether a run segment is executing in this runtime."""
+        return not self._done.is_set()
+
+    @property
+    def has_listeners(self) -> bool:
+        """Whether anybody follows :meth:`events` right now."""
+        return bool(self._subscribers)
+
+    # -- events ---------------------------------------------------------------------------
+
+    def publish(self, event: Event) -> None:
+        """Deliver an event to every follower and keep it for followers who come later."""
+        self._history.append(event)
+        for send in self._subscribers:
+            send.send_nowait(event)
+
+    async def events(self) -> AsyncIterator[Event]:
+        """Yield the events of the current run segment, from its start, until the instance rests.
+
+        Events: ``state``, ``text``, ``usage``, ``tool_call``, ``tool_result`` and ``approval``.
+        If no segment is running, yields what the last segment produced and returns.
+        """
+        send, receive = anyio.create_memory_object_stream[Event](math.inf)
+        backlog = list(self._history)
+        if not self.running:
+            for event in backlog:
+                yield event
+            return
+        self._subscribers.append(send)
+        try:
+            for event in backlog:
+                yield event
+            while True:
+                if self._done.is_set():
+                    while True:
+                        try:
+                            yield receive.receive_nowait()
+                        except anyio.WouldBlock:
+                            return
+                with anyio.move_on_after(0.25):
+                    yield await receive.receive()
+        finally:
+            self._subscribers.remove(send)
+            send.close()
+            receive.close()
+
+    # -- waiting ----------------------------------------------------------------------------
+
+    async def wait(self) -> AgentResult:
+        """Wait until the instance rests and return its result, raising nothing."""
+        await self._done.wait()
+        return self.inst.result()
+
+    async def result(self) -> AgentResult:
+        """Wait until the instance rests and return its :class:`~loopwright.AgentResult`.
+
+        :raises RunError: The model failed for good (``.cause`` holds the provider error) or a
+            hook blocked the model call (:class:`~loopwright.errors.HookBlockedError`).
+        :raises RunCancelledError: The run was cancelled; ``.result`` holds the saved result.
+
+        Ending on ``max_iterations`` or another limit raises nothing: the result says so.
+        """
+        result = await self.wait()
+        if result.cancelled and result.state is State.STOPPED:
+            raise RunCancelledError(f"run of instance {self.instance_id} was cancelled", result=result)
+        if result.state is State.ERROR and result.stop_reason is StopReason.ERROR:
+            failure = self.failure
+            if isinstance(failure, RunError):
+                failure.result = result
+                raise failure
+            raise RunError(f"instance {self.instance_id} failed: {result.error}", result=result, cause=failure)
+        return result
+
+    # -- steering ---------------------------------------------------------------------------
+
+    async def approve(self, tool_call_id: str | None = None) -> None:
+        """Approve a held call (all of them when ``tool_call_id`` is None); the run goes on once all are decided."""
+        await self._rt.decide(self, tool_call_id, "approved", None)
+
+    async def deny(self, tool_call_id: str | None = None, reason: str | None = None) -> None:
+        """Deny a held call (all when ``tool_call_id`` is None); the model sees a ``denied`` result with ``reason``."""
+        await self._rt.decide(self, tool_call_id, "denied", reason)
+
+    async def message(self, text: str, *, source: str = "api") -> None:
+        """Send a message: read at the next turn boundary if running, else it starts a new segment.
+
+        From ``api`` or ``user`` to an instance waiting on ``ask_user``, it is the answer.
+        While approvals are pending it waits until they are decided.
+        """
+        await self._rt.deliver(self, text, source)
+
+    async def cancel(self) -> None:
+        """Stop the run: the instance becomes ``stopped`` with ``cancelled: true``; the partial turn is kept."""
+        await self._rt.cancel_run(self)
+
+
+class Runtime:
+    """A loopwright runtime: plugins, a store, providers and record sinks, built from an assembly.
+
+    Use it as an async context manager::
+
+        async with Runtime.from_file("loopwright.yaml") as rt:
+            run = await rt.start_agent("agents/x.yaml", prompt="...")
+            result = await run.result()
+
+    :param assembly: The assembly; ``None`` means every default (file store under
+        ``.loopwright/instances``).
+    :param plugins: Extra plugin objects (modules or instances with ``loopwright_*`` hooks),
+        registered after the assembly's.
+    :param autoload: Whether to load ``loopwright`` entry points (default: unless
+        ``LOOPWRIGHT_DISABLE_PLUGIN_AUTOLOAD`` is set).
+    :param store: A store to use instead of the assembly's.
+    :param http_client: An ``httpx.AsyncClient`` handed to every provider built here.
+    """
+
+    def __init__(
+        self, assembly: Assembly | None = None, *, plugins: Sequence[object] = (), autoload: bool | None = None,
+        store: Store | None = None, http_client: Any = None,
+    ) -> None:
+        """Describe a runtime; nothing is loaded until ``async with``."""
+        self.assembly = assembly or Assembly()
+        self._extra_plugins = tuple(plugins)
+        self._autoload = autoload
+        self._given_store = store
+        self._http_client = http_client
+        self.plugins = PluginHost()
+        self.store: Store = store  # type: ignore[assignment]
+        self.prices = PriceTable(self.assembly.pricing)
+        self._providers: dict[str, Provider] = {}
+        self._plans: dict[int, _DefinitionPlan] = {}
+        self._runs: dict[str, AgentRun] = {}
+        self._records: dict[str, list[dict[str, Any]]] = {}
+        self._sinks: list[RecordSink] = []
+        self._tg: TaskGroup | None = None
+        self._tg_cm: Any = None
+        self._loop: Loop | None = None
+        self._verifiers: dict[str, Callable[[Sequence[Message]], tuple[bool, str]]] = {}
+        self._loaded = False
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str] | None = None, **kwargs: Any) -> Self:
+        """Build a runtime from an assembly file.
+
+        :param path: The file; ``None`` reads ``./loopwright.yaml`` when it exists, else uses defaults.
+        :raises ConfigError: The file is invalid (every problem with file, line and column).
+        """
+        from loopwright._config import load_assembly  # noqa: PLC0415 - YAML machinery only when needed
+
+        if path is None:
+            default = Path("loopwright.yaml")
+            return cls(load_assembly(default) if default.is_file() else None, **kwargs)
+        if not Path(path).is_file():
+            raise ConfigError(f"no assembly file at {path}", path=str(path))
+        return cls(load_assembly(Path(path)), **kwargs)
+
+    # -- lifetime ---------------------------------------------------------------------------
+
+    def load_plugins(self) -> None:
+        """Load the plugins (idempotent). ``async with`` does this; the CLI calls it for ``plugins``."""
+        if self._loaded:
+            return
+        self.plugins.load(extra=self.assembly.plugins, base_dir=self.assembly.base_dir,
+                          blocked=self.assembly.disable_plugins, autoload=self._autoload)
+        for plugin in self._extra_plugins:
+            self.plugins.register(plugin)
+        self._loaded = True
+
+    async def __aenter__(self) -> Self:
+        self.load_plugins()
+        if self.store is None:
+            cfg = self.assembly.store
+            try:
+                factory = self.plugins.stores.get(cfg.kind)
+            except KeyError:
+                raise ConfigError(f"unknown store kind {cfg.kind!r}; registered: "
+                                  f"{', '.join(self.plugins.stores.names())}") from None
+            self.store = factory(StoreSettings(kind=cfg.kind, base_dir=self.assembly.base_dir, options=cfg.options))
+        check_store_outside(self.store.locations(), self.assembly.capabilities, base=self.assembly.base_dir)
+        for spec in self.assembly.records:
+            try:
+                factory = self.plugins.record_sinks.get(spec.kind)
+            except KeyError:
+                raise ConfigError(f"unknown record sink kind {spec.kind!r}") from None
+            self._sinks.append(factory(dict(spec.options)))
+        self._verifiers["allTodosDone"] = all_todos_done
+        self._loop = Loop(self)
+        self._tg_cm = anyio.create_task_group()
+        self._tg = await self._tg_cm.__aenter__()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None,
+    ) -> None:
+        try:
+            if self._tg is not None:
+                self._tg.cancel_scope.cancel()
+                await self._tg_cm.__aexit__(None, None, None)
+        finally:
+            self._tg = None
+            with anyio.CancelScope(shield=True):
+                for provider in self._providers.values():
+                    await provider.aclose()
+                for sink in self._sinks:
+                    await sink.aclose()
+                if self._given_store is None and self.store is not None:
+                    await self.store.aclose()
+
+    @property
+    def loop(self) -> Loop:
+        """The loop driving this runtime's instances."""
+        if self._loop is None:
+            raise LoopwrightError("the runtime is not open: use 'async with runtime:'")
+        return self._loop
+
+    # -- components -------------------------------------------------------------------------
+
+    def register_plugin(self, plugin: object, name: str | None = None) -> str:
+        """Register a plugin object now (hooks take effect at the next hook point)."""
+        self.load_plugins()
+        name = self.plugins.register(plugin, name)
+        self._plans.clear()
+        return name
+
+    def unregister_plugin(self, name: str) -> None:
+        """Remove a plugin registered earlier."""
+        self.plugins.unregister(name)
+        self._plans.clear()
+
+    def add_verifier(self, name: str, verify: Callable[[Sequence[Message]], tuple[bool, str]]) -> None:
+        """Add a completion verifier: ``verify(messages) -> (ok, reason)``."""
+        self._verifiers[name] = verify
+
+    def verifier(self, name: str) -> Callable[[Sequence[Message]], tuple[bool, str]]:
+        """Return the completion verifier ``name``."""
+        try:
+            return self._verifiers[name]
+        except KeyError:
+            raise ConfigError(f"unknown completion verifier {name!r}; known: {', '.join(sorted(self._verifiers))}",
+                              ) from None
+
+    def split_model(self, ref: str) -> tuple[str, str]:
+        """Split ``PROVIDER:MODEL`` into its two parts."""
+        provider, sep, model = ref.partition(":")
+        if not sep or not provider:
+            raise ConfigError(f"model reference {ref!r} is not of the form PROVIDER:MODEL")
+        return provider, model
+
+    def model_ref(self, definition: Definition) -> str:
+        """Return the definition's model, or the assembly's default."""
+        ref = definition.model or self.assembly.default_model
+        if not ref:
+            raise ConfigError(f"definition {definition.name!r} names no model and the assembly has no defaultModel")
+        return ref
+
+    def provider(self, name: str) -> Provider:
+        """Return the provider ``name``: an assembly entry, else a registered kind with defaults."""
+        found = self._providers.get(name)
+        if found is not None:
+            return found
+        cfg = self.assembly.providers.get(name)
+        kind = cfg.kind if cfg else name
+        try:
+            factory = self.plugins.providers.get(kind)
+        except KeyError:
+            known = sorted({*self.assembly.providers, *self.plugins.providers.names()})
+            raise ConfigError(f"unknown provider {name!r}; known: {', '.join(known) or '(none)'}") from None
+        api_key = None
+        if cfg is not None:
+            api_key = cfg.api_key
+            if cfg.api_key_env:
+                api_key = os.environ.get(cfg.api_key_env)
+                if api_key is None:
+                    raise ConfigError(f"provider {name!r}: environment variable {cfg.api_key_env} is not set")
+        settings = ProviderSettings(name=name, kind=kind, base_url=cfg.base_url if cfg else None, api_key=api_key,
+                                    options=dict(cfg.options) if cfg else {}, http_client=self._http_client)
+        made: Provider = factory(settings)
+        self._providers[name] = made
+        return made
+
+    def price(self, usage: Usage, provider_name: str, model: str) -> Cost:
+        """Return what ``usage`` cost on ``provider_name:model`` (unknown prices stay unknown)."""
+        provider = self._providers.get(provider_name)
+        free = bool(getattr(provider, "free", False))
+        price_id = getattr(provider, "price_provider_id", None)
+        if price_id is None and not free:
+            cfg = self.assembly.providers.get(provider_name)
+            price_id = None if cfg else provider_name
+        if f"{provider_name}:{model}" in self.assembly.pricing:
+            price_id = provider_name
+        return self.prices.cost(usage, model=model, price_provider=price_id, free=free)
+
+    def _plan(self, definition: Definition) -> _DefinitionPlan:
+        plan = self._plans.get(id(definition))
+        if plan is not None and plan.definition is definition:
+            return plan
+        tools: dict[str, Tool] = {}
+        for name in definition.tool_names:
+            if name not in self.plugins.tools:
+                raise ConfigError(
+                    f"definition {definition.name!r} names the tool {name!r}, which no plugin registers; "
+                    f"registered tools: {', '.join(self.plugins.tools.names())}")
+            tools[name] = self.plugins.tools.get(name)
+        limits = DEFAULT_LIMITS.merged(self.assembly.limits).merged(definition.limits)
+        if definition.max_iterations is not None:
+            limits = attrs.evolve(limits, max_iterations=definition.max_iterations)
+        strategy = None
+        if definition.context_strategy is not None:
+            spec = definition.context_strategy
+            try:
+                factory = self.plugins.context_strategies.get(spec.kind)
+            except KeyError:
+                raise ConfigError(f"unknown context strategy {spec.kind!r}; registered: "
+                                  f"{', '.join(self.plugins.context_strategies.names())}") from None
+            strategy = factory(dict(spec.options))
+        plan = _DefinitionPlan(definition=definition, tools=tools, specs=tuple(t.spec for t in tools.values()),
+                               limits=limits, model_ref=self.model_ref(definition), strategy=strategy)
+        self._plans[id(definition)] = plan
+        return plan
+
+    def tool_for(self, definition: Definition, name: str) -> Tool | None:
+        """Return the tool ``name`` if the definition has it."""
+        return self._plan(definition).tools.get(name)
+
+    def tool_names(self, definition: Definition) -> list[str]:
+        """Return the names of the definition's tools."""
+        return list(self._plan(definition).tools)
+
+    def tool_specs(self, definition: Definition) -> tuple[ToolSpec, ...]:
+        """Return what the model is told about the definition's tools (the same tuple every turn)."""
+        return self._plan(definition).specs
+
+    def limits_for(self, definition: Definition) -> Limits:
+        """Return the effective limits: defaults, then the assembly's, then the definition's."""
+        return self._plan(definition).limits
+
+    def context_strategy(self, definition: Definition) -> ContextStrategy | None:
+        """Return the definition's context strategy, built once."""
+        return self._plan(definition).strategy
+
+    # -- records ----------------------------------------------------------------------------
+
+    def queue_record(self, instance_id: str, kind: str, data: Mapping[str, Any]) -> None:
+        """Queue a record; :meth:`flush_records` writes it with the next save."""
+        self._records.setdefault(instance_id, []).append(
+            {"kind": kind, "instanceId": instance_id, "at": now_iso(), "data": data})
+
+    async def flush_records(self, instance_id: str) -> None:
+        """Write queued records to the store, the record sinks and the ``on_record`` hook."""
+        queued = self._records.pop(instance_id, None)
+        if not queued:
+            return
+        await self.store.append_records(instance_id, queued)
+        impls = self.plugins.impls("loopwright_on_record")
+        if not impls and not self._sinks:
+            return
+        from loopwright._hooks import notify  # noqa: PLC0415
+
+        for raw in queued:
+            record = Record(kind=raw["kind"], instance_id=instance_id, at=raw["at"], data=raw["data"])
+            for sink in self._sinks:
+                try:
+                    await sink.write(record)
+                except Exception as exc:  # noqa: BLE001 - sinks fail open
+                    self.queue_record(instance_id, "observer_error",
+                                      {"plugin": type(sink).__name__, "error": f"{type(exc).__name__}: {exc}"})
+            if impls:
+                await notify(impls, {"record": record}, on_error=lambda plugin, exc: self.queue_record(
+                    instance_id, "observer_error", {"plugin": plugin, "error": f"{type(exc).__name__}: {exc}"}))
+
+    async def write_header(self, inst: Instance) -> None:
+        """Save the instance's header atomically."""
+        await self.store.write_header(inst.id, inst.header)
+
+    # -- starting and finding instances -----------------------------------------------------
+
+    def load_definition(self, definition: str | os.PathLike[str] | Definition | Mapping[str, Any]) -> Definition:
+        """Return a :class:`Definition` from a path, a registered name, a mapping or a Definition."""
+        if isinstance(definition, Definition):
+            return definition
+        from loopwright._config import load_definition  # noqa: PLC0415
+
+        if isinstance(definition, Mapping):
+            return load_definition(definition)
+        registered = self.assembly.agent_definitions.get(str(definition))
+        if registered is not None:
+            path = Path(registered)
+            return load_definition(path if path.is_absolute() else self.assembly.base_dir / path)
+        return load_definition(Path(definition))
+
+    async def start_agent(
+        self, definition: str | os.PathLike[str] | Definition | Mapping[str, Any], inputs: Mapping[str, Any] | None = None,
+        prompt: str | None = None, *, capabilities: Capabilities | None = None, stream: bool = False,
+        instance_id: str | None = None,
+    ) -> AgentRun:
+        """Create an instance of ``definition`` and start running it in the background.
+
+        :param definition: A definition file, a name from the assembly's ``agentDefinitions``, a
+            mapping or a :class:`Definition`.
+        :param inputs: Values for the definition's ``inputs`` (templated into its prompts).
+        :param prompt: The task prompt, added after the initial prompts.
+        :param capabilities: Grants to ask for; narrowed to the runtime's (never widened).
+        :param stream: Ask providers to stream.
+        :param instance_id: An id to use instead of a generated one.
+        :return: The run; ``await run.result()`` waits for it to rest.
+        :raises ConfigError: The definition or inputs are invalid, or it names unknown tools.
+        """
+        from loopwright._template import render, resolve_inputs  # noqa: PLC0415
+
+        loop = self.loop
+        defn = self.load_definition(definition)
+        plan = self._plan(defn)
+        values = resolve_inputs(defn, inputs or {})
+        grants = intersect(self.assembly.capabilities, capabilities)
+        iid = instance_id or _new_id()
+        header: dict[str, Any] = {
+            "instanceId": iid, "name": defn.name, "version": 1,
+            "definitionPath": str(defn.source) if defn.source else None,
+            "definition": _definition_snapshot(defn), "inputs": dict(values),
+            "state": State.RUNNING.value, "stopReason": None, "cancelled": False, "error": None,
+            "capabilities": capabilities_to_dict(grants), "capabilitiesRecorded": True,
+            "pendingApprovals": [], "inbox": [],
+            "spawnerInstanceId": None, "callerInstanceId": None, "callerToolCallId": None,
+            "delegationPrompt": None, "createdAt": now_iso(), "updatedAt": now_iso(), "model": plan.model_ref,
+        }
+        await self.store.create(iid, header)
+        inst = Instance(id=iid, definition=defn, header=header, grants=grants)
+        run = AgentRun(self, inst)
+        run.stream = stream
+        self._runs[iid] = run
+        self.queue_record(iid, "state", {"from": None, "to": State.RUNNING.value, "stopReason": None})
+        impls = self.plugins.impls("loopwright_on_state_change")
+        if impls:
+            await loop.observe(inst, "loopwright_on_state_change", old=None, new=State.RUNNING.value,
+                               stop_reason=None)
+
+        async def prelude() -> None:
+            await self._begin(run, values, prompt, render)
+
+        self._spawn(run, new_segment=True, prelude=prelude)
+        return run
+
+    async def _begin(self, run: AgentRun, values: Mapping[str, Any], prompt: str | None, render: Any) -> None:
+        """First segment of a new instance: system prompt, initial prompts and injected calls, task prompt."""
+        from loopwright._loop import SegmentEnd  # noqa: PLC0415
+        from loopwright._types import ToolCall  # noqa: PLC0415
+
+        loop = self.loop
+        inst = run.inst
+        defn = inst.definition
+        entries: list[dict[str, Any]] = []
+        if defn.system_prompt:
+            entries.append(await loop.add_message(
+                run, Message(role="system", content=render(defn.system_prompt, values)), save=False))
+        if entries:
+            await loop.save(inst, entries)
+        task = Message(role="user", content=prompt, source="api") if prompt else None
+        for n, ip in enumerate(defn.initial_prompts):
+            if not ip.tool_calls:
+                await loop.add_message(run, Message(
+                    role=ip.role, content=render(ip.content, values) if ip.content else None,
+                    source="definition", injected=True))
+                continue
+            calls = tuple(
+                ToolCall(id=tc.id or f"injected_{n}_{k}", name=tc.name,
+                         arguments=_render_args(tc.arguments, values, render), injected=True)
+                for k, tc in enumerate(ip.tool_calls))
+            await loop.add_message(run, Message(
+                role="assistant", content=render(ip.content, values) if ip.content else None,
+                tool_calls=calls, injected=True))
+            try:
+                await loop.run_calls(run, calls, self.limits_for(defn))
+            except SegmentEnd as end:
+                if end.reason in (StopReason.WAITING_FOR_APPROVAL, StopReason.WAITING) and task is not None:
+                    # Seed 000: the task prompt goes behind the held turn; the remaining
+                    # initial prompts do not run.
+                    inst.header.setdefault("inbox", []).append(
+                        {"text": task.content, "source": "api", "at": now_iso()})
+                raise
+        if task is not None:
+            await loop.add_message(run, task)
+
+    def _spawn(self, run: AgentRun, *, new_segment: bool, prelude: Any = None) -> None:
+        if self._tg is None:
+            raise LoopwrightError("the runtime is not open: use 'async with runtime:'")
+        run._done = anyio.Event()  # noqa: SLF001 - the runtime drives its runs
+        run._history.clear()  # noqa: SLF001
+        run.failure = None
+        self._tg.start_soon(self._drive, run, new_segment, prelude)
+
+    async def _drive(self, run: AgentRun, new_segment: bool, prelude: Any) -> None:
+        loop = self.loop
+        inst = run.inst
+        try:
+            with anyio.CancelScope() as scope:
+                run._scope = scope  # noqa: SLF001
+                if run._cancelled:  # noqa: SLF001
+                    scope.cancel()
+                await loop.run_segment(run, new_segment=new_segment, prelude=prelude)
+            if scope.cancelled_caught and run._cancelled:  # noqa: SLF001
+                with anyio.CancelScope(shield=True):
+                    await loop.set_state(run, State.STOPPED, StopReason.CANCELLED, cancelled=True)
+        except Exception as exc:  # noqa: BLE001 - a bug must not leave the instance "running"
+            run.failure = exc
+            with anyio.CancelScope(shield=True):
+                loop.record(inst, "error", {"message": f"{type(exc).__name__}: {exc}", "internal": True})
+                await loop.set_state(run, State.ERROR, StopReason.ERROR, error=f"{type(exc).__name__}: {exc}")
+        finally:
+            run._scope = None  # noqa: SLF001
+            run._cancelled = False  # noqa: SLF001
+            run._done.set()  # noqa: SLF001
+
+    async def get_agent(self, instance_id: str) -> AgentRun:
+        """Return the run of an instance, loading it from the store if it is not live here.
+
+        :raises InstanceNotFoundError: No such instance.
+        :raises GrantsError: Its saved grants are marked recorded but malformed (fails closed).
+        """
+        run = self._runs.get(instance_id)
+        if run is not None:
+            return run
+        header = await self.store.read_header(instance_id)
+        entries = await self.store.read_entries(instance_id)
+        defn = self._definition_from_header(instance_id, header)
+        grants = self._saved_grants(instance_id, header)
+        inst = Instance(id=instance_id, definition=defn, header=header, grants=grants)
+        rebuild(inst, entries)
+        run = AgentRun(self, inst)
+        self._runs[instance_id] = run
+        return run
+
+    def _definition_from_header(self, instance_id: str, header: Mapping[str, Any]) -> Definition:
+        snapshot = header.get("definition")
+        if isinstance(snapshot, Mapping):
+            from loopwright._config import definition_from_dict  # noqa: PLC0415
+
+            try:
+                return definition_from_dict(snapshot)
+            except ConfigError as exc:
+                raise StoreError(f"saved definition is invalid: {exc}", instance_id=instance_id) from exc
+        path = header.get("definitionPath")
+        if path:
+            return self.load_definition(path)
+        raise StoreError("the header holds no definition", instance_id=instance_id)
+
+    def _saved_grants(self, instance_id: str, header: Mapping[str, Any]) -> Capabilities:
+        """Saved grants intersected with this runtime's; a marker without valid grants fails closed."""
+        if header.get("capabilitiesRecorded"):
+            try:
+                saved = capabilities_from_dict(header.get("capabilities"))
+            except ValueError as exc:
+                raise GrantsError(f"saved grants are marked recorded but are not valid ({exc}); "
+                                  "refusing to run it", instance_id=instance_id) from exc
+            return intersect(self.assembly.capabilities, saved)
+        if "capabilities" in header:
+            raise GrantsError("saved grants have no capabilitiesRecorded marker; refusing to run it",
+                              instance_id=instance_id)
+        return self.assembly.capabilities
+
+    async def list_instances(self, state: str | None = None) -> list[dict[str, Any]]:
+        """Return every instance's summary (see :func:`summary`), optionally only those in ``state``."""
+        headers = await self.store.list_headers()
+        return [summary(h) for h in headers if state is None or h.get("state") == state]
+
+    async def records(self, instance_id: str) -> list[dict[str, Any]]:
+        """Return the instance's record log."""
+        await self.store.read_header(instance_id)
+        return await self.store.read_records(instance_id)
+
+    # -- steering ---------------------------------------------------------------------------
+
+    async def approve(self, instance_id: str, tool_call_id: str | None = None) -> AgentRun:
+        """Approve held calls of an instance (live or saved); return its run."""
+        run = await self.get_agent(instance_id)
+        await run.approve(tool_call_id)
+        return run
+
+    async def deny(self, instance_id: str, tool_call_id: str | None = None, reason: str | None = None) -> AgentRun:
+        """Deny held calls of an instance (live or saved); return its run."""
+        run = await self.get_agent(instance_id)
+        await run.deny(tool_call_id, reason)
+        return run
+
+    async def message(self, instance_id: str, text: str, *, source: str = "api") -> AgentRun:
+        """Send a message to an instance (live or saved); return its run."""
+        run = await self.get_agent(instance_id)
+        await run.message(text, source=source)
+        return run
+
+    async def cancel(self, instance_id: str) -> AgentRun:
+        """Cancel an instance (live or saved); return its run."""
+        run = await self.get_agent(instance_id)
+        await run.cancel()
+        return run
+
+    async def resume(self, instance_id: str) -> AgentRun:
+        """Continue an instance a crash left ``running``; a resting instance is left as it is."""
+        run = await self.get_agent(instance_id)
+        if run.running or run.inst.state is not State.RUNNING:
+            return run
+        loop = self.loop
+
+        async def prelude() -> None:
+            await loop.repair_interrupted(run)
+
+        self._spawn(run, new_segment=False, prelude=prelude)
+        return run
+
+    async def decide(self, run: AgentRun, tool_call_id: str | None, decision: str, reason: str | None) -> None:
+        """Record a decision on held calls; continue the segment once every one is decided."""
+        inst = run.inst
+        pending = inst.pending_approvals
+        undecided = [p for p in pending if p.decision is None]
+        if not undecided:
+            raise LoopwrightError(f"instance {inst.id} has no call waiting for approval")
+        if tool_call_id is not None and tool_call_id not in {p.tool_call_id for p in undecided}:
+            raise LoopwrightError(f"instance {inst.id} has no undecided call {tool_call_id!r}; waiting: "
+                                  f"{', '.join(p.tool_call_id for p in undecided)}")
+        decided = [
+            attrs.evolve(p, decision=decision, decision_reason=reason)
+            if p.decision is None and (tool_call_id is None or p.tool_call_id == tool_call_id) else p
+            for p in pending]
+        inst.set_pending(decided)
+        inst.header["updatedAt"] = now_iso()
+        await self.write_header(inst)
+        if all(p.decision is not None for p in decided) and not run.running:
+            loop = self.loop
+
+            async def prelude() -> None:
+                await loop.continue_after_decisions(run)
+
+            self._spawn(run, new_segment=False, prelude=prelude)
+
+    async def deliver(self, run: AgentRun, text: str, source: str) -> None:
+        """Deliver a message (see :meth:`AgentRun.message`)."""
+        inst = run.inst
+        item = {"text": text, "source": source, "at": now_iso()}
+        awaiting = inst.header.get("awaitingAnswer")
+        if run.running or inst.state is State.WAITING_FOR_APPROVAL or (awaiting and source not in ("api", "user")):
+            inst.header.setdefault("inbox", []).append(item)
+            await self.write_header(inst)
+            return
+        loop = self.loop
+        if awaiting:
+            async def answer() -> None:
+                await loop.answer_question(run, text)
+
+            self._spawn(run, new_segment=True, prelude=answer)
+            return
+
+        async def deliver_now() -> None:
+            await loop.repair_interrupted(run)
+            inst.header.setdefault("inbox", []).append(item)
+
+        self._spawn(run, new_segment=True, prelude=deliver_now)
+
+    async def cancel_run(self, run: AgentRun) -> None:
+        """Cancel a run (see :meth:`AgentRun.cancel`)."""
+        run._cancelled = True  # noqa: SLF001
+        if run._scope is not None:  # noqa: SLF001
+            run._scope.cancel()  # noqa: SLF001
+            await run.wait()
+            return
+        if run.running:
+            await run.wait()
+            return
+        loop = self.loop
+        run._cancelled = False  # noqa: SLF001
+        inst = run.inst
+        if inst.state in (State.STOPPED,) and inst.header.get("cancelled"):
+            return
+        run._done = anyio.Event()  # noqa: SLF001
+        try:
+            await loop.set_state(run, State.STOPPED, StopReason.CANCELLED, cancelled=True)
+        finally:
+            run._done.set()  # noqa: SLF001
+
+
+def summary(header: Mapping[str, Any]) -> dict[str, Any]:
+    """Return the JSON summary of an instance (``show`` and ``ls``), camelCase keys."""
+    usage = header.get("usage") or {}
+    return {
+        "instanceId": header.get("instanceId"),
+        "name": header.get("name"),
+        "state": header.get("state"),
+        "stopReason": header.get("stopReason"),
+        "cancelled": bool(header.get("cancelled", False)),
+        "error": header.get("error"),
+        "model": header.get("model"),
+        "pendingApprovals": [
+            {"toolCallId": p.get("toolCallId"), "tool": p.get("tool"), "arguments": p.get("arguments"),
+             "reason": p.get("reason"), "requestedAt": p.get("requestedAt"), "decision": p.get("decision")}
+            for p in header.get("pendingApprovals") or []],
+        "usage": usage,
+        "cost": header.get("cost"),
+        "subtreeCost": header.get("cost"),
+        "spawnerInstanceId": header.get("spawnerInstanceId"),
+        "callerInstanceId": header.get("callerInstanceId"),
+        "callerToolCallId": header.get("callerToolCallId"),
+        "delegationPrompt": header.get("delegationPrompt"),
+        "createdAt": header.get("createdAt"),
+        "updatedAt": header.get("updatedAt"),
+        "children": [],
+    }
+
+
+def result_to_json(result: AgentResult) -> dict[str, Any]:
+    """Return the ``--json`` form of a result: camelCase keys, every key present."""
+    return {
+        "instanceId": result.instance_id,
+        "state": result.state.value,
+        "stopReason": result.stop_reason.value if result.stop_reason else None,
+        "text": result.text,
+        "output": result.output,
+        "usage": converter.unstructure(result.usage),
+        "cost": result.cost.amount,
+        "subtreeCost": result.subtree_cost.amount,
+        "pendingApprovals": [
+            {"toolCallId": p.tool_call_id, "tool": p.tool, "arguments": dict(p.arguments), "reason": p.reason}
+            for p in result.pending_approvals if p.decision is None],
+        "error": result.error,
+        "cancelled": result.cancelled,
+        "limit": result.limit,
+    }
+
+
+def all_todos_done(messages: Sequence[Message]) -> tuple[bool, str]:
+    """The built-in ``allTodosDone`` verifier: every item of the latest ``todowrite`` plan is completed.
+
+    No plan at all passes: an agent that never uses ``todowrite`` is not punished by the gate.
+    """
+    for m in reversed(messages):
+        if m.role != "assistant":
+            continue
+        for call in reversed(m.tool_calls):
+            if call.name == "todowrite":
+                todos = call.arguments.get("todos") or []
+                open_items = [str(t.get("text", t.get("id"))) for t in todos
+                              if isinstance(t, Mapping) and not t.get("completed")]
+                if open_items:
+                    return False, "these plan items are not completed: " + ", ".join(open_items)
+                return True, ""
+    return True, ""
+
+
+def _new_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(4)
+
+
+def _render_args(args: Mapping[str, Any], values: Mapping[str, Any], render: Any) -> dict[str, Any]:
+    def walk(v: Any) -> Any:
+        if isinstance(v, str):
+            return render(v, values)
+        if isinstance(v, Mapping):
+            return {k: walk(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [walk(x) for x in v]
+        return v
+    return {k: walk(v) for k, v in args.items()}
+
+
+def _definition_snapshot(defn: Definition) -> dict[str, Any]:
+    from loopwright._config import definition_to_dict  # noqa: PLC0415
+
+    return definition_to_dict(defn)
+
