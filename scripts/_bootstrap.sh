@@ -1,0 +1,15 @@
+# Sourced by the other scripts: makes sure uv is on PATH and the workspace venv is in sync.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export UV_PYTHON_DOWNLOADS=never
+if ! command -v uv >/dev/null 2>&1; then
+  if [ -x "$HOME/.local/bin/uv" ]; then
+    export PATH="$HOME/.local/bin:$PATH"
+  else
+    echo "installing uv with pip ..." >&2
+    python3 -m pip install --quiet --user uv 2>/dev/null || python3 -m pip install --quiet uv
+    export PATH="$HOME/.local/bin:$PATH"
+  fi
+fi
+cd "$ROOT"
+uv sync --quiet --all-packages
