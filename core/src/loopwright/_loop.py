@@ -103,7 +103,7 @@ class Loop:
         return on_error
 
     async def observe(self, inst: Instance, hook: str, **values: Any) -> None:
-        impls = self.host.impls(hook)
+        impls = self.rt.hook_impls(inst.definition, hook)
         if impls:
             values.setdefault("instance", self._info(inst))
             await notify(impls, values, on_error=self._observer_error(inst))
@@ -129,7 +129,7 @@ class Loop:
         """Give an event to the run's subscribers and the ``on_stream_event`` hook."""
         event = Event(kind=kind, instance_id=run.instance_id, turn=turn, data=data)
         run.publish(event)
-        impls = self.host.impls("loopwright_on_stream_event")
+        impls = self.rt.hook_impls(run.inst.definition, "loopwright_on_stream_event")
         if impls:
             await notify(impls, {"event": event, "instance": self._info(run.inst)},
                          on_error=self._observer_error(run.inst))
@@ -265,7 +265,7 @@ class Loop:
             model=model_id, provider=pname, messages=inst.transcript, tools=self.rt.tool_specs(defn),
             settings=defn.model_settings, output_schema=defn.output, stream=run.stream)
         response: ModelResponse | None = None
-        impls = self.host.impls("loopwright_before_inference")
+        impls = self.rt.hook_impls(inst.definition, "loopwright_before_inference")
         if impls:
             outcome = await intercept(
                 impls, {"request": request, "instance": self._info(inst), "turn": turn},
@@ -286,7 +286,7 @@ class Loop:
         if response is None:
             response, served = await self._call_model(run, request, ref)
         latency = time.perf_counter() - t0
-        impls = self.host.impls("loopwright_after_inference")
+        impls = self.rt.hook_impls(inst.definition, "loopwright_after_inference")
         if impls:
             outcome = await intercept(
                 impls, {"response": response, "request": request, "instance": self._info(inst), "turn": turn},
@@ -327,7 +327,7 @@ class Loop:
             inst.header["text"] = message.content
         await self.observe(inst, "loopwright_on_message", message=message)
         await self.observe(inst, "loopwright_on_cost", turn=turn, usage=usage, cost=cost, model=served)
-        if run.has_listeners or self.host.impls("loopwright_on_stream_event"):
+        if run.has_listeners or self.rt.hook_impls(inst.definition, "loopwright_on_stream_event"):
             if message.content:
                 await self.emit(run, "text", turn, text=message.content)
             await self.emit(run, "usage", turn, usage=usage_json, cost=cost.amount, model=served)
@@ -393,7 +393,7 @@ class Loop:
         inst = run.inst
         if not strategy.should_apply(inst.transcript, last_usage=None, context_window=None):
             return
-        impls = self.host.impls("loopwright_before_compaction")
+        impls = self.rt.hook_impls(inst.definition, "loopwright_before_compaction")
         if impls:
             outcome = await intercept(
                 impls, {"instance": self._info(inst), "strategy": strategy.kind, "messages": inst.transcript},
@@ -511,7 +511,7 @@ class Loop:
         if problems:
             item.result = _result(call, ToolStatus.INVALID_ARGUMENTS, "invalid arguments: " + "; ".join(problems))
             return
-        impls = self.host.impls("loopwright_before_tool_call")
+        impls = self.rt.hook_impls(inst.definition, "loopwright_before_tool_call")
         if impls:
             outcome = await intercept(
                 impls, {"call": call, "tool": tool, "instance": self._info(inst), "turn": turn},
@@ -579,7 +579,7 @@ class Loop:
         inst = run.inst
         result = item.result
         assert result is not None  # noqa: S101
-        impls = self.host.impls("loopwright_after_tool_call")
+        impls = self.rt.hook_impls(inst.definition, "loopwright_after_tool_call")
         if impls:
             outcome = await intercept(
                 impls, {"call": item.call, "result": result, "instance": self._info(inst), "turn": turn},
@@ -603,7 +603,7 @@ class Loop:
         if result.status is not ToolStatus.SUCCESS:
             data["error"] = result.content[:1000]
         self.record(inst, "tool_call", data)
-        if run.has_listeners or self.host.impls("loopwright_on_stream_event"):
+        if run.has_listeners or self.rt.hook_impls(inst.definition, "loopwright_on_stream_event"):
             await self.emit(run, "tool_result", turn, id=result.tool_call_id, name=result.name,
                             status=result.status.value, content=result.content)
 

@@ -60,6 +60,10 @@ class _DefinitionPlan:
     limits: Limits
     model_ref: str
     strategy: ContextStrategy | None
+    #: Hook implementations the definition names (``hooks:`` and ``guardrails:``), per hook.
+    hooks: dict[str, tuple[Any, ...]] = attrs.Factory(dict)
+    #: Combined (host + definition) implementation tuples, per hook, with the host's generation.
+    combined: dict[str, tuple[int, tuple[Any, ...]]] = attrs.Factory(dict)
 
 
 class AgentRun:
@@ -412,9 +416,29 @@ class Runtime:
                                   f"{', '.join(self.plugins.context_strategies.names())}") from None
             strategy = factory(dict(spec.options))
         plan = _DefinitionPlan(definition=definition, tools=tools, specs=tuple(t.spec for t in tools.values()),
-                               limits=limits, model_ref=self.model_ref(definition), strategy=strategy)
+                               limits=limits, model_ref=self.model_ref(definition), strategy=strategy,
+                               hooks=definition_hooks(definition) if definition.hooks or definition.guardrails else {})
         self._plans[id(definition)] = plan
         return plan
+
+    def hook_impls(self, definition: Definition, hook: str) -> tuple[Any, ...]:
+        """Return the implementations of ``hook`` for an instance of ``definition``, in call order.
+
+        Host hooks wrap the hooks a definition names: for ``before_*`` hooks and observers the
+        host's run first, for ``after_*`` hooks the definition's run first.
+        """
+        host = self.plugins.impls(hook)
+        if not definition.hooks and not definition.guardrails:
+            return host
+        plan = self._plan(definition)
+        own = plan.hooks.get(hook)
+        if not own:
+            return host
+        gen = self.plugins.pm.generation
+        hit = plan.combined.get(hook)
+        if hit is None or hit[0] != gen:
+            hit = plan.combined[hook] = (gen, own + host if hook.startswith("loopwright_after_") else host + own)
+        return hit[1]
 
     def tool_for(self, definition: Definition, name: str) -> Tool | None:
         """Return the tool ``name`` if the definition has it."""
@@ -839,6 +863,70 @@ def all_todos_done(messages: Sequence[Message]) -> tuple[bool, str]:
                     return False, "these plan items are not completed: " + ", ".join(open_items)
                 return True, ""
     return True, ""
+
+
+def definition_hooks(definition: Definition) -> dict[str, tuple[Any, ...]]:
+    """Load the hook implementations a definition names.
+
+    ``hooks:`` entries are entry-point names or dotted module paths of *installed* plugins whose
+    interceptor and observer implementations then apply to this definition only. ``guardrails:``
+    entries are ``module:function`` references to policy functions called as before_tool_call
+    hooks: ``None`` or ``"allow"`` permits the call, any other string blocks it with that reason,
+    and a decision is used as it is. A definition may be written by a model, so ``.py`` file paths
+    are refused (they would let it run code of its own) and registration hooks are ignored.
+    """
+    import importlib  # noqa: PLC0415
+    import inspect  # noqa: PLC0415
+
+    from loopwright import hookspecs  # noqa: PLC0415
+    from loopwright._plugins import _entry_points  # noqa: PLC0415
+
+    allowed = set(hookspecs.INTERCEPTORS) | set(hookspecs.OBSERVERS)
+    found: dict[str, list[Any]] = {}
+    eps = _entry_points()
+    for ref in definition.hooks:
+        if ref.endswith(".py") or "/" in ref:
+            raise ConfigError(f"definition {definition.name!r}: hooks must name installed plugins, not files: {ref!r}")
+        try:
+            module = eps[ref].load() if ref in eps else importlib.import_module(ref)
+        except Exception as exc:
+            raise ConfigError(f"definition {definition.name!r}: cannot load hooks {ref!r}: {exc}") from exc
+        for name in sorted(allowed):
+            fn = getattr(module, name, None)
+            if fn is not None and hasattr(fn, "loopwright_impl"):
+                params = tuple(inspect.signature(fn).parameters)
+                found.setdefault(name, []).append((f"{ref} (definition)", fn, params))
+    for ref in definition.guardrails:
+        module_name, sep, attr = ref.partition(":")
+        if not sep or module_name.endswith(".py") or "/" in module_name:
+            raise ConfigError(f"definition {definition.name!r}: a guardrail is 'module:function', not {ref!r}")
+        try:
+            fn = getattr(importlib.import_module(module_name), attr)
+        except Exception as exc:
+            raise ConfigError(f"definition {definition.name!r}: cannot load guardrail {ref!r}: {exc}") from exc
+        found.setdefault("loopwright_before_tool_call", []).append(_guardrail_impl(ref, fn))
+    return {k: tuple(v) for k, v in found.items()}
+
+
+def _guardrail_impl(ref: str, fn: Callable[..., Any]) -> tuple[str, Callable[..., Any], tuple[str, ...]]:
+    import inspect  # noqa: PLC0415
+
+    from loopwright._decisions import Block, Decision  # noqa: PLC0415
+
+    argnames = tuple(inspect.signature(fn).parameters)
+
+    async def impl(call: Any, tool: Any, instance: Any, turn: int) -> Any:
+        values = {"call": call, "tool": tool, "instance": instance, "turn": turn}
+        verdict = fn(*[values[a] for a in argnames])
+        if inspect.isawaitable(verdict):
+            verdict = await verdict
+        if verdict is None or verdict == "allow":
+            return None
+        if isinstance(verdict, Decision):
+            return verdict
+        return Block(str(verdict))
+
+    return (f"guardrail {ref}", impl, ("call", "tool", "instance", "turn"))
 
 
 def _new_id() -> str:
