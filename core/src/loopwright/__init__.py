@@ -22,7 +22,7 @@ from loopwright._sync import run_agent
 from loopwright._tools import Tool, tool
 from loopwright._types import (
     AgentResult, Cost, Event, InstanceInfo, Message, ModelRequest, ModelResponse, PendingApproval, Record, State,
-    StopReason, ToolCall, ToolResult, ToolSpec, ToolStatus, Transcript, Usage,
+    StopReason, ToolCall, ToolOutput, ToolResult, ToolSpec, ToolStatus, Transcript, Usage,
 )
 from loopwright.abc import ProviderSettings, StoreSettings
 from loopwright.errors import ToolError
@@ -62,6 +62,7 @@ __all__ = [
     "Tool",
     "ToolCall",
     "ToolError",
+    "ToolOutput",
     "ToolResult",
     "ToolSpec",
     "ToolStatus",

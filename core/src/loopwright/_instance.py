@@ -10,6 +10,8 @@ Entries, one JSON object each, with ``t`` naming the type:
     order on disk may be finishing order; loading puts them back in call order.
 ``{"t": "turn", "n": N, "model": "PROVIDER:MODEL", "usage": USAGE, "cost": AMOUNT}``
     Model call N was answered (written together with the assistant message).
+``{"t": "spend", "toolCallId": ID, "usage": USAGE, "cost": AMOUNT}``
+    A tool reported what its own work used (it returned a ``ToolOutput``).
 ``{"t": "reset", "messages": [MESSAGE, ...]}``
     A context strategy replaced the transcript.
 
@@ -158,6 +160,13 @@ def rebuild(instance: Instance, entries: Sequence[Mapping[str, Any]]) -> None:
             c = Cost(amount=amount)
             cost += c
             seg_iter += 1
+            seg_tokens += u.input_tokens + u.output_tokens
+            seg_cost = None if seg_cost is None or amount is None else seg_cost + amount
+        elif t == "spend":
+            u = _usage_structure(entry.get("usage") or {}, Usage)
+            amount = entry.get("cost")
+            usage += u
+            cost += Cost(amount=amount)
             seg_tokens += u.input_tokens + u.output_tokens
             seg_cost = None if seg_cost is None or amount is None else seg_cost + amount
         elif t == "seg":

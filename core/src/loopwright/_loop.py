@@ -29,7 +29,7 @@ from loopwright._hooks import intercept, notify
 from loopwright._instance import Instance, message_to_json, now_iso, unanswered_calls
 from loopwright._types import (
     Cost, Event, InstanceInfo, Message, ModelRequest, ModelResponse, PendingApproval, State, StopReason,
-    ToolCall, ToolResult, ToolStatus, Usage,
+    ToolCall, ToolOutput, ToolResult, ToolStatus, Usage,
 )
 from loopwright.builtins.tools import AwaitUser
 from loopwright.errors import HookBlockedError, ProviderError, RunError, ToolError
@@ -592,12 +592,24 @@ class Loop:
                 result = attrs.evolve(result, status=ToolStatus.BLOCKED, content=f"blocked: {outcome.stop.reason}",
                                       data=None)
             item.result = result
-        if save:
-            await self.save(inst, [{"t": "msg", "m": message_to_json(_tool_message(item))}])
+        entries: list[dict[str, Any]] = [{"t": "msg", "m": message_to_json(_tool_message(item))}]
         data: dict[str, Any] = {"turn": turn, "toolCallId": result.tool_call_id, "tool": result.name,
                                 "status": result.status.value}
         if result.duration is not None:
             data["duration"] = round(result.duration, 6)
+        if result.usage is not None or result.cost is not None:
+            usage = result.usage or Usage()
+            cost = result.cost or Cost(amount=0.0)
+            inst.usage += usage
+            inst.cost += cost
+            inst.seg_tokens += usage.input_tokens + usage.output_tokens
+            inst.seg_cost = None if inst.seg_cost is None or cost.amount is None else inst.seg_cost + cost.amount
+            data["usage"] = _usage_unstructure(usage)
+            data["cost"] = cost.amount
+            entries.append({"t": "spend", "toolCallId": result.tool_call_id, "usage": data["usage"],
+                            "cost": cost.amount})
+        if save:
+            await self.save(inst, entries)
         if item.call.injected:
             data["injected"] = True
         if result.status is not ToolStatus.SUCCESS:
@@ -697,6 +709,9 @@ def _result(call: ToolCall, status: ToolStatus, content: str, *, duration: float
 
 
 def _success(call: ToolCall, value: Any, duration: float | None) -> ToolResult:
+    if isinstance(value, ToolOutput):
+        inner = _success(call, value.value, duration)
+        return attrs.evolve(inner, usage=value.usage, cost=value.cost)
     if isinstance(value, str):
         text = value
     elif value is None:

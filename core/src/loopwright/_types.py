@@ -27,6 +27,7 @@ __all__ = [
     "State",
     "StopReason",
     "ToolCall",
+    "ToolOutput",
     "ToolResult",
     "ToolSpec",
     "ToolStatus",
@@ -322,6 +323,8 @@ class ToolResult:
         content: The text the model sees (cut at 100,000 characters, with a marker).
         data: The tool's return value before it became text, for ``success``.
         duration: Seconds the tool ran, or ``None`` if it did not run.
+        usage: Tokens the tool's own work used, when it returned a :class:`ToolOutput`.
+        cost: What the tool's own work cost, when it returned a :class:`ToolOutput`.
     """
 
     tool_call_id: str
@@ -330,11 +333,32 @@ class ToolResult:
     content: str
     data: Any = None
     duration: float | None = None
+    usage: Usage | None = None
+    cost: Cost | None = None
 
     @property
     def is_error(self) -> bool:
         """Whether the status is anything but ``success``."""
         return self.status is not ToolStatus.SUCCESS
+
+
+@attrs.frozen(kw_only=True)
+class ToolOutput:
+    """Return this from a tool whose work itself cost something (it called a model, a paid API).
+
+    The model sees ``value`` as it would see a plain return value; ``usage`` and ``cost`` are
+    written on the call's ``tool_call`` record and count toward the instance's usage, cost and
+    limits.
+
+    Attributes:
+        value: What the tool returns.
+        usage: Tokens the tool's own work used.
+        cost: What the tool's own work cost; ``Cost(amount=None)`` when unknown.
+    """
+
+    value: Any = None
+    usage: Usage | None = None
+    cost: Cost | None = None
 
 
 @attrs.frozen(kw_only=True)
