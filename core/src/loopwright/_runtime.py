@@ -123,29 +123,29 @@ class AgentRun:
         Events: ``state``, ``text``, ``usage``, ``tool_call``, ``tool_result`` and ``approval``.
         If no segment is running, yields what the last segment produced and returns.
         """
-        send, receive = anyio.create_memory_object_stream[Event](math.inf)
         backlog = list(self._history)
         if not self.running:
             for event in backlog:
                 yield event
             return
-        self._subscribers.append(send)
+        send, receive = anyio.create_memory_object_stream[Event](math.inf)
+        self._subscribers.append(send)  # closed by the runtime when the segment ends
         try:
             for event in backlog:
                 yield event
-            while True:
-                if self._done.is_set():
-                    while True:
-                        try:
-                            yield receive.receive_nowait()
-                        except anyio.WouldBlock:
-                            return
-                with anyio.move_on_after(0.25):
-                    yield await receive.receive()
+            async for event in receive:
+                yield event
         finally:
-            self._subscribers.remove(send)
+            if send in self._subscribers:
+                self._subscribers.remove(send)
             send.close()
             receive.close()
+
+    def close_followers(self) -> None:
+        """End every :meth:`events` iteration once it has drained (the segment ended)."""
+        for send in self._subscribers:
+            send.close()
+        self._subscribers.clear()
 
     # -- waiting ----------------------------------------------------------------------------
 
@@ -631,6 +631,7 @@ class Runtime:
             run._scope = None  # noqa: SLF001
             run._cancelled = False  # noqa: SLF001
             run._done.set()  # noqa: SLF001
+            run.close_followers()
 
     async def get_agent(self, instance_id: str) -> AgentRun:
         """Return the run of an instance, loading it from the store if it is not live here.
