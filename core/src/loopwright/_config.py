@@ -19,23 +19,23 @@ carrying the problems; :func:`validate_file` returns them (``loopwright validate
 from __future__ import annotations
 
 import bisect
-import datetime
+import datetime as dt
 import difflib
 import functools
 import json
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 import cattrs
 import jsonschema
 import referencing
-from jsonschema.exceptions import ValidationError
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq, TaggedScalar
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
+from ruamel.yaml.scalarbool import ScalarBoolean
 
 from loopwright._convert import camel, make_converter
 from loopwright._definition import (
@@ -52,13 +52,14 @@ from loopwright._definition import (
 from loopwright._template import TemplateError, compile_template, matches_type
 from loopwright.errors import ConfigError, ConfigProblem
 
+if TYPE_CHECKING:
+    from jsonschema.exceptions import ValidationError
+
 __all__ = [
     "ASSEMBLY_FILE_NAMES",
     "SPECS_DIR",
     "Kind",
     "Positions",
-    "capabilities_from_dict",
-    "capabilities_to_dict",
     "definition_from_dict",
     "definition_to_dict",
     "detect_kind",
@@ -103,15 +104,13 @@ def parse_duration(value: str | float) -> float:
 
     :raises ValueError: for anything else, or a negative number.
     """
-    if isinstance(value, bool):
-        raise ValueError(f"invalid duration {value!r}: expected seconds or a string like 500ms, 30m, 2h")
-    if isinstance(value, (int, float)):
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
         seconds = float(value)
     elif isinstance(value, str) and _DURATION_RE.match(value):
         seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in _DURATION_PART_RE.findall(value))
     else:
         try:
-            seconds = float(value)
+            seconds = float(value if not isinstance(value, bool) else "not a number")  # True is not 1 s
         except (TypeError, ValueError):
             raise ValueError(
                 f"invalid duration {value!r}: expected seconds or a string like 500ms, 1s, 30m, 2h"
@@ -163,9 +162,11 @@ class Positions:
             found = table.get(path[:end]) or self._values.get(path[:end])
             if found:
                 return found
-        return None, None
+        # A file without positions is empty: point at its start.
+        return (1, 1) if self.file else (None, None)
 
-    def find(self, path: Sequence[str | int], needle: str, occurrence: int = 0) -> tuple[int | None, int | None]:
+    def find(self, path: Sequence[str | int], needle: str,
+             occurrence: int = 0) -> tuple[int | None, int | None]:
         """Return the position of the ``occurrence``-th ``needle`` in the source of the value at ``path``.
 
         Used to point inside a (possibly multi-line) string; falls back to the value's position
@@ -198,7 +199,9 @@ class Positions:
         line = bisect.bisect_right(starts, offset)
         return line, offset - starts[line - 1] + 1
 
-    def _add(self, path: _PathKey, key: tuple[int, int], value: tuple[int, int]) -> None:
+    def record(self, path: Sequence[str | int], key: tuple[int, int], value: tuple[int, int]) -> None:
+        """Note where the key (or list item) at ``path`` and its value start. Used by the loader."""
+        path = tuple(path)
         self._keys[path] = key
         self._values[path] = value
 
@@ -240,15 +243,18 @@ def _parse_yaml(text: str, file: str | None, *, line_offset: int = 0) -> tuple[A
         column = mark.column + 1 if mark else None
         what = exc.problem or exc.context or "malformed YAML"
         if exc.context and exc.problem:
-            what = f"{exc.problem} ({exc.context})"
-        problem = ConfigProblem(f"invalid YAML: {what}", file=file, line=line, column=column)
-        raise ConfigError(f"{problem.file or '<text>'}:{line}:{column}: invalid YAML: {what}",
+            started = exc.context_mark
+            at = f" at line {started.line + 1 + line_offset}, column {started.column + 1}" if started else ""
+            what = f"{exc.problem} ({exc.context}{at})"
+        language = "JSON" if file and file.endswith((".json", ".jsonl")) else "YAML"
+        problem = ConfigProblem(f"invalid {language}: {what}", file=file, line=line, column=column)
+        raise ConfigError(f"{file or '<text>'}:{line}:{column}: invalid {language}: {what}",
                           path=file, problems=[problem]) from None
     except YAMLError as exc:
-        problem = ConfigProblem(f"invalid YAML: {exc}", file=file)
+        problem = ConfigProblem(f"invalid YAML: {exc}", file=file, line=1, column=1)
         raise ConfigError(f"{file}: invalid YAML: {exc}", path=file, problems=[problem]) from None
     if isinstance(node, (CommentedMap, CommentedSeq)):
-        positions._add((), (node.lc.line + 1 + line_offset, node.lc.col + 1),
+        positions.record((), (node.lc.line + 1 + line_offset, node.lc.col + 1),
                        (node.lc.line + 1 + line_offset, node.lc.col + 1))
     return _plain(node, (), positions, line_offset), positions
 
@@ -263,7 +269,7 @@ def _plain(node: Any, path: _PathKey, positions: Positions, line_offset: int) ->
             child = (*path, name)
             where = data.get(key)
             if where is not None:  # merged keys (<<: *anchor) have no position of their own
-                positions._add(child, (where[0] + 1 + line_offset, where[1] + 1),
+                positions.record(child, (where[0] + 1 + line_offset, where[1] + 1),
                                (where[2] + 1 + line_offset, where[3] + 1))
             out[name] = _plain(value, child, positions, line_offset)
         return out
@@ -275,22 +281,21 @@ def _plain(node: Any, path: _PathKey, positions: Positions, line_offset: int) ->
                 node.lc.data[index] if index < len(node.lc.data) else None)
             if where is not None:
                 pos = (where[0] + 1 + line_offset, where[1] + 1)
-                positions._add(child, pos, pos)
+                positions.record(child, pos, pos)
             items.append(_plain(value, child, positions, line_offset))
         return items
+    return _scalar(node)
+
+
+def _scalar(node: Any) -> Any:
     if isinstance(node, TaggedScalar):
         return node.value
-    if isinstance(node, bool):
-        return bool(node)
-    if isinstance(node, int):
-        return int(node)
-    if isinstance(node, float):
-        return float(node)
-    if isinstance(node, str):
-        return str(node)
-    if isinstance(node, (datetime.date, datetime.datetime)):
+    if isinstance(node, dt.date):  # datetimes too
         return node.isoformat()
-    return node
+    if isinstance(node, ScalarBoolean):  # an anchored boolean is an int subclass
+        return bool(node)
+    plain = next((t for t in (bool, int, float, str) if isinstance(node, t)), None)
+    return plain(node) if plain else node
 
 
 def _key_text(key: Any) -> str:
@@ -345,22 +350,16 @@ _TYPE_WORDS = {
 }
 
 
+_WORDS_BY_TYPE: tuple[tuple[type, str], ...] = (
+    (bool, "a boolean"), (int, "an integer"), (float, "a number"), (str, "a string"),
+    (Mapping, "a mapping"), (list, "a list"),
+)
+
+
 def _type_word(value: Any) -> str:
     if value is None:
         return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, Mapping):
-        return "a mapping"
-    if isinstance(value, list):
-        return "a list"
-    return type(value).__name__
+    return next((word for t, word in _WORDS_BY_TYPE if isinstance(value, t)), type(value).__name__)
 
 
 def _json_path(path: Sequence[str | int]) -> str:
@@ -376,6 +375,8 @@ def _json_path(path: Sequence[str | int]) -> str:
 
 
 def _lower_first(text: str) -> str:
+    """Fit a schema description into a sentence: lower-case first letter, no final full stop."""
+    text = text.rstrip(".")
     return text[:1].lower() + text[1:] if text[:1].isupper() and not text[1:2].isupper() else text
 
 
@@ -396,74 +397,45 @@ class _Reporter:
         for error in errors:
             self._error(error, None)
 
-    def _error(self, error: ValidationError, hint: str | None) -> None:  # noqa: C901, PLR0912
+    def _error(self, error: ValidationError, hint: str | None) -> None:
+        """Report one schema error; ``hint`` describes the value when the error's own schema does not."""
         path = tuple(error.absolute_path)
-        kw = str(error.validator)
-        schema_here = error.schema if isinstance(error.schema, Mapping) else {}
-        custom = (schema_here.get("errorMessage") or {}).get(kw)
-        described = schema_here.get("description") or hint
+        keyword = str(error.validator)
+        here = error.schema if isinstance(error.schema, Mapping) else {}
+        described = here.get("description") or hint
+        custom = (here.get("errorMessage") or {}).get(keyword)
         if "propertyNames" in error.absolute_schema_path:
-            name = error.instance
             expected = f": expected {_lower_first(described)}" if described else ""
-            self.add(f"invalid name {name!r}{expected}", (*path, name), key=True)
-            return
-        if kw == "additionalProperties" and error.validator_value is False:
-            allowed = list(schema_here.get("properties", {}))
-            for name in error.instance:
-                if name in allowed or any(re.search(p, name) for p in schema_here.get("patternProperties", {})):
-                    continue
-                close = difflib.get_close_matches(name, allowed, n=1)
-                hint_text = f"; did you mean {close[0]!r}?" if close else f" (allowed: {', '.join(allowed)})"
-                self.add(f"unknown key {name!r}{hint_text}", (*path, name), key=True)
-            return
-        if custom:
-            if kw == "not" and isinstance(error.validator_value, Mapping):
-                present = [k for k in error.validator_value.get("required", ()) if k in error.instance]
-                self.add(custom, (*path, present[-1]) if present else path, key=bool(present))
-            else:
-                self.add(custom, path, key=kw == "required")
-            return
-        if kw in {"oneOf", "anyOf"} and error.context:
+            self.add(f"invalid name {error.instance!r}{expected}", (*path, error.instance), key=True)
+        elif keyword == "additionalProperties" and error.validator_value is False:
+            self._unknown_keys(error, path, here)
+        elif custom and keyword == "not":
+            # `not: {required: [a, b]}` means "not both": point at the last of them.
+            negated = error.validator_value if isinstance(error.validator_value, Mapping) else {}
+            named = negated.get("required", ())
+            present = [k for k in named if k in error.instance]
+            self.add(custom, (*path, present[-1]) if present else path, key=bool(present))
+        elif custom:
+            self.add(custom, path, key=keyword == "required")
+        elif keyword in {"oneOf", "anyOf"} and error.context:
             self._alternatives(error, path, described)
-            return
-        value = error.instance
-        if kw == "required":
-            missing = [k for k in error.validator_value if k not in error.instance]
-            for name in missing:
-                self.add(f"missing required key {name!r}", path, key=True)
-            return
-        if kw == "type":
-            expected = error.validator_value
-            options = [expected] if isinstance(expected, str) else list(expected)
-            words = " or ".join(_TYPE_WORDS.get(t, t) for t in options)
-            if value is None and not path:
-                self.add(f"the document is empty; expected {words}", path)
-            else:
-                self.add(f"must be {words}, got {_type_word(value)}", path)
-            return
-        if kw == "enum":
-            choices = [c for c in error.validator_value if c is not None]
-            text = ", ".join(str(c) for c in choices)
-            close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
-            suggestion = f"; did you mean {close[0]!r}?" if close and isinstance(value, str) else ""
-            self.add(f"{json.dumps(value)} is not one of: {text}{suggestion}", path)
-            return
-        if kw == "const":
-            self.add(f"must be {json.dumps(error.validator_value)}, got {json.dumps(value)}", path)
-            return
-        if kw == "pattern":
-            expected = _lower_first(described) if described else f"a string matching {error.validator_value}"
-            self.add(f"invalid value {value!r}: expected {expected}", path)
-            return
-        if kw == "minLength" and error.validator_value == 1:
-            self.add("must not be empty", path)
-            return
-        if kw in {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"}:
-            words = {"minimum": "at least", "exclusiveMinimum": "greater than",
-                     "maximum": "at most", "exclusiveMaximum": "less than"}[kw]
-            self.add(f"must be {words} {error.validator_value}, got {value}", path)
-            return
-        self.add(error.message, path)
+        elif keyword == "required":
+            for name in error.validator_value:
+                if name not in error.instance:
+                    self.add(f"missing required key {name!r}", path, key=True)
+        else:
+            formatter = _FORMATTERS.get(keyword)
+            self.add(formatter(error, described) if formatter else error.message, path)
+
+    def _unknown_keys(self, error: ValidationError, path: _PathKey, here: Mapping[str, Any]) -> None:
+        allowed = list(here.get("properties", {}))
+        patterns = list(here.get("patternProperties", {}))
+        for name in error.instance:
+            if name in allowed or any(re.search(p, name) for p in patterns):
+                continue
+            close = difflib.get_close_matches(name, allowed, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f" (allowed: {', '.join(allowed)})"
+            self.add(f"unknown key {name!r}{hint}", (*path, name), key=True)
 
     def _alternatives(self, error: ValidationError, path: _PathKey, described: str | None) -> None:
         """Report a failed ``oneOf``/``anyOf`` through the branch the value was meant for."""
@@ -489,6 +461,44 @@ class _Reporter:
             self.add(f"must be {words}, got {_type_word(error.instance)}", path)
         else:
             self.add(error.message, path)
+
+
+def _type_message(error: ValidationError, _described: str | None) -> str:
+    expected = error.validator_value
+    options = [expected] if isinstance(expected, str) else list(expected)
+    words = " or ".join(_TYPE_WORDS.get(t, t) for t in options)
+    if error.instance is None and not error.absolute_path:
+        return f"the document is empty; expected {words}"
+    return f"must be {words}, got {_type_word(error.instance)}"
+
+
+def _enum_message(error: ValidationError, _described: str | None) -> str:
+    choices = [str(c) for c in error.validator_value if c is not None]
+    close = difflib.get_close_matches(str(error.instance), choices, n=1)
+    suggestion = f"; did you mean {close[0]!r}?" if close and isinstance(error.instance, str) else ""
+    return f"{json.dumps(error.instance)} is not one of: {', '.join(choices)}{suggestion}"
+
+
+def _pattern_message(error: ValidationError, described: str | None) -> str:
+    expected = _lower_first(described) if described else f"a string matching {error.validator_value}"
+    return f"invalid value {error.instance!r}: expected {expected}"
+
+
+def _bound_message(words: str) -> Callable[[ValidationError, str | None], str]:
+    return lambda error, _described: f"must be {words} {error.validator_value}, got {error.instance}"
+
+
+_FORMATTERS: Mapping[str, Callable[[ValidationError, str | None], str]] = {
+    "type": _type_message,
+    "enum": _enum_message,
+    "pattern": _pattern_message,
+    "const": lambda e, _d: f"must be {json.dumps(e.validator_value)}, got {json.dumps(e.instance)}",
+    "minLength": lambda e, _d: "must not be empty" if e.validator_value == 1 else e.message,
+    "minimum": _bound_message("at least"),
+    "exclusiveMinimum": _bound_message("greater than"),
+    "maximum": _bound_message("at most"),
+    "exclusiveMaximum": _bound_message("less than"),
+}
 
 
 def validate_data(kind: Kind, data: Any, *, positions: Positions | None = None) -> list[ConfigProblem]:
@@ -539,13 +549,19 @@ def _check_definition(data: Mapping[str, Any], reporter: _Reporter) -> None:
         calls = prompt.get("toolCalls")
         for j, call in enumerate(calls if isinstance(calls, list) else ()):
             if isinstance(call, Mapping) and isinstance(call.get("arguments"), Mapping):
-                for path, text in _strings(call["arguments"], ("initialPrompts", i, "toolCalls", j, "arguments")):
+                where = ("initialPrompts", i, "toolCalls", j, "arguments")
+                for path, text in _strings(call["arguments"], where):
                     _check_template(text, path, names, reporter)
     output = data.get("output")
     if isinstance(output, Mapping):
-        for error in jsonschema.Draft202012Validator(jsonschema.Draft202012Validator.META_SCHEMA).iter_errors(output):
+        for error in _meta_validator().iter_errors(output):
             reporter.add(f"`output` is not a valid JSON Schema: {error.message}",
                          ("output", *error.absolute_path))
+
+
+@functools.cache
+def _meta_validator() -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator(jsonschema.Draft202012Validator.META_SCHEMA)
 
 
 def _check_inputs(inputs: Mapping[str, Any], reporter: _Reporter) -> None:
@@ -601,7 +617,7 @@ def _split_kind(data: Mapping[str, Any], default: str | None = None) -> tuple[st
     options = dict(data)
     kind = options.pop("kind", default)
     if not isinstance(kind, str):
-        raise ValueError("`kind` is required")
+        raise TypeError("`kind` is required and must be a string")
     return kind, options
 
 
@@ -635,32 +651,14 @@ def _structure_capabilities(data: Mapping[str, Any], _t: type) -> Capabilities:
     )
 
 
-def capabilities_to_dict(capabilities: Capabilities) -> dict[str, Any]:
-    """Return grants in their YAML/JSON form (``{files, shell, network, agents: {spawn, maxDepth}}``).
-
-    This is the form of the assembly's ``capabilities`` and of the instance header's.
-    """
+def _capabilities_to_dict(capabilities: Capabilities) -> dict[str, Any]:
+    # The YAML form; loopwright._capabilities writes the same shape into instance headers.
     return {
         "files": {"read": list(capabilities.files.read), "write": list(capabilities.files.write)},
         "shell": capabilities.shell,
         "network": capabilities.network,
         "agents": {"spawn": capabilities.agents_spawn, "maxDepth": capabilities.agents_max_depth},
     }
-
-
-def capabilities_from_dict(data: Mapping[str, Any]) -> Capabilities:
-    """Return the grants :func:`capabilities_to_dict` wrote (missing keys take their defaults).
-
-    :raises ConfigError: when ``data`` does not follow the schema's ``capabilities`` shape; a
-        store turns this into a :class:`~loopwright.errors.GrantsError` (fail closed).
-    """
-    data = _plain_data(data)
-    reporter = _Reporter(Positions())
-    sub = jsonschema.Draft202012Validator(schema("assembly")["$defs"]["capabilities"])
-    reporter.schema_errors(sub.iter_errors(data))
-    if reporter.problems:
-        raise ConfigError("malformed capabilities", problems=reporter.problems)
-    return _structure_capabilities(data, Capabilities)
 
 
 def _structure_input(data: Any, _t: type) -> InputSpec:
@@ -719,7 +717,7 @@ def _converter() -> cattrs.Converter:
     conv.register_unstructure_hook(PluginSpec, lambda p: {"kind": p.kind, **p.options})
     conv.register_unstructure_hook(StoreConfig, lambda s: {"kind": s.kind, **s.options})
     conv.register_unstructure_hook(ProviderConfig, _unstructure_provider)
-    conv.register_unstructure_hook(Capabilities, capabilities_to_dict)
+    conv.register_unstructure_hook(Capabilities, _capabilities_to_dict)
     conv.register_unstructure_hook(InputSpec, _unstructure_input)
     return conv
 
@@ -734,11 +732,19 @@ def _structure(cls: type[Any], data: Mapping[str, Any], reporter: _Reporter) -> 
         lines = cattrs.transform_error(exc) if isinstance(exc, cattrs.BaseValidationError) else [f"{exc} @ $"]
         for line in lines:
             message, _, where = line.rpartition(" @ ")
-            path: list[str | int] = []
-            for part in re.findall(r"\.([A-Za-z0-9_]+)|\[([^\]]*)\]", where):
-                path.append(camel(part[0]) if part[0] else (int(part[1]) if part[1].isdigit() else part[1].strip("'\"")))
-            reporter.add(message or line, path)
+            reporter.add(message or line, _cattrs_path(where))
         return None
+
+
+def _cattrs_path(where: str) -> list[str | int]:
+    """Turn cattrs' ``$.limits.tool_timeout`` / ``$.tools[0]`` into a camelCase key path."""
+    path: list[str | int] = []
+    for name, index in re.findall(r"\.([A-Za-z0-9_]+)|\[([^\]]*)\]", where):
+        if name:
+            path.append(camel(name))
+        else:
+            path.append(int(index) if index.isdigit() else index.strip("'\""))
+    return path
 
 
 # ---------------------------------------------------------------------------------------------
@@ -746,7 +752,8 @@ def _structure(cls: type[Any], data: Mapping[str, Any], reporter: _Reporter) -> 
 # ---------------------------------------------------------------------------------------------
 
 
-def _read(source: str | Path | Mapping[str, Any], base_dir: str | Path | None) -> tuple[Any, Positions, Path | None]:
+def _read(source: str | Path | Mapping[str, Any],
+          base_dir: str | Path | None) -> tuple[Any, Positions, Path | None]:
     if isinstance(source, Mapping):
         return _plain_data(source), Positions(), None
     path = Path(source)
@@ -759,6 +766,7 @@ def _read(source: str | Path | Mapping[str, Any], base_dir: str | Path | None) -
 def _load(kind: Kind, source: str | Path | Mapping[str, Any], base_dir: str | Path | None,
           cls: type[Any]) -> tuple[Any, list[ConfigProblem], Path | None, str]:
     data, positions, path = _read(source, base_dir)
+    data = _empty_assembly(kind, data)
     label = str(positions.file) if positions.file else f"the {kind}"
     problems = validate_data(kind, data, positions=positions)
     if problems:
@@ -766,6 +774,11 @@ def _load(kind: Kind, source: str | Path | Mapping[str, Any], base_dir: str | Pa
     reporter = _Reporter(positions)
     obj = _structure(cls, data, reporter)
     return obj, _sorted(reporter.problems), path, label
+
+
+def _empty_assembly(kind: Kind, data: Any) -> Any:
+    """Read an empty assembly file as every default (an empty definition stays an error)."""
+    return {} if kind == "assembly" and data is None else data
 
 
 def load_definition(source: str | Path | Mapping[str, Any], *,
@@ -827,6 +840,9 @@ def definition_from_dict(data: Mapping[str, Any], *, source: str | Path | None =
 # validate_file
 # ---------------------------------------------------------------------------------------------
 
+_KIND_BY_NAME: Mapping[str, Kind] = {
+    **dict.fromkeys(ASSEMBLY_FILE_NAMES, "assembly"), "instance.json": "instance",
+}
 _ASSEMBLY_ONLY_KEYS = frozenset({
     "store", "providers", "defaultModel", "plugins", "disablePlugins", "capabilities",
     "agentDefinitions", "agentsMayReachAnyInstance", "records", "pricing", "agentRetry",
@@ -842,20 +858,15 @@ def detect_kind(path: str | Path, data: Any = None) -> Kind:
     records; anything else is a definition.
     """
     name = Path(path).name
-    if name in ASSEMBLY_FILE_NAMES:
-        return "assembly"
-    if name == "instance.json":
+    by_name = _KIND_BY_NAME.get(name) or ("record" if name.endswith(".jsonl") else None)
+    if by_name:
+        return by_name
+    keys = data.keys() if isinstance(data, Mapping) else frozenset()
+    if {"instanceId", "state"} <= keys:
         return "instance"
-    if name.endswith(".jsonl"):
+    if {"kind", "instanceId", "at"} <= keys:
         return "record"
-    if isinstance(data, Mapping):
-        if {"instanceId", "state"} <= data.keys():
-            return "instance"
-        if {"kind", "instanceId", "at"} <= data.keys():
-            return "record"
-        if data.keys() & _ASSEMBLY_ONLY_KEYS:
-            return "assembly"
-    return "definition"
+    return "assembly" if keys & _ASSEMBLY_ONLY_KEYS else "definition"
 
 
 def validate_file(path: str | Path, kind: Kind | None = None) -> list[ConfigProblem]:
@@ -873,6 +884,7 @@ def validate_file(path: str | Path, kind: Kind | None = None) -> list[ConfigProb
     except ConfigError as exc:
         return list(exc.problems)
     kind = kind or detect_kind(path, data)
+    data = _empty_assembly(kind, data)
     problems = validate_data(kind, data, positions=positions)
     if problems or kind not in {"definition", "assembly"}:
         return problems

@@ -40,6 +40,7 @@ __all__ = [
     "Template",
     "TemplateError",
     "compile_template",
+    "matches_type",
     "render",
     "render_value",
     "resolve_inputs",
@@ -328,10 +329,10 @@ def resolve_inputs(definition: Definition, given: Mapping[str, Any] | None = Non
     declared: Mapping[str, InputSpec] = definition.inputs
     problems: list[ConfigProblem] = []
     resolved: dict[str, Any] = {}
-    for name in given:
-        if name not in declared:
-            problems.append(ConfigProblem(f"unknown input {name!r}{_suggest(name, list(declared))}",
-                                          path=f"$.{name}"))
+    problems.extend(
+        ConfigProblem(f"unknown input {name!r}{_suggest(name, list(declared))}", path=f"$.{name}")
+        for name in given if name not in declared
+    )
     for name, spec in declared.items():
         if name not in given:
             if spec.required:
