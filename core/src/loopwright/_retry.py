@@ -13,17 +13,19 @@ Both work under asyncio and trio (anyio).
 
 from __future__ import annotations
 
-import datetime
+import datetime as dt
 import email.utils
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
 from loopwright.errors import ProviderError
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Mapping
 
 __all__ = ["MAX_RETRY_AFTER", "parse_retry_after", "retry_transient"]
 
@@ -116,7 +118,7 @@ def parse_retry_after(headers: Mapping[str, str], *, now: float | None = None) -
     except (TypeError, ValueError, IndexError):
         return None
     if when.tzinfo is None:  # "-0000" dates come back naive; HTTP dates are always in GMT
-        when = when.replace(tzinfo=datetime.UTC)
+        when = when.replace(tzinfo=dt.UTC)
     return max(when.timestamp() - (time.time() if now is None else now), 0.0)
 
 

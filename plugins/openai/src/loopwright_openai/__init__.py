@@ -1,1 +1,53 @@
-"""placeholder"""
+"""loopwright's OpenAI provider plugin: the ``openai`` provider kind, over Chat Completions.
+
+Found through the entry point ``openai = "loopwright_openai"`` of group ``loopwright``. An
+assembly uses it as::
+
+    providers:
+      default: {kind: openai, apiKeyEnv: OPENAI_API_KEY}
+      local:   {kind: openai, baseUrl: "http://127.0.0.1:8000/v1", maxRetries: 5}
+
+Importing this module is cheap: it imports neither httpx nor the provider code, which load
+when a runtime first builds an ``openai`` provider. See
+:class:`~loopwright_openai._provider.OpenAIProvider` for the settings and options.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from loopwright._plugins import hookimpl
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from loopwright.abc import ProviderSettings
+
+    from loopwright_openai._provider import OpenAIProvider
+
+__all__ = ["OpenAIProvider", "loopwright_register_providers", "make_provider"]
+
+
+def make_provider(settings: ProviderSettings) -> OpenAIProvider:
+    """Build an :class:`OpenAIProvider` from ``settings`` (the factory registered as ``openai``).
+
+    :raises loopwright.errors.ConfigError: If an option is invalid.
+    """
+    from loopwright_openai._provider import OpenAIProvider  # noqa: PLC0415 - keeps import cheap
+
+    return OpenAIProvider(settings)
+
+
+@hookimpl
+def loopwright_register_providers(register: Callable[..., None]) -> None:
+    """Register the provider kind ``openai``."""
+    register("openai", make_provider)
+
+
+def __getattr__(name: str) -> Any:
+    # ``loopwright_openai.OpenAIProvider`` works, but imports httpx only when asked for.
+    if name == "OpenAIProvider":
+        from loopwright_openai._provider import OpenAIProvider  # noqa: PLC0415
+
+        return OpenAIProvider
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
