@@ -527,7 +527,7 @@ class Runtime:
         :return: The run; ``await run.result()`` waits for it to rest.
         :raises ConfigError: The definition or inputs are invalid, or it names unknown tools.
         """
-        from loopwright._template import render, resolve_inputs  # noqa: PLC0415
+        from loopwright._template import render, render_value, resolve_inputs  # noqa: PLC0415
 
         loop = self.loop
         defn = self.load_definition(definition)
@@ -557,12 +557,13 @@ class Runtime:
                                stop_reason=None)
 
         async def prelude() -> None:
-            await self._begin(run, values, prompt, render)
+            await self._begin(run, values, prompt, render, render_value)
 
         self._spawn(run, new_segment=True, prelude=prelude)
         return run
 
-    async def _begin(self, run: AgentRun, values: Mapping[str, Any], prompt: str | None, render: Any) -> None:
+    async def _begin(self, run: AgentRun, values: Mapping[str, Any], prompt: str | None, render: Any,
+                     render_value: Any) -> None:
         """First segment of a new instance: system prompt, initial prompts and injected calls, task prompt."""
         from loopwright._loop import SegmentEnd  # noqa: PLC0415
         from loopwright._types import ToolCall  # noqa: PLC0415
@@ -585,7 +586,7 @@ class Runtime:
                 continue
             calls = tuple(
                 ToolCall(id=tc.id or f"injected_{n}_{k}", name=tc.name,
-                         arguments=_render_args(tc.arguments, values, render), injected=True)
+                         arguments=render_value(dict(tc.arguments), values), injected=True)
                 for k, tc in enumerate(ip.tool_calls))
             await loop.add_message(run, Message(
                 role="assistant", content=render(ip.content, values) if ip.content else None,
@@ -932,18 +933,6 @@ def _guardrail_impl(ref: str, fn: Callable[..., Any]) -> tuple[str, Callable[...
 
 def _new_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(4)
-
-
-def _render_args(args: Mapping[str, Any], values: Mapping[str, Any], render: Any) -> dict[str, Any]:
-    def walk(v: Any) -> Any:
-        if isinstance(v, str):
-            return render(v, values)
-        if isinstance(v, Mapping):
-            return {k: walk(x) for k, x in v.items()}
-        if isinstance(v, list):
-            return [walk(x) for x in v]
-        return v
-    return {k: walk(v) for k, v in args.items()}
 
 
 def _definition_snapshot(defn: Definition) -> dict[str, Any]:
