@@ -11,18 +11,48 @@ from typing import Any
 
 from loopwright._capabilities import intersect
 from loopwright._decisions import (
-    Block, Decision, ModifyInputs, ModifyMessage, ModifyRequest, ModifyResult, RequireApproval, Respond,
+    Block,
+    Decision,
+    ModifyInputs,
+    ModifyMessage,
+    ModifyRequest,
+    ModifyResult,
+    RequireApproval,
+    Respond,
 )
 from loopwright._definition import (
-    Assembly, Capabilities, Completion, Definition, FileGrants, InitialPrompt, InitialToolCall, Limits,
+    Assembly,
+    Capabilities,
+    Completion,
+    Definition,
+    FileGrants,
+    InitialPrompt,
+    InitialToolCall,
+    Limits,
 )
 from loopwright._plugins import hookimpl
 from loopwright._runtime import AgentRun, Runtime
 from loopwright._sync import run_agent
 from loopwright._tools import Tool, tool
 from loopwright._types import (
-    AgentResult, Cost, Event, InstanceInfo, Message, ModelRequest, ModelResponse, PendingApproval, Record, State,
-    StopReason, ToolCall, ToolOutput, ToolResult, ToolSpec, ToolStatus, Transcript, Usage,
+    AgentResult,
+    Cost,
+    Event,
+    InstanceInfo,
+    Message,
+    ModelRequest,
+    ModelResponse,
+    PendingApproval,
+    Record,
+    State,
+    StopReason,
+    ToolCall,
+    ToolOutput,
+    ToolResult,
+    ToolSpec,
+    ToolStatus,
+    Transcript,
+    Usage,
 )
 from loopwright.abc import ProviderSettings, StoreSettings
 from loopwright.errors import ToolError

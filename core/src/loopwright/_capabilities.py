@@ -90,11 +90,11 @@ def capabilities_to_dict(caps: Capabilities) -> dict[str, Any]:
 def capabilities_from_dict(data: Any) -> Capabilities:
     """Parse a saved ``capabilities`` entry. Raise ValueError unless it is well formed."""
     if not isinstance(data, Mapping) or set(data) - {"files", "shell", "network", "agents"}:
-        raise ValueError("capabilities must be a mapping of files, shell, network and agents")
+        raise ValueError("capabilities must be a mapping of files, shell, network and agents")  # noqa: TRY004 - callers catch ValueError for every malformation
     files = data.get("files", {})
     agents = data.get("agents", {})
     if not isinstance(files, Mapping) or not isinstance(agents, Mapping):
-        raise ValueError("files and agents must be mappings")
+        raise ValueError("files and agents must be mappings")  # noqa: TRY004 - as above
     read, write = files.get("read", []), files.get("write", [])
     if not all(isinstance(x, list) and all(isinstance(s, str) for s in x) for x in (read, write)):
         raise ValueError("file roots must be lists of strings")

@@ -29,7 +29,15 @@ import attrs
 from loopwright._convert import converter
 from loopwright._definition import Capabilities, Definition
 from loopwright._types import (
-    AgentResult, Cost, InstanceInfo, Message, PendingApproval, State, StopReason, Transcript, Usage,
+    AgentResult,
+    Cost,
+    InstanceInfo,
+    Message,
+    PendingApproval,
+    State,
+    StopReason,
+    Transcript,
+    Usage,
 )
 
 __all__ = ["Instance", "now_iso", "rebuild"]

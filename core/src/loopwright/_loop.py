@@ -23,13 +23,32 @@ import attrs
 
 from loopwright._convert import converter
 from loopwright._decisions import (
-    Block, Decision, ModifyInputs, ModifyMessage, ModifyRequest, ModifyResult, RequireApproval, Respond,
+    Block,
+    Decision,
+    ModifyInputs,
+    ModifyMessage,
+    ModifyRequest,
+    ModifyResult,
+    RequireApproval,
+    Respond,
 )
 from loopwright._hooks import intercept, notify
 from loopwright._instance import Instance, message_to_json, now_iso, unanswered_calls
 from loopwright._types import (
-    Cost, Event, InstanceInfo, Message, ModelRequest, ModelResponse, PendingApproval, State, StopReason,
-    ToolCall, ToolOutput, ToolResult, ToolStatus, Usage,
+    Cost,
+    Event,
+    InstanceInfo,
+    Message,
+    ModelRequest,
+    ModelResponse,
+    PendingApproval,
+    State,
+    StopReason,
+    ToolCall,
+    ToolOutput,
+    ToolResult,
+    ToolStatus,
+    Usage,
 )
 from loopwright.builtins.tools import AwaitUser
 from loopwright.errors import HookBlockedError, ProviderError, RunError, ToolError
@@ -255,7 +274,7 @@ class Loop:
 
     # ------------------------------------------------------------------ inference
 
-    async def _infer(self, run: AgentRun) -> ModelResponse:
+    async def _infer(self, run: AgentRun) -> ModelResponse:  # noqa: C901, PLR0915 - one model turn, top to bottom
         inst = run.inst
         defn = inst.definition
         turn = inst.turn + 1
@@ -410,7 +429,7 @@ class Loop:
 
     # ------------------------------------------------------------------ tool calls
 
-    async def run_calls(self, run: AgentRun, calls: Sequence[ToolCall], limits: Limits) -> None:
+    async def run_calls(self, run: AgentRun, calls: Sequence[ToolCall], limits: Limits) -> None:  # noqa: C901, PLR0912
         """Run the calls of one assistant message and end the segment if the turn says so."""
         inst = run.inst
         defn = inst.definition
@@ -492,7 +511,7 @@ class Loop:
             raise SegmentEnd(State.ERROR, StopReason.LIMIT_EXCEEDED, limit="toolCalls",
                              error=f"tool-call limit ({limits.tool_calls}) reached")
 
-    async def _prepare(self, run: AgentRun, item: _Call, turn: int) -> None:
+    async def _prepare(self, run: AgentRun, item: _Call, turn: int) -> None:  # noqa: C901, PLR0911 - one exit per status
         """Validate a call and run before_tool_call; fill ``result`` or ``held`` when decided."""
         inst = run.inst
         call = item.call
@@ -660,8 +679,9 @@ class Loop:
                                         "status": ToolStatus.SUCCESS.value, "answered": True})
 
     async def repair_interrupted(self, run: AgentRun) -> None:
-        """Give calls that were running when a process died a result: run idempotent ones again,
-        tell the model the outcome of the others is unknown.
+        """Give each call a dead process left running a result: idempotent ones run again.
+
+        The model is told that the outcome of the others is unknown.
         """
         inst = run.inst
         _assistant, unanswered = unanswered_calls(inst.transcript)

@@ -132,7 +132,7 @@ class PluginHost:
 
     # -- loading ----------------------------------------------------------------------------
 
-    def load(
+    def load(  # noqa: C901 - the loading order, step by step
         self, *, extra: Sequence[str] = (), base_dir: Path | None = None,
         blocked: Iterable[str] = (), autoload: bool | None = None,
     ) -> None:

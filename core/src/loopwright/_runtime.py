@@ -22,7 +22,10 @@ import anyio
 import attrs
 
 from loopwright._capabilities import (
-    capabilities_from_dict, capabilities_to_dict, check_store_outside, intersect,
+    capabilities_from_dict,
+    capabilities_to_dict,
+    check_store_outside,
+    intersect,
 )
 from loopwright._convert import converter
 from loopwright._definition import DEFAULT_LIMITS, Assembly, Capabilities, Definition, Limits
@@ -33,7 +36,12 @@ from loopwright._pricing import PriceTable
 from loopwright._types import AgentResult, Cost, Event, Message, Record, State, StopReason, Usage
 from loopwright.abc import ProviderSettings, StoreSettings
 from loopwright.errors import (
-    ConfigError, GrantsError, InstanceNotFoundError, LoopwrightError, RunCancelledError, RunError, StoreError,
+    ConfigError,
+    GrantsError,
+    LoopwrightError,
+    RunCancelledError,
+    RunError,
+    StoreError,
 )
 
 if TYPE_CHECKING:
@@ -511,9 +519,9 @@ class Runtime:
         return load_definition(Path(definition))
 
     async def start_agent(
-        self, definition: str | os.PathLike[str] | Definition | Mapping[str, Any], inputs: Mapping[str, Any] | None = None,
-        prompt: str | None = None, *, capabilities: Capabilities | None = None, stream: bool = False,
-        instance_id: str | None = None,
+        self, definition: str | os.PathLike[str] | Definition | Mapping[str, Any],
+        inputs: Mapping[str, Any] | None = None, prompt: str | None = None, *,
+        capabilities: Capabilities | None = None, stream: bool = False, instance_id: str | None = None,
     ) -> AgentRun:
         """Create an instance of ``definition`` and start running it in the background.
 
@@ -668,7 +676,7 @@ class Runtime:
         raise StoreError("the header holds no definition", instance_id=instance_id)
 
     def _saved_grants(self, instance_id: str, header: Mapping[str, Any]) -> Capabilities:
-        """Saved grants intersected with this runtime's; a marker without valid grants fails closed."""
+        """Return the saved grants intersected with this runtime's; fail closed on a bad marker."""
         if header.get("capabilitiesRecorded"):
             try:
                 saved = capabilities_from_dict(header.get("capabilities"))
@@ -791,7 +799,7 @@ class Runtime:
         loop = self.loop
         run._cancelled = False  # noqa: SLF001
         inst = run.inst
-        if inst.state in (State.STOPPED,) and inst.header.get("cancelled"):
+        if inst.state is State.STOPPED and inst.header.get("cancelled"):
             return
         run._done = anyio.Event()  # noqa: SLF001
         try:
@@ -849,7 +857,7 @@ def result_to_json(result: AgentResult) -> dict[str, Any]:
 
 
 def all_todos_done(messages: Sequence[Message]) -> tuple[bool, str]:
-    """The built-in ``allTodosDone`` verifier: every item of the latest ``todowrite`` plan is completed.
+    """Check that every item of the latest ``todowrite`` plan is completed (``allTodosDone``).
 
     No plan at all passes: an agent that never uses ``todowrite`` is not punished by the gate.
     """

@@ -101,8 +101,7 @@ class Tool:
             where = ".".join(str(p) for p in error.path)
             if error.validator == "required":
                 missing = re.findall(r"'([^']+)' is a required property", error.message)
-                for name in missing:
-                    problems.append(f"{'.'.join([where, name]) if where else name}: required")
+                problems.extend(f"{where}.{name}: required" if where else f"{name}: required" for name in missing)
                 continue
             if error.validator == "additionalProperties":
                 problems.append(f"{where or '(arguments)'}: {error.message}")

@@ -31,7 +31,7 @@ __all__ = [
 
 
 class _AsyncClosing:
-    async def aclose(self) -> None:  # noqa: B027 - optional to override
+    async def aclose(self) -> None:
         """Release what the object holds. Called once, when the runtime closes."""
 
     async def __aenter__(self) -> Self:
@@ -166,8 +166,9 @@ class Store(_AsyncClosing, abc.ABC):
         raise NotImplementedError
 
     def locations(self) -> Sequence[Path]:
-        """Return the folders and files this store keeps data in, so the runtime can refuse to
-        grant any of them to an agent. A store with no local files returns ``()``.
+        """Return the folders and files this store keeps data in.
+
+        The runtime refuses to grant any of them to an agent. A store with no local files returns ``()``.
         """
         return ()
 

@@ -29,8 +29,16 @@ if TYPE_CHECKING:
     from loopwright._decisions import Decision
     from loopwright._tools import Tool
     from loopwright._types import (
-        Cost, Event, InstanceInfo, Message, ModelRequest, ModelResponse, Record, ToolCall,
-        ToolResult, Usage,
+        Cost,
+        Event,
+        InstanceInfo,
+        Message,
+        ModelRequest,
+        ModelResponse,
+        Record,
+        ToolCall,
+        ToolResult,
+        Usage,
     )
 
 __all__ = [
