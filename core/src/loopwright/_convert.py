@@ -40,7 +40,7 @@ def make_converter(*, omit_defaults: bool = True, forbid_extra_keys: bool = Fals
     conv = cattrs.Converter(forbid_extra_keys=forbid_extra_keys)
 
     def unstructure_factory(cls: type) -> Any:
-        overrides = {
+        overrides: dict[str, Any] = {
             a.name: override(rename=camel(a.name), omit_if_default=omit_defaults,
                              omit=a.name.startswith("_"))
             for a in attrs.fields(cls)
@@ -48,7 +48,7 @@ def make_converter(*, omit_defaults: bool = True, forbid_extra_keys: bool = Fals
         return make_dict_unstructure_fn(cls, conv, **overrides)
 
     def structure_factory(cls: type) -> Any:
-        overrides = {a.name: override(rename=camel(a.name), omit=a.name.startswith("_"))
+        overrides: dict[str, Any] = {a.name: override(rename=camel(a.name), omit=a.name.startswith("_"))
                      for a in attrs.fields(cls)}
         return make_dict_structure_fn(cls, conv, _cattrs_forbid_extra_keys=forbid_extra_keys, **overrides)
 

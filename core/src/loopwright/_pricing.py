@@ -80,7 +80,7 @@ class PriceTable:
         mp = found.model_price
         flat = [mp.input_mtok, mp.output_mtok, mp.cache_read_mtok, getattr(mp, "cache_write_mtok", None)]
         if all(v is None or isinstance(v, (int, float)) or type(v).__name__ == "Decimal" for v in flat):
-            return (float(flat[0] or 0), float(flat[1] or 0), _opt(flat[2]), _opt(flat[3]))
+            return (float(flat[0] or 0), float(flat[1] or 0), _opt(flat[2]), _opt(flat[3]))  # type: ignore[arg-type]
         return mp
 
 

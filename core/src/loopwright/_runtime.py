@@ -16,7 +16,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 import anyio
 import attrs
@@ -738,7 +738,9 @@ class Runtime:
         self._spawn(run, new_segment=False, prelude=prelude)
         return run
 
-    async def decide(self, run: AgentRun, tool_call_id: str | None, decision: str, reason: str | None) -> None:
+    async def decide(
+        self, run: AgentRun, tool_call_id: str | None, decision: Literal["approved", "denied"], reason: str | None,
+    ) -> None:
         """Record a decision on held calls; continue the segment once every one is decided."""
         inst = run.inst
         pending = inst.pending_approvals

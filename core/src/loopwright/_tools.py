@@ -96,7 +96,7 @@ class Tool:
         validator = self._validator
         if validator.is_valid(arguments):
             return []
-        problems = []
+        problems: list[str] = []
         for error in sorted(validator.iter_errors(arguments), key=lambda e: list(e.path)):
             where = ".".join(str(p) for p in error.path)
             if error.validator == "required":

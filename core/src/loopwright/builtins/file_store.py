@@ -325,8 +325,8 @@ class FileStore(Store):
         except BaseException:
             # Leave no header-less folder behind: it would block the id and look like litter.
             for name in (ENTRIES_FILE, RECORDS_FILE):
-                fd = self._logs.pop((instance_id, name), None)
-                if fd is not None:
+                fd = self._logs.pop((instance_id, name), -1)
+                if fd >= 0:
                     with contextlib.suppress(OSError):
                         os.close(fd)
             for name in (ENTRIES_FILE, RECORDS_FILE, HEADER_FILE):
