@@ -383,7 +383,8 @@ class Runtime:
                 if api_key is None:
                     raise ConfigError(f"provider {name!r}: environment variable {cfg.api_key_env} is not set")
         settings = ProviderSettings(name=name, kind=kind, base_url=cfg.base_url if cfg else None, api_key=api_key,
-                                    options=dict(cfg.options) if cfg else {}, http_client=self._http_client)
+                                    options=dict(cfg.options) if cfg else {}, http_client=self._http_client,
+                                    base_dir=self.assembly.base_dir)
         made: Provider = factory(settings)
         self._providers[name] = made
         return made

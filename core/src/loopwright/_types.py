@@ -277,7 +277,9 @@ class ModelRequest:
     Attributes:
         model: The model id as the provider knows it (after ``PROVIDER:``).
         provider: The provider's name in the assembly, or its kind.
-        messages: The transcript, system prompt first. Read-only.
+        messages: The transcript, system prompt first. Read-only, and *live*: it is the
+            instance's own transcript, which keeps growing after the call, so a provider that
+            keeps requests must copy the messages (``list(request.messages)``).
         tools: The tools the model may call.
         settings: The definition's ``modelSettings`` (camelCase keys, extras passed through).
         output_schema: A JSON Schema the answer must follow, when the definition has ``output``.

@@ -56,6 +56,7 @@ class ProviderSettings:
         options: Every other key of the provider's YAML mapping, camelCase as written.
         http_client: An ``httpx.AsyncClient`` to use instead of building one (tests inject one
             with ``httpx.MockTransport``).
+        base_dir: The folder relative paths in ``options`` are taken from (the assembly's folder).
     """
 
     name: str
@@ -64,6 +65,7 @@ class ProviderSettings:
     api_key: str | None = None
     options: Mapping[str, Any] = attrs.field(factory=dict)
     http_client: Any = None
+    base_dir: Path = attrs.field(factory=Path.cwd)
 
 
 class Provider(_AsyncClosing, abc.ABC):
