@@ -29,6 +29,9 @@ from loopwright._definition import (
     InitialPrompt,
     InitialToolCall,
     Limits,
+    PluginSpec,
+    ProviderConfig,
+    StoreConfig,
 )
 from loopwright._plugins import hookimpl
 from loopwright._runtime import AgentRun, Runtime
@@ -81,6 +84,8 @@ __all__ = [
     "ModifyRequest",
     "ModifyResult",
     "PendingApproval",
+    "PluginSpec",
+    "ProviderConfig",
     "ProviderSettings",
     "Record",
     "RequireApproval",
@@ -88,6 +93,7 @@ __all__ = [
     "Runtime",
     "State",
     "StopReason",
+    "StoreConfig",
     "StoreSettings",
     "Tool",
     "ToolCall",
