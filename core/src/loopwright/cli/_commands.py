@@ -1,0 +1,300 @@
+"""The commands' work: open a runtime, act on instances, print, return the exit code.
+
+Each public function here takes the :class:`~loopwright.cli.CliSettings` and the parsed
+arguments of one command, and returns its exit code. Async work runs under :func:`anyio.run`:
+this is the only place loopwright goes from sync to async.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import json
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import click
+
+from loopwright._runtime import AgentRun, Runtime, summary
+from loopwright._types import State
+from loopwright.cli._main import EXIT_OK, EXIT_USAGE, CliError
+from loopwright.cli._output import echo_json, print_instance, print_instances, print_plugins, report
+from loopwright.cli._progress import follow, make_progress
+from loopwright.errors import InstanceNotFoundError, LoopwrightError, StoreError
+
+if TYPE_CHECKING:
+    from loopwright.cli._main import CliSettings
+
+__all__ = [
+    "approve",
+    "cancel",
+    "deny",
+    "ls",
+    "message",
+    "plugins",
+    "records",
+    "resume",
+    "run",
+    "show",
+    "validate",
+]
+
+
+def _sync(fn: Callable[..., Awaitable[int]]) -> Callable[..., int]:
+    """Run an async command function under ``anyio.run``."""
+    @functools.wraps(fn)
+    def wrapper(*args: Any) -> int:
+        return anyio.run(functools.partial(fn, *args))
+    return wrapper
+
+
+def _runtime(settings: CliSettings) -> Runtime:
+    """Return the runtime of the assembly the options name (not opened yet)."""
+    return Runtime.from_file(settings.assembly_path())
+
+
+async def _lookup(rt: Runtime, instance_id: str) -> AgentRun:
+    """Return the run of ``instance_id``; an unknown or malformed id is bad input (exit 2)."""
+    try:
+        return await rt.get_agent(instance_id)
+    except InstanceNotFoundError:
+        raise CliError(_not_found(rt, instance_id), EXIT_USAGE) from None
+    except StoreError as exc:
+        if "invalid instance id" in str(exc):
+            raise CliError(str(exc), EXIT_USAGE) from None
+        raise
+
+
+async def _header(rt: Runtime, instance_id: str) -> dict[str, Any]:
+    """Return the saved header of ``instance_id``, with the same errors as :func:`_lookup`."""
+    try:
+        return await rt.store.read_header(instance_id)
+    except InstanceNotFoundError:
+        raise CliError(_not_found(rt, instance_id), EXIT_USAGE) from None
+    except StoreError as exc:
+        if "invalid instance id" in str(exc):
+            raise CliError(str(exc), EXIT_USAGE) from None
+        raise
+
+
+def _not_found(rt: Runtime, instance_id: str) -> str:
+    where = ", ".join(str(p) for p in rt.store.locations())
+    return (f"no instance {instance_id!r} in the store{' at ' + where if where else ''} "
+            "('loopwright ls' lists them)")
+
+
+async def _follow(settings: CliSettings, agent: AgentRun) -> int:
+    """Follow ``agent`` until it rests, then print its result as ``run`` does."""
+    settings.instance_id = agent.instance_id
+    result, _interrupted = await follow(agent, make_progress(settings))
+    return report(result, settings, turns=agent.inst.turn)
+
+
+# ---------------------------------------------------------------------------------------------
+# run and the commands that continue an instance
+# ---------------------------------------------------------------------------------------------
+
+
+@_sync
+async def run(settings: CliSettings, definition: str, prompt: str | None, inputs: Mapping[str, str],
+              stream: bool) -> int:
+    """``loopwright run``: start an instance and follow it until it rests."""
+    from loopwright._template import resolve_inputs  # noqa: PLC0415
+
+    async with _runtime(settings) as rt:
+        if definition not in rt.assembly.agent_definitions and not Path(definition).exists():  # noqa: ASYNC240
+            names = ", ".join(sorted(rt.assembly.agent_definitions))
+            known = f"; the assembly's agentDefinitions are: {names}" if names else ""
+            raise CliError(f"no definition file {definition!r}{known}", EXIT_USAGE)
+        defn = rt.load_definition(definition)
+        values = resolve_inputs(defn, inputs, from_strings=True)
+        agent = await rt.start_agent(defn, values, prompt, stream=stream)
+        return await _follow(settings, agent)
+
+
+async def _decide(settings: CliSettings, instance_id: str, act: Callable[[Runtime], Awaitable[AgentRun]]) -> int:
+    async with _runtime(settings) as rt:
+        agent = await _lookup(rt, instance_id)
+        if agent.state is not State.WAITING_FOR_APPROVAL:
+            raise CliError(f"instance {instance_id} is {agent.state.value}, not waiting for approval", EXIT_USAGE)
+        try:
+            agent = await act(rt)
+        except LoopwrightError as exc:
+            if type(exc) is not LoopwrightError:
+                raise
+            raise CliError(str(exc), EXIT_USAGE) from None
+        return await _follow(settings, agent)
+
+
+@_sync
+async def approve(settings: CliSettings, instance_id: str, call_id: str | None) -> int:
+    """``loopwright approve``: approve held calls, then follow the instance."""
+    return await _decide(settings, instance_id, lambda rt: rt.approve(instance_id, call_id))
+
+
+@_sync
+async def deny(settings: CliSettings, instance_id: str, call_id: str | None, reason: str | None) -> int:
+    """``loopwright deny``: deny held calls (the model sees ``denied: REASON``), then follow the instance."""
+    return await _decide(settings, instance_id, lambda rt: rt.deny(instance_id, call_id, reason))
+
+
+@_sync
+async def message(settings: CliSettings, instance_id: str, text: str) -> int:
+    """``loopwright message``: send a message, then follow the instance."""
+    async with _runtime(settings) as rt:
+        agent = await _lookup(rt, instance_id)
+        if agent.state is State.WAITING_FOR_APPROVAL and not settings.json:
+            click.echo("the message is queued: it is read once the calls waiting for approval are decided",
+                       err=True)
+        agent = await rt.message(instance_id, text, source="user")
+        return await _follow(settings, agent)
+
+
+@_sync
+async def resume(settings: CliSettings, instance_id: str) -> int:
+    """``loopwright resume``: continue an instance a crash left running, then follow it."""
+    async with _runtime(settings) as rt:
+        agent = await _lookup(rt, instance_id)
+        if agent.state is not State.RUNNING and not settings.json:
+            hint = "" if agent.state is State.WAITING_FOR_APPROVAL else (
+                f" (send it a message to go on: loopwright message {instance_id} TEXT)")
+            click.echo(f"instance {instance_id} is {agent.state.value}, not running: nothing to resume{hint}",
+                       err=True)
+        agent = await rt.resume(instance_id)
+        return await _follow(settings, agent)
+
+
+@_sync
+async def cancel(settings: CliSettings, instance_id: str) -> int:
+    """``loopwright cancel``: mark the instance stopped and cancelled, print its result, exit 0."""
+    async with _runtime(settings) as rt:
+        agent = await _lookup(rt, instance_id)
+        agent = await rt.cancel(instance_id)
+        result = await agent.wait()
+        return report(result, settings, turns=agent.inst.turn, cancel_command=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading the store
+# ---------------------------------------------------------------------------------------------
+
+
+@_sync
+async def show(settings: CliSettings, instance_id: str) -> int:
+    """``loopwright show``: one instance's summary."""
+    async with _runtime(settings) as rt:
+        header = await _header(rt, instance_id)
+        data = summary(header)
+        if settings.json:
+            echo_json(data)
+        else:
+            print_instance(data, header)
+        return EXIT_OK
+
+
+@_sync
+async def ls(settings: CliSettings, state: str | None) -> int:
+    """``loopwright ls``: every instance's summary, optionally only those in ``state``."""
+    async with _runtime(settings) as rt:
+        summaries = await rt.list_instances(state)
+        if settings.json:
+            echo_json(summaries)
+        else:
+            print_instances(summaries)
+        return EXIT_OK
+
+
+@_sync
+async def records(settings: CliSettings, instance_id: str, kinds: Sequence[str]) -> int:
+    """``loopwright records``: the record log as JSON lines (``--json`` changes nothing)."""
+    async with _runtime(settings) as rt:
+        await _header(rt, instance_id)
+        wanted = set(kinds)
+        for record in await rt.records(instance_id):
+            if not wanted or record.get("kind") in wanted:
+                click.echo(json.dumps(record, ensure_ascii=False, separators=(",", ":"), default=str))
+        return EXIT_OK
+
+
+# ---------------------------------------------------------------------------------------------
+# Plugins and files
+# ---------------------------------------------------------------------------------------------
+
+_REGISTRY_KEYS = {
+    "provider": "providers", "tool": "tools", "store": "stores", "context strategy": "contextStrategies",
+    "record sink": "recordSinks", "command": "commands",
+}
+
+
+def plugins(settings: CliSettings) -> int:
+    """``loopwright plugins``: each plugin in load order, where it came from and what it registered."""
+    from loopwright._plugins import BUILTIN_PLUGINS, ENTRY_POINT_GROUP  # noqa: PLC0415
+
+    rt = _runtime(settings)
+    rt.load_plugins()
+    host = rt.plugins
+    entry_points = {ep.name: ep.value for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    listed = set(rt.assembly.plugins)
+    out: list[dict[str, Any]] = []
+    for name in host.plugin_names():
+        if name in BUILTIN_PLUGINS:
+            source, value = "builtin", None
+        elif name in entry_points:
+            source, value = "entrypoint", entry_points[name]
+        elif name in listed:
+            source, value = "assembly", None
+        else:
+            source, value = "host", None
+        registered: dict[str, list[str]] = {key: [] for key in _REGISTRY_KEYS.values()}
+        for kind, names in host.registered_by(name).items():
+            registered[_REGISTRY_KEYS.get(kind, kind)] = list(names)
+        plugin = host.pm.get_plugin(name)
+        callers = (host.pm.get_hookcallers(plugin) or []) if plugin is not None else []
+        hooks = sorted(c.name.removeprefix("loopwright_") for c in callers
+                       if not c.name.startswith("loopwright_register_"))
+        entry: dict[str, Any] = {"name": name, "source": source, "registered": registered, "hooks": hooks}
+        if value is not None:
+            entry["value"] = value
+        out.append(entry)
+    if settings.json:
+        echo_json(out)
+    else:
+        print_plugins(out)
+    return EXIT_OK
+
+
+def validate(settings: CliSettings, files: Sequence[str], kind: str | None) -> int:
+    """``loopwright validate``: every problem of every file; exit 0 if all are valid, else 2."""
+    from loopwright._config import detect_kind, load_yaml, validate_file  # noqa: PLC0415
+    from loopwright.errors import ConfigError  # noqa: PLC0415
+
+    results: list[dict[str, Any]] = []
+    for file in files:
+        problems = validate_file(file, kind)  # type: ignore[arg-type]
+        found = kind
+        if found is None:
+            try:
+                found = detect_kind(file, None if file.endswith(".jsonl") else load_yaml(file)[0])
+            except ConfigError:
+                found = None
+        results.append({
+            "file": file, "kind": found, "valid": not problems,
+            "problems": [{"file": p.file, "line": p.line, "column": p.column, "path": p.path,
+                          "message": p.message} for p in problems],
+        })
+        if not settings.json:
+            if problems:
+                for p in problems:
+                    click.echo(str(p))
+            else:
+                click.echo(f"{file}: valid {found or ''}".rstrip())
+    if settings.json:
+        echo_json(results)
+    invalid = [r for r in results if not r["valid"]]
+    if invalid and not settings.json:
+        count = sum(len(r["problems"]) for r in invalid)
+        click.echo(f"{len(invalid)} of {len(results)} file{'' if len(results) == 1 else 's'} invalid, "
+                   f"{count} problem{'' if count == 1 else 's'}", err=True)
+    return EXIT_USAGE if invalid else EXIT_OK

@@ -1,0 +1,449 @@
+"""The click wiring of ``loopwright``: the group, its commands, their options and exit codes.
+
+This module imports click and the standard library only. Each command parses its arguments
+here and hands them to :mod:`loopwright.cli._commands`, imported inside the command, which opens
+a runtime and does the work under ``anyio.run`` (the only sync-async edge of loopwright).
+
+Exit codes (see ``docs/cli.md``): 0 the instance rests (``completed``, ``waiting``); 3 it waits
+for approval; 1 it is in an error state, or the CLI failed; 2 bad input (usage, invalid YAML or
+definition, unknown instance); 130 cancelled, Ctrl-C included.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import click
+
+if TYPE_CHECKING:
+    from loopwright.errors import ConfigError
+
+__all__ = [  # noqa: RUF022 - plainly sorted, as the project's __all__ test checks
+    "CliError",
+    "CliSettings",
+    "DEFAULT_CONFIG",
+    "EXIT_APPROVAL",
+    "EXIT_CANCELLED",
+    "EXIT_ERROR",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "cli",
+    "main",
+]
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_APPROVAL = 3
+EXIT_CANCELLED = 130
+
+#: The assembly read when ``-c`` is not given, if it exists (relative to the working folder).
+DEFAULT_CONFIG = Path("loopwright.yaml")
+
+_STATES = ("running", "waiting", "waiting_for_approval", "stopped", "error")
+_FILE_KINDS = ("definition", "assembly", "instance", "record")
+
+
+class CliError(click.ClickException):
+    """A failure reported as one ``error: ...`` line on stderr, with its exit code.
+
+    Attributes:
+        exit_code: The process's exit code (2 for bad input, 1 otherwise).
+    """
+
+    def __init__(self, message: str, exit_code: int = EXIT_ERROR) -> None:
+        """Make the error; ``exit_code`` defaults to 1."""
+        super().__init__(message)
+        self.exit_code = exit_code  # type: ignore[misc]  # click declares it a ClassVar
+
+    def show(self, file: Any = None) -> None:
+        """Print ``error: MESSAGE`` to stderr (or ``file``)."""
+        click.echo(f"error: {self.format_message()}", err=file is None, file=file)
+
+
+class CliSettings:
+    """The options every command takes, wherever they were given on the command line.
+
+    ``--json`` and ``-c/--config`` are accepted before and after the command name; the value
+    given after it wins.
+
+    Attributes:
+        json: Whether to print JSON instead of text.
+        config: The assembly file given with ``-c``, or ``None``.
+        instance_id: The instance a command is following, so that an interruption can say
+            how to continue it.
+    """
+
+    __slots__ = ("config", "instance_id", "json")
+
+    def __init__(self) -> None:
+        """Start with the defaults: text output, no ``-c``."""
+        self.json = False
+        self.config: Path | None = None
+        self.instance_id: str | None = None
+
+    def assembly_path(self) -> Path | None:
+        """Return the assembly to load: ``-c PATH``, else ``./loopwright.yaml`` if it exists, else ``None``.
+
+        :raises CliError: (exit 2) ``-c`` names a file that does not exist.
+        """
+        if self.config is not None:
+            if not self.config.is_file():
+                what = "is a folder" if self.config.is_dir() else "does not exist"
+                raise CliError(f"assembly file {str(self.config)!r} given with -c/--config {what}", EXIT_USAGE)
+            return self.config
+        return DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None
+
+
+_pass_settings = click.make_pass_decorator(CliSettings, ensure=True)
+
+
+def _set_json(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:
+        ctx.ensure_object(CliSettings).json = True
+
+
+def _set_config(ctx: click.Context, _param: click.Parameter, value: Path | None) -> None:
+    if value is not None:
+        ctx.ensure_object(CliSettings).config = value
+
+
+def _common_params() -> list[click.Parameter]:
+    """``--json`` and ``-c/--config``: each command and the group get their own copies."""
+    return [
+        click.Option(["--json", "json_output"], is_flag=True, expose_value=False, callback=_set_json,
+                     help="Print JSON instead of text."),
+        click.Option(["-c", "--config"], metavar="PATH", type=click.Path(path_type=Path), expose_value=False,
+                     callback=_set_config,
+                     help="The assembly file.  [default: ./loopwright.yaml if it exists]"),
+    ]
+
+
+class _Group(click.Group):
+    """The ``loopwright`` group: built-in commands, then plugin commands looked up by name.
+
+    ``--help`` lists only the built-ins, so that it loads no plugin; a name that is not a
+    built-in loads the plugins (from the assembly) and looks for a plugin command of that name.
+    """
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        """Return the built-in command ``cmd_name``, else a plugin's, else ``None``."""
+        cmd = super().get_command(ctx, cmd_name)
+        if cmd is not None or ctx.resilient_parsing:
+            return cmd
+        return _plugin_command(ctx.ensure_object(CliSettings), cmd_name)
+
+
+def _plugin_command(settings: CliSettings, name: str) -> click.Command | None:
+    from loopwright._runtime import Runtime  # noqa: PLC0415 - only when a plugin command is asked for
+    from loopwright.errors import LoopwrightError  # noqa: PLC0415
+
+    try:
+        runtime = Runtime.from_file(settings.assembly_path())
+        runtime.load_plugins()
+    except LoopwrightError as exc:
+        raise CliError(f"no such command {name!r}, and the plugins that could add it did not load: {exc}",
+                       EXIT_USAGE) from exc
+    if name not in runtime.plugins.commands:
+        return None
+    command: click.Command = runtime.plugins.commands.get(name)
+    if not getattr(command, "_loopwright_common_params", False):
+        # A plugin's own --json or -c wins over ours.
+        taken = {opt for p in command.params for opt in (*p.opts, *p.secondary_opts)}
+        command.params.extend(p for p in _common_params() if not taken & {*p.opts, *p.secondary_opts})
+        command._loopwright_common_params = True  # type: ignore[attr-defined]  # noqa: SLF001
+    return command
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+             epilog="Plugins may add commands: 'loopwright plugins' lists them. "
+                    "Exit codes: 0 rests (completed, waiting), 3 waiting for approval, 1 error, "
+                    "2 bad input, 130 cancelled.")
+@click.version_option(package_name="loopwright-core", prog_name="loopwright", message="%(prog)s %(version)s")
+def cli() -> None:
+    """Run agents from YAML definitions, and steer the instances they leave in the store.
+
+    --json and -c/--config go before or after the command name.
+    """
+
+
+cli.params.extend(_common_params())
+
+
+def _command(name: str) -> Callable[[Callable[..., Any]], click.Command]:
+    """Like ``cli.command(name)``, adding ``--json`` and ``-c/--config``."""
+    def decorate(fn: Callable[..., Any]) -> click.Command:
+        command = cli.command(name)(fn)
+        command.params.extend(_common_params())
+        return command
+    return decorate
+
+
+def _invoke(name: str, settings: CliSettings, *args: Any) -> int:
+    """Run ``_commands.<name>(settings, *args)``; the runtime is imported only now."""
+    from loopwright.cli import _commands  # noqa: PLC0415 - keeps 'loopwright --help' cheap
+
+    return int(getattr(_commands, name)(settings, *args))
+
+
+# ---------------------------------------------------------------------------------------------
+# Commands
+# ---------------------------------------------------------------------------------------------
+
+
+@_command("run")
+@click.argument("definition")
+@click.option("-p", "--prompt", help="The task prompt, sent after the definition's initial prompts.")
+@click.option("-i", "--input", "inputs", multiple=True, metavar="KEY=VALUE",
+              help="An input value (repeatable). VALUE is read as JSON for inputs that are not strings "
+                   '(3, true, {"a": 1}); KEY=@FILE reads the value from a file.')
+@click.option("--stream", is_flag=True, help="Ask the provider to stream its answers.")
+@_pass_settings
+def run_command(settings: CliSettings, definition: str, prompt: str | None, inputs: tuple[str, ...],
+                stream: bool) -> int:
+    """Start an instance of DEFINITION and follow it until it rests.
+
+    DEFINITION is a definition file or a name from the assembly's agentDefinitions. Prints the
+    final text (or the calls waiting for approval) and a status line on stderr.
+    """
+    return _invoke("run", settings, definition, prompt, parse_inputs(inputs), stream)
+
+
+@_command("approve")
+@click.argument("instance_id", metavar="ID")
+@click.option("--call", "call_id", metavar="CALL_ID", help="Approve only this call (default: every held call).")
+@_pass_settings
+def approve_command(settings: CliSettings, instance_id: str, call_id: str | None) -> int:
+    """Approve held tool calls of instance ID, then follow it until it rests."""
+    return _invoke("approve", settings, instance_id, call_id)
+
+
+@_command("deny")
+@click.argument("instance_id", metavar="ID")
+@click.option("--call", "call_id", metavar="CALL_ID", help="Deny only this call (default: every held call).")
+@click.option("--reason", help="Why; the model reads it in the call's 'denied' result.")
+@_pass_settings
+def deny_command(settings: CliSettings, instance_id: str, call_id: str | None, reason: str | None) -> int:
+    """Deny held tool calls of instance ID, then follow it until it rests."""
+    return _invoke("deny", settings, instance_id, call_id, reason)
+
+
+@_command("message")
+@click.argument("instance_id", metavar="ID")
+@click.argument("text")
+@_pass_settings
+def message_command(settings: CliSettings, instance_id: str, text: str) -> int:
+    """Send TEXT to instance ID and follow it until it rests.
+
+    A message to an instance waiting on ask_user is the answer. While calls wait for approval,
+    the message is queued and read once they are decided.
+    """
+    return _invoke("message", settings, instance_id, text)
+
+
+@_command("resume")
+@click.argument("instance_id", metavar="ID")
+@_pass_settings
+def resume_command(settings: CliSettings, instance_id: str) -> int:
+    """Continue instance ID after a crash left it running, and follow it until it rests.
+
+    A resting instance is left as it is and its result printed; send it a message to go on.
+    """
+    return _invoke("resume", settings, instance_id)
+
+
+@_command("cancel")
+@click.argument("instance_id", metavar="ID")
+@_pass_settings
+def cancel_command(settings: CliSettings, instance_id: str) -> int:
+    """Cancel instance ID: it becomes stopped, with cancelled true. Exits 0 once done."""
+    return _invoke("cancel", settings, instance_id)
+
+
+@_command("show")
+@click.argument("instance_id", metavar="ID")
+@_pass_settings
+def show_command(settings: CliSettings, instance_id: str) -> int:
+    """Show the state, usage, cost and pending approvals of instance ID."""
+    return _invoke("show", settings, instance_id)
+
+
+@_command("ls")
+@click.option("--state", type=click.Choice(_STATES), help="Only instances in this state.")
+@_pass_settings
+def ls_command(settings: CliSettings, state: str | None) -> int:
+    """List the instances in the store, oldest first."""
+    return _invoke("ls", settings, state)
+
+
+@_command("records")
+@click.argument("instance_id", metavar="ID")
+@click.option("--kind", "kinds", multiple=True, metavar="KIND",
+              help="Only records of this kind (repeatable): turn, tool_call, state, approval, hook, error ...")
+@_pass_settings
+def records_command(settings: CliSettings, instance_id: str, kinds: tuple[str, ...]) -> int:
+    """Print the record log of instance ID as JSON lines, each with a 'kind'."""
+    return _invoke("records", settings, instance_id, kinds)
+
+
+@_command("plugins")
+@_pass_settings
+def plugins_command(settings: CliSettings) -> int:
+    """List the plugins in load order, with what each registered and the hooks it implements."""
+    return _invoke("plugins", settings)
+
+
+@_command("validate")
+@click.argument("files", nargs=-1, required=True, metavar="FILE...")
+@click.option("--kind", type=click.Choice(_FILE_KINDS),
+              help="What the files describe.  [default: guessed from the name and the keys]")
+@_pass_settings
+def validate_command(settings: CliSettings, files: tuple[str, ...], kind: str | None) -> int:
+    """Check definitions, assemblies, instance headers or record logs against the schemas.
+
+    Prints each problem as file:line:column: message @ $.path. Exits 0 when every file is
+    valid, 2 otherwise.
+    """
+    return _invoke("validate", settings, files, kind)
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs
+# ---------------------------------------------------------------------------------------------
+
+
+def parse_inputs(pairs: Sequence[str]) -> dict[str, str]:
+    """Turn ``-i KEY=VALUE`` options into ``{KEY: VALUE}``, reading ``KEY=@FILE`` values from files.
+
+    Values stay text here; the runtime reads them as JSON for inputs declared with another type.
+    A file's one trailing newline is dropped. ``KEY=@@TEXT`` gives the literal ``@TEXT``.
+
+    :raises click.BadParameter: (exit 2) a pair without ``=``, an empty or repeated key, or a
+        file that cannot be read.
+    """
+    values: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="'-i' / '--input'")
+        if key in values:
+            raise click.BadParameter(f"input {key!r} is given twice", param_hint="'-i' / '--input'")
+        if value.startswith("@@"):
+            value = value[1:]
+        elif value.startswith("@"):
+            path = Path(value[1:]).expanduser()
+            try:
+                value = path.read_text(encoding="utf-8").removesuffix("\n").removesuffix("\r")
+            except (OSError, UnicodeDecodeError) as exc:
+                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+                raise click.BadParameter(f"cannot read {str(path)!r} for input {key!r}: {reason}",
+                                         param_hint="'-i' / '--input'") from exc
+        values[key] = value
+    return values
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry point and error reporting
+# ---------------------------------------------------------------------------------------------
+
+
+def main(args: Sequence[str] | None = None) -> NoReturn:
+    """Run the CLI with ``args`` (default: ``sys.argv[1:]``) and exit with its exit code.
+
+    Errors print one ``error: ...`` line (no traceback unless ``LOOPWRIGHT_DEBUG=1``).
+    """
+    sys.exit(_run(args))
+
+
+def _run(args: Sequence[str] | None) -> int:  # noqa: PLR0911 - one return per way out
+    debug = os.environ.get("LOOPWRIGHT_DEBUG", "") not in ("", "0")
+    settings = CliSettings()
+    try:
+        rv = cli.main(args=list(args) if args is not None else None, prog_name="loopwright",
+                      standalone_mode=False, obj=settings)
+    except click.Abort:
+        # Ctrl-C outside a followed run (a followed run is cancelled and saved instead).
+        _interrupted(settings)
+        return EXIT_CANCELLED
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except BrokenPipeError:
+        # The reader went away (`loopwright records ID | head`): stop quietly, as `cat` does.
+        _silence_stdout()
+        return EXIT_ERROR
+    except Exception as exc:
+        leaf = _unwrap(exc)
+        if isinstance(leaf, click.ClickException):
+            leaf.show()
+            return leaf.exit_code
+        if debug:
+            raise
+        code, message = describe_error(leaf)
+        click.echo(f"error: {message}", err=True)
+        return code
+    except KeyboardInterrupt:
+        _interrupted(settings)
+        return EXIT_CANCELLED
+    return rv if isinstance(rv, int) else EXIT_OK
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so that flushing it at exit raises nothing more."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def _interrupted(settings: CliSettings) -> None:
+    iid = settings.instance_id
+    hint = f"; continue instance {iid} with: loopwright resume {iid}" if iid else ""
+    click.echo(f"interrupted{hint}", err=True)
+
+
+def _unwrap(exc: BaseException) -> BaseException:
+    """Return the single leaf of nested exception groups (anyio task groups), else ``exc``."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def describe_error(exc: BaseException) -> tuple[int, str]:
+    """Return the exit code and the message for an exception that escaped a command.
+
+    Bad input (configuration, plugins that cannot load, an unknown instance) is 2; anything
+    else is 1. The message is the error's own; for errors that are not loopwright's, it is
+    prefixed with the exception's type.
+    """
+    from loopwright import errors  # noqa: PLC0415 - already imported with loopwright; kept local for clarity
+
+    if isinstance(exc, errors.InstanceNotFoundError):
+        return EXIT_USAGE, f"no instance {exc.instance_id!r} in the store ('loopwright ls' lists them)"
+    if isinstance(exc, errors.ConfigError):
+        return EXIT_USAGE, format_config_error(exc)
+    if isinstance(exc, (errors.PluginError, errors.CapabilityError)):
+        return EXIT_USAGE, str(exc)
+    if isinstance(exc, errors.RunCancelledError):
+        return EXIT_CANCELLED, str(exc)
+    if isinstance(exc, errors.LoopwrightError):
+        return EXIT_ERROR, str(exc)
+    text = str(exc)
+    return EXIT_ERROR, f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def format_config_error(exc: ConfigError) -> str:
+    """Return the message and the problems, one per line, without repeating a problem the message states."""
+    head = str(exc.args[0]).split("\n", 1)[0] if exc.args else "invalid configuration"
+    lines = [head]
+    for problem in exc.problems:
+        text = str(problem) if problem.file is not None else problem.message
+        if text.removesuffix(" @ $") != head:
+            lines.append(f"  {text}")
+    return "\n".join(lines)

@@ -1,0 +1,297 @@
+"""What the CLI prints: results, status lines, instance tables, plugin lists, JSON.
+
+Text goes through :func:`click.echo`. Tables use :mod:`rich` only when stdout is a terminal;
+piped output is plain text without ANSI escapes, stable enough to ``grep`` and ``cut``. Results
+go to stdout and diagnostics (status lines, errors, hints) to stderr, so ``loopwright run x.yaml
+> answer.txt`` keeps only the answer.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from loopwright._types import State, StopReason
+from loopwright.cli._main import EXIT_APPROVAL, EXIT_CANCELLED, EXIT_ERROR, EXIT_OK
+
+if TYPE_CHECKING:
+    from loopwright._types import AgentResult
+    from loopwright.cli._main import CliSettings
+
+__all__ = [
+    "echo_json",
+    "exit_code",
+    "format_cost",
+    "format_tokens",
+    "is_terminal",
+    "print_instance",
+    "print_instances",
+    "print_plugins",
+    "report",
+    "status_line",
+]
+
+
+def is_terminal() -> bool:
+    """Whether stdout is an interactive terminal (tables and live progress use rich then)."""
+    try:
+        return sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def echo_json(data: Any) -> None:
+    """Print ``data`` as indented JSON on stdout."""
+    click.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+
+
+def exit_code(result: AgentResult) -> int:
+    """Return the exit code of a result: 0 rests, 3 waits for approval, 130 cancelled, 1 anything else.
+
+    ``completed`` and ``waiting`` rest. Every error state is 1, and so is a run stopped for
+    another reason than completion (a content filter).
+    """
+    if result.state is State.WAITING_FOR_APPROVAL:
+        return EXIT_APPROVAL
+    if result.state is State.STOPPED and result.cancelled:
+        return EXIT_CANCELLED
+    if result.state is State.WAITING:
+        return EXIT_OK
+    if result.state is State.STOPPED and result.stop_reason is StopReason.COMPLETED:
+        return EXIT_OK
+    return EXIT_ERROR
+
+
+def format_cost(amount: float | None, currency: str = "USD") -> str:
+    """``$0.0123``; ``unknown`` when a price is unknown (never shown as 0)."""
+    if amount is None:
+        return "unknown"
+    if currency == "USD":
+        return f"${amount:,.4f}" if amount == 0 or amount >= 0.0001 else f"${amount:.2e}"  # noqa: PLR2004
+    return f"{amount:,.4f} {currency}"
+
+
+def format_tokens(usage: Mapping[str, Any] | None, unit: str = " tokens") -> str:
+    """``1,234 tokens (1,000 in, 234 out)`` from a camelCase usage mapping."""
+    usage = usage or {}
+    given_in, given_out = int(usage.get("inputTokens") or 0), int(usage.get("outputTokens") or 0)
+    total = int(usage.get("totalTokens") or 0) or given_in + given_out
+    return f"{total:,}{unit} ({given_in:,} in, {given_out:,} out)"
+
+
+def _when(stamp: Any) -> str:
+    """``2026-11-30 00:18:48`` from an ISO 8601 stamp (UTC)."""
+    text = str(stamp or "")
+    seconds = len("2026-11-30T00:18:48")
+    return text[:seconds].replace("T", " ") if len(text) >= seconds and text[10] == "T" else text
+
+
+def _state_text(state: str | None, stop_reason: str | None, limit: str | None = None) -> str:
+    text = state or "?"
+    if stop_reason and stop_reason != state:
+        named = f": {limit}" if limit and stop_reason == "limit_exceeded" else ""
+        text += f" ({stop_reason}{named})"
+    return text
+
+
+def status_line(result: AgentResult, turns: int | None) -> str:
+    """One line on where a run left its instance: id, state, stop reason, turns, tokens, cost."""
+    from loopwright._convert import converter  # noqa: PLC0415
+
+    state = _state_text(result.state.value, result.stop_reason.value if result.stop_reason else None,
+                        result.limit)
+    parts = [f"{result.instance_id}: {state}"]
+    if turns is not None:
+        parts.append(f"{turns} turn{'' if turns == 1 else 's'}")
+    parts.append(format_tokens(converter.unstructure(result.usage)))
+    parts.append(f"cost {format_cost(result.cost.amount, result.cost.currency)}")
+    return ", ".join(parts)
+
+
+def _arguments(arguments: Mapping[str, Any]) -> str:
+    return json.dumps(dict(arguments), ensure_ascii=False, default=str)
+
+
+def _print_pending(result: AgentResult) -> None:
+    waiting = [p for p in result.pending_approvals if p.decision is None]
+    click.echo(f"instance {result.instance_id} is waiting for approval of {len(waiting)} "
+               f"call{'' if len(waiting) == 1 else 's'}:")
+    for p in waiting:
+        click.echo(f"  {p.tool_call_id}  {p.tool} {_arguments(p.arguments)}")
+        if p.reason:
+            click.echo(f"      {p.reason}")
+    more = " [--call CALL_ID]" if len(waiting) > 1 else ""
+    click.echo(f"approve with: loopwright approve {result.instance_id}{more}")
+    click.echo(f"deny with:    loopwright deny {result.instance_id}{more} --reason TEXT")
+
+
+def report(result: AgentResult, settings: CliSettings, *, turns: int | None, cancel_command: bool = False,
+           ) -> int:
+    """Print a result as ``run`` does and return its exit code.
+
+    With ``--json``: :func:`~loopwright._runtime.result_to_json` on stdout. Without: the final
+    text (or the structured output, or the calls waiting for approval) on stdout and a
+    :func:`status_line` on stderr. In both modes an error state prints ``error: ...`` on stderr
+    and a cancelled run says how to continue it.
+
+    :param cancel_command: For ``cancel``: no hint, and exit 0 (the command did what it was asked).
+    """
+    from loopwright._runtime import result_to_json  # noqa: PLC0415
+
+    code = exit_code(result)
+    if settings.json:
+        data = result_to_json(result)
+        # Every usage key is present even when 0 (the converter drops defaults).
+        data["usage"] = {"inputTokens": 0, "outputTokens": 0, "totalTokens": 0, **(data.get("usage") or {})}
+        echo_json(data)
+    else:
+        if code == EXIT_APPROVAL:
+            _print_pending(result)
+        elif code == EXIT_OK:
+            if result.text is not None:
+                click.echo(result.text)
+            elif result.output is not None:
+                echo_json(result.output)
+        click.echo(status_line(result, turns), err=True)
+    if code == EXIT_ERROR:
+        reason = result.error or _state_text(result.state.value, result.stop_reason.value
+                                             if result.stop_reason else None)
+        click.echo(f"error: {reason}", err=True)
+    if cancel_command:
+        return EXIT_OK
+    if code == EXIT_CANCELLED:
+        click.echo(f"cancelled; resume with: loopwright message {result.instance_id} TEXT", err=True)
+    return code
+
+
+# ---------------------------------------------------------------------------------------------
+# show and ls
+# ---------------------------------------------------------------------------------------------
+
+
+def _instance_rows(summary: Mapping[str, Any], header: Mapping[str, Any]) -> list[tuple[str, str]]:  # noqa: C901
+    rows = [
+        ("instance", str(summary.get("instanceId"))),
+        ("name", str(summary.get("name") or "")),
+        ("state", _state_text(summary.get("state"), summary.get("stopReason"), header.get("limit"))),
+    ]
+    if summary.get("cancelled"):
+        rows.append(("cancelled", "true"))
+    rows.append(("model", str(summary.get("model") or "")))
+    if header.get("turns") is not None:
+        rows.append(("turns", str(header["turns"])))
+    rows += [
+        ("tokens", format_tokens(summary.get("usage"), unit="")),
+        ("cost", format_cost(summary.get("cost"))),
+        ("subtree cost", format_cost(summary.get("subtreeCost"))),
+    ]
+    for key, label in (("spawnerInstanceId", "spawner"), ("callerInstanceId", "caller"),
+                       ("callerToolCallId", "caller call"), ("delegationPrompt", "delegation prompt")):
+        if summary.get(key):
+            rows.append((label, str(summary[key])))
+    for key, label in (("createdAt", "created"), ("updatedAt", "updated")):
+        if summary.get(key):
+            rows.append((label, f"{_when(summary[key])} UTC"))
+    if summary.get("error"):
+        rows.append(("error", str(summary["error"])))
+    for p in summary.get("pendingApprovals") or []:
+        if p.get("decision") is None:
+            call = f"{p.get('toolCallId')} {p.get('tool')} {_arguments(p.get('arguments') or {})}"
+            rows.append(("pending approval", call))
+    for child in summary.get("children") or []:
+        rows.append(("child", str(child.get("instanceId") if isinstance(child, Mapping) else child)))
+    if header.get("text"):
+        rows.append(("text", str(header["text"])))
+    return rows
+
+
+def print_instance(summary: Mapping[str, Any], header: Mapping[str, Any]) -> None:
+    """Print one instance as ``key  value`` lines (a rich table on a terminal)."""
+    rows = _instance_rows(summary, header)
+    if is_terminal():
+        from rich import box  # noqa: PLC0415 - rich only for terminals
+        from rich.console import Console  # noqa: PLC0415
+        from rich.table import Table  # noqa: PLC0415
+
+        table = Table(show_header=False, box=box.SIMPLE)
+        table.add_column(style="bold")
+        table.add_column(overflow="fold")
+        for key, value in rows:
+            table.add_row(key, value)
+        Console().print(table)
+        return
+    width = max(len(k) for k, _v in rows)
+    for key, value in rows:
+        lines = value.splitlines() or [""]
+        click.echo(f"{key:<{width}}  {lines[0]}")
+        for line in lines[1:]:
+            click.echo(f"{'':<{width}}  {line}")
+
+
+_LS_COLUMNS = ("ID", "NAME", "STATE", "TOKENS", "COST", "UPDATED (UTC)")
+
+
+def print_instances(summaries: Sequence[Mapping[str, Any]]) -> None:
+    """Print instances as a table: plain aligned columns, or a rich table on a terminal."""
+    rows = []
+    for s in summaries:
+        usage = s.get("usage") or {}
+        total = usage.get("totalTokens") or (usage.get("inputTokens") or 0) + (usage.get("outputTokens") or 0)
+        state = _state_text(s.get("state"), s.get("stopReason"))
+        if s.get("cancelled") and s.get("stopReason") != "cancelled":
+            state += ", cancelled"
+        rows.append((str(s.get("instanceId")), str(s.get("name") or ""), state, f"{int(total):,}",
+                     format_cost(s.get("cost")), _when(s.get("updatedAt"))))
+    if not rows:
+        click.echo("no instances", err=True)
+        return
+    if is_terminal():
+        from rich import box  # noqa: PLC0415
+        from rich.console import Console  # noqa: PLC0415
+        from rich.table import Table  # noqa: PLC0415
+
+        table = Table(box=box.SIMPLE_HEAD)
+        for name in _LS_COLUMNS:
+            table.add_column(name, justify="right" if name in {"TOKENS", "COST"} else "left",
+                             no_wrap=name != "NAME", overflow="ellipsis")
+        for row in rows:
+            table.add_row(*row)
+        Console().print(table)
+        return
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(_LS_COLUMNS)]
+    for row in [_LS_COLUMNS, *rows]:
+        click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+
+
+# ---------------------------------------------------------------------------------------------
+# plugins
+# ---------------------------------------------------------------------------------------------
+
+_REGISTERED_LABELS = (
+    ("providers", "providers"), ("tools", "tools"), ("stores", "stores"),
+    ("contextStrategies", "context strategies"), ("recordSinks", "record sinks"), ("commands", "commands"),
+)
+
+
+def print_plugins(plugins: Sequence[Mapping[str, Any]]) -> None:
+    """Print each plugin, in load order, with its source, what it registered and its hooks."""
+    for plugin in plugins:
+        source = plugin.get("source") or ""
+        where = f" ({source}: {plugin['value']})" if plugin.get("value") else f" ({source})" if source else ""
+        click.echo(f"{plugin['name']}{where}")
+        registered = plugin.get("registered") or {}
+        said = False
+        for key, label in _REGISTERED_LABELS:
+            names = registered.get(key) or []
+            if names:
+                click.echo(f"  {label}: {', '.join(names)}")
+                said = True
+        if plugin.get("hooks"):
+            click.echo(f"  hooks: {', '.join(plugin['hooks'])}")
+            said = True
+        if not said:
+            click.echo("  (registers nothing)")

@@ -1,0 +1,279 @@
+"""Following a run: progress while it runs, and Ctrl-C that cancels it cleanly.
+
+:func:`follow` consumes :meth:`AgentRun.events` until the instance rests and hands each event
+to a progress display:
+
+* :class:`LiveProgress` when stdout and stderr are terminals: a rich spinner line with the turn,
+  tool calls, tokens and cost, and one line per tool call above it (on stderr, so the answer
+  alone goes to stdout);
+* :class:`PlainProgress` otherwise: one plain line per tool call and result on stderr, with no
+  ANSI escapes and no spinner;
+* :class:`Progress` (silent) under ``--json``.
+
+The first SIGINT cancels the run: the instance is saved ``stopped`` with ``cancelled: true``
+and the partial turn kept. A second one exits at once with 130, leaving the instance
+``running`` for ``loopwright resume``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Self, TextIO
+
+import anyio
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from loopwright._runtime import AgentRun
+    from loopwright._types import AgentResult, Event
+    from loopwright.cli._main import CliSettings
+
+__all__ = ["LiveProgress", "PlainProgress", "Progress", "follow", "make_progress"]
+
+_ARGS_WIDTH = 120
+_TEXT_WIDTH = 200
+
+
+def _short(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _args(arguments: Mapping[str, Any] | None) -> str:
+    return _short(json.dumps(dict(arguments or {}), ensure_ascii=False, default=str), _ARGS_WIDTH)
+
+
+class Progress:
+    """A silent progress display; subclasses show events. Used as a context manager.
+
+    Attributes:
+        turn: The latest turn number seen.
+        tool_calls: Tool calls started in this segment.
+        tokens: Tokens used in this segment.
+        cost: Cost of this segment, ``None`` once any price is unknown.
+    """
+
+    def __init__(self) -> None:
+        """Start with zero counters."""
+        self.turn = 0
+        self.tool_calls = 0
+        self.tokens = 0
+        self.cost: float | None = 0.0
+        self._said: tuple[int | None, str] | None = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None,
+    ) -> None:
+        return None
+
+    def event(self, event: Event) -> None:
+        """Take one event: update the counters, then show it."""
+        data = event.data
+        if event.turn is not None:
+            self.turn = max(self.turn, event.turn)
+        if event.kind == "usage":
+            usage = data.get("usage") or {}
+            self.tokens += int(usage.get("totalTokens") or
+                               (usage.get("inputTokens") or 0) + (usage.get("outputTokens") or 0))
+            amount = data.get("cost")
+            self.cost = None if self.cost is None or amount is None else self.cost + float(amount)
+        elif event.kind == "text":
+            # Shown only if the turn goes on with tool calls: the last text is the answer,
+            # printed in full at the end.
+            self._said = (event.turn, str(data.get("text") or ""))
+            return
+        elif event.kind == "tool_call":
+            self.tool_calls += 1
+            if self._said is not None and self._said[0] == event.turn and self._said[1]:
+                self.show_text(event.turn, self._said[1])
+            self._said = None
+        self.show(event)
+
+    def show(self, event: Event) -> None:
+        """Show an event (nothing here)."""
+
+    def show_text(self, turn: int | None, text: str) -> None:
+        """Show what the model said before calling tools (nothing here)."""
+
+    def note(self, text: str) -> None:
+        """Show a message from the CLI itself (nothing here)."""
+
+
+class PlainProgress(Progress):
+    """One plain line per tool call, result and approval request, on a text stream (stderr)."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        """Write to ``stream`` (default: stderr)."""
+        super().__init__()
+        self._stream = stream or sys.stderr
+
+    def _line(self, text: str) -> None:
+        self._stream.write(text + "\n")
+        self._stream.flush()
+
+    def show(self, event: Event) -> None:
+        """Write a line for ``tool_call``, ``tool_result`` and ``approval`` events."""
+        data = event.data
+        at = f"turn {event.turn}: " if event.turn is not None else ""
+        if event.kind == "tool_call":
+            self._line(f"{at}{data.get('name')} {_args(data.get('arguments'))}")
+        elif event.kind == "tool_result":
+            status = data.get("status")
+            detail = "" if status == "success" else f": {_short(str(data.get('content') or ''), _TEXT_WIDTH)}"
+            self._line(f"{at}{data.get('name')} -> {status}{detail}")
+        elif event.kind == "approval":
+            self._line(f"{at}{data.get('tool')} waits for approval: {data.get('reason') or ''}".rstrip())
+
+    def show_text(self, turn: int | None, text: str) -> None:
+        """Write the model's words before its tool calls, shortened."""
+        at = f"turn {turn}: " if turn is not None else ""
+        self._line(f"{at}says: {_short(text, _TEXT_WIDTH)}")
+
+    def note(self, text: str) -> None:
+        """Write ``text`` as a line."""
+        self._line(text)
+
+
+class LiveProgress(Progress):
+    """A rich live display on stderr: a spinner with the counters, tool calls printed above it."""
+
+    def __init__(self) -> None:
+        """Prepare the display; it starts on ``__enter__``."""
+        super().__init__()
+        from rich.console import Console  # noqa: PLC0415 - rich only when a terminal shows it
+        from rich.live import Live  # noqa: PLC0415
+        from rich.spinner import Spinner  # noqa: PLC0415
+
+        self._console = Console(stderr=True)
+        self._spinner = Spinner("dots", text=self._status())
+        self._live = Live(self._spinner, console=self._console, transient=True, refresh_per_second=10)
+
+    def __enter__(self) -> Self:
+        self._live.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None,
+    ) -> None:
+        self._live.stop()
+
+    def _status(self) -> str:
+        from loopwright.cli._output import format_cost  # noqa: PLC0415
+
+        calls = f"{self.tool_calls} tool call{'' if self.tool_calls == 1 else 's'}"
+        return (f"turn {self.turn or 1} · {calls} · {self.tokens:,} tokens · "
+                f"cost {format_cost(self.cost)}")
+
+    def event(self, event: Event) -> None:
+        """Take one event and refresh the spinner line."""
+        super().event(event)
+        self._spinner.update(text=self._status())
+
+    def show(self, event: Event) -> None:
+        """Print a line above the spinner for tool calls, results and approval requests."""
+        from rich.markup import escape  # noqa: PLC0415
+
+        data = event.data
+        if event.kind == "tool_call":
+            self._console.print(f"[cyan]→ {escape(str(data.get('name')))}[/] "
+                                f"[dim]{escape(_args(data.get('arguments')))}[/]", highlight=False)
+        elif event.kind == "tool_result":
+            name = escape(str(data.get("name")))
+            if data.get("status") == "success":
+                self._console.print(f"  [green]✓ {name}[/]", highlight=False)
+            else:
+                detail = escape(_short(str(data.get("content") or ""), _TEXT_WIDTH))
+                self._console.print(f"  [red]✗ {name} {escape(str(data.get('status')))}[/]: {detail}",
+                                    highlight=False)
+        elif event.kind == "approval":
+            self._console.print(f"[yellow]⏸ {escape(str(data.get('tool')))} waits for approval[/]: "
+                                f"{escape(str(data.get('reason') or ''))}", highlight=False)
+
+    def show_text(self, turn: int | None, text: str) -> None:  # noqa: ARG002 - the spinner shows the turn
+        """Print the model's words before its tool calls, dimmed and shortened."""
+        from rich.markup import escape  # noqa: PLC0415
+
+        self._console.print(f"[dim]{escape(_short(text, _TEXT_WIDTH))}[/]", highlight=False)
+
+    def note(self, text: str) -> None:
+        """Print ``text`` above the spinner."""
+        from rich.markup import escape  # noqa: PLC0415
+
+        self._console.print(f"[yellow]{escape(text)}[/]", highlight=False)
+
+
+def make_progress(settings: CliSettings) -> Progress:
+    """Return the display for this process: silent under ``--json``, live on a terminal, plain when piped."""
+    from loopwright.cli._output import is_terminal  # noqa: PLC0415
+
+    if settings.json:
+        return Progress()
+    if is_terminal() and sys.stderr.isatty():
+        return LiveProgress()
+    return PlainProgress()
+
+
+async def follow(run: AgentRun, progress: Progress) -> tuple[AgentResult, bool]:
+    """Show ``run``'s events until its instance rests; Ctrl-C cancels it.
+
+    Call it right after the run was started or continued, before anything else awaits: the
+    loop publishes some events only while somebody follows the run, so the subscription must
+    happen before the run's task gets to execute. Nothing here awaits before it.
+
+    :return: The result, and whether the user interrupted.
+    """
+    interrupted = False
+
+    async def watch(signals: AsyncIterator[int]) -> None:
+        nonlocal interrupted
+        async for _ in signals:
+            if interrupted:
+                _exit_now(run.instance_id)
+            interrupted = True
+            progress.note("cancelling (Ctrl-C again to quit at once) ...")
+            tg.start_soon(run.cancel)
+
+    with progress, _interrupts() as signals:
+        async with anyio.create_task_group() as tg:
+            if signals is not None:
+                tg.start_soon(watch, signals)
+            async for event in run.events():
+                progress.event(event)
+            result = await run.wait()
+            tg.cancel_scope.cancel()
+    return result, interrupted
+
+
+@contextlib.contextmanager
+def _interrupts() -> Iterator[AsyncIterator[int] | None]:
+    """Receive SIGINT as a stream while inside. Entering does not await.
+
+    Gives ``None`` where that is impossible (Windows, a thread): Ctrl-C raises KeyboardInterrupt then.
+    """
+    try:
+        receiver = anyio.open_signal_receiver(signal.SIGINT)
+        signals = receiver.__enter__()
+    except (NotImplementedError, RuntimeError, ValueError):
+        yield None
+        return
+    try:
+        yield signals
+    finally:
+        receiver.__exit__(None, None, None)
+
+
+def _exit_now(instance_id: str) -> None:
+    sys.stdout.flush()
+    sys.stderr.write(f"\ninterrupted; instance {instance_id} may still be marked running: "
+                     f"continue it with: loopwright resume {instance_id}\n")
+    sys.stderr.flush()
+    os._exit(130)
