@@ -8,6 +8,9 @@ Entries, one JSON object each, with ``t`` naming the type:
 ``{"t": "msg", "m": MESSAGE}``
     A message joins the transcript. Tool results are written as each call finishes, so their
     order on disk may be finishing order; loading puts them back in call order.
+``{"t": "start", "id": CALL_ID}``
+    A tool call starts running (it counts toward the ``toolCalls`` limit). After a crash, a call
+    with this entry and no result may have had its effect; one without it never ran.
 ``{"t": "turn", "n": N, "model": "PROVIDER:MODEL", "usage": USAGE, "cost": AMOUNT}``
     Model call N was answered (written together with the assistant message).
 ``{"t": "spend", "toolCallId": ID, "usage": USAGE, "cost": AMOUNT}``
@@ -99,6 +102,8 @@ class Instance:
     completion_attempts: int = 0
     #: The hook context, built on first use only (never when no hook is registered).
     info: InstanceInfo | None = None
+    #: Ids of the calls of the last assistant message that started running (``start`` entries).
+    started_calls: set[str] = attrs.Factory(set)
 
     # -- header fields ---------------------------------------------------------------------
 
@@ -153,13 +158,17 @@ def rebuild(instance: Instance, entries: Sequence[Mapping[str, Any]]) -> None:
     turn = 0
     seg_iter = seg_tools = seg_tokens = 0
     seg_cost: float | None = 0.0
+    started: set[str] = set()
     for entry in entries:
         t = entry.get("t")
         if t == "msg":
             m = message_from_json(entry["m"])
             messages.append(m)
-            if m.role == "tool":
-                seg_tools += 1
+            if m.role == "assistant":
+                started = set()
+        elif t == "start":
+            started.add(entry.get("id", ""))
+            seg_tools += 1
         elif t == "turn":
             turn = max(turn, int(entry.get("n", turn + 1)))
             u = _usage_structure(entry.get("usage") or {}, Usage)
@@ -190,6 +199,7 @@ def rebuild(instance: Instance, entries: Sequence[Mapping[str, Any]]) -> None:
     instance.seg_tool_calls = seg_tools
     instance.seg_tokens = seg_tokens
     instance.seg_cost = seg_cost
+    instance.started_calls = started
 
 
 def _call_order(messages: list[Message]) -> list[Message]:

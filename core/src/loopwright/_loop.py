@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import attrs
+import cattrs
 
 from loopwright._convert import converter
 from loopwright._decisions import (
@@ -69,6 +70,8 @@ MAX_RESULT_CHARS = 100_000
 
 _dumps = functools.partial(json.dumps, ensure_ascii=False, default=str)
 _usage_unstructure = converter.get_unstructure_hook(Usage)
+#: Tool return values reach the model with their own field names, defaults included.
+_plain = cattrs.Converter()
 
 
 class SegmentEnd(Exception):  # noqa: N818 - control flow inside the loop only
@@ -189,9 +192,9 @@ class Loop:
         await self.rt.write_header(inst)
         self.record(inst, "state", {"from": old, "to": state.value, "stopReason": h["stopReason"],
                                     **{k: v for k, v in extra.items() if v is not None}})
-        await self.rt.flush_records(inst.id)
         await self.observe(inst, "loopwright_on_state_change", old=old, new=state.value,
-                            stop_reason=h["stopReason"])
+                           stop_reason=h["stopReason"])
+        await self.rt.flush_records(inst.id)
         await self.emit(run, "state", inst.turn, state=state.value, stopReason=h["stopReason"])
 
     # ------------------------------------------------------------------ segments
@@ -334,6 +337,7 @@ class Loop:
         inst.seg_tokens += usage.input_tokens + usage.output_tokens
         inst.seg_cost = None if inst.seg_cost is None or cost.amount is None else inst.seg_cost + cost.amount
         inst.transcript.append(message)
+        inst.started_calls = set()
         usage_json = _usage_unstructure(usage)
         await self.save(inst, [
             {"t": "msg", "m": message_to_json(message)},
@@ -505,7 +509,7 @@ class Loop:
             elif ender.result is not None:
                 inst.header["text"] = ender.result.content
             raise SegmentEnd(State.STOPPED, StopReason.COMPLETED)
-        if awaiting is not None:
+        if awaiting is not None or inst.header.get("awaitingAnswer"):
             raise SegmentEnd(State.WAITING, StopReason.WAITING)
         if exceeded:
             raise SegmentEnd(State.ERROR, StopReason.LIMIT_EXCEEDED, limit="toolCalls",
@@ -567,6 +571,10 @@ class Loop:
         call = item.call
         assert tool is not None  # noqa: S101 - prepared calls have their tool
         inst.seg_tool_calls += 1
+        inst.started_calls.add(call.id)
+        # Saved before the tool runs: after a crash, a call with this marker and no result may
+        # have had its effect; a call without it never started and can simply run.
+        await self.store.append_entries(inst.id, [{"t": "start", "id": call.id}])
         if run.has_listeners:
             await self.emit(run, "tool_call", turn, id=call.id, name=call.name, arguments=dict(call.arguments))
         timeout = tool.timeout or self.rt.limits_for(inst.definition).tool_timeout or 60.0
@@ -664,6 +672,7 @@ class Loop:
             if item.result is not None:
                 inst.transcript.append(_tool_message(item))
             items.append(item)
+        _restore_call_order(inst)
         await self.rt.write_header(inst)
         await self._end_of_turn(run, items, exceeded=False, limits=self.rt.limits_for(inst.definition))
 
@@ -679,9 +688,10 @@ class Loop:
                                         "status": ToolStatus.SUCCESS.value, "answered": True})
 
     async def repair_interrupted(self, run: AgentRun) -> None:
-        """Give each call a dead process left running a result: idempotent ones run again.
+        """Give each call a dead process left without a result one, in call order.
 
-        The model is told that the outcome of the others is unknown.
+        A call that never started runs now. A call that started may have had its effect:
+        idempotent tools run again, for the others the model is told the outcome is unknown.
         """
         inst = run.inst
         _assistant, unanswered = unanswered_calls(inst.transcript)
@@ -692,8 +702,21 @@ class Loop:
         for index, call in enumerate(unanswered):
             if call.id in skip or call.id == awaiting:
                 continue
-            item = _Call(index, call, tool=self.rt.tool_for(inst.definition, call.name))
-            if item.tool is not None and item.tool.idempotent:
+            item = _Call(index, call)
+            if call.id not in inst.started_calls:
+                await self._prepare(run, item, inst.turn)
+                if item.result is None and item.held is None:
+                    await self._execute(run, item, inst.turn)
+                elif item.result is not None:
+                    await self._finish(run, item, inst.turn, save=True)
+                else:
+                    self.record(inst, "error", {"message": f"call {call.id} needs approval after a restart"})
+                    item.result = _result(call, ToolStatus.DENIED, "denied: the call needs approval and the "
+                                          "process that held it stopped; ask again if it is still needed")
+                    await self._finish(run, item, inst.turn, save=True)
+            elif item.tool is None and (tool := self.rt.tool_for(inst.definition, call.name)) is not None \
+                    and tool.idempotent:
+                item.tool = tool
                 await self._execute(run, item, inst.turn)
             else:
                 item.result = _result(call, ToolStatus.UNKNOWN_OUTCOME,
@@ -702,6 +725,25 @@ class Loop:
                 await self._finish(run, item, inst.turn, save=True)
             if item.result is not None:
                 inst.transcript.append(_tool_message(item))
+        _restore_call_order(inst)
+
+
+def _restore_call_order(inst: Instance) -> None:
+    """Put the results after the last assistant message back in its call order (after late results)."""
+    messages = inst.transcript
+    for i in range(len(messages) - 1, -1, -1):
+        m = messages[i]
+        if m.role == "assistant":
+            if not m.tool_calls:
+                return
+            tail = list(messages[i + 1:])
+            order = {c.id: k for k, c in enumerate(m.tool_calls)}
+            ordered = sorted(tail, key=lambda r: order.get(r.tool_call_id or "", 1 << 30) if r.role == "tool" else 1 << 31)
+            if ordered != tail:
+                messages.replace_tail(i + 1, ordered)  # type: ignore[attr-defined]
+            return
+        if m.role != "tool":
+            return
 
 
 def _unique_ids(calls: Sequence[ToolCall], turn: int) -> tuple[ToolCall, ...]:
@@ -738,7 +780,7 @@ def _success(call: ToolCall, value: Any, duration: float | None) -> ToolResult:
         text = ""
     else:
         try:
-            text = _dumps(converter.unstructure(value))
+            text = _dumps(_plain.unstructure(value))
         except (TypeError, ValueError):
             text = str(value)
     return ToolResult(tool_call_id=call.id, name=call.name, status=ToolStatus.SUCCESS, content=_cut(text),

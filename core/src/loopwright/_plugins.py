@@ -168,7 +168,7 @@ class PluginHost:
                 raise PluginError("is listed in plugins: but also blocked", plugin_name=name)
             if not self.pm.has_plugin(name):
                 self._register_checked(plugin, name)
-        self.pm.check_pending()
+        self._check_pending()
         for name in list(self._registered_order):
             self._call_registrations(name)
 
@@ -176,7 +176,7 @@ class PluginHost:
         """Register one more plugin now (a host's hooks, a test's plugin) and its components."""
         name = name or _default_name(plugin)
         self._register_checked(plugin, name)
-        self.pm.check_pending()
+        self._check_pending()
         self._call_registrations(name)
         return name
 
@@ -188,6 +188,15 @@ class PluginHost:
             for item_name, _item, plugin in reg.items():
                 if plugin == name:
                     del reg._items[item_name]  # noqa: SLF001 - the registry's owner
+
+    def _check_pending(self) -> None:
+        """Reject hook implementations that match no hookspec (a misspelled hook name)."""
+        try:
+            self.pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            plugin = exc.plugin
+            name = self.pm.get_name(plugin) if plugin is not None else None
+            raise PluginError(str(exc), plugin_name=name) from exc
 
     def plugin_names(self) -> list[str]:
         """Return the loaded plugins' names in registration order."""

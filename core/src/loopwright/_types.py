@@ -233,6 +233,13 @@ class Transcript(Sequence[Message]):
         """Add messages at the end, in order."""
         self._messages.extend(messages)
 
+    def replace_tail(self, start: int, messages: Sequence[Message]) -> None:
+        """Replace the messages from index ``start`` on; encoded caches keep what comes before."""
+        del self._messages[start:]
+        self._messages.extend(messages)
+        for cache in self._caches.values():
+            del cache[start:]
+
     def replace(self, messages: Sequence[Message]) -> None:
         """Replace every message (compaction); encoded caches are dropped."""
         self._messages = list(messages)
