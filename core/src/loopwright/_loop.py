@@ -350,10 +350,9 @@ class Loop:
             inst.header["text"] = message.content
         await self.observe(inst, "loopwright_on_message", message=message)
         await self.observe(inst, "loopwright_on_cost", turn=turn, usage=usage, cost=cost, model=served)
-        if run.has_listeners or self.rt.hook_impls(inst.definition, "loopwright_on_stream_event"):
-            if message.content:
-                await self.emit(run, "text", turn, text=message.content)
-            await self.emit(run, "usage", turn, usage=usage_json, cost=cost.amount, model=served)
+        if message.content:
+            await self.emit(run, "text", turn, text=message.content)
+        await self.emit(run, "usage", turn, usage=usage_json, cost=cost.amount, model=served)
         return attrs.evolve(response, message=message) if response.message is not message else response
 
     async def _call_model(self, run: AgentRun, request: ModelRequest, ref: str) -> tuple[ModelResponse, str]:
@@ -575,8 +574,7 @@ class Loop:
         # Saved before the tool runs: after a crash, a call with this marker and no result may
         # have had its effect; a call without it never started and can simply run.
         await self.store.append_entries(inst.id, [{"t": "start", "id": call.id}])
-        if run.has_listeners:
-            await self.emit(run, "tool_call", turn, id=call.id, name=call.name, arguments=dict(call.arguments))
+        await self.emit(run, "tool_call", turn, id=call.id, name=call.name, arguments=dict(call.arguments))
         timeout = tool.timeout or self.rt.limits_for(inst.definition).tool_timeout or 60.0
         t0 = time.perf_counter()
         try:
@@ -642,9 +640,8 @@ class Loop:
         if result.status is not ToolStatus.SUCCESS:
             data["error"] = result.content[:1000]
         self.record(inst, "tool_call", data)
-        if run.has_listeners or self.rt.hook_impls(inst.definition, "loopwright_on_stream_event"):
-            await self.emit(run, "tool_result", turn, id=result.tool_call_id, name=result.name,
-                            status=result.status.value, content=result.content)
+        await self.emit(run, "tool_result", turn, id=result.tool_call_id, name=result.name,
+                        status=result.status.value, content=result.content)
 
     # ------------------------------------------------------------------ approvals and answers
 
@@ -738,7 +735,8 @@ def _restore_call_order(inst: Instance) -> None:
                 return
             tail = list(messages[i + 1:])
             order = {c.id: k for k, c in enumerate(m.tool_calls)}
-            ordered = sorted(tail, key=lambda r: order.get(r.tool_call_id or "", 1 << 30) if r.role == "tool" else 1 << 31)
+            last = 1 << 31
+            ordered = sorted(tail, key=lambda r: order.get(r.tool_call_id or "", last - 1) if r.role == "tool" else last)
             if ordered != tail:
                 messages.replace_tail(i + 1, ordered)  # type: ignore[attr-defined]
             return

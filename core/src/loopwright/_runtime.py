@@ -27,7 +27,6 @@ from loopwright._capabilities import (
     check_store_outside,
     intersect,
 )
-from loopwright._convert import converter
 from loopwright._definition import DEFAULT_LIMITS, Assembly, Capabilities, Definition, Limits
 from loopwright._instance import Instance, now_iso, rebuild
 from loopwright._loop import Loop
@@ -53,7 +52,7 @@ if TYPE_CHECKING:
     from loopwright._types import ToolSpec
     from loopwright.abc import ContextStrategy, Provider, RecordSink, Store
 
-__all__ = ["AgentRun", "Runtime", "all_todos_done", "result_to_json", "summary"]
+__all__ = ["AgentRun", "Runtime", "all_todos_done", "result_to_json", "summary", "usage_to_json"]
 
 _EVENT_HISTORY = 10_000
 
@@ -813,7 +812,7 @@ class Runtime:
 
 def summary(header: Mapping[str, Any]) -> dict[str, Any]:
     """Return the JSON summary of an instance (``show`` and ``ls``), camelCase keys."""
-    usage = header.get("usage") or {}
+    usage = {"inputTokens": 0, "outputTokens": 0, "totalTokens": 0, **(header.get("usage") or {})}
     return {
         "instanceId": header.get("instanceId"),
         "name": header.get("name"),
@@ -847,7 +846,7 @@ def result_to_json(result: AgentResult) -> dict[str, Any]:
         "stopReason": result.stop_reason.value if result.stop_reason else None,
         "text": result.text,
         "output": result.output,
-        "usage": converter.unstructure(result.usage),
+        "usage": usage_to_json(result.usage),
         "cost": result.cost.amount,
         "subtreeCost": result.subtree_cost.amount,
         "pendingApprovals": [
@@ -857,6 +856,18 @@ def result_to_json(result: AgentResult) -> dict[str, Any]:
         "cancelled": result.cancelled,
         "limit": result.limit,
     }
+
+
+def usage_to_json(usage: Usage) -> dict[str, Any]:
+    """Return ``{inputTokens, outputTokens, totalTokens}`` (always) plus the counts that are known."""
+    out: dict[str, Any] = {"inputTokens": usage.input_tokens, "outputTokens": usage.output_tokens,
+                           "totalTokens": usage.total_tokens}
+    known = (("cacheReadTokens", usage.cache_read_tokens), ("cacheWriteTokens", usage.cache_write_tokens),
+             ("reasoningTokens", usage.reasoning_tokens))
+    out.update({key: value for key, value in known if value is not None})
+    if usage.requests:
+        out["requests"] = usage.requests
+    return out
 
 
 def all_todos_done(messages: Sequence[Message]) -> tuple[bool, str]:
