@@ -734,14 +734,19 @@ def _restore_call_order(inst: Instance) -> None:
             if not m.tool_calls:
                 return
             tail = list(messages[i + 1:])
-            order = {c.id: k for k, c in enumerate(m.tool_calls)}
-            last = 1 << 31
-            ordered = sorted(tail, key=lambda r: order.get(r.tool_call_id or "", last - 1) if r.role == "tool" else last)
+            ordered = sorted(tail, key=functools.partial(_position, {c.id: k for k, c in enumerate(m.tool_calls)}))
             if ordered != tail:
                 messages.replace_tail(i + 1, ordered)  # type: ignore[attr-defined]
             return
         if m.role != "tool":
             return
+
+
+def _position(order: Mapping[str, int], message: Message) -> int:
+    """Sort key: tool results by their call's position, anything else after them."""
+    if message.role == "tool":
+        return order.get(message.tool_call_id or "", 1 << 30)
+    return 1 << 31
 
 
 def _unique_ids(calls: Sequence[ToolCall], turn: int) -> tuple[ToolCall, ...]:
