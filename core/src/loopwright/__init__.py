@@ -7,58 +7,61 @@ hooks in :mod:`loopwright.hookspecs` with :data:`hookimpl` and the interfaces in
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from loopwright._capabilities import intersect
-from loopwright._decisions import (
-    Block,
-    Decision,
-    ModifyInputs,
-    ModifyMessage,
-    ModifyRequest,
-    ModifyResult,
-    RequireApproval,
-    Respond,
-)
-from loopwright._definition import (
-    Assembly,
-    Capabilities,
-    Completion,
-    Definition,
-    FileGrants,
-    InitialPrompt,
-    InitialToolCall,
-    Limits,
-    PluginSpec,
-    ProviderConfig,
-    StoreConfig,
-)
-from loopwright._plugins import hookimpl
-from loopwright._runtime import AgentRun, Runtime
-from loopwright._sync import run_agent
-from loopwright._tools import Tool, tool
-from loopwright._types import (
-    AgentResult,
-    Cost,
-    Event,
-    InstanceInfo,
-    Message,
-    ModelRequest,
-    ModelResponse,
-    PendingApproval,
-    Record,
-    State,
-    StopReason,
-    ToolCall,
-    ToolOutput,
-    ToolResult,
-    ToolSpec,
-    ToolStatus,
-    Transcript,
-    Usage,
-)
-from loopwright.abc import ProviderSettings, StoreSettings
-from loopwright.errors import ToolError
+if TYPE_CHECKING:
+    from loopwright._capabilities import intersect
+    from loopwright._decisions import (
+        Block,
+        Decision,
+        ModifyInputs,
+        ModifyMessage,
+        ModifyRequest,
+        ModifyResult,
+        RequireApproval,
+        Respond,
+    )
+    from loopwright._definition import (
+        Assembly,
+        Capabilities,
+        Completion,
+        Definition,
+        FileGrants,
+        InitialPrompt,
+        InitialToolCall,
+        Limits,
+        PluginSpec,
+        ProviderConfig,
+        StoreConfig,
+    )
+    from loopwright._plugins import hookimpl
+    from loopwright._retry import retry_transient
+    from loopwright._runtime import AgentRun, Runtime
+    from loopwright._sync import run_agent
+    from loopwright._tools import Tool, tool
+    from loopwright._types import (
+        AgentResult,
+        Cost,
+        Event,
+        InstanceInfo,
+        Message,
+        ModelRequest,
+        ModelResponse,
+        PendingApproval,
+        Record,
+        State,
+        StopReason,
+        ToolCall,
+        ToolOutput,
+        ToolResult,
+        ToolSpec,
+        ToolStatus,
+        Transcript,
+        Usage,
+    )
+    from loopwright.abc import ProviderSettings, StoreSettings
+    from loopwright.errors import ToolError
 
 __all__ = [
     "AgentResult",
@@ -111,14 +114,72 @@ __all__ = [
     "tool",
 ]
 
+# Names are imported on first use, so that ``import loopwright`` (and ``loopwright --help``)
+# stays cheap: the JSON Schema, YAML and pricing machinery load only when something needs them.
+_LAZY: dict[str, str] = {
+    "AgentResult": "loopwright._types",
+    "AgentRun": "loopwright._runtime",
+    "Assembly": "loopwright._definition",
+    "Block": "loopwright._decisions",
+    "Capabilities": "loopwright._definition",
+    "Completion": "loopwright._definition",
+    "Cost": "loopwright._types",
+    "Decision": "loopwright._decisions",
+    "Definition": "loopwright._definition",
+    "Event": "loopwright._types",
+    "FileGrants": "loopwright._definition",
+    "InitialPrompt": "loopwright._definition",
+    "InitialToolCall": "loopwright._definition",
+    "InstanceInfo": "loopwright._types",
+    "Limits": "loopwright._definition",
+    "Message": "loopwright._types",
+    "ModelRequest": "loopwright._types",
+    "ModelResponse": "loopwright._types",
+    "ModifyInputs": "loopwright._decisions",
+    "ModifyMessage": "loopwright._decisions",
+    "ModifyRequest": "loopwright._decisions",
+    "ModifyResult": "loopwright._decisions",
+    "PendingApproval": "loopwright._types",
+    "PluginSpec": "loopwright._definition",
+    "ProviderConfig": "loopwright._definition",
+    "ProviderSettings": "loopwright.abc",
+    "Record": "loopwright._types",
+    "RequireApproval": "loopwright._decisions",
+    "Respond": "loopwright._decisions",
+    "Runtime": "loopwright._runtime",
+    "State": "loopwright._types",
+    "StopReason": "loopwright._types",
+    "StoreConfig": "loopwright._definition",
+    "StoreSettings": "loopwright.abc",
+    "Tool": "loopwright._tools",
+    "ToolCall": "loopwright._types",
+    "ToolError": "loopwright.errors",
+    "ToolOutput": "loopwright._types",
+    "ToolResult": "loopwright._types",
+    "ToolSpec": "loopwright._types",
+    "ToolStatus": "loopwright._types",
+    "Transcript": "loopwright._types",
+    "Usage": "loopwright._types",
+    "hookimpl": "loopwright._plugins",
+    "intersect": "loopwright._capabilities",
+    "retry_transient": "loopwright._retry",
+    "run_agent": "loopwright._sync",
+    "tool": "loopwright._tools",
+}
+
 
 def __getattr__(name: str) -> Any:
     if name == "__version__":
         from importlib.metadata import version  # noqa: PLC0415
 
         return version("loopwright-core")
-    if name == "retry_transient":
-        from loopwright._retry import retry_transient  # noqa: PLC0415
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'loopwright' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
-        return retry_transient
-    raise AttributeError(f"module 'loopwright' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])
