@@ -736,7 +736,7 @@ def _restore_call_order(inst: Instance) -> None:
             tail = list(messages[i + 1:])
             ordered = sorted(tail, key=functools.partial(_position, {c.id: k for k, c in enumerate(m.tool_calls)}))
             if ordered != tail:
-                messages.replace_tail(i + 1, ordered)  # type: ignore[attr-defined]
+                messages.replace_tail(i + 1, ordered)
             return
         if m.role != "tool":
             return
