@@ -774,10 +774,6 @@ async def test_segment_counts_survive_a_restart_across_an_approval(tmp_path: Pat
         assert len(h2.requests) == 1
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: Loop.continue_after_decisions runs every approved call without the toolCalls room check that "
-    "run_calls applies, so approving held calls can take a segment past Limits.tool_calls. Fix: apply the "
-    "same room check there (skipped results beyond the limit, then limit_exceeded toolCalls)"))
 async def test_approved_calls_respect_the_tool_call_limit(tmp_path: Path) -> None:
     """Approving held calls cannot take a segment past Limits.tool_calls."""
     ran: list[str] = []
@@ -1121,15 +1117,6 @@ async def test_tool_call_count_is_the_same_after_a_restart(tmp_path: Path) -> No
 OUTPUT_SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
                  "additionalProperties": False}
 
-OUTPUT_BUG = (
-    "BUG: Definition.output is only passed to the provider as ModelRequest.output_schema; the loop never "
-    "parses or validates the final answer against it, so AgentResult.output stays None and an invalid "
-    "answer is accepted (StopReason.OUTPUT_INVALID is never used). Fix: in _turns, when the definition "
-    "has output and the answer has no tool calls, json-parse and validate it (jsonschema), set "
-    "header['output'] on success, re-prompt with the problems on failure and end output_invalid after "
-    "2 invalid answers (seed 002)")
-
-
 async def test_output_schema_reaches_the_provider(tmp_path: Path) -> None:
     """A definition's output schema is sent with every model request."""
     h = Harness(reply('{"n": 3}'))
@@ -1138,7 +1125,6 @@ async def test_output_schema_reaches_the_provider(tmp_path: Path) -> None:
         assert h.requests[0].output_schema == OUTPUT_SCHEMA
 
 
-@pytest.mark.xfail(strict=True, reason=OUTPUT_BUG)
 async def test_structured_output_is_parsed_into_the_result(tmp_path: Path) -> None:
     """An answer matching the definition's output schema is parsed into AgentResult.output."""
     h = Harness(reply('{"n": 3}'))
@@ -1147,7 +1133,6 @@ async def test_structured_output_is_parsed_into_the_result(tmp_path: Path) -> No
         assert result.output == {"n": 3}
 
 
-@pytest.mark.xfail(strict=True, reason=OUTPUT_BUG)
 async def test_invalid_structured_output_ends_output_invalid(tmp_path: Path) -> None:
     """Answers that keep failing the output schema are re-prompted, then end the run with output_invalid."""
     h = Harness(reply("not json"), reply('{"n": "three"}'), reply('{"m": 1}'), reply("unreached"))

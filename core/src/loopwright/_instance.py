@@ -100,6 +100,7 @@ class Instance:
     seg_tokens: int = 0
     seg_cost: float | None = 0.0
     completion_attempts: int = 0
+    output_attempts: int = 0
     #: The hook context, built on first use only (never when no hook is registered).
     info: InstanceInfo | None = None
     #: Ids of the calls of the last assistant message that started running (``start`` entries).

@@ -59,7 +59,10 @@ if TYPE_CHECKING:
     from loopwright._runtime import AgentRun, Runtime
     from loopwright._tools import Tool
 
-__all__ = ["MAX_CALLS_PER_REPLY", "MAX_CONCURRENT_CALLS", "MAX_RESULT_CHARS", "Loop", "SegmentEnd"]
+__all__ = [
+    "MAX_CALLS_PER_REPLY", "MAX_CONCURRENT_CALLS", "MAX_INVALID_OUTPUTS", "MAX_RESULT_CHARS", "Loop", "SegmentEnd",
+    "parse_output",
+]
 
 #: Tool calls taken from one model reply; the rest get ``skipped`` results.
 MAX_CALLS_PER_REPLY = 32
@@ -67,6 +70,17 @@ MAX_CALLS_PER_REPLY = 32
 MAX_CONCURRENT_CALLS = 8
 #: Characters of one tool result; longer ones are cut, with a marker.
 MAX_RESULT_CHARS = 100_000
+#: Invalid structured answers re-prompted before the segment ends ``output_invalid`` (seed 002).
+MAX_INVALID_OUTPUTS = 2
+
+
+class _Parsed:
+    """A structured answer that passed its schema."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
 
 _dumps = functools.partial(json.dumps, ensure_ascii=False, default=str)
 _usage_unstructure = converter.get_unstructure_hook(Usage)
@@ -210,7 +224,7 @@ class Loop:
         if new_segment:
             inst.seg_iterations = inst.seg_tool_calls = inst.seg_tokens = 0
             inst.seg_cost = 0.0
-            inst.completion_attempts = 0
+            inst.completion_attempts = inst.output_attempts = 0
             inst.header["segmentStartedAt"] = time.time()
             await self.store.append_entries(inst.id, [{"t": "seg", "at": now_iso()}])
         await self.set_state(run, State.RUNNING, None, error=None, limit=None, cancelled=False)
@@ -240,6 +254,8 @@ class Loop:
             if response.finish_reason == "content_filter" and not calls:
                 raise SegmentEnd(State.STOPPED, StopReason.CONTENT_FILTER)
             if not calls:
+                if defn.output is not None and await self._output_rejected(run, response.message):
+                    continue
                 if await self._completion_gate(run, limits):
                     continue
                 raise SegmentEnd(State.WAITING, StopReason.WAITING)
@@ -385,6 +401,32 @@ class Loop:
         assert failure is not None  # noqa: S101 - refs is never empty
         raise SegmentEnd(State.ERROR, StopReason.ERROR, error=str(failure),
                          failure=RunError(f"model call failed: {failure}", cause=failure))
+
+    # ------------------------------------------------------------------ structured output
+
+    async def _output_rejected(self, run: AgentRun, message: Message) -> bool:
+        """Check a final answer against the definition's ``output`` schema.
+
+        Return True when it was rejected and the model was asked again. A valid answer is parsed
+        into ``AgentResult.output``; after :data:`MAX_INVALID_OUTPUTS` re-prompts the segment
+        ends ``output_invalid``.
+        """
+        inst = run.inst
+        problems = self.rt.output_problems(inst.definition, message.content)
+        if isinstance(problems, _Parsed):
+            inst.header["output"] = problems.value
+            return False
+        inst.output_attempts += 1
+        self.record(inst, "output", {"attempt": inst.output_attempts, "problems": problems})
+        if inst.output_attempts > MAX_INVALID_OUTPUTS:
+            raise SegmentEnd(State.ERROR, StopReason.OUTPUT_INVALID,
+                             error=f"the answer did not match the output schema {inst.output_attempts} times: "
+                                   + "; ".join(problems))
+        await self.add_message(run, Message(
+            role="user", source="runtime",
+            content="Your answer does not match the required output schema: " + "; ".join(problems)
+                    + ". Answer again with only a JSON value that matches the schema."))
+        return True
 
     # ------------------------------------------------------------------ completion gate
 
@@ -653,6 +695,8 @@ class Loop:
         _assistant, unanswered = unanswered_calls(inst.transcript)
         by_id = {p.tool_call_id: p for p in pending}
         items: list[_Call] = []
+        limits = self.rt.limits_for(inst.definition)
+        exceeded = False
         for index, call in enumerate(unanswered):
             p = by_id.get(call.id)
             if p is None:
@@ -660,7 +704,13 @@ class Loop:
             item = _Call(index, call, tool=self.rt.tool_for(inst.definition, call.name))
             self.record(inst, "approval", {"toolCallId": call.id, "tool": call.name, "decision": p.decision,
                                            "reason": p.decision_reason})
-            if p.decision == "approved" and item.tool is not None:
+            approved = p.decision == "approved" and item.tool is not None
+            if approved and limits.tool_calls is not None and inst.seg_tool_calls >= limits.tool_calls:
+                item.result = _result(call, ToolStatus.SKIPPED,
+                                      f"skipped: the tool-call limit ({limits.tool_calls}) was reached")
+                exceeded = True
+                await self._finish(run, item, inst.turn, save=True)
+            elif approved:
                 await self._execute(run, item, inst.turn)
             else:
                 why = p.decision_reason or "no reason given"
@@ -671,7 +721,7 @@ class Loop:
             items.append(item)
         _restore_call_order(inst)
         await self.rt.write_header(inst)
-        await self._end_of_turn(run, items, exceeded=False, limits=self.rt.limits_for(inst.definition))
+        await self._end_of_turn(run, items, exceeded=exceeded, limits=limits)
 
     async def answer_question(self, run: AgentRun, text: str) -> None:
         """Make ``text`` the result of the pending ``ask_user`` call."""
@@ -740,6 +790,28 @@ def _restore_call_order(inst: Instance) -> None:
             return
         if m.role != "tool":
             return
+
+
+def parse_output(text: str | None, validator: Any) -> Any:
+    """Parse a structured answer and validate it; return the value or a list of problems (strings).
+
+    A Markdown code fence around the JSON is tolerated. Problems read like ``n: 'three' is not of
+    type 'integer'``.
+    """
+    if not text or not text.strip():
+        return ["the answer is empty; a JSON value is required"]
+    raw = text.strip()
+    if raw.startswith("```"):
+        raw = raw.split("\n", 1)[1] if "\n" in raw else raw[3:]
+        raw = raw.rsplit("```", 1)[0]
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        return [f"the answer is not valid JSON ({exc})"]
+    errors = sorted(validator.iter_errors(value), key=lambda e: list(e.path))
+    if not errors:
+        return _Parsed(value)
+    return [f"{'.'.join(str(p) for p in e.path) or '(answer)'}: {e.message}" for e in errors]
 
 
 def _position(order: Mapping[str, int], message: Message) -> int:

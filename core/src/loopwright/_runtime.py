@@ -71,6 +71,8 @@ class _DefinitionPlan:
     hooks: dict[str, tuple[Any, ...]] = attrs.Factory(dict)
     #: Combined (host + definition) implementation tuples, per hook, with the host's generation.
     combined: dict[str, tuple[int, tuple[Any, ...]]] = attrs.Factory(dict)
+    #: The validator of the definition's ``output`` schema, built on first use.
+    output_validator: Any = None
 
 
 class AgentRun:
@@ -447,6 +449,17 @@ class Runtime:
         if hit is None or hit[0] != gen:
             hit = plan.combined[hook] = (gen, own + host if hook.startswith("loopwright_after_") else host + own)
         return hit[1]
+
+    def output_problems(self, definition: Definition, text: str | None) -> Any:
+        """Check a final answer against the definition's ``output`` schema (see ``_loop.parse_output``)."""
+        from loopwright._loop import parse_output  # noqa: PLC0415
+
+        plan = self._plan(definition)
+        if plan.output_validator is None:
+            import jsonschema  # noqa: PLC0415
+
+            plan.output_validator = jsonschema.Draft202012Validator(dict(definition.output or {}))
+        return parse_output(text, plan.output_validator)
 
     def tool_for(self, definition: Definition, name: str) -> Tool | None:
         """Return the tool ``name`` if the definition has it."""

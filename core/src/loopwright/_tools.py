@@ -64,6 +64,8 @@ class Tool:
     _spec: ToolSpec | None = attrs.field(default=None, repr=False, eq=False, alias="_spec")
 
     def __attrs_post_init__(self) -> None:
+        if self._spec is not None:
+            return  # a copy made by replace() that kept the schema: validators are reused
         if not _NAME_RE.match(self.name):
             raise ValueError(f"tool name {self.name!r} must be 1-64 characters of A-Z a-z 0-9 _ -")
         jsonschema.Draft202012Validator.check_schema(self.parameters)
@@ -110,7 +112,9 @@ class Tool:
         return problems
 
     def replace(self, **changes: Any) -> Tool:
-        """Return a copy with some fields changed."""
+        """Return a copy with some fields changed; the schema is checked again only if it changed."""
+        if {"name", "description", "parameters"} & set(changes):
+            changes.update(_validator=None, _fast=None, _spec=None)
         return attrs.evolve(self, **changes)
 
 
