@@ -301,7 +301,8 @@ class Loop:
         pname, model_id = self.rt.split_model(ref)
         request = ModelRequest(
             model=model_id, provider=pname, messages=inst.transcript, tools=self.rt.tool_specs(defn),
-            settings=defn.model_settings, output_schema=defn.output, stream=run.stream)
+            settings=defn.model_settings, output_schema=defn.output,
+            stream=run.stream or self.rt.provider_streams(pname))
         response: ModelResponse | None = None
         impls = self.rt.hook_impls(inst.definition, "loopwright_before_inference")
         if impls:
@@ -387,11 +388,10 @@ class Loop:
                 self.record(inst, "error", {"model": candidate, "message": str(failure)})
                 continue
             req = request if i == 0 else attrs.evolve(request, model=model_id, provider=pname)
+            call = (functools.partial(self._stream, run, provider, req) if req.stream
+                    else functools.partial(provider.complete, req))
             try:
-                if retries:
-                    response = await retry_transient(functools.partial(provider.complete, req), max_retries=retries)
-                else:
-                    response = await provider.complete(req)
+                response = await (retry_transient(call, max_retries=retries) if retries else call())
             except ProviderError as exc:
                 failure = exc
                 self.record(inst, "error", {"model": candidate, "message": str(exc), "status": exc.status,
@@ -401,6 +401,24 @@ class Loop:
         assert failure is not None  # noqa: S101 - refs is never empty
         raise SegmentEnd(State.ERROR, StopReason.ERROR, error=str(failure),
                          failure=RunError(f"model call failed: {failure}", cause=failure))
+
+    async def _stream(self, run: AgentRun, provider: Any, request: ModelRequest) -> ModelResponse:
+        """Consume a provider's stream: text and tool-call starts become events; return the answer."""
+        turn = run.inst.turn + 1
+        response: ModelResponse | None = None
+        async for delta in provider.stream(request):
+            kind = delta.kind
+            if kind == "text":
+                if delta.text:
+                    await self.emit(run, "text_delta", turn, delta=delta.text)
+            elif kind == "tool_call":
+                await self.emit(run, "tool_call_start", turn, id=delta.tool_call_id, name=delta.name)
+            elif kind == "done":
+                response = delta.response
+        if response is None:
+            raise ProviderError("the stream ended without its final answer", provider=request.provider,
+                                model=request.model, transient=True)
+        return response
 
     # ------------------------------------------------------------------ structured output
 

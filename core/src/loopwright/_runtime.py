@@ -383,12 +383,18 @@ class Runtime:
                 api_key = os.environ.get(cfg.api_key_env)
                 if api_key is None:
                     raise ConfigError(f"provider {name!r}: environment variable {cfg.api_key_env} is not set")
+        options = {k: v for k, v in cfg.options.items() if k != "stream"} if cfg else {}
         settings = ProviderSettings(name=name, kind=kind, base_url=cfg.base_url if cfg else None, api_key=api_key,
-                                    options=dict(cfg.options) if cfg else {}, http_client=self._http_client,
+                                    options=options, http_client=self._http_client,
                                     base_dir=self.assembly.base_dir)
         made: Provider = factory(settings)
         self._providers[name] = made
         return made
+
+    def provider_streams(self, name: str) -> bool:
+        """Return whether the assembly asks provider ``name`` to stream (``stream: true``)."""
+        cfg = self.assembly.providers.get(name)
+        return bool(cfg is not None and cfg.options.get("stream"))
 
     def price(self, usage: Usage, provider_name: str, model: str) -> Cost:
         """Return what ``usage`` cost on ``provider_name:model`` (unknown prices stay unknown)."""

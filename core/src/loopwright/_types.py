@@ -26,6 +26,7 @@ __all__ = [
     "Role",
     "State",
     "StopReason",
+    "StreamDelta",
     "ToolCall",
     "ToolOutput",
     "ToolResult",
@@ -319,6 +320,32 @@ class ModelResponse:
     finish_reason: str = "stop"
     model: str | None = None
     raw_finish_reason: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class StreamDelta:
+    """One piece of a streamed model answer, as :meth:`Provider.stream` yields it.
+
+    ``kind`` is one of:
+
+    * ``text``: ``text`` is the next piece of the answer's text;
+    * ``tool_call``: a tool call starts: ``tool_call_id`` and ``name`` are set;
+    * ``arguments``: ``text`` is the next piece of the arguments (JSON) of ``tool_call_id``;
+    * ``done``: the last delta; ``response`` is the whole answer, reassembled by the provider.
+
+    Attributes:
+        kind: What the delta carries.
+        text: A piece of text or of tool-call arguments.
+        tool_call_id: The call a ``tool_call`` or ``arguments`` delta belongs to.
+        name: The tool's name, on ``tool_call``.
+        response: The complete answer, on ``done``.
+    """
+
+    kind: Literal["text", "tool_call", "arguments", "done"]
+    text: str = ""
+    tool_call_id: str | None = None
+    name: str | None = None
+    response: ModelResponse | None = None
 
 
 @attrs.frozen(kw_only=True)

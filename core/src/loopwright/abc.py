@@ -9,7 +9,7 @@ assembly's settings and closes them when it closes.
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
@@ -18,7 +18,7 @@ import attrs
 if TYPE_CHECKING:
     from types import TracebackType
 
-    from loopwright._types import Message, ModelRequest, ModelResponse, Record, Usage
+    from loopwright._types import Message, ModelRequest, ModelResponse, Record, StreamDelta, Usage
 
 __all__ = [
     "ContextStrategy",
@@ -101,6 +101,24 @@ class Provider(_AsyncClosing, abc.ABC):
         message (unparseable tool arguments go in ``ToolCall.raw_arguments``).
         """
         raise NotImplementedError
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamDelta]:
+        """Send one request and yield the answer as it arrives, ending with a ``done`` delta.
+
+        The ``done`` delta carries the whole :class:`~loopwright.ModelResponse`, reassembled
+        from the pieces (tool-call arguments joined and parsed), so the loop never has to.
+        A stream that breaks off raises :class:`~loopwright.errors.ProviderError` (transient
+        when retrying may help). The default calls :meth:`complete` and yields its text as one
+        piece; providers that can stream override it.
+        """
+        from loopwright._types import StreamDelta  # noqa: PLC0415 - keeps this module import-light
+
+        response = await self.complete(request)
+        if response.message.content:
+            yield StreamDelta(kind="text", text=response.message.content)
+        for call in response.message.tool_calls:
+            yield StreamDelta(kind="tool_call", tool_call_id=call.id, name=call.name)
+        yield StreamDelta(kind="done", response=response)
 
 
 @attrs.frozen(kw_only=True)
