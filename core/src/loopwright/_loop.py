@@ -35,6 +35,7 @@ from loopwright._decisions import (
 )
 from loopwright._hooks import intercept, notify
 from loopwright._instance import Instance, message_to_json, now_iso, unanswered_calls
+from loopwright._tools import ToolContext
 from loopwright._types import (
     Cost,
     Event,
@@ -52,7 +53,7 @@ from loopwright._types import (
     Usage,
 )
 from loopwright.builtins.tools import AwaitUser
-from loopwright.errors import HookBlockedError, ProviderError, RunError, ToolError
+from loopwright.errors import HookBlockedError, ProviderError, RunError, ToolCallDenied, ToolError
 
 if TYPE_CHECKING:
     from loopwright._definition import Limits
@@ -281,15 +282,78 @@ class Loop:
                 raise SegmentEnd(State.ERROR, StopReason.LIMIT_EXCEEDED, limit="elapsed",
                                  error=f"elapsed-time limit ({limits.elapsed:g} s) reached")
 
+    async def absorb_mail(self, run: AgentRun, *, running: bool) -> bool:
+        """Move new mailbox posts into the header's queue (``inbox``); return whether a cancel came.
+
+        Called when a segment starts (``running=False``: cancel requests are stale and dropped)
+        and at every turn boundary (``running=True``). Nothing is written here; the header is
+        saved with the next state change or by :meth:`_drain_inbox`.
+        """
+        h = run.inst.header
+        cursor = int(h.get("inboxCursor") or 0)
+        posts, new_cursor = await self.store.read_posts(run.inst.id, cursor)
+        if not posts:
+            return False
+        h["inboxCursor"] = new_cursor
+        queue = h.setdefault("inbox", [])
+        cancel = False
+        for post in posts:
+            if post.get("type") == "message":
+                queue.append(post)
+            elif post.get("type") == "cancel":
+                cancel = cancel or running
+        return cancel
+
     async def _drain_inbox(self, run: AgentRun) -> None:
+        """Deliver queued messages at a turn boundary; act on a cancel request.
+
+        Messages come from the instance's mailbox (any process may post) and wait in the
+        header's ``inbox`` queue. A message from ``api`` or ``user`` answers a pending
+        ``ask_user`` (the task prompt that waits behind a held turn never does); the others wait
+        behind the question. While a question is unanswered the segment rests ``waiting``
+        without calling the model.
+        """
         inst = run.inst
-        inbox = inst.header.get("inbox")
-        if not inbox:
-            return
-        inst.header["inbox"] = []
-        for item in inbox:
-            await self.add_message(run, Message(role="user", content=item["text"], source=item.get("source")))
+        h = inst.header
+        before = h.get("inboxCursor")
+        if await self.absorb_mail(run, running=True):
+            await self.rt.write_header(inst)
+            run.request_cancel()
+            await anyio.lowlevel.checkpoint()
+        queue: list[dict[str, Any]] = h.get("inbox") or []
+        if h.get("awaitingAnswer"):
+            answer = next((m for m in queue if m.get("source") in ("api", "user") and not m.get("behindTurn")), None)
+            if answer is not None:
+                queue.remove(answer)
+                await self.answer_question(run, str(answer.get("text", "")))
+        if queue and not h.get("awaitingAnswer"):
+            h["inbox"] = []
+            for item in queue:
+                await self.add_message(run, Message(role="user", content=item.get("text"), source=item.get("source")))
+                self.record(inst, "message", {"source": item.get("source"), "at": item.get("at")})
+            await self.rt.write_header(inst)
+        elif h.get("inboxCursor") != before:
+            await self.rt.write_header(inst)
+        if h.get("awaitingAnswer"):
+            raise SegmentEnd(State.WAITING, StopReason.WAITING)
+
+    async def has_mail(self, run: AgentRun) -> bool:
+        """Return whether messages wait in the mailbox of a resting instance (cancel requests are dropped)."""
+        inst = run.inst
+        cursor = int(inst.header.get("inboxCursor") or 0)
+        posts, new_cursor = await self.store.read_posts(inst.id, cursor)
+        if not posts:
+            return False
+        if any(p.get("type") == "message" for p in posts):
+            return True
+        inst.header["inboxCursor"] = new_cursor  # a cancel request for a segment that has ended
         await self.rt.write_header(inst)
+        return False
+
+    async def cancel_posted(self, run: AgentRun) -> bool:
+        """Return whether another process posted a cancel request (nothing is consumed)."""
+        posts, _ = await self.store.read_posts(run.inst.id, int(run.inst.header.get("inboxCursor") or 0))
+        return any(p.get("type") == "cancel" for p in posts)
 
     # ------------------------------------------------------------------ inference
 
@@ -300,7 +364,7 @@ class Loop:
         ref = self.rt.model_ref(defn)
         pname, model_id = self.rt.split_model(ref)
         request = ModelRequest(
-            model=model_id, provider=pname, messages=inst.transcript, tools=self.rt.tool_specs(defn),
+            model=model_id, provider=pname, messages=inst.transcript, tools=self.rt.tool_specs(defn, inst.grants),
             settings=defn.model_settings, output_schema=defn.output,
             stream=run.stream or self.rt.provider_streams(pname))
         response: ModelResponse | None = None
@@ -574,14 +638,14 @@ class Loop:
             raise SegmentEnd(State.ERROR, StopReason.LIMIT_EXCEEDED, limit="toolCalls",
                              error=f"tool-call limit ({limits.tool_calls}) reached")
 
-    async def _prepare(self, run: AgentRun, item: _Call, turn: int) -> None:  # noqa: C901, PLR0911 - one exit per status
+    async def _prepare(self, run: AgentRun, item: _Call, turn: int) -> None:  # noqa: C901, PLR0911, PLR0912 - one exit per status
         """Validate a call and run before_tool_call; fill ``result`` or ``held`` when decided."""
         inst = run.inst
         call = item.call
-        tool = self.rt.tool_for(inst.definition, call.name)
+        tool = self.rt.tool_for(inst.definition, call.name, inst.grants)
         item.tool = tool
         if tool is None:
-            names = ", ".join(self.rt.tool_names(inst.definition)) or "(none)"
+            names = ", ".join(self.rt.tool_names(inst.definition, inst.grants)) or "(none)"
             item.result = _result(call, ToolStatus.UNKNOWN_TOOL,
                                   f"unknown tool {call.name!r}. The tools you have: {names}")
             return
@@ -622,6 +686,18 @@ class Loop:
             item.held = f"tool {tool.name!r} requires approval"
         elif tool.name in inst.definition.requires_approval:
             item.held = f"the definition requires approval for {tool.name!r}"
+        elif tool.hold is not None:
+            try:
+                item.held = tool.hold(call.arguments, self.tool_context(inst, tool, call))
+            except Exception as exc:  # noqa: BLE001 - a failing check holds the call (fails closed)
+                item.held = f"tool {tool.name!r} could not check the call ({type(exc).__name__}: {exc})"
+
+    def tool_context(self, inst: Instance, tool: Tool, call: ToolCall, timeout: float | None = None) -> ToolContext:
+        """Return the :class:`ToolContext` of a call: what ``hold`` and a tool's context parameter get."""
+        return ToolContext(
+            instance_id=inst.id, tool_call_id=call.id, grants=inst.grants, base_dir=self.rt.assembly.base_dir,
+            store_locations=tuple(self.store.locations()), shell_approver=self.rt.shell_approver,
+            timeout=timeout or tool.timeout or self.rt.limits_for(inst.definition).tool_timeout or 60.0)
 
     async def _execute(self, run: AgentRun, item: _Call, turn: int) -> None:
         """Run the tool of a prepared call, count it, and finish it (hooks, save, record)."""
@@ -636,17 +712,22 @@ class Loop:
         await self.store.append_entries(inst.id, [{"t": "start", "id": call.id}])
         await self.emit(run, "tool_call", turn, id=call.id, name=call.name, arguments=dict(call.arguments))
         timeout = tool.timeout or self.rt.limits_for(inst.definition).tool_timeout or 60.0
+        arguments = call.arguments
+        if tool.context_param is not None:
+            arguments = {**arguments, tool.context_param: self.tool_context(inst, tool, call, timeout)}
         t0 = time.perf_counter()
         try:
             with anyio.fail_after(timeout):
                 if tool.is_async:
-                    value = await tool.function(**call.arguments)
+                    value = await tool.function(**arguments)
                 else:
                     value = await anyio.to_thread.run_sync(
-                        functools.partial(tool.function, **call.arguments), abandon_on_cancel=True)
+                        functools.partial(tool.function, **arguments), abandon_on_cancel=True)
         except TimeoutError:
             item.result = _result(call, ToolStatus.TIMEOUT, f"timeout: the tool took longer than {timeout:g} s",
                                   duration=time.perf_counter() - t0)
+        except ToolCallDenied as exc:
+            item.result = _result(call, ToolStatus.DENIED, f"denied: {exc}", duration=time.perf_counter() - t0)
         except ToolError as exc:
             item.result = _result(call, ToolStatus.TOOL_ERROR, str(exc), duration=time.perf_counter() - t0)
         except Exception as exc:  # noqa: BLE001 - a failing tool never ends the run
@@ -719,7 +800,7 @@ class Loop:
             p = by_id.get(call.id)
             if p is None:
                 continue
-            item = _Call(index, call, tool=self.rt.tool_for(inst.definition, call.name))
+            item = _Call(index, call, tool=self.rt.tool_for(inst.definition, call.name, inst.grants))
             self.record(inst, "approval", {"toolCallId": call.id, "tool": call.name, "decision": p.decision,
                                            "reason": p.decision_reason})
             approved = p.decision == "approved" and item.tool is not None
@@ -779,7 +860,7 @@ class Loop:
                     item.result = _result(call, ToolStatus.DENIED, "denied: the call needs approval and the "
                                           "process that held it stopped; ask again if it is still needed")
                     await self._finish(run, item, inst.turn, save=True)
-            elif item.tool is None and (tool := self.rt.tool_for(inst.definition, call.name)) is not None \
+            elif item.tool is None and (tool := self.rt.tool_for(inst.definition, call.name, inst.grants)) is not None \
                     and tool.idempotent:
                 item.tool = tool
                 await self._execute(run, item, inst.turn)

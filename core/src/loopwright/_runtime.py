@@ -13,6 +13,7 @@ import collections
 import math
 import os
 import secrets
+import socket
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
@@ -37,6 +38,7 @@ from loopwright.abc import ProviderSettings, StoreSettings
 from loopwright.errors import (
     ConfigError,
     GrantsError,
+    InstanceLockedError,
     LoopwrightError,
     RunCancelledError,
     RunError,
@@ -50,11 +52,13 @@ if TYPE_CHECKING:
 
     from loopwright._tools import Tool
     from loopwright._types import ToolSpec
-    from loopwright.abc import ContextStrategy, Provider, RecordSink, Store
+    from loopwright.abc import ContextStrategy, Lease, Provider, RecordSink, Store
 
 __all__ = ["AgentRun", "Runtime", "all_todos_done", "result_to_json", "summary", "usage_to_json"]
 
 _EVENT_HISTORY = 10_000
+#: Seconds between looks at the mailbox for a cancel request while a segment runs.
+_CANCEL_POLL = 0.25
 
 
 @attrs.define
@@ -73,6 +77,10 @@ class _DefinitionPlan:
     combined: dict[str, tuple[int, tuple[Any, ...]]] = attrs.Factory(dict)
     #: The validator of the definition's ``output`` schema, built on first use.
     output_validator: Any = None
+    #: Whether a tool of the definition is offered only under some grants (``Tool.available``).
+    gated: bool = False
+    #: The specs offered under each set of grants, for gated definitions.
+    offered: dict[Capabilities, tuple[ToolSpec, ...]] = attrs.Factory(dict)
 
 
 class AgentRun:
@@ -201,6 +209,12 @@ class AgentRun:
         """
         await self._rt.deliver(self, text, source)
 
+    def request_cancel(self) -> None:
+        """Cancel the running segment from inside it (a cancel request reached its runner)."""
+        self._cancelled = True
+        if self._scope is not None:
+            self._scope.cancel()
+
     async def cancel(self) -> None:
         """Stop the run: the instance becomes ``stopped`` with ``cancelled: true``; the partial turn is kept."""
         await self._rt.cancel_run(self)
@@ -223,11 +237,14 @@ class Runtime:
         ``LOOPWRIGHT_DISABLE_PLUGIN_AUTOLOAD`` is set).
     :param store: A store to use instead of the assembly's.
     :param http_client: An ``httpx.AsyncClient`` handed to every provider built here.
+    :param shell_approver: Decides shell commands of instances whose grant is ``shell: approval``,
+        called as ``approver(command, context)`` (see :class:`~loopwright.ToolContext`). Without
+        one, such commands are held for approval like ``loopApproval`` ones.
     """
 
     def __init__(
         self, assembly: Assembly | None = None, *, plugins: Sequence[object] = (), autoload: bool | None = None,
-        store: Store | None = None, http_client: Any = None,
+        store: Store | None = None, http_client: Any = None, shell_approver: Callable[..., Any] | None = None,
     ) -> None:
         """Describe a runtime; nothing is loaded until ``async with``."""
         self.assembly = assembly or Assembly()
@@ -235,6 +252,7 @@ class Runtime:
         self._autoload = autoload
         self._given_store = store
         self._http_client = http_client
+        self.shell_approver = shell_approver
         self.plugins = PluginHost()
         self.store: Store = store  # type: ignore[assignment]
         self.prices = PriceTable(self.assembly.pricing)
@@ -248,6 +266,7 @@ class Runtime:
         self._loop: Loop | None = None
         self._verifiers: dict[str, Callable[[Sequence[Message]], tuple[bool, str]]] = {}
         self._loaded = False
+        self._owner = f"{socket.gethostname()}:{os.getpid()}"
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str] | None = None, **kwargs: Any) -> Self:
@@ -433,7 +452,8 @@ class Runtime:
             strategy = factory(dict(spec.options))
         plan = _DefinitionPlan(definition=definition, tools=tools, specs=tuple(t.spec for t in tools.values()),
                                limits=limits, model_ref=self.model_ref(definition), strategy=strategy,
-                               hooks=definition_hooks(definition) if definition.hooks or definition.guardrails else {})
+                               hooks=definition_hooks(definition) if definition.hooks or definition.guardrails else {},
+                               gated=any(t.available is not None for t in tools.values()))
         self._plans[id(definition)] = plan
         return plan
 
@@ -467,17 +487,31 @@ class Runtime:
             plan.output_validator = jsonschema.Draft202012Validator(dict(definition.output or {}))
         return parse_output(text, plan.output_validator)
 
-    def tool_for(self, definition: Definition, name: str) -> Tool | None:
-        """Return the tool ``name`` if the definition has it."""
-        return self._plan(definition).tools.get(name)
+    def tool_for(self, definition: Definition, name: str, grants: Capabilities | None = None) -> Tool | None:
+        """Return the tool ``name`` if the definition has it (and ``grants`` make it available)."""
+        tool = self._plan(definition).tools.get(name)
+        if tool is not None and grants is not None and tool.available is not None and not tool.available(grants):
+            return None
+        return tool
 
-    def tool_names(self, definition: Definition) -> list[str]:
-        """Return the names of the definition's tools."""
-        return list(self._plan(definition).tools)
+    def tool_names(self, definition: Definition, grants: Capabilities | None = None) -> list[str]:
+        """Return the names of the definition's tools (those ``grants`` make available)."""
+        tools = self._plan(definition).tools
+        return [n for n, t in tools.items() if grants is None or t.available is None or t.available(grants)]
 
-    def tool_specs(self, definition: Definition) -> tuple[ToolSpec, ...]:
-        """Return what the model is told about the definition's tools (the same tuple every turn)."""
-        return self._plan(definition).specs
+    def tool_specs(self, definition: Definition, grants: Capabilities | None = None) -> tuple[ToolSpec, ...]:
+        """Return what the model is told about the definition's tools (the same tuple every turn).
+
+        With ``grants``, tools whose ``available`` check refuses them are left out.
+        """
+        plan = self._plan(definition)
+        if grants is None or not plan.gated:
+            return plan.specs
+        specs = plan.offered.get(grants)
+        if specs is None:
+            specs = plan.offered[grants] = tuple(
+                t.spec for t in plan.tools.values() if t.available is None or t.available(grants))
+        return specs
 
     def limits_for(self, definition: Definition) -> Limits:
         """Return the effective limits: defaults, then the assembly's, then the definition's."""
@@ -586,7 +620,7 @@ class Runtime:
         async def prelude() -> None:
             await self._begin(run, values, prompt, render, render_value)
 
-        self._spawn(run, new_segment=True, prelude=prelude)
+        await self._start_segment(run, new_segment=True, prelude=prelude, fresh=True)
         return run
 
     async def _begin(self, run: AgentRun, values: Mapping[str, Any], prompt: str | None, render: Any,
@@ -625,41 +659,101 @@ class Runtime:
                     # Seed 000: the task prompt goes behind the held turn; the remaining
                     # initial prompts do not run.
                     inst.header.setdefault("inbox", []).append(
-                        {"text": task.content, "source": "api", "at": now_iso()})
+                        {"type": "message", "text": task.content, "source": "api", "at": now_iso(),
+                         "behindTurn": True})
                 raise
         if task is not None:
             await loop.add_message(run, task)
 
-    def _spawn(self, run: AgentRun, *, new_segment: bool, prelude: Any = None) -> None:
+    async def _start_segment(
+        self, run: AgentRun, *, new_segment: bool, prelude: Any = None, lease: Lease | None = None,
+        fresh: bool = False,
+    ) -> None:
+        """Take the instance's runner lease and start a segment in the background.
+
+        :param lease: A lease the caller already holds (it is handed over).
+        :param fresh: The instance was just created here, so the copy in memory is current.
+        :raises InstanceLockedError: Another runner (in any process) holds the instance.
+        """
         if self._tg is None:
             raise LoopwrightError("the runtime is not open: use 'async with runtime:'")
+        if run.running:
+            raise LoopwrightError(f"instance {run.instance_id} is already running here")
+        if lease is None:
+            lease = await self.store.acquire(run.instance_id, self._owner)
+        try:
+            if not fresh:
+                await self._refresh(run)
+            await self.loop.absorb_mail(run, running=False)  # drops cancel requests that came too late
+        except BaseException:
+            lease.release()
+            raise
         run._done = anyio.Event()  # noqa: SLF001 - the runtime drives its runs
         run._history.clear()  # noqa: SLF001
         run.failure = None
-        self._tg.start_soon(self._drive, run, new_segment, prelude)
+        self._tg.start_soon(self._drive, run, new_segment, prelude, lease)
 
-    async def _drive(self, run: AgentRun, new_segment: bool, prelude: Any) -> None:
+    async def _refresh(self, run: AgentRun) -> None:
+        """Reload the instance if another process changed it since this copy was read."""
+        header = await self.store.read_header(run.instance_id)
+        if header.get("updatedAt") == run.inst.header.get("updatedAt"):
+            return
+        entries = await self.store.read_entries(run.instance_id)
+        inst = run.inst
+        inst.header = header
+        inst.grants = self._saved_grants(run.instance_id, header)
+        rebuild(inst, entries)
+
+    async def _drive(self, run: AgentRun, new_segment: bool, prelude: Any, lease: Lease) -> None:
         loop = self.loop
         inst = run.inst
         try:
-            with anyio.CancelScope() as scope:
-                run._scope = scope  # noqa: SLF001
-                if run._cancelled:  # noqa: SLF001
-                    scope.cancel()
-                await loop.run_segment(run, new_segment=new_segment, prelude=prelude)
-            if scope.cancelled_caught and run._cancelled:  # noqa: SLF001
-                with anyio.CancelScope(shield=True):
-                    await loop.set_state(run, State.STOPPED, StopReason.CANCELLED, cancelled=True)
+            while True:
+                with anyio.CancelScope() as scope:
+                    run._scope = scope  # noqa: SLF001
+                    if run._cancelled:  # noqa: SLF001
+                        scope.cancel()
+                    failure: Exception | None = None
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(self._watch_for_cancel, run)
+                        try:
+                            await loop.run_segment(run, new_segment=new_segment, prelude=prelude)
+                        except Exception as exc:  # noqa: BLE001 - re-raised below, outside the task group
+                            failure = exc
+                        finally:
+                            tg.cancel_scope.cancel()
+                    if failure is not None:
+                        raise failure  # noqa: TRY301 - handled by the except below, like any failure
+                if scope.cancelled_caught and run._cancelled:  # noqa: SLF001
+                    with anyio.CancelScope(shield=True):
+                        await loop.set_state(run, State.STOPPED, StopReason.CANCELLED, cancelled=True)
+                    break
+                # A message that arrived after the last turn boundary starts the next segment
+                # now, so nothing posted while the instance was running is left unread.
+                if inst.state is State.WAITING_FOR_APPROVAL or not await loop.has_mail(run):
+                    break
+                new_segment, prelude = True, None
         except Exception as exc:  # noqa: BLE001 - a bug must not leave the instance "running"
             run.failure = exc
             with anyio.CancelScope(shield=True):
                 loop.record(inst, "error", {"message": f"{type(exc).__name__}: {exc}", "internal": True})
                 await loop.set_state(run, State.ERROR, StopReason.ERROR, error=f"{type(exc).__name__}: {exc}")
         finally:
+            lease.release()
             run._scope = None  # noqa: SLF001
             run._cancelled = False  # noqa: SLF001
             run._done.set()  # noqa: SLF001
             run.close_followers()
+
+    async def _watch_for_cancel(self, run: AgentRun) -> None:
+        """While a segment runs, look for a cancel request posted by another process."""
+        while True:
+            await anyio.sleep(_CANCEL_POLL)
+            if await self.loop.cancel_posted(run):
+                run._cancelled = True  # noqa: SLF001
+                if run._scope is not None:  # noqa: SLF001
+                    run._scope.cancel()  # noqa: SLF001
+                return
 
     async def get_agent(self, instance_id: str) -> AgentRun:
         """Return the run of an instance, loading it from the store if it is not live here.
@@ -738,95 +832,137 @@ class Runtime:
         await run.message(text, source=source)
         return run
 
-    async def cancel(self, instance_id: str) -> AgentRun:
-        """Cancel an instance (live or saved); return its run."""
+    async def cancel(self, instance_id: str, *, timeout: float = 30.0) -> AgentRun:  # noqa: ASYNC109
+        """Cancel an instance, live here, resting, or running in another process.
+
+        Another process's run is asked through the instance's mailbox; this waits (up to
+        ``timeout`` seconds) until that runner has stopped it, then returns the reloaded run.
+        """
         run = await self.get_agent(instance_id)
-        await run.cancel()
+        await self.cancel_run(run, timeout=timeout)
         return run
 
     async def resume(self, instance_id: str) -> AgentRun:
-        """Continue an instance a crash left ``running``; a resting instance is left as it is."""
+        """Continue an instance a crash left ``running``; a resting instance is left as it is.
+
+        :raises InstanceLockedError: It is running in another process.
+        """
         run = await self.get_agent(instance_id)
-        if run.running or run.inst.state is not State.RUNNING:
+        if run.running:
+            return run
+        lease = await self.store.acquire(instance_id, self._owner)
+        try:
+            await self._refresh(run)
+        except BaseException:
+            lease.release()
+            raise
+        if run.inst.state is not State.RUNNING:
+            lease.release()
             return run
         loop = self.loop
 
         async def prelude() -> None:
             await loop.repair_interrupted(run)
 
-        self._spawn(run, new_segment=False, prelude=prelude)
+        await self._start_segment(run, new_segment=False, prelude=prelude, lease=lease)
         return run
 
     async def decide(
         self, run: AgentRun, tool_call_id: str | None, decision: Literal["approved", "denied"], reason: str | None,
     ) -> None:
-        """Record a decision on held calls; continue the segment once every one is decided."""
-        inst = run.inst
-        pending = inst.pending_approvals
-        undecided = [p for p in pending if p.decision is None]
-        if not undecided:
-            raise LoopwrightError(f"instance {inst.id} has no call waiting for approval")
-        if tool_call_id is not None and tool_call_id not in {p.tool_call_id for p in undecided}:
-            raise LoopwrightError(f"instance {inst.id} has no undecided call {tool_call_id!r}; waiting: "
-                                  f"{', '.join(p.tool_call_id for p in undecided)}")
-        decided = [
-            attrs.evolve(p, decision=decision, decision_reason=reason)
-            if p.decision is None and (tool_call_id is None or p.tool_call_id == tool_call_id) else p
-            for p in pending]
-        inst.set_pending(decided)
-        inst.header["updatedAt"] = now_iso()
-        await self.write_header(inst)
-        if all(p.decision is not None for p in decided) and not run.running:
-            loop = self.loop
+        """Record a decision on held calls; continue the segment once every one is decided.
 
-            async def prelude() -> None:
-                await loop.continue_after_decisions(run)
+        The decision is written under the instance's lease, on a fresh copy of its header, so a
+        decision from another process is never lost.
 
-            self._spawn(run, new_segment=False, prelude=prelude)
+        :raises InstanceLockedError: The instance is running elsewhere (it cannot be waiting).
+        """
+        if run.running:
+            raise LoopwrightError(f"instance {run.instance_id} is running; it has no call waiting for approval")
+        lease = await self.store.acquire(run.instance_id, self._owner)
+        try:
+            await self._refresh(run)
+            inst = run.inst
+            pending = inst.pending_approvals
+            undecided = [p for p in pending if p.decision is None]
+            if not undecided:
+                raise LoopwrightError(f"instance {inst.id} has no call waiting for approval")  # noqa: TRY301
+            if tool_call_id is not None and tool_call_id not in {p.tool_call_id for p in undecided}:
+                raise LoopwrightError(  # noqa: TRY301 - the lease is released by the handler below
+                    f"instance {inst.id} has no undecided call {tool_call_id!r}; waiting: "
+                    f"{', '.join(p.tool_call_id for p in undecided)}")
+            decided = [
+                attrs.evolve(p, decision=decision, decision_reason=reason)
+                if p.decision is None and (tool_call_id is None or p.tool_call_id == tool_call_id) else p
+                for p in pending]
+            inst.set_pending(decided)
+            inst.header["updatedAt"] = now_iso()
+            await self.write_header(inst)
+        except BaseException:
+            lease.release()
+            raise
+        if not all(p.decision is not None for p in decided):
+            lease.release()
+            return
+        loop = self.loop
+
+        async def prelude() -> None:
+            await loop.continue_after_decisions(run)
+
+        await self._start_segment(run, new_segment=False, prelude=prelude, lease=lease)
 
     async def deliver(self, run: AgentRun, text: str, source: str) -> None:
-        """Deliver a message (see :meth:`AgentRun.message`)."""
-        inst = run.inst
-        item = {"text": text, "source": source, "at": now_iso()}
-        awaiting = inst.header.get("awaitingAnswer")
-        if run.running or inst.state is State.WAITING_FOR_APPROVAL or (awaiting and source not in ("api", "user")):
-            inst.header.setdefault("inbox", []).append(item)
-            await self.write_header(inst)
+        """Deliver a message (see :meth:`AgentRun.message`) through the instance's mailbox.
+
+        A running instance (here or in another process) reads it at its next turn boundary; one
+        waiting for approval reads it once the calls are decided; any other resting instance
+        starts a new segment here at once.
+        """
+        await self.store.post(run.instance_id, {"type": "message", "text": text, "source": source, "at": now_iso()})
+        if run.running or run.inst.state is State.WAITING_FOR_APPROVAL:
             return
         loop = self.loop
-        if awaiting:
-            async def answer() -> None:
-                await loop.answer_question(run, text)
 
-            self._spawn(run, new_segment=True, prelude=answer)
-            return
-
-        async def deliver_now() -> None:
+        async def prelude() -> None:
             await loop.repair_interrupted(run)
-            inst.header.setdefault("inbox", []).append(item)
 
-        self._spawn(run, new_segment=True, prelude=deliver_now)
-
-    async def cancel_run(self, run: AgentRun) -> None:
-        """Cancel a run (see :meth:`AgentRun.cancel`)."""
-        run._cancelled = True  # noqa: SLF001
-        if run._scope is not None:  # noqa: SLF001
-            run._scope.cancel()  # noqa: SLF001
-            await run.wait()
-            return
-        if run.running:
-            await run.wait()
-            return
-        loop = self.loop
-        run._cancelled = False  # noqa: SLF001
-        inst = run.inst
-        if inst.state is State.STOPPED and inst.header.get("cancelled"):
-            return
-        run._done = anyio.Event()  # noqa: SLF001
         try:
-            await loop.set_state(run, State.STOPPED, StopReason.CANCELLED, cancelled=True)
+            await self._start_segment(run, new_segment=True, prelude=prelude)
+        except InstanceLockedError:
+            return  # running in another process: its runner reads the mailbox
+        if run.inst.state is State.WAITING_FOR_APPROVAL:
+            pass  # refreshed: it turned out to be waiting for approval; the segment rests at once
+
+    async def cancel_run(self, run: AgentRun, *, timeout: float = 30.0) -> None:  # noqa: ASYNC109
+        """Cancel a run (see :meth:`AgentRun.cancel` and :meth:`cancel`)."""
+        if run.running:
+            run._cancelled = True  # noqa: SLF001
+            if run._scope is not None:  # noqa: SLF001
+                run._scope.cancel()  # noqa: SLF001
+            await run.wait()
+            return
+        try:
+            lease = await self.store.acquire(run.instance_id, self._owner)
+        except InstanceLockedError:
+            await self.store.post(run.instance_id, {"type": "cancel", "at": now_iso()})
+            with anyio.move_on_after(timeout):
+                # Another process owns the run: there is nothing local to wait on but its header.
+                while (await self.store.read_header(run.instance_id)).get("state") == State.RUNNING.value:  # noqa: ASYNC110
+                    await anyio.sleep(0.05)
+            await self._refresh(run)
+            return
+        try:
+            await self._refresh(run)
+            inst = run.inst
+            if inst.state is State.STOPPED and inst.header.get("cancelled"):
+                return
+            run._done = anyio.Event()  # noqa: SLF001
+            try:
+                await self.loop.set_state(run, State.STOPPED, StopReason.CANCELLED, cancelled=True)
+            finally:
+                run._done.set()  # noqa: SLF001
         finally:
-            run._done.set()  # noqa: SLF001
+            lease.release()
 
 
 def summary(header: Mapping[str, Any]) -> dict[str, Any]:

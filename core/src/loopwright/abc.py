@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ContextStrategy",
+    "Lease",
     "Provider",
     "ProviderSettings",
     "RecordSink",
@@ -185,12 +186,48 @@ class Store(_AsyncClosing, abc.ABC):
         """Return every instance's header, oldest first."""
         raise NotImplementedError
 
+    async def acquire(self, instance_id: str, owner: str) -> Lease:
+        """Take the instance's runner lease without waiting: one runner per instance.
+
+        Raise :class:`~loopwright.errors.InstanceLockedError` at once if another runner (in
+        any process) holds it; a lease whose holder died must be taken over. The default grants
+        every request (a store that cannot lock cannot stop two runners); the file store locks
+        with ``flock``.
+        """
+        del instance_id, owner
+        return Lease()
+
+    async def post(self, instance_id: str, item: Mapping[str, Any]) -> None:
+        """Append an item to the instance's mailbox (a message or a cancel request).
+
+        Unlike every other write, any process may post while another one runs the instance;
+        the runner reads the mailbox with :meth:`read_posts`.
+        """
+        raise NotImplementedError
+
+    async def read_posts(self, instance_id: str, cursor: int) -> tuple[list[dict[str, Any]], int]:
+        """Return the mailbox items after ``cursor`` and the cursor after them (0 reads from the start).
+
+        Called at every turn boundary, so it must be cheap when nothing is new.
+        """
+        raise NotImplementedError
+
     def locations(self) -> Sequence[Path]:
         """Return the folders and files this store keeps data in.
 
         The runtime refuses to grant any of them to an agent. A store with no local files returns ``()``.
         """
         return ()
+
+
+class Lease:
+    """A held runner lease; :meth:`release` gives it back (twice is harmless).
+
+    Stores that lock subclass it; this base holds nothing.
+    """
+
+    def release(self) -> None:  # noqa: B027 - holding nothing, releasing is a no-op
+        """Give the lease back."""
 
 
 class ContextStrategy(abc.ABC):

@@ -78,6 +78,7 @@ from typing import TYPE_CHECKING, Any, Final, Self
 import attrs
 
 from loopwright._plugins import hookimpl
+from loopwright.abc import Lease as BaseLease
 from loopwright.abc import Store, StoreSettings
 from loopwright.errors import (
     ConfigError,
@@ -101,6 +102,7 @@ HEADER_FILE: Final = "instance.json"
 ENTRIES_FILE: Final = "entries.jsonl"
 RECORDS_FILE: Final = "records.jsonl"
 LOCK_FILE: Final = "lock"
+POSTS_FILE: Final = "posts.jsonl"
 
 _ID_RE: Final = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}")
 _OPTIONS: Final = frozenset({"path", "fsync"})
@@ -195,7 +197,7 @@ def _describe_holder(raw: bytes) -> str | None:
 
 
 @attrs.define(eq=False)
-class Lease:
+class Lease(BaseLease):
     """An exclusive hold on one instance, from :meth:`FileStore.acquire` until :meth:`release`.
 
     Also a context manager that releases on exit. A lease is a process-level lock: while it is
@@ -290,6 +292,8 @@ class FileStore(Store):
         self._leases: set[Lease] = set()
         self._closed = False
         self._root_ready = False
+        # instance_id -> read-only fd of its mailbox, most recently used last.
+        self._post_fds: collections.OrderedDict[str, int] = collections.OrderedDict()
 
     def __repr__(self) -> str:
         """Show the store folder and the fsync option."""
@@ -423,6 +427,69 @@ class FileStore(Store):
         """Return the whole record log in order; same contract as :meth:`read_entries`."""
         return self._read_log(instance_id, RECORDS_FILE)
 
+    # -- mailbox ---------------------------------------------------------------------------------
+
+    async def post(self, instance_id: str, item: Mapping[str, Any]) -> None:
+        """Append ``item`` to the instance's mailbox, ``posts.jsonl`` (any process, any time).
+
+        Each post is one ``O_APPEND`` write of one line, so posts from several processes never
+        interleave. Raise :class:`~loopwright.errors.InstanceNotFoundError` for an unknown instance.
+        """
+        folder = self.root / _check_id(instance_id)
+        try:
+            line = (_encode_item(item) + "\n").encode()
+        except (TypeError, ValueError) as exc:
+            raise StoreError(f"cannot post: {exc}", instance_id=instance_id) from exc
+        if not (folder / HEADER_FILE).is_file():
+            raise InstanceNotFoundError(instance_id)
+        path = folder / POSTS_FILE
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _O_CLOEXEC, 0o600)
+            try:
+                _write_all(fd, line)
+                if self.fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise StoreError(f"cannot post to {path}: {exc}", instance_id=instance_id) from exc
+
+    async def read_posts(self, instance_id: str, cursor: int) -> tuple[list[dict[str, Any]], int]:
+        """Return the complete mailbox lines after byte offset ``cursor`` and the offset after them.
+
+        Nothing new costs one ``fstat`` of a cached handle. A line still being written (no
+        newline yet) is left for the next call.
+        """
+        fd = self._post_fds.get(instance_id)
+        if fd is None:
+            folder = self.root / _check_id(instance_id)
+            if not (folder / HEADER_FILE).is_file():
+                raise InstanceNotFoundError(instance_id)
+            try:
+                fd = os.open(folder / POSTS_FILE, os.O_RDONLY | os.O_CREAT | _O_CLOEXEC, 0o600)
+            except OSError as exc:
+                raise StoreError(f"cannot open the mailbox: {exc}", instance_id=instance_id) from exc
+            self._post_fds[instance_id] = fd
+            while len(self._post_fds) > self.max_open_logs:
+                _key, old = self._post_fds.popitem(last=False)
+                with contextlib.suppress(OSError):
+                    os.close(old)
+        size = os.fstat(fd).st_size
+        if size <= cursor:
+            return [], cursor
+        data = os.pread(fd, size - cursor, cursor)
+        end = data.rfind(b"\n") + 1
+        items = []
+        for number, line in enumerate(data[:end].splitlines()):
+            try:
+                obj = json.loads(line)
+            except ValueError as exc:
+                raise StoreError(f"mailbox line at byte {cursor} + {number} is not JSON: {exc}",
+                                 instance_id=instance_id) from exc
+            if isinstance(obj, dict):
+                items.append(obj)
+        return items, cursor + end
+
     # -- locking -------------------------------------------------------------------------------
 
     async def acquire(self, instance_id: str, owner: str) -> Lease:
@@ -481,6 +548,10 @@ class FileStore(Store):
         self._closed = True
         while self._logs:
             _key, fd = self._logs.popitem()
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        while self._post_fds:
+            _iid, fd = self._post_fds.popitem()
             with contextlib.suppress(OSError):
                 os.close(fd)
         for lease in list(self._leases):
