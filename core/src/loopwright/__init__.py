@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from loopwright._retry import retry_transient
     from loopwright._runtime import AgentRun, Runtime
     from loopwright._sync import run_agent
-    from loopwright._tools import Tool, tool
+    from loopwright._tools import Tool, ToolContext, tool
     from loopwright._types import (
         AgentResult,
         Cost,
@@ -102,6 +102,7 @@ __all__ = [
     "StreamDelta",
     "Tool",
     "ToolCall",
+    "ToolContext",
     "ToolError",
     "ToolOutput",
     "ToolResult",
@@ -156,6 +157,7 @@ _LAZY: dict[str, str] = {
     "StreamDelta": "loopwright._types",
     "Tool": "loopwright._tools",
     "ToolCall": "loopwright._types",
+    "ToolContext": "loopwright._tools",
     "ToolError": "loopwright.errors",
     "ToolOutput": "loopwright._types",
     "ToolResult": "loopwright._types",

@@ -90,7 +90,7 @@ def capabilities_to_dict(caps: Capabilities) -> dict[str, Any]:
 def capabilities_from_dict(data: Any) -> Capabilities:
     """Parse a saved ``capabilities`` entry. Raise ValueError unless it is well formed."""
     if not isinstance(data, Mapping) or set(data) - {"files", "shell", "network", "agents"}:
-        raise ValueError("capabilities must be a mapping of files, shell, network and agents")  # noqa: TRY004 - callers catch ValueError for every malformation
+        raise ValueError("capabilities must be a mapping of files, shell, network and agents")
     files = data.get("files", {})
     agents = data.get("agents", {})
     if not isinstance(files, Mapping) or not isinstance(agents, Mapping):
@@ -104,7 +104,7 @@ def capabilities_from_dict(data: Any) -> Capabilities:
     network, spawn = data.get("network", False), agents.get("spawn", False)
     depth = agents.get("maxDepth", 8)
     if not isinstance(network, bool) or not isinstance(spawn, bool) or not isinstance(depth, int):
-        raise ValueError("network and agents.spawn must be booleans, agents.maxDepth an integer")
+        raise ValueError("network and agents.spawn must be booleans, agents.maxDepth an integer")  # noqa: TRY004
     return Capabilities(files=FileGrants(read=tuple(read), write=tuple(write)), shell=shell,
                         network=network, agents_spawn=spawn, agents_max_depth=depth)
 

@@ -14,19 +14,50 @@ import re
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Literal, TypeVar, overload
 
 import attrs
 import fastjsonschema
 import jsonschema
 
+from loopwright._definition import Capabilities
 from loopwright._types import ToolSpec
 
-__all__ = ["Tool", "schema_for_function", "tool"]
+__all__ = ["Tool", "ToolContext", "schema_for_function", "tool"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+@attrs.frozen(kw_only=True)
+class ToolContext:
+    """What a tool may know about the call it serves, passed to tools that ask for it.
+
+    A tool asks by declaring a parameter annotated ``ToolContext`` (imported at run time, not
+    under ``TYPE_CHECKING``): that parameter is left out of the JSON Schema and the loop fills it
+    in. The same object is given to the tool's ``hold`` check.
+
+    Attributes:
+        instance_id: The calling instance.
+        tool_call_id: The call being served.
+        grants: The instance's grants (already narrowed to the runtime's).
+        base_dir: The folder relative file roots in ``grants`` are resolved against.
+        store_locations: Where the runtime's store keeps data; no tool should touch them.
+        timeout: Seconds the loop waits for this call before giving up on it.
+        shell_approver: The host's approver for ``shell: approval`` (``Runtime(shell_approver=...)``),
+            called as ``approver(command, context)`` (sync or async); it returns True to run the
+            command, False or a reason (a string) to refuse it. ``None`` when the host gave none.
+    """
+
+    instance_id: str
+    tool_call_id: str
+    grants: Capabilities
+    base_dir: Path
+    store_locations: tuple[Path, ...] = ()
+    timeout: float = 60.0
+    shell_approver: Callable[..., Any] | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -45,6 +76,11 @@ class Tool:
         timeout: Seconds before the run stops waiting for it; ``None`` uses the definition's limit.
         is_async: Whether ``function`` is a coroutine function.
         plugin: The plugin that registered it, filled in by the registrar.
+        available: A check of the calling instance's grants; when it returns False the tool is
+            neither offered to the model nor callable (``unknown_tool``). ``None``: always offered.
+        hold: Asked with ``(arguments, context)`` after the before_tool_call hooks; a string it
+            returns holds the call for approval with that reason (shown to the approver).
+        context_param: The parameter annotated :class:`ToolContext`, filled in by the loop.
     """
 
     name: str
@@ -59,6 +95,9 @@ class Tool:
     is_async: bool = attrs.field(default=attrs.Factory(
         lambda self: inspect.iscoroutinefunction(self.function), takes_self=True))
     plugin: str | None = None
+    available: Callable[[Capabilities], bool] | None = None
+    hold: Callable[[Mapping[str, Any], ToolContext], str | None] | None = None
+    context_param: str | None = None
     _validator: Any = attrs.field(default=None, repr=False, eq=False, alias="_validator")
     _fast: Any = attrs.field(default=None, repr=False, eq=False, alias="_fast")
     _spec: ToolSpec | None = attrs.field(default=None, repr=False, eq=False, alias="_spec")
@@ -124,7 +163,8 @@ def tool(func: F, /) -> Tool: ...
 def tool(
     *, name: str | None = None, description: str | None = None, parallel_safe: bool = True,
     requires_approval: bool = False, ends_loop: bool = False, idempotent: bool = False,
-    timeout: float | None = None,
+    timeout: float | None = None, available: Callable[[Capabilities], bool] | None = None,
+    hold: Callable[[Mapping[str, Any], ToolContext], str | None] | None = None,
 ) -> Callable[[F], Tool]: ...
 
 
@@ -132,6 +172,8 @@ def tool(
     func: Callable[..., Any] | None = None, /, *, name: str | None = None,
     description: str | None = None, parallel_safe: bool = True, requires_approval: bool = False,
     ends_loop: bool = False, idempotent: bool = False, timeout: float | None = None,
+    available: Callable[[Capabilities], bool] | None = None,
+    hold: Callable[[Mapping[str, Any], ToolContext], str | None] | None = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a :class:`Tool` from a function, as ``@tool`` or ``@tool(parallel_safe=False, ...)``.
 
@@ -139,6 +181,8 @@ def tool(
     ``dict[str, X]``, ``X | None``, ``Literal[...]``, enums, attrs classes and TypedDicts); a
     parameter without a default is required. The description is the docstring's first
     paragraph; argument descriptions come from its ``Args:`` section or ``:param x:`` lines.
+    A parameter annotated :class:`ToolContext` is not in the schema: the loop passes the call's
+    context there. ``available`` and ``hold`` are described on :class:`Tool`.
     The returned :class:`Tool` is still callable through ``tool.function``.
     """
 
@@ -154,6 +198,9 @@ def tool(
             ends_loop=ends_loop,
             idempotent=idempotent,
             timeout=timeout,
+            available=available,
+            hold=hold,
+            context_param=_context_param(f),
         )
 
     if func is not None:
@@ -211,6 +258,12 @@ def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
     return " ".join(summary_lines), params
 
 
+def _context_param(func: Callable[..., Any]) -> str | None:
+    """Return the name of ``func``'s parameter annotated :class:`ToolContext`, if any."""
+    hints = typing.get_type_hints(func)
+    return next((n for n, tp in hints.items() if tp is ToolContext and n != "return"), None)
+
+
 def schema_for_function(func: Callable[..., Any], descriptions: Mapping[str, str] | None = None,
                         ) -> dict[str, Any]:
     """Return the JSON Schema (an object schema) of ``func``'s parameters."""
@@ -219,7 +272,7 @@ def schema_for_function(func: Callable[..., Any], descriptions: Mapping[str, str
     properties: dict[str, Any] = {}
     required: list[str] = []
     for pname, param in inspect.signature(func).parameters.items():
-        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD) or hints.get(pname) is ToolContext:
             continue
         schema = _schema_for_type(hints.get(pname, Any))
         if pname in descriptions:

@@ -226,7 +226,7 @@ class Lease:
     Stores that lock subclass it; this base holds nothing.
     """
 
-    def release(self) -> None:  # noqa: B027 - holding nothing, releasing is a no-op
+    def release(self) -> None:
         """Give the lease back."""
 
 

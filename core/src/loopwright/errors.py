@@ -16,7 +16,8 @@ The tree::
     │   └── HookBlockedError         a before_inference hook blocked the model call (.hook, .reason)
     ├── ToolError                    raised *by a tool* to report a failure to the model (status tool_error)
     └── ControlFlow                  not failures: signals that steer a run
-        └── RunCancelledError        the run was cancelled; the instance is stopped and kept (.result)
+        ├── RunCancelledError        the run was cancelled; the instance is stopped and kept (.result)
+        └── ToolCallDenied           raised *by a tool* whose approver refused the call (status denied)
 
 A tool raising :class:`ToolError` gives the model its message with status ``tool_error``; any other
 exception from a tool gives ``tool_failed``. Neither ends the run.
@@ -47,6 +48,7 @@ __all__ = [
     "RunCancelledError",
     "RunError",
     "StoreError",
+    "ToolCallDenied",
     "ToolError",
 ]
 
@@ -243,6 +245,14 @@ class ToolError(LoopwrightError):
 
 class ControlFlow(LoopwrightError):  # noqa: N818 - a branch of signals, not an error
     """Base of exceptions that steer a run rather than report a failure."""
+
+
+class ToolCallDenied(ControlFlow):
+    """Raise from a tool when the host's own approver refuses the call (``shell: approval``).
+
+    The model gets a ``denied`` result reading ``denied: <message>``, as for a call denied through
+    the loop's approval gate.
+    """
 
 
 class RunCancelledError(ControlFlow):

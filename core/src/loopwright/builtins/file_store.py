@@ -31,9 +31,10 @@ Durability:
   one, never a mix, and the new one's bytes are on disk before it replaces the old. The
   runtime writes the header when the instance's state changes, not on every turn.
 * **fsync: true** adds an ``os.fsync`` after every append and of the folder after every header
-  rename and instance creation, so everything also survives power loss or a kernel crash. It costs a disk flush per append (from tens of microseconds on fast
-  NVMe to milliseconds elsewhere); without it, a power loss may lose the last few seconds of
-  appends (never the header's atomicity).
+  rename and instance creation, so everything also survives power loss or a kernel crash. It
+  costs a disk flush per append (from tens of microseconds on fast NVMe to milliseconds
+  elsewhere); without it, a power loss may lose the last few seconds of appends (never the
+  header's atomicity).
 
 Appending costs the same at turn 10,000 as at turn 1: logs are never re-read or rewritten, and
 open log handles are kept in a small LRU (:attr:`FileStore.max_open_logs`) closed by
@@ -570,7 +571,10 @@ class FileStore(Store):
             raise StoreError(f"the header is not JSON-ready: {exc}", instance_id=instance_id) from exc
 
     def _replace_header(self, instance_id: str, folder: Path, data: bytes) -> None:
-        """Write ``data`` to a temp file in ``folder``, fsync, rename it over the header (fsync ``folder`` if strict)."""
+        """Write ``data`` to a temp file in ``folder``, fsync, rename it over the header.
+
+        With ``fsync: true`` the folder is fsynced after the rename too.
+        """
         target = folder / HEADER_FILE
         # One writer per process at a time (writes do not await), so the pid makes the name unique.
         tmp = folder / f".{HEADER_FILE}.{os.getpid()}.tmp"
@@ -586,7 +590,7 @@ class FileStore(Store):
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            os.replace(tmp, target)
+            tmp.replace(target)
         except BaseException as exc:
             with contextlib.suppress(OSError):
                 tmp.unlink()
