@@ -131,3 +131,28 @@ async def test_a_stream_without_its_final_answer_fails_the_run(tmp_path: Path) -
         with pytest.raises(RunError) as info:
             await run.result()
     assert "final answer" in str(info.value)
+
+
+async def test_a_retried_stream_tells_followers_to_start_over(tmp_path: Path) -> None:
+    """When a stream that already showed text is tried again (a fallback), a stream_reset event comes first."""
+    plugin = Plugin([ProviderError("cut", provider="st", transient=True), reply("second try")])
+    async with make_runtime(tmp_path, plugin) as rt:
+        run = await rt.start_agent(defn(model="st:a", fallback_models=("st:b",)), prompt="go", stream=True)
+        kinds = [e.kind async for e in run.events()]
+        await run.result()
+    first_delta = kinds.index("text_delta")
+    assert kinds.index("stream_reset") > first_delta
+    assert "text_delta" in kinds[kinds.index("stream_reset"):]
+
+
+async def test_provider_data_is_saved_with_the_message(tmp_path: Path) -> None:
+    """A message's provider_data survives a restart, for providers that must send it back."""
+    answer = loopwright.ModelResponse(message=loopwright.Message(
+        role="assistant", content="hi", provider_data={"st": {"signature": "abc"}}))
+    h = Harness(answer)
+    async with make_runtime(tmp_path, h) as rt:
+        run = await rt.start_agent(defn(), prompt="go")
+        iid = (await run.result()).instance_id
+    async with make_runtime(tmp_path, Harness()) as rt2:
+        again = await rt2.get_agent(iid)
+    assert again.inst.transcript[-1].provider_data == {"st": {"signature": "abc"}}

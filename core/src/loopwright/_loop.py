@@ -470,6 +470,10 @@ class Loop:
         """Consume a provider's stream: text and tool-call starts become events; return the answer."""
         turn = run.inst.turn + 1
         response: ModelResponse | None = None
+        if run.streamed_turn == turn:
+            # A retry or a fallback after text was already shown: followers start the answer over.
+            await self.emit(run, "stream_reset", turn)
+        run.streamed_turn = turn
         async for delta in provider.stream(request):
             kind = delta.kind
             if kind == "text":

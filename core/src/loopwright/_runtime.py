@@ -95,6 +95,8 @@ class AgentRun:
         self._rt = runtime
         self.inst = inst
         self.stream = False
+        #: The last turn whose answer was streamed, so a retried stream can announce a reset.
+        self.streamed_turn = 0
         self.failure: BaseException | None = None
         self._subscribers: list[Any] = []
         self._history: collections.deque[Event] = collections.deque(maxlen=_EVENT_HISTORY)

@@ -177,6 +177,9 @@ class Message:
         source: Who sent a ``user`` message: ``api``, ``user``, ``agent``, ``runtime`` or ``definition``.
         injected: Whether the message came from the definition's ``initialPrompts``.
         model: For ``assistant`` messages, the model that served the turn.
+        provider_data: Opaque, JSON-ready data a provider must get back with this message on
+            later calls (for example signed reasoning blocks), saved with the transcript.
+            Providers should key it by their kind (``{"anthropic": {...}}``).
     """
 
     role: Role
@@ -188,6 +191,7 @@ class Message:
     source: str | None = None
     injected: bool = False
     model: str | None = None
+    provider_data: Mapping[str, Any] | None = None
 
 
 class Transcript(Sequence[Message]):
