@@ -1,0 +1,35 @@
+"""loopwright-os: shell and file tools, each confined to the calling instance's grants.
+
+Found through the entry point ``os = "loopwright_os"`` of group ``loopwright``. A definition
+names the tools it wants, by name or by path (a path resolves by its last segment)::
+
+    tools: [execute_terminal_command, /agent-tools/os/read-file, write-file, list-directory]
+
+* ``execute_terminal_command {command, timeout?}`` runs ``/bin/sh -c COMMAND`` under the
+  ``shell`` grant: not offered with ``none``; runs with ``allow``; asks the host's
+  ``Runtime(shell_approver=...)`` with ``approval`` (the loop's approval gate when the runtime
+  has no approver); is held for ``approve``/``deny`` with ``loopApproval``.
+* ``read-file {path, offset?}``, ``write-file {path, content}`` and ``list-directory {path?}``
+  work under the ``files`` grants, with every path checked after symlinks are resolved.
+
+The rules and what the tests prove are in ``docs/tools/os.md``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from loopwright import hookimpl
+from loopwright_os._files import list_directory, read_file, write_file
+from loopwright_os._shell import execute_terminal_command
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+__all__ = ["execute_terminal_command", "list_directory", "loopwright_register_tools", "read_file", "write_file"]
+
+
+@hookimpl
+def loopwright_register_tools(register: Callable[..., None]) -> None:
+    """Register ``execute_terminal_command``, ``read-file``, ``write-file`` and ``list-directory``."""
+    register(execute_terminal_command, read_file, write_file, list_directory)
