@@ -21,7 +21,7 @@ from loopwright._runtime import AgentRun, Runtime, summary
 from loopwright._types import State
 from loopwright.cli._main import EXIT_OK, EXIT_USAGE, CliError
 from loopwright.cli._output import echo_json, print_instance, print_instances, print_plugins, report
-from loopwright.cli._progress import follow, make_progress
+from loopwright.cli._progress import follow, make_progress, terminal_approver
 from loopwright.errors import InstanceNotFoundError, LoopwrightError, StoreError
 
 if TYPE_CHECKING:
@@ -51,8 +51,15 @@ def _sync(fn: Callable[..., Awaitable[int]]) -> Callable[..., int]:
 
 
 def _runtime(settings: CliSettings) -> Runtime:
-    """Return the runtime of the assembly the options name (not opened yet)."""
-    return Runtime.from_file(settings.assembly_path())
+    """Return the runtime of the assembly the options name (not opened yet).
+
+    On an interactive terminal (and without ``--json``), shell commands under an ``approval``
+    grant are asked about at the terminal; elsewhere they wait at the loop's approval gate.
+    """
+    import sys  # noqa: PLC0415
+
+    interactive = not settings.json and sys.stdin.isatty() and sys.stderr.isatty()
+    return Runtime.from_file(settings.assembly_path(), shell_approver=terminal_approver if interactive else None)
 
 
 async def _lookup(rt: Runtime, instance_id: str) -> AgentRun:
@@ -88,7 +95,9 @@ def _not_found(rt: Runtime, instance_id: str) -> str:
 async def _follow(settings: CliSettings, agent: AgentRun) -> int:
     """Follow ``agent`` until it rests, then print its result as ``run`` does."""
     settings.instance_id = agent.instance_id
-    result, _interrupted = await follow(agent, make_progress(settings))
+    progress = make_progress(settings)
+    result, _interrupted = await follow(agent, progress)
+    settings.streamed_text = progress.streamed_answer()
     return report(result, settings, turns=agent.inst.turn)
 
 

@@ -76,15 +76,18 @@ class CliSettings:
         config: The assembly file given with ``-c``, or ``None``.
         instance_id: The instance a command is following, so that an interruption can say
             how to continue it.
+        streamed_text: The answer as it was already printed while it streamed, so the result
+            does not print it twice.
     """
 
-    __slots__ = ("config", "instance_id", "json")
+    __slots__ = ("config", "instance_id", "json", "streamed_text")
 
     def __init__(self) -> None:
         """Start with the defaults: text output, no ``-c``."""
         self.json = False
         self.config: Path | None = None
         self.instance_id: str | None = None
+        self.streamed_text: str | None = None
 
     def assembly_path(self) -> Path | None:
         """Return the assembly to load: ``-c PATH``, else ``./loopwright.yaml`` if it exists, else ``None``.

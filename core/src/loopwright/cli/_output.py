@@ -152,7 +152,9 @@ def report(result: AgentResult, settings: CliSettings, *, turns: int | None, can
         if code == EXIT_APPROVAL:
             _print_pending(result)
         elif code == EXIT_OK:
-            if result.text is not None:
+            if result.text is not None and result.text == settings.streamed_text:
+                click.echo()  # the answer is on the screen already: it streamed there
+            elif result.text is not None:
                 click.echo(result.text)
             elif result.output is not None:
                 echo_json(result.output)

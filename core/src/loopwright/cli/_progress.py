@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from loopwright._types import AgentResult, Event
     from loopwright.cli._main import CliSettings
 
-__all__ = ["LiveProgress", "PlainProgress", "Progress", "follow", "make_progress"]
+__all__ = ["LiveProgress", "PlainProgress", "Progress", "follow", "make_progress", "terminal_approver"]
 
 _ARGS_WIDTH = 120
 _TEXT_WIDTH = 200
@@ -66,6 +66,24 @@ class Progress:
         self.tokens = 0
         self.cost: float | None = 0.0
         self._said: tuple[int | None, str] | None = None
+        #: The turn being streamed and its text so far.
+        self.streamed: tuple[int | None, str] = (None, "")
+
+    #: Whether this display prints streamed text as it arrives.
+    shows_deltas = False
+
+    def show_delta(self, text: str) -> None:
+        """Show a piece of streamed text (nothing here)."""
+
+    def show_reset(self) -> None:
+        """Say that the streamed answer starts over (nothing here)."""
+
+    def end_delta_line(self) -> None:
+        """End the line of streamed text before tool calls are shown (nothing here)."""
+
+    def streamed_answer(self) -> str | None:
+        """Return the text streamed to the screen in the last streamed turn, if this display shows deltas."""
+        return self.streamed[1] if self.shows_deltas and self.streamed[0] is not None else None
 
     def __enter__(self) -> Self:
         return self
@@ -86,13 +104,26 @@ class Progress:
                                (usage.get("inputTokens") or 0) + (usage.get("outputTokens") or 0))
             amount = data.get("cost")
             self.cost = None if self.cost is None or amount is None else self.cost + float(amount)
+        elif event.kind == "text_delta":
+            self.streamed = (event.turn, (self.streamed[1] if self.streamed[0] == event.turn else "")
+                             + str(data.get("delta") or ""))
+            self.show_delta(str(data.get("delta") or ""))
+            return
+        elif event.kind == "stream_reset":
+            self.streamed = (event.turn, "")
+            self.show_reset()
+            return
         elif event.kind == "text":
+            if self.streamed[0] == event.turn and self.shows_deltas:
+                return  # already on the screen
             # Shown only if the turn goes on with tool calls: the last text is the answer,
             # printed in full at the end.
             self._said = (event.turn, str(data.get("text") or ""))
             return
         elif event.kind == "tool_call":
             self.tool_calls += 1
+            if self.shows_deltas and self.streamed[0] == event.turn and self.streamed[1]:
+                self.end_delta_line()
             if self._said is not None and self._said[0] == event.turn and self._said[1]:
                 self.show_text(event.turn, self._said[1])
             self._said = None
@@ -146,9 +177,12 @@ class PlainProgress(Progress):
 class LiveProgress(Progress):
     """A rich live display on stderr: a spinner with the counters, tool calls printed above it."""
 
+    shows_deltas = True
+
     def __init__(self) -> None:
         """Prepare the display; it starts on ``__enter__``."""
         super().__init__()
+        self._live_on = False
         from rich.console import Console  # noqa: PLC0415 - rich only when a terminal shows it
         from rich.live import Live  # noqa: PLC0415
         from rich.spinner import Spinner  # noqa: PLC0415
@@ -159,12 +193,42 @@ class LiveProgress(Progress):
 
     def __enter__(self) -> Self:
         self._live.start()
+        self._live_on = True
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None,
     ) -> None:
-        self._live.stop()
+        self.pause()
+
+    def pause(self) -> None:
+        """Stop the spinner (streamed text and prompts need the terminal to themselves)."""
+        if self._live_on:
+            self._live.stop()
+            self._live_on = False
+
+    def resume(self) -> None:
+        """Start the spinner again, unless text is streaming."""
+        if not self._live_on and self.streamed[0] is None:
+            self._live.start()
+            self._live_on = True
+
+    def show_delta(self, text: str) -> None:
+        """Print streamed text on stdout as it arrives; the spinner stops for the rest of the run."""
+        self.pause()
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    def show_reset(self) -> None:
+        """Tell the reader the answer starts over (a retry or a fallback model)."""
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        self._console.print("[yellow]the answer starts over (retry or fallback model)[/]", highlight=False)
+
+    def end_delta_line(self) -> None:
+        """End the streamed line before tool calls are printed."""
+        sys.stdout.write("\n")
+        sys.stdout.flush()
 
     def _status(self) -> str:
         from loopwright.cli._output import format_cost  # noqa: PLC0415
@@ -242,15 +306,58 @@ async def follow(run: AgentRun, progress: Progress) -> tuple[AgentResult, bool]:
             progress.note("cancelling (Ctrl-C again to quit at once) ...")
             tg.start_soon(run.cancel)
 
-    with progress, _interrupts() as signals:
-        async with anyio.create_task_group() as tg:
-            if signals is not None:
-                tg.start_soon(watch, signals)
-            async for event in run.events():
-                progress.event(event)
-            result = await run.wait()
-            tg.cancel_scope.cancel()
+    global _current  # noqa: PLW0603 - the terminal approver needs the display that is on screen
+    _current = progress
+    try:
+        with progress, _interrupts() as signals:
+            async with anyio.create_task_group() as tg:
+                if signals is not None:
+                    tg.start_soon(watch, signals)
+                async for event in run.events():
+                    progress.event(event)
+                result = await run.wait()
+                tg.cancel_scope.cancel()
+    finally:
+        _current = None
     return result, interrupted
+
+
+_current: Progress | None = None
+_prompt_lock: anyio.Lock | None = None
+
+
+async def terminal_approver(command: str, context: Any) -> bool | str:
+    """Ask at the terminal whether to run a shell command (``shell: approval`` grants).
+
+    The live display pauses while the question is on screen. Parallel calls ask one at a time.
+    Returns ``True`` for yes, otherwise the reason the model sees.
+    """
+    global _prompt_lock  # noqa: PLW0603 - one prompt at a time in this process
+    if _prompt_lock is None:
+        _prompt_lock = anyio.Lock()
+    async with _prompt_lock:
+        display = _current
+        if isinstance(display, LiveProgress):
+            display.pause()
+        try:
+            who = getattr(context, "instance_id", "?")
+            question = f"\ninstance {who} wants to run:\n  {command}\nRun this command? [y/N] "
+            answer = await anyio.to_thread.run_sync(_ask_terminal, question)
+        finally:
+            if isinstance(display, LiveProgress):
+                display.resume()
+    if answer.strip().lower() in ("y", "yes"):
+        return True
+    return "refused at the terminal"
+
+
+def _ask_terminal(question: str) -> str:
+    sys.stderr.write(question)
+    sys.stderr.flush()
+    try:
+        return sys.stdin.readline()
+    except (OSError, ValueError):
+        return ""
 
 
 @contextlib.contextmanager

@@ -1,0 +1,114 @@
+"""The CLI on a real terminal (a pseudo-terminal): streamed text and the shell-approval prompt."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from loopwright import AgentResult, Event, State, StopReason
+from loopwright.cli._main import CliSettings
+from loopwright.cli._output import report
+from loopwright.cli._progress import LiveProgress
+
+FIXTURES = Path(__file__).parent / "cli_fixtures"
+
+
+def run_in_pty(args: list[str], cwd: Path, answer: bytes | None = None, timeout: float = 60.0) -> tuple[int, str]:
+    """Run the CLI under a pseudo-terminal; type ``answer`` when it asks a question. Return (exit code, screen)."""
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: becomes the CLI
+        os.chdir(cwd)
+        os.environ["COLUMNS"] = "200"
+        os.execv(sys.executable, [sys.executable, "-m", "loopwright.cli", *args])
+    out = b""
+    deadline = time.monotonic() + timeout
+    answered = False
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.1)
+        if not ready:
+            continue
+        try:
+            data = os.read(fd, 4096)
+        except OSError:
+            break
+        if not data:
+            break
+        out += data
+        if answer is not None and not answered and b"[y/N]" in out:
+            os.write(fd, answer)
+            answered = True
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), out.decode(errors="replace")
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    shutil.copytree(FIXTURES, tmp_path / "p")
+    return tmp_path / "p"
+
+
+def test_streamed_answer_is_printed_once_as_it_arrives(project: Path) -> None:
+    """With --stream on a terminal the answer streams to the screen and is not printed a second time."""
+    code, screen = run_in_pty(["run", "agents/chat.yaml", "-p", "hello there", "--stream"], project)
+    assert code == 0, screen
+    scripts = json.loads((project / "scripts" / "chat.json").read_text())
+    answer = scripts[0]["text"].replace("{last}", "hello there")
+    assert screen.count(answer) == 1, screen
+
+
+def test_shell_approval_asks_at_the_terminal(project: Path) -> None:
+    """Under `shell: approval`, the CLI asks on the terminal; 'y' runs the command, its output reaches the model."""
+    (project / "scripts" / "shell.json").write_text(json.dumps([
+        {"calls": [{"name": "execute_terminal_command", "arguments": {"command": "echo approved-run"}}]},
+        {"text": "result: {last}"},
+    ]))
+    (project / "agents" / "shell.yaml").write_text(
+        "name: shell\nmodel: replay:shell\ntools: [execute_terminal_command]\n")
+    assembly = (project / "loopwright.yaml").read_text() + "capabilities: {shell: approval}\n"
+    (project / "loopwright.yaml").write_text(assembly)
+    code, screen = run_in_pty(["run", "agents/shell.yaml", "-p", "go"], project, answer=b"y\n")
+    assert code == 0, screen
+    assert "Run this command? [y/N]" in screen
+    assert "echo approved-run" in screen
+    assert "approved-run" in screen.split("[y/N]", 1)[1]
+
+
+def test_shell_approval_refused_at_the_terminal(project: Path) -> None:
+    """Answering no at the terminal gives the model a denied result and does not run the command."""
+    marker = project / "ran.txt"
+    (project / "scripts" / "shell.json").write_text(json.dumps([
+        {"calls": [{"name": "execute_terminal_command", "arguments": {"command": f"touch {marker}"}}]},
+        {"text": "result: {last}"},
+    ]))
+    (project / "agents" / "shell.yaml").write_text(
+        "name: shell\nmodel: replay:shell\ntools: [execute_terminal_command]\n")
+    assembly = (project / "loopwright.yaml").read_text() + "capabilities: {shell: approval}\n"
+    (project / "loopwright.yaml").write_text(assembly)
+    code, screen = run_in_pty(["run", "agents/shell.yaml", "-p", "go"], project, answer=b"n\n")
+    assert code == 0, screen
+    assert not marker.exists()
+    assert "refused at the terminal" in screen
+
+
+def test_live_display_prints_deltas_and_the_report_does_not_repeat_them(capsys: pytest.CaptureFixture[str]) -> None:
+    """The live display writes streamed pieces to stdout as they come; the final report then prints no second copy."""
+    progress = LiveProgress()
+    with progress:
+        for piece in ("stre", "amed ", "answer"):
+            progress.event(Event(kind="text_delta", instance_id="i", turn=1, data={"delta": piece}))
+        progress.event(Event(kind="text", instance_id="i", turn=1, data={"text": "streamed answer"}))
+    assert capsys.readouterr().out == "streamed answer"
+    settings = CliSettings()
+    settings.streamed_text = progress.streamed_answer()
+    result = AgentResult(instance_id="i", state=State.WAITING, stop_reason=StopReason.WAITING,
+                         text="streamed answer")
+    assert report(result, settings, turns=1) == 0
+    assert capsys.readouterr().out == "\n"
