@@ -27,7 +27,7 @@ def run_in_pty(args: list[str], cwd: Path, answer: bytes | None = None, timeout:
     if pid == 0:  # the child: becomes the CLI
         os.chdir(cwd)
         os.environ["COLUMNS"] = "200"
-        os.execv(sys.executable, [sys.executable, "-m", "loopwright.cli", *args])
+        os.execv(sys.executable, [sys.executable, "-m", "loopwright.cli", *args])  # noqa: S606
     out = b""
     deadline = time.monotonic() + timeout
     answered = False
