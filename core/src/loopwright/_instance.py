@@ -139,6 +139,7 @@ class Instance:
             error=h.get("error"),
             cancelled=bool(h.get("cancelled", False)),
             limit=h.get("limit"),
+            model=h.get("servedBy"),
         )
 
     def totals_to_header(self) -> None:

@@ -427,6 +427,7 @@ class Loop:
         self.record(inst, "turn", {
             "turn": turn, "model": served, "usage": usage_json, "cost": cost.amount,
             "finishReason": response.finish_reason, "toolCalls": len(calls), "latency": round(latency, 6)})
+        inst.header["servedBy"] = served
         if message.content:
             inst.header["text"] = message.content
         await self.observe(inst, "loopwright_on_message", message=message)

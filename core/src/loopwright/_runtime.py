@@ -1012,6 +1012,7 @@ def result_to_json(result: AgentResult) -> dict[str, Any]:
         "error": result.error,
         "cancelled": result.cancelled,
         "limit": result.limit,
+        "model": result.model,
     }
 
 

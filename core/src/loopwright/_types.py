@@ -496,6 +496,8 @@ class AgentResult:
         error: The error message, in the ``error`` state.
         cancelled: Whether the run was cancelled.
         limit: For ``limit_exceeded``, the name of the limit.
+        model: The ``PROVIDER:MODEL`` that served the last turn (a fallback model when the
+            first failed); every turn's model is in its ``turn`` record.
     """
 
     instance_id: str
@@ -510,3 +512,4 @@ class AgentResult:
     error: str | None = None
     cancelled: bool = False
     limit: str | None = None
+    model: str | None = None
