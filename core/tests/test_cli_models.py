@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -71,3 +72,28 @@ def test_invalid_structured_output_ends_output_invalid(project: Path) -> None:
     result = json.loads(done.stdout)
     assert (result["stopReason"], result["output"]) == ("output_invalid", None)
     assert result["usage"]["requests"] == 3
+
+
+def test_message_and_cancel_reach_a_run_in_another_process(project: Path) -> None:
+    """`message` to an instance another process runs is delivered (exit 0); `cancel` stops that process's run."""
+    env = {"PATH": "/usr/bin:/bin", "LOOPWRIGHT_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    runner = subprocess.Popen([sys.executable, "-m", "loopwright.cli", "--json", "run", "agents/slow.yaml"],
+                              cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 30
+        while not (project / "slow.started").exists():
+            assert time.monotonic() < deadline, "the slow tool never started"
+            time.sleep(0.05)
+        (instance,) = json.loads(lw(project, "ls", "--json", "--state", "running").stdout)
+        iid = instance["instanceId"]
+        sent = lw(project, "message", iid, "are you there?")
+        assert sent.returncode == 0, sent.stderr
+        assert "delivered" in sent.stderr
+        stopped = lw(project, "cancel", iid, "--json")
+        assert stopped.returncode == 0, stopped.stderr
+        assert json.loads(stopped.stdout)["state"] == "stopped"
+        out, _err = runner.communicate(timeout=30)
+    finally:
+        runner.kill()
+    assert runner.returncode == 130
+    assert json.loads(out)["cancelled"] is True

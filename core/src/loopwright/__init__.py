@@ -36,7 +36,7 @@ if TYPE_CHECKING:
         StoreConfig,
     )
     from loopwright._plugins import hookimpl
-    from loopwright._retry import retry_transient
+    from loopwright._retry import parse_retry_after, retry_transient
     from loopwright._runtime import AgentRun, Runtime
     from loopwright._sync import run_agent
     from loopwright._tools import Tool, ToolContext, tool
@@ -112,6 +112,7 @@ __all__ = [
     "Usage",
     "hookimpl",
     "intersect",
+    "parse_retry_after",
     "retry_transient",
     "run_agent",
     "tool",
@@ -167,6 +168,7 @@ _LAZY: dict[str, str] = {
     "Usage": "loopwright._types",
     "hookimpl": "loopwright._plugins",
     "intersect": "loopwright._capabilities",
+    "parse_retry_after": "loopwright._retry",
     "retry_transient": "loopwright._retry",
     "run_agent": "loopwright._sync",
     "tool": "loopwright._tools",

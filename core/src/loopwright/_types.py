@@ -448,11 +448,15 @@ class Event:
     """Something that happened during a run, as :meth:`AgentRun.events` yields it.
 
     Attributes:
-        kind: ``state``, ``turn_started``, ``text``, ``tool_call``, ``tool_result``, ``usage``,
-            ``message``, ``approval`` or ``turn_finished``.
+        kind: One of ``state`` (``state``, ``stopReason``), ``text`` (``text``: an answer's
+            whole text), ``text_delta`` (``delta``: a streamed piece), ``stream_reset`` (a
+            streamed answer starts over), ``tool_call_start`` (``id``, ``name``: streamed),
+            ``usage`` (``usage``, ``cost``, ``model``), ``tool_call`` (``id``, ``name``,
+            ``arguments``: a call starts running), ``tool_result`` (``id``, ``name``, ``status``,
+            ``content``) and ``approval`` (``toolCallId``, ``tool``, ``reason``).
         instance_id: The instance it concerns.
         turn: The turn number within the instance, when it belongs to one.
-        data: Kind-specific fields (for ``text``: ``delta``; ``tool_call``: ``call``; ...).
+        data: The kind's fields, listed above.
     """
 
     kind: str

@@ -158,6 +158,14 @@ async def message(settings: CliSettings, instance_id: str, text: str) -> int:
             click.echo("the message is queued: it is read once the calls waiting for approval are decided",
                        err=True)
         agent = await rt.message(instance_id, text, source="user")
+        if not agent.running and agent.state is State.RUNNING:
+            # Another process runs it: the message is in its mailbox, read at its next turn boundary.
+            if settings.json:
+                echo_json({**summary(await rt.store.read_header(instance_id)), "delivered": True})
+            else:
+                click.echo(f"delivered: instance {instance_id} is running in another process, which reads the "
+                           "message at its next turn boundary", err=True)
+            return EXIT_OK
         return await _follow(settings, agent)
 
 
