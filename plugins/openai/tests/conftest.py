@@ -1,10 +1,16 @@
-"""Fixtures: a real local HTTP server speaking Chat Completions, scripted per test.
+"""Fixtures: a real local HTTP server speaking Chat Completions and Responses, scripted per test.
 
 Tests reach everything through the ``fake`` fixture (``fake.Reply``, ``fake.completion``,
-``fake.tool_call``), so nothing is imported from this file. The server is the stdlib
-``ThreadingHTTPServer`` on 127.0.0.1 (a free port), HTTP/1.1 with keep-alive. Each test
-enqueues :class:`Reply` objects; when the queue is empty the server answers ``"ok"``. It
-records every request it receives (:class:`Seen`).
+``fake.tool_call``, ``fake.sse``, ``fake.chunk``, ``fake.response`` ...), so nothing is imported
+from this file. The server is the stdlib ``ThreadingHTTPServer`` on 127.0.0.1 (a free port),
+HTTP/1.1 with keep-alive. Each test enqueues :class:`Reply` objects; when the queue is empty the
+server answers ``"ok"``. It records every request it receives (:class:`Seen`).
+
+A reply with ``sse`` streams server-sent events: chunked transfer encoding (or, with
+``framing="close"``, no length and the connection closed at the end), each piece written and
+flushed on its own after a short pause so the client reads them separately. ``split`` cuts the
+payload into pieces of that many bytes, mid-line; ``cut`` ends the body without its last chunk
+(the client sees the connection break off).
 """
 
 from __future__ import annotations
@@ -39,6 +45,11 @@ class Reply:
     headers: dict[str, str] = attrs.field(factory=dict)
     delay: float = 0.0
     close: bool = False
+    sse: list[Any] | None = None
+    split: int | None = None
+    framing: str = "chunked"
+    cut: bool = False
+    pause: float = 0.001
 
 
 @attrs.frozen(kw_only=True)
@@ -66,6 +77,59 @@ def completion(
     }
 
 
+def chunk(
+    content: str | None = None, *, tool_calls: list[dict[str, Any]] | None = None, finish_reason: str | None = None,
+    refusal: str | None = None, usage: dict[str, Any] | None = None, choices: bool = True, model: str = "gpt-test-0001",
+) -> dict[str, Any]:
+    """Return a Chat Completions stream chunk (``choices=False``: the usage-only last chunk)."""
+    out: dict[str, Any] = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": model}
+    if choices:
+        delta: dict[str, Any] = {}
+        if content is not None:
+            delta["content"] = content
+        if refusal is not None:
+            delta["refusal"] = refusal
+        if tool_calls is not None:
+            delta["tool_calls"] = tool_calls
+        out["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish_reason}]
+    else:
+        out["choices"] = []
+    if usage is not None:
+        out["usage"] = usage
+    return out
+
+
+def sse(*events: Any, done: bool = True, **reply: Any) -> Reply:
+    """Return a streamed reply: each event a dict (sent as JSON data) or a str (sent as written)."""
+    items = list(events) + (["data: [DONE]\n\n"] if done else [])
+    return Reply(sse=items, **reply)
+
+
+def response(
+    output: list[dict[str, Any]] | None = None, *, status: str = "completed", usage: dict[str, Any] | None = None,
+    incomplete: str | None = None, error: dict[str, Any] | None = None, model: str = "gpt-test-0001",
+) -> dict[str, Any]:
+    """Return a Responses API response object."""
+    return {
+        "id": "resp_1", "object": "response", "created_at": 1, "model": model, "status": status,
+        "output": [] if output is None else output,
+        "incomplete_details": {"reason": incomplete} if incomplete else None, "error": error,
+        "usage": {"input_tokens": 3, "output_tokens": 1, "total_tokens": 4} if usage is None else usage,
+    }
+
+
+def message_item(text: str) -> dict[str, Any]:
+    """Return a Responses ``message`` output item holding ``text``."""
+    return {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+            "content": [{"type": "output_text", "text": text, "annotations": []}]}
+
+
+def function_call_item(call_id: str, name: str, arguments: str, item_id: str = "fc_1") -> dict[str, Any]:
+    """Return a Responses ``function_call`` output item."""
+    return {"type": "function_call", "id": item_id, "call_id": call_id, "name": name, "arguments": arguments,
+            "status": "completed"}
+
+
 def tool_call(call_id: str | None, name: str, arguments: str) -> dict[str, Any]:
     """Return a wire tool call."""
     out: dict[str, Any] = {"type": "function", "function": {"name": name, "arguments": arguments}}
@@ -80,6 +144,11 @@ class FakeOpenAI:
     Reply = Reply
     completion = staticmethod(completion)
     tool_call = staticmethod(tool_call)
+    chunk = staticmethod(chunk)
+    sse = staticmethod(sse)
+    response = staticmethod(response)
+    message_item = staticmethod(message_item)
+    function_call_item = staticmethod(function_call_item)
 
     def __init__(self, port: int) -> None:
         self.url = f"http://127.0.0.1:{port}/v1"
@@ -125,6 +194,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             self.close_connection = True
             return
+        if reply.sse is not None:
+            self._stream(reply)
+            return
         payload = reply.body if isinstance(reply.body, bytes) else json.dumps(reply.body).encode()
         self.send_response(reply.status)
         self.send_header("Content-Type", "application/json")
@@ -133,6 +205,35 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         self.end_headers()
         self.wfile.write(payload)
+
+    def _stream(self, reply: Reply) -> None:
+        text = "".join(e if isinstance(e, str) else f"data: {json.dumps(e)}\n\n" for e in reply.sse or ())
+        payload = text.encode()
+        if reply.split:
+            pieces = [payload[i:i + reply.split] for i in range(0, len(payload), reply.split)]
+        else:  # one piece per event
+            pieces = [(e if isinstance(e, str) else f"data: {json.dumps(e)}\n\n").encode() for e in reply.sse or ()]
+        chunked = reply.framing == "chunked"
+        self.send_response(reply.status)
+        self.send_header("Content-Type", "text/event-stream")
+        if chunked:
+            self.send_header("Transfer-Encoding", "chunked")
+        else:
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        for name, value in reply.headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        for piece in pieces:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece)
+            self.wfile.flush()
+            if reply.pause:
+                time.sleep(reply.pause)
+        if reply.cut:
+            self.close_connection = True
+            return
+        if chunked:
+            self.wfile.write(b"0\r\n\r\n")
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
         pass

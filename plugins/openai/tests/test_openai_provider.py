@@ -523,3 +523,82 @@ def test_request_body_is_compact_json(fake):
     """The spliced body is valid JSON with the model first."""
     body = _wire.build_body(request(tools=TOOLS), tools_json=_wire.encode_tools(TOOLS))
     assert list(json.loads(body)) == ["model", "messages", "tools"]
+
+
+def test_quirks_option_is_checked():
+    """quirks must name known quirks; an unknown one is reported with the known list."""
+    with pytest.raises(ConfigError) as info:
+        OpenAIProvider(ProviderSettings(name="oa", kind="openai", options={"quirks": ["noStreamOptions", "bogus"]}))
+    [problem] = info.value.problems
+    assert problem.path == "$.providers.oa.quirks"
+    assert "'bogus'" in problem.message
+    assert "splitParallelToolCalls" in problem.message
+    provider = OpenAIProvider(ProviderSettings(name="oa", kind="openai", options={"quirks": "noStreamOptions"}))
+    assert provider._options.quirks == frozenset({"noStreamOptions"})
+
+
+async def test_quirks_apply_to_plain_requests(fake, make_provider):
+    """Message and tool-choice quirks shape non-streamed requests too."""
+    messages = [Message(role="user", content="u"),
+                Message(role="assistant", content=None, tool_calls=(ToolCall(id="call_1", name="add"),)),
+                Message(role="tool", content="3", tool_call_id="call_1", name="add")]
+    async with make_provider(quirks=["emptyToolCallContent", "noToolChoiceRequired"]) as provider:
+        await provider.complete(request(messages, tools=TOOLS, settings={"toolChoice": "required"}))
+    body = fake.bodies[0]
+    assert body["messages"][1]["content"] == ""
+    assert body["tool_choice"] == {"type": "function", "function": {"name": "add"}}
+
+
+# -- quirks learnt from errors ------------------------------------------------------------------
+
+LLAMA_NULL_CONTENT = {"error": {"message": (
+    "7 validation errors:\n  {'type': 'string_type', 'loc': ('body', 'messages', 1, "
+    "'ChatCompletionRequestAssistantMessage', 'content'), 'msg': 'Input should be a valid string', "
+    "'input': None}"), "type": "internal_server_error", "param": None, "code": None}}
+LLAMA_JSON_SCHEMA = {"error": {"message": (
+    "1 validation error:\n  {'type': 'literal_error', 'loc': ('body', 'response_format', 'type'), "
+    "'msg': \"Input should be 'text' or 'json_object'\", 'input': 'json_schema'}"),
+    "type": "internal_server_error", "param": None, "code": None}}
+
+
+async def test_null_content_refused_is_learnt(fake, make_provider):
+    """A 500 saying an assistant tool-call content must be a string (llama-cpp-python) makes the
+    provider resend at once with content "", and keep doing so."""
+    messages = [Message(role="user", content="u"),
+                Message(role="assistant", content=None, tool_calls=(ToolCall(id="call_1", name="add"),)),
+                Message(role="tool", content="3", tool_call_id="call_1", name="add")]
+    fake.enqueue(fake.Reply(status=500, body=LLAMA_NULL_CONTENT), fake.completion("ok"), fake.completion("ok"))
+    async with make_provider(maxRetries=0) as provider:
+        assert (await provider.complete(request(messages, tools=TOOLS))).message.content == "ok"
+        await provider.complete(request(messages, tools=TOOLS))
+        assert "emptyToolCallContent" in provider.quirks
+    assert [b["messages"][1]["content"] for b in fake.bodies] == [None, "", ""]
+
+
+async def test_null_content_error_without_null_content_is_not_learnt(fake, make_provider):
+    """The same error for a request without null contents is an ordinary failure."""
+    fake.enqueue(fake.Reply(status=500, body=LLAMA_NULL_CONTENT))
+    async with make_provider(maxRetries=0) as provider:
+        with pytest.raises(ProviderError):
+            await provider.complete(request())
+        assert provider.quirks == frozenset()
+
+
+async def test_json_schema_refused_is_learnt(fake, make_provider):
+    """A refusal of response_format json_schema (llama-cpp-python) switches to json_object + schema."""
+    schema = {"type": "object", "properties": {"x": {"type": "integer"}}}
+    fake.enqueue(fake.Reply(status=500, body=LLAMA_JSON_SCHEMA), fake.completion('{"x": 1}'))
+    async with make_provider(maxRetries=0) as provider:
+        response = await provider.complete(request(output_schema=schema))
+    assert response.message.content == '{"x": 1}'
+    assert [b["response_format"]["type"] for b in fake.bodies] == ["json_schema", "json_object"]
+    assert fake.bodies[1]["response_format"]["schema"] == schema
+
+
+async def test_tool_choice_required_refused_is_learnt(fake, make_provider):
+    """A 400 about tool_choice required (older vLLM) makes the provider name the one tool instead."""
+    fake.enqueue(fake.Reply(status=400, body={"object": "error", "message": (
+        'The tool_choice option "required" is not yet supported')}), fake.completion("ok"))
+    async with make_provider(maxRetries=0) as provider:
+        await provider.complete(request(tools=TOOLS, settings={"toolChoice": "required"}))
+    assert [b["tool_choice"] for b in fake.bodies] == ["required", {"type": "function", "function": {"name": "add"}}]

@@ -1,11 +1,16 @@
-"""loopwright's OpenAI provider plugin: the ``openai`` provider kind, over Chat Completions.
+"""loopwright's OpenAI provider plugin: the ``openai`` provider kind.
 
-Found through the entry point ``openai = "loopwright_openai"`` of group ``loopwright``. An
-assembly uses it as::
+It speaks Chat Completions (OpenAI and the many compatible servers) or the Responses API, plain
+and streamed. Found through the entry point ``openai = "loopwright_openai"`` of group
+``loopwright``. An assembly uses it as::
 
     providers:
       default: {kind: openai, apiKeyEnv: OPENAI_API_KEY}
-      local:   {kind: openai, baseUrl: "http://127.0.0.1:8000/v1", maxRetries: 5}
+      gpt5:    {kind: openai, api: responses, stream: true}
+      local:   {kind: openai, baseUrl: "http://127.0.0.1:8000/v1", quirks: [toolChoiceAuto]}
+
+``docs/providers/openai.md`` describes every option, both modes, streaming, and what each
+compatible server does differently.
 
 Importing this module is cheap: it imports neither httpx nor the provider code, which load
 when a runtime first builds an ``openai`` provider. See

@@ -1,8 +1,12 @@
 """The Chat Completions wire format: loopwright values to request bodies, response JSON to values.
 
-Pure functions, no I/O, no httpx, so the same code serves the plain call today and an SSE stream
-later (a stream accumulates its deltas into the same ``message`` object that
-:func:`decode_message` reads, and its last chunk carries the usage :func:`decode_usage` reads).
+Pure code, no I/O, no httpx: request bodies (:func:`build_body`), whole answers
+(:func:`decode_response`) and streamed ones (:class:`ChatStream`, fed the data of each SSE event).
+The Responses API lives in :mod:`loopwright_openai._responses` and reuses the helpers here.
+
+Compatible servers differ from OpenAI in small ways; :data:`QUIRKS` names the ones a provider can
+be told about (``quirks:`` in the assembly). Everything a server may *send* differently (missing
+tool-call ids or indexes, arguments as JSON objects, usage left out ...) is tolerated without one.
 
 Performance contract: a request body is built without re-serialising the history. Each message
 is turned into JSON text once (cached on the :class:`~loopwright._types.Transcript` under
@@ -12,16 +16,31 @@ from those pieces.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
+import re
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from loopwright._types import Message, ModelRequest, ModelResponse, ToolCall, ToolSpec, Transcript, Usage
+from loopwright._types import (
+    Message,
+    ModelRequest,
+    ModelResponse,
+    StreamDelta,
+    ToolCall,
+    ToolSpec,
+    Transcript,
+    Usage,
+)
 
-__all__ = [
+__all__ = [  # noqa: RUF022 - plainly sorted(), as test_all_is_sorted checks
+    "APIReportedError",
     "CACHE_KEY",
+    "ChatStream",
     "MalformedResponseError",
+    "QUIRKS",
     "ToolsCache",
     "build_body",
     "decode_message",
@@ -35,7 +54,11 @@ __all__ = [
     "encode_tools",
     "error_message",
     "map_finish_reason",
+    "new_call_id",
     "parse_arguments",
+    "reported_error",
+    "short_call_id",
+    "split_tool_calls",
 ]
 
 #: The :meth:`Transcript.encoded` key. The cached entries are JSON *text*, one per message.
@@ -85,37 +108,126 @@ def _default(value: Any) -> Any:
 _dumps = json.JSONEncoder(separators=(",", ":"), default=_default).encode
 
 
+#: Server quirks a provider can be told about (``quirks: [...]``), each with what it changes.
+#: The provider also turns some on by itself when a server's error shows it needs them.
+QUIRKS: Mapping[str, str] = {
+    "noStreamOptions": "never send stream_options (usage then comes only if the server sends it anyway)",
+    "noStreamWithTools": "answer requests that carry tools in one piece, even when streaming",
+    "emptyToolCallContent": 'send content "" instead of null beside tool calls',
+    "noToolChoiceRequired": "send toolChoice required as the one tool's name, or as auto when there are several",
+    "toolChoiceAuto": "send toolChoice auto when the request has tools and the definition sets none",
+    "jsonObjectFormat": "ask for structured output as response_format {type: json_object, schema}",
+    "shortToolCallIds": "send tool-call ids as 9 letters and digits (Mistral chat templates)",
+    "splitParallelToolCalls": "send each tool call of a turn as its own assistant message, followed by its result",
+}
+# The quirks that change how messages are encoded.
+_MESSAGE_QUIRKS = frozenset({"emptyToolCallContent", "shortToolCallIds", "splitParallelToolCalls"})
+_SHORT_ID = re.compile(r"^[A-Za-z0-9]{9}$")
+_BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+
 class MalformedResponseError(ValueError):
     """A response body that is JSON but not a usable Chat Completions answer (no choices ...)."""
+
+
+class APIReportedError(Exception):
+    """An error the API reported inside a successful response.
+
+    That is an error event in a stream, or a Responses object whose status is ``failed``.
+
+    Attributes:
+        transient: Whether retrying may help (server errors and rate limits).
+    """
+
+    def __init__(self, message: str, *, transient: bool) -> None:
+        self.transient = transient
+        super().__init__(message)
 
 
 # -- encoding ----------------------------------------------------------------------------------
 
 
-def encode_message(message: Message) -> dict[str, Any]:
+def encode_message(
+    message: Message, *, empty_tool_call_content: bool = False, short_ids: bool = False,
+) -> dict[str, Any]:
     """Return the wire form of one message.
 
     Assistant messages carry their ``tool_calls`` (arguments as a JSON string: the model's own
     ``raw_arguments`` when it wrote unparseable ones, else the parsed arguments re-encoded);
     ``content`` is ``null`` only beside tool calls. Tool messages carry ``tool_call_id``.
+
+    :param empty_tool_call_content: Send ``""`` instead of ``null`` beside tool calls
+        (quirk ``emptyToolCallContent``).
+    :param short_ids: Send call ids through :func:`short_call_id` (quirk ``shortToolCallIds``).
     """
     role = message.role
     if role == "assistant":
         if message.tool_calls:
+            content = message.content
             return {
                 "role": "assistant",
-                "content": message.content,
-                "tool_calls": [_encode_tool_call(call) for call in message.tool_calls],
+                "content": "" if content is None and empty_tool_call_content else content,
+                "tool_calls": [_encode_tool_call(call, short_ids=short_ids) for call in message.tool_calls],
             }
         return {"role": "assistant", "content": message.content or ""}
     if role == "tool":
-        return {"role": "tool", "tool_call_id": message.tool_call_id or "", "content": message.content or ""}
+        call_id = message.tool_call_id or ""
+        return {"role": "tool", "tool_call_id": short_call_id(call_id) if short_ids else call_id,
+                "content": message.content or ""}
     return {"role": role, "content": message.content or ""}
 
 
-def _encode_tool_call(call: ToolCall) -> dict[str, Any]:
+def _encode_tool_call(call: ToolCall, *, short_ids: bool = False) -> dict[str, Any]:
     arguments = call.raw_arguments if call.raw_arguments is not None else _dumps(call.arguments)
-    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": arguments}}
+    return {"id": short_call_id(call.id) if short_ids else call.id, "type": "function",
+            "function": {"name": call.name, "arguments": arguments}}
+
+
+def short_call_id(call_id: str) -> str:
+    """Return ``call_id`` as 9 letters and digits, the only ids Mistral's templates accept.
+
+    An id that already has that form is kept; any other maps to one derived from its hash, so a
+    call and its result always get the same short id.
+    """
+    if _SHORT_ID.match(call_id):
+        return call_id
+    number = int.from_bytes(hashlib.sha256(call_id.encode()).digest()[:8], "big")
+    chars = []
+    for _ in range(9):
+        number, digit = divmod(number, 62)
+        chars.append(_BASE62[digit])
+    return "".join(chars)
+
+
+def split_tool_calls(messages: Sequence[Message]) -> list[Message]:
+    """Return ``messages`` with every multi-call assistant message split in one message per call.
+
+    Each call is followed by its result (the tool messages that answered the turn are moved up
+    to their call); results that match no call stay after the last one, in order. The text of
+    the turn stays on the first call's message. For servers whose chat templates accept one
+    tool call per assistant message (quirk ``splitParallelToolCalls``).
+    """
+    out: list[Message] = []
+    i, n = 0, len(messages)
+    while i < n:
+        message = messages[i]
+        i += 1
+        if message.role != "assistant" or len(message.tool_calls) < 2:  # noqa: PLR2004 - one is fine
+            out.append(message)
+            continue
+        results: list[Message] = []
+        while i < n and messages[i].role == "tool":
+            results.append(messages[i])
+            i += 1
+        by_id: dict[str, list[Message]] = {}
+        for result in results:
+            by_id.setdefault(result.tool_call_id or "", []).append(result)
+        for k, call in enumerate(message.tool_calls):
+            out.append(Message(role="assistant", content=message.content if k == 0 else None,
+                               tool_calls=(call,), model=message.model))
+            out.extend(by_id.pop(call.id, ()))
+        out.extend(r for r in results if (r.tool_call_id or "") in by_id)
+    return out
 
 
 def encode_message_json(message: Message) -> str:
@@ -123,15 +235,37 @@ def encode_message_json(message: Message) -> str:
     return _dumps(encode_message(message))
 
 
-def encode_messages(messages: Sequence[Message]) -> list[str]:
+def encode_messages(messages: Sequence[Message], *, quirks: frozenset[str] = frozenset()) -> list[str]:
     """Return the JSON text of each message, in order.
 
     A :class:`~loopwright._types.Transcript` encodes only the messages added since the last
     call (the list returned is its cache: read-only); any other sequence is encoded whole.
+
+    :param quirks: Server quirks (:data:`QUIRKS`); those that change messages are applied, each
+        combination cached under its own key.
     """
+    used = quirks & _MESSAGE_QUIRKS
+    if not used:
+        if isinstance(messages, Transcript):
+            return messages.encoded(CACHE_KEY, encode_message_json)
+        return [encode_message_json(m) for m in messages]
+    encode = _quirk_encoder(used)
+    if "splitParallelToolCalls" in used:
+        return [encode(m) for m in split_tool_calls(messages)]
     if isinstance(messages, Transcript):
-        return messages.encoded(CACHE_KEY, encode_message_json)
-    return [encode_message_json(m) for m in messages]
+        return messages.encoded(f"{CACHE_KEY}:{','.join(sorted(used))}", encode)
+    return [encode(m) for m in messages]
+
+
+@functools.cache
+def _quirk_encoder(quirks: frozenset[str]) -> Any:
+    empty = "emptyToolCallContent" in quirks
+    short = "shortToolCallIds" in quirks
+
+    def encode(message: Message) -> str:
+        return _dumps(encode_message(message, empty_tool_call_content=empty, short_ids=short))
+
+    return encode
 
 
 def encode_tools(tools: Sequence[ToolSpec]) -> str:
@@ -184,6 +318,15 @@ def encode_tool_choice(value: Any) -> Any:
     return value
 
 
+def _tool_choice_quirks(head: dict[str, Any], request: ModelRequest, quirks: frozenset[str]) -> None:
+    choice = head.get("tool_choice")
+    if choice is None and "toolChoiceAuto" in quirks:
+        head["tool_choice"] = "auto"
+    elif choice == "required" and "noToolChoiceRequired" in quirks:
+        tools = request.tools
+        head["tool_choice"] = encode_tool_choice(tools[0].name) if len(tools) == 1 else "auto"
+
+
 def encode_settings(
     settings: Mapping[str, Any], *, max_tokens_field: str = "max_tokens", has_tools: bool = True,
 ) -> dict[str, Any]:
@@ -215,7 +358,7 @@ def encode_settings(
 
 def build_body(
     request: ModelRequest, *, tools_json: str | None = None, max_tokens_field: str = "max_tokens",
-    stream: bool = False,
+    stream: bool = False, stream_options: bool = True, quirks: frozenset[str] = frozenset(),
 ) -> bytes:
     """Return the JSON body of ``POST /chat/completions`` for ``request``.
 
@@ -223,7 +366,10 @@ def build_body(
     :param tools_json: The encoded tools (:class:`ToolsCache`), or ``None`` for no tools.
     :param max_tokens_field: The wire name of ``maxTokens`` (``max_completion_tokens`` for
         newer models).
-    :param stream: Whether to ask for an SSE stream (with usage in the last chunk).
+    :param stream: Whether to ask for an SSE stream.
+    :param stream_options: With ``stream``, whether to ask for usage in the last chunk
+        (``stream_options: {include_usage: true}``).
+    :param quirks: Server quirks (:data:`QUIRKS`) to apply.
     :return: UTF-8 JSON (ASCII in practice).
     """
     head: dict[str, Any] = {"model": request.model}
@@ -231,15 +377,22 @@ def build_body(
         head.update(encode_settings(
             request.settings, max_tokens_field=max_tokens_field, has_tools=tools_json is not None,
         ))
+    if quirks and tools_json is not None:
+        _tool_choice_quirks(head, request, quirks)
     if request.output_schema is not None:
-        head["response_format"] = {
-            "type": "json_schema",
-            "json_schema": {"name": "output", "schema": request.output_schema, "strict": False},
-        }
+        if "jsonObjectFormat" in quirks:  # llama-cpp-python's form
+            head["response_format"] = {"type": "json_object", "schema": request.output_schema}
+        else:
+            head["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "output", "schema": request.output_schema, "strict": False},
+            }
     if stream:
         head["stream"] = True
-        head["stream_options"] = {"include_usage": True}
-    parts = [_dumps(head)[:-1], ',"messages":[', ",".join(encode_messages(request.messages)), "]"]
+        if stream_options:
+            head["stream_options"] = {"include_usage": True}
+    messages = ",".join(encode_messages(request.messages, quirks=quirks))
+    parts = [_dumps(head)[:-1], ',"messages":[', messages, "]"]
     if tools_json is not None:
         parts += (',"tools":', tools_json)
     parts.append("}")
@@ -319,7 +472,7 @@ def _decode_tool_call(raw: Mapping[str, Any], seen: set[str]) -> ToolCall:
     name = function.get("name")
     call_id = raw.get("id")
     if not isinstance(call_id, str) or not call_id or call_id in seen:
-        call_id = f"call_{uuid.uuid4().hex[:24]}"
+        call_id = new_call_id()
     arguments, raw_arguments = parse_arguments(function.get("arguments"))
     return ToolCall(id=call_id, name=name if isinstance(name, str) else "", arguments=arguments,
                     raw_arguments=raw_arguments)
@@ -413,3 +566,201 @@ def error_message(data: Any) -> str | None:
         return err
     message = data.get("message")
     return message if isinstance(message, str) and message else None
+
+
+def new_call_id() -> str:
+    """Return a fresh tool-call id, for calls the server sent without one."""
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def reported_error(data: Mapping[str, Any]) -> APIReportedError | None:
+    """Return the error an SSE event or body object reports, or ``None`` when it reports none.
+
+    Understands OpenAI's and OpenRouter's ``{"error": {...}}`` and vLLM's
+    ``{"object": "error", "message": ...}``. An error is transient unless its type or code says
+    the request itself was at fault (``invalid_...``, ``content_policy...``).
+    """
+    if data.get("error") is None and data.get("object") != "error":
+        return None
+    err = data.get("error")
+    detail = err if isinstance(err, dict) else data
+    kind = " ".join(str(detail.get(k) or "") for k in ("type", "code")).lower()
+    message = error_message(data) or "the server reported an error"
+    return APIReportedError(message, transient=not ("invalid" in kind or "content_policy" in kind))
+
+
+# -- streaming ---------------------------------------------------------------------------------
+
+
+class _StreamedCall:
+    """One tool call being reassembled from a stream."""
+
+    __slots__ = ("announced", "arguments", "id", "name", "wire_id")
+
+    def __init__(self, call_id: str, wire_id: str | None) -> None:
+        self.id = call_id  #: the id the call will have (the server's, or a generated one)
+        self.wire_id = wire_id  #: the id the server gave, if any
+        self.name: str | None = None
+        self.arguments: list[str] = []
+        self.announced = False
+
+
+class ChatStream:
+    """Reassembles a streamed Chat Completions answer: feed it each event's data, in order.
+
+    :meth:`feed` returns the :class:`~loopwright._types.StreamDelta` s each chunk gives (text,
+    tool-call starts, argument pieces) and :meth:`finish` the whole answer. Reads ``choices[0]``
+    only. Tolerates what compatible servers do differently:
+
+    * a tool call's ``id`` and ``function.name`` in its first chunk only, in every chunk, or
+      (LM Studio) as ``""`` in later chunks; a missing id gets a generated one;
+    * a missing ``index`` (older Ollama): the position in the chunk's list stands in;
+    * one ``index`` for several calls (Ollama): a chunk at a known index that brings a new id,
+      or a name while the call so far already holds whole JSON arguments, starts a new call;
+    * arguments whole in one chunk, or as a JSON object rather than a string;
+    * ``refusal`` deltas (they are text) and content as a list of parts;
+    * usage in the last chunk, in a chunk with choices, or not at all (then zero);
+    * no ``[DONE]`` after a ``finish_reason``.
+
+    Attributes:
+        done: Whether ``[DONE]`` arrived.
+
+    """
+
+    def __init__(self, *, model: str) -> None:
+        """Start reassembling an answer of ``model`` (the model asked for)."""
+        self._model = model
+        self._text: list[str] = []
+        self._calls: list[_StreamedCall] = []
+        self._slots: dict[int, _StreamedCall] = {}
+        self._ids: set[str] = set()
+        self._finish: str | None = None
+        self._usage: Any = None
+        self._served: str | None = None
+        self.done = False
+
+    @property
+    def complete(self) -> bool:
+        """Whether the stream got far enough to be a whole answer (``[DONE]`` or a finish reason)."""
+        return self.done or self._finish is not None
+
+    def feed(self, data: str, event: str = "") -> list[StreamDelta]:  # noqa: ARG002, C901 - Chat events are untyped
+        """Take the data of one SSE event and return the deltas it gives (``event`` is unused).
+
+        :raises MalformedResponseError: If the data is not a JSON object.
+        :raises APIReportedError: If it reports an error (the stream failed on the server).
+        """
+        if self.done:
+            return []
+        if data.strip() == "[DONE]":
+            self.done = True
+            return []
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            raise MalformedResponseError(f"a stream chunk is not JSON: {data[:200]!r}") from None
+        if not isinstance(chunk, dict):
+            raise MalformedResponseError(f"a stream chunk is a JSON {type(chunk).__name__}, not an object")
+        error = reported_error(chunk)
+        if error is not None:
+            raise error
+        if self._served is None and isinstance(chunk.get("model"), str) and chunk["model"]:
+            self._served = chunk["model"]
+        if isinstance(chunk.get("usage"), dict):
+            self._usage = chunk["usage"]
+        choices = chunk.get("choices")
+        out: list[StreamDelta] = []
+        if not isinstance(choices, list):
+            return out
+        for choice in choices:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta")
+            if isinstance(delta, dict):
+                self._delta(delta, out)
+            finish = choice.get("finish_reason")
+            if isinstance(finish, str) and finish:
+                self._finish = finish
+        return out
+
+    def _delta(self, delta: Mapping[str, Any], out: list[StreamDelta]) -> None:
+        content = delta.get("content")
+        if isinstance(content, list):  # content parts
+            content = "".join(p.get("text") or "" for p in content if isinstance(p, dict))
+        if not content and isinstance(delta.get("refusal"), str):
+            content = delta["refusal"]
+        if isinstance(content, str) and content:
+            self._text.append(content)
+            out.append(StreamDelta(kind="text", text=content))
+        calls = delta.get("tool_calls")
+        if isinstance(calls, list):
+            for position, raw in enumerate(calls):
+                if isinstance(raw, dict):
+                    self._tool_call(raw, position, out)
+        elif isinstance(delta.get("function_call"), dict):  # the legacy single call
+            self._tool_call({"index": 0, "function": delta["function_call"]}, 0, out)
+
+    def _tool_call(self, raw: Mapping[str, Any], position: int, out: list[StreamDelta]) -> None:  # noqa: C901
+        index = raw.get("index")
+        if isinstance(index, bool) or not isinstance(index, int):
+            index = position
+        function = raw.get("function")
+        function = function if isinstance(function, dict) else {}
+        wire_id = raw.get("id") if isinstance(raw.get("id"), str) and raw.get("id") else None
+        name = function.get("name") if isinstance(function.get("name"), str) and function.get("name") else None
+        arguments = function.get("arguments")
+        if isinstance(arguments, (dict, list)):  # an object, not a string (some servers)
+            arguments = _dumps(arguments)
+        elif not isinstance(arguments, str):
+            arguments = ""
+        call = self._slots.get(index)
+        if call is None or self._starts_another(call, wire_id, name, arguments):
+            call_id = wire_id if wire_id and wire_id not in self._ids else new_call_id()
+            self._ids.add(call_id)
+            call = self._slots[index] = _StreamedCall(call_id, wire_id)
+            self._calls.append(call)
+        elif call.wire_id is None and wire_id:
+            call.wire_id = wire_id
+        if call.name is None and name:
+            call.name = name
+        if arguments:
+            call.arguments.append(arguments)
+        if not call.announced and call.name is not None:
+            call.announced = True
+            out.append(StreamDelta(kind="tool_call", tool_call_id=call.id, name=call.name))
+            if call.arguments:
+                out.append(StreamDelta(kind="arguments", tool_call_id=call.id, text="".join(call.arguments)))
+        elif call.announced and arguments:
+            out.append(StreamDelta(kind="arguments", tool_call_id=call.id, text=arguments))
+
+    @staticmethod
+    def _starts_another(call: _StreamedCall, wire_id: str | None, name: str | None, arguments: str) -> bool:
+        if wire_id is not None and call.wire_id is not None and wire_id != call.wire_id:
+            return True
+        if name is None or call.name is None or not call.arguments or not arguments.lstrip().startswith("{"):
+            return False
+        try:  # a name repeated beside new arguments after whole ones: Ollama's calls all at index 0
+            json.loads("".join(call.arguments))
+        except ValueError:
+            return False
+        return True
+
+    def finish(self) -> ModelResponse:
+        """Return the whole answer: text joined, tool-call arguments joined and parsed.
+
+        Unparseable arguments land in ``raw_arguments``, never raise.
+        """
+        calls = []
+        for call in self._calls:
+            arguments, raw = parse_arguments("".join(call.arguments))
+            calls.append(ToolCall(id=call.id, name=call.name or "", arguments=arguments, raw_arguments=raw))
+        served = self._served
+        message = Message(role="assistant", content="".join(self._text) if self._text else None,
+                          tool_calls=tuple(calls), model=served or self._model)
+        return ModelResponse(
+            message=message,
+            usage=decode_usage(self._usage),
+            finish_reason=map_finish_reason(self._finish, has_tool_calls=bool(calls)),
+            model=served,
+            raw_finish_reason=self._finish,
+        )
