@@ -11,6 +11,7 @@ go on (appending, or sleeping) until killed.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -33,6 +34,10 @@ async def main(mode: str, root: str, instance_id: str) -> None:
             sys.stdout.flush()
             n += 1
     elif mode == "lock":
+        # As a runtime does: say who runs it in the header, then hold the lease.
+        header = await store.read_header(instance_id)
+        await store.write_header(instance_id, {**header, "state": "running",
+                                               "runner": f"crash-writer (pid {os.getpid()})"})
         await store.acquire(instance_id, owner="crash-writer")
         sys.stdout.write("locked\n")
         sys.stdout.flush()

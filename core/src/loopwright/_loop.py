@@ -228,7 +228,7 @@ class Loop:
             inst.completion_attempts = inst.output_attempts = 0
             inst.header["segmentStartedAt"] = time.time()
             await self.store.append_entries(inst.id, [{"t": "seg", "at": now_iso()}])
-        await self.set_state(run, State.RUNNING, None, error=None, limit=None, cancelled=False)
+        await self.set_state(run, State.RUNNING, None, error=None, limit=None, cancelled=False, runner=self.rt.owner)
         try:
             if prelude is not None:
                 await prelude()

@@ -268,7 +268,8 @@ class Runtime:
         self._loop: Loop | None = None
         self._verifiers: dict[str, Callable[[Sequence[Message]], tuple[bool, str]]] = {}
         self._loaded = False
-        self._owner = f"{socket.gethostname()}:{os.getpid()}"
+        #: Who runs instances here, as saved in their headers' ``runner`` key.
+        self.owner = f"loopwright (host {socket.gethostname()}, pid {os.getpid()})"
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str] | None = None, **kwargs: Any) -> Self:
@@ -607,6 +608,7 @@ class Runtime:
             "pendingApprovals": [], "inbox": [],
             "spawnerInstanceId": None, "callerInstanceId": None, "callerToolCallId": None,
             "delegationPrompt": None, "createdAt": now_iso(), "updatedAt": now_iso(), "model": plan.model_ref,
+            "runner": self.owner,
         }
         await self.store.create(iid, header)
         inst = Instance(id=iid, definition=defn, header=header, grants=grants)
@@ -682,7 +684,7 @@ class Runtime:
         if run.running:
             raise LoopwrightError(f"instance {run.instance_id} is already running here")
         if lease is None:
-            lease = await self.store.acquire(run.instance_id, self._owner)
+            lease = await self.store.acquire(run.instance_id, self.owner)
         try:
             if not fresh:
                 await self._refresh(run)
@@ -852,7 +854,7 @@ class Runtime:
         run = await self.get_agent(instance_id)
         if run.running:
             return run
-        lease = await self.store.acquire(instance_id, self._owner)
+        lease = await self.store.acquire(instance_id, self.owner)
         try:
             await self._refresh(run)
         except BaseException:
@@ -881,7 +883,7 @@ class Runtime:
         """
         if run.running:
             raise LoopwrightError(f"instance {run.instance_id} is running; it has no call waiting for approval")
-        lease = await self.store.acquire(run.instance_id, self._owner)
+        lease = await self.store.acquire(run.instance_id, self.owner)
         try:
             await self._refresh(run)
             inst = run.inst
@@ -944,7 +946,7 @@ class Runtime:
             await run.wait()
             return
         try:
-            lease = await self.store.acquire(run.instance_id, self._owner)
+            lease = await self.store.acquire(run.instance_id, self.owner)
         except InstanceLockedError:
             await self.store.post(run.instance_id, {"type": "cancel", "at": now_iso()})
             with anyio.move_on_after(timeout):

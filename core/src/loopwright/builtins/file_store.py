@@ -14,7 +14,13 @@ On-disk layout, one folder per instance (folders and files are created owner-onl
         instance.json    the header: pretty JSON, always replaced whole and atomically
         entries.jsonl    the entry log: append-only, one compact JSON object per line
         records.jsonl    the record log: append-only, one compact JSON object per line
-        lock             the runner lock (fcntl.flock) with its holder's owner, host and pid
+        posts.jsonl      the mailbox: messages and cancel requests any process may append
+                         (created by the first post)
+
+Creating a name in a folder is the expensive part of a new instance on many filesystems (a few
+hundred microseconds each here), so an instance gets only the names it needs: the lock is an
+``flock`` on the folder itself, the first header is written in place, and the mailbox appears
+with the first post.
 
 Instance ids must match ``[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}`` and must not contain ``..``, so
 an id can never name a path outside ``<path>``.
@@ -48,8 +54,9 @@ write there can rewrite its own transcript, grants and pending approvals. :meth:
 returns the folder so the runtime can refuse such an assembly.
 
 One runner per instance: :meth:`FileStore.acquire` takes an exclusive, non-blocking
-``fcntl.flock`` on ``<instance>/lock``. The kernel drops it when the holding process dies, so
-a lock left by a killed process is simply taken over. ``flock`` is POSIX-only, is not reliable
+``fcntl.flock`` on the instance's folder. The kernel drops it when the holding process dies, so
+a lock left by a killed process is simply taken over. Who holds it is the header's ``runner``
+key, which the runtime writes when it starts a segment. ``flock`` is POSIX-only, is not reliable
 on network filesystems (NFS, SMB), and is shared with children forked without ``exec``; use the
 ``postgres`` store to share instances between machines. Only the lease holder should append to
 an instance's logs: opening a log cuts a torn last line, which could be another writer's write in
@@ -64,14 +71,12 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import datetime as dt
 import errno
 import fcntl
 import json
 import logging
 import os
 import re
-import socket
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Self
@@ -102,7 +107,6 @@ DEFAULT_PATH: Final = ".loopwright/instances"
 HEADER_FILE: Final = "instance.json"
 ENTRIES_FILE: Final = "entries.jsonl"
 RECORDS_FILE: Final = "records.jsonl"
-LOCK_FILE: Final = "lock"
 POSTS_FILE: Final = "posts.jsonl"
 
 _ID_RE: Final = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}")
@@ -185,31 +189,20 @@ def _is_object_line(line: bytes) -> bool:
         return False
 
 
-def _describe_holder(raw: bytes) -> str | None:
-    """Turn the lock file's content into ``"OWNER (host H, pid P)"``, or None if empty."""
-    text = raw.decode("utf-8", "replace").strip()
-    if not text:
-        return None
-    try:
-        info = json.loads(text)
-        return f"{info['owner']} (host {info['host']}, pid {info['pid']})"
-    except (ValueError, KeyError, TypeError):
-        return text[:200]
-
-
 @attrs.define(eq=False)
 class Lease(BaseLease):
     """An exclusive hold on one instance, from :meth:`FileStore.acquire` until :meth:`release`.
 
-    Also a context manager that releases on exit. A lease is a process-level lock: while it is
-    held, no other process (and no other :meth:`~FileStore.acquire` in this one) can take it.
+    Also a context manager that releases on exit. A lease is an ``flock`` on the instance's
+    folder: while it is held, no other process (and no other :meth:`~FileStore.acquire` in this
+    one) can take it, and the kernel releases it when the holding process dies.
 
     Attributes:
         instance_id: The instance held.
         owner: The owner given to :meth:`~FileStore.acquire`.
-        path: The lock file.
-        previous_holder: The holder recorded in the lock file by a process that died without
-            releasing it (so the instance may hold an interrupted step), else ``None``.
+        path: The folder locked.
+        previous_holder: The ``runner`` of a header left ``running`` by another owner: a process
+            that died mid-run (so the instance may hold an interrupted step), else ``None``.
     """
 
     instance_id: str
@@ -225,14 +218,11 @@ class Lease(BaseLease):
         return self._fd is None
 
     def release(self) -> None:
-        """Clear the holder from the lock file and unlock it. Calling it again does nothing."""
+        """Unlock the folder. Calling it again does nothing."""
         fd, self._fd = self._fd, None
         if fd is None:
             return
         try:
-            # Cleared while still locked: a non-empty file at acquire time means a crashed holder.
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, 0)
             fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
@@ -291,6 +281,7 @@ class FileStore(Store):
         # (instance_id, file name) -> fd opened O_RDWR | O_APPEND, most recently used last.
         self._logs: collections.OrderedDict[tuple[str, str], int] = collections.OrderedDict()
         self._leases: set[Lease] = set()
+        self._held: set[str] = set()
         self._closed = False
         self._root_ready = False
         # instance_id -> read-only fd of its mailbox, most recently used last.
@@ -302,7 +293,7 @@ class FileStore(Store):
 
     # -- headers -------------------------------------------------------------------------------
 
-    async def create(self, instance_id: str, header: Mapping[str, Any]) -> None:
+    async def create(self, instance_id: str, header: Mapping[str, Any]) -> None:  # noqa: C901 - cleanup paths
         """Create the instance's folder, empty logs and header.
 
         Raise :class:`~loopwright.errors.StoreError` if the folder exists (even without a header),
@@ -324,7 +315,16 @@ class FileStore(Store):
             for name in (ENTRIES_FILE, RECORDS_FILE):
                 fd = os.open(folder / name, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o600)
                 self._cache_log(instance_id, name, fd)
-            self._replace_header(instance_id, folder, data)  # also fsyncs the folder with fsync: true
+            # The folder is new and nobody reads it yet: the header is written in place (no
+            # temp file and rename: each new name costs a directory update), then fsynced.
+            fd = os.open(folder / HEADER_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o600)
+            try:
+                _write_all(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            if self.fsync:
+                _fsync_dir(folder)
             if self.fsync:
                 _fsync_dir(self.root)
         except BaseException:
@@ -467,7 +467,11 @@ class FileStore(Store):
             if not (folder / HEADER_FILE).is_file():
                 raise InstanceNotFoundError(instance_id)
             try:
-                fd = os.open(folder / POSTS_FILE, os.O_RDONLY | os.O_CREAT | _O_CLOEXEC, 0o600)
+                # Never created here: a new name costs a directory update, and most
+                # instances never get a post. Until one comes, each look is one stat().
+                fd = os.open(folder / POSTS_FILE, os.O_RDONLY | _O_CLOEXEC)
+            except FileNotFoundError:
+                return [], cursor
             except OSError as exc:
                 raise StoreError(f"cannot open the mailbox: {exc}", instance_id=instance_id) from exc
             self._post_fds[instance_id] = fd
@@ -496,47 +500,64 @@ class FileStore(Store):
     async def acquire(self, instance_id: str, owner: str) -> Lease:
         """Take the instance's runner lock without waiting and return the :class:`Lease`.
 
-        The lock file records ``owner``, the host and the pid while it is held. Raise
-        :class:`~loopwright.errors.InstanceLockedError` (with ``holder`` when it is known)
-        if a live process holds it, and :class:`~loopwright.errors.InstanceNotFoundError`
-        if the instance does not exist. A lock whose holder died is taken over; the dead
-        holder is reported in :attr:`Lease.previous_holder`.
+        The lock is an ``flock`` on the instance's folder (so taking it creates no file). Who
+        holds it is what the runner wrote in the header's ``runner`` key. Raise
+        :class:`~loopwright.errors.InstanceLockedError` (with ``holder`` when it is known) if a
+        live runner holds it, and :class:`~loopwright.errors.InstanceNotFoundError` if the
+        instance does not exist. A lock whose holder died is free again: the kernel released it.
         """
         folder = self.root / _check_id(instance_id)
         if self._closed:
             raise StoreError("the store is closed", instance_id=instance_id)
-        if not (folder / HEADER_FILE).is_file():
-            raise InstanceNotFoundError(instance_id)
-        path = folder / LOCK_FILE
+        if instance_id in self._held:
+            raise InstanceLockedError(instance_id, holder=self._runner(instance_id))
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o600)
+            fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _O_CLOEXEC)
+        except (FileNotFoundError, NotADirectoryError):
+            raise InstanceNotFoundError(instance_id) from None
         except OSError as exc:
-            raise StoreError(f"cannot open {path}: {exc}", instance_id=instance_id) from exc
+            raise StoreError(f"cannot open {folder}: {exc}", instance_id=instance_id) from exc
         try:
+            if not (folder / HEADER_FILE).is_file():
+                raise InstanceNotFoundError(instance_id)  # noqa: TRY301 - the fd is closed below
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
                 if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
-                    raise StoreError(f"cannot lock {path}: {exc}", instance_id=instance_id) from exc
-                # The holder may not have written itself yet: then it is unknown (None).
-                holder = _describe_holder(os.pread(fd, 4096, 0))
-                raise InstanceLockedError(instance_id, holder=holder) from None
-            previous = _describe_holder(os.pread(fd, 4096, 0))
-            info = {
-                "owner": owner,
-                "host": socket.gethostname(),
-                "pid": os.getpid(),
-                "acquiredAt": dt.datetime.now(dt.UTC).isoformat(),
-            }
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+                    raise StoreError(f"cannot lock {folder}: {exc}", instance_id=instance_id) from exc
+                raise InstanceLockedError(instance_id, holder=self._runner(instance_id)) from None
         except BaseException:
             os.close(fd)
             raise
-        lease = Lease(instance_id=instance_id, owner=owner, path=path, previous_holder=previous,
-                      fd=fd, on_release=self._leases.discard)
+        self._held.add(instance_id)
+        lease = Lease(instance_id=instance_id, owner=owner, path=folder, previous_holder=self._dead_runner(
+            instance_id, owner), fd=fd, on_release=self._released)
         self._leases.add(lease)
         return lease
+
+    def _released(self, lease: Lease) -> None:
+        self._leases.discard(lease)
+        self._held.discard(lease.instance_id)
+
+    def _runner(self, instance_id: str) -> str | None:
+        """Return the header's ``runner`` (who runs the instance), if it can be read."""
+        try:
+            header = json.loads((self.root / instance_id / HEADER_FILE).read_bytes())
+        except (OSError, ValueError):
+            return None
+        runner = header.get("runner") if isinstance(header, dict) else None
+        return str(runner) if runner else None
+
+    def _dead_runner(self, instance_id: str, owner: str) -> str | None:
+        """Return the runner of a header left ``running`` by someone else (who must have died)."""
+        try:
+            header = json.loads((self.root / instance_id / HEADER_FILE).read_bytes())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(header, dict) or header.get("state") != "running":
+            return None
+        runner = header.get("runner")
+        return str(runner) if runner and not str(runner).startswith(owner) else None
 
     # -- lifetime ------------------------------------------------------------------------------
 
