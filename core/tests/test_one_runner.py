@@ -158,3 +158,21 @@ async def test_a_copy_changed_elsewhere_is_reloaded_before_it_runs(tmp_path: Pat
     contents = [m.content for m in run.inst.transcript if m.role in ("user", "assistant")]
     assert contents == ["go", "one", "second", "two", "third", "three"]
     assert result.text == "three"
+
+
+async def test_waiting_for_approval_does_not_count_toward_the_elapsed_limit(tmp_path: Path) -> None:
+    """The time a held call waits for a person is left out of the segment's elapsed limit."""
+
+    @loopwright.tool(requires_approval=True)
+    def gated() -> str:
+        """Needs a yes."""
+        return "ran"
+
+    h = Harness(reply(None, call("gated", "g")), reply("finished"), tools=[gated])
+    async with make_runtime(tmp_path, h) as rt:
+        run = await rt.start_agent(defn(tools=[gated], limits=loopwright.Limits(elapsed=0.5)), prompt="go")
+        assert (await run.result()).state is State.WAITING_FOR_APPROVAL
+        await anyio.sleep(0.8)  # longer than the whole elapsed budget
+        await run.approve()
+        result = await run.result()
+    assert (result.state, result.text) == (State.WAITING, "finished")

@@ -624,6 +624,8 @@ class Loop:
                 self.record(inst, "approval", {"toolCallId": i.call.id, "tool": i.call.name,
                                                "reason": i.held, "decision": None})
                 await self.emit(run, "approval", inst.turn, toolCallId=i.call.id, tool=i.call.name, reason=i.held)
+            # The wait for a person is not the agent's time: the elapsed limit skips it.
+            inst.header["pausedAt"] = time.time()
             raise SegmentEnd(State.WAITING_FOR_APPROVAL, StopReason.WAITING_FOR_APPROVAL)
         ender = next((i for i in items if i.result is not None and i.result.status is ToolStatus.SUCCESS
                       and i.tool is not None and i.tool.ends_loop), None)
@@ -794,6 +796,9 @@ class Loop:
     async def continue_after_decisions(self, run: AgentRun) -> None:
         """Give every decided held call its result (approved ones run), then go on with the turn."""
         inst = run.inst
+        paused = inst.header.pop("pausedAt", None)
+        if paused is not None and inst.header.get("segmentStartedAt"):
+            inst.header["segmentStartedAt"] = float(inst.header["segmentStartedAt"]) + max(time.time() - paused, 0.0)
         pending = inst.pending_approvals
         inst.set_pending([])
         _assistant, unanswered = unanswered_calls(inst.transcript)
