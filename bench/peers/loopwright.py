@@ -1,0 +1,81 @@
+"""loopwright driver for the shared framework-overhead harness (made from its peers/_template.py).
+
+Run it through the shared harness, which must be importable (``BENCH_HARNESS_DIR``, set by
+its ``run_all.sh``)::
+
+    EXTRA_PEERS=/path/to/loopwright/bench/peers bash /path/to/shared/bench/run_all.sh
+
+Contract (see the harness's harness.py): ONE agent built once in setup(), with ONE tool named
+"add"(a: int, b: int) -> int whose body is ``return await harness.add(a, b)``, a model that is
+OpenAI-compatible Chat Completions at base_url, and run() performing one full run and
+returning the final text.
+
+How loopwright is used here, as a user would: one :class:`loopwright.Runtime` built and
+entered once in setup() (an AsyncExitStack keeps it open until close()), its assembly naming a
+provider ``bench: {kind: openai, baseUrl: <base_url>, apiKey: x}`` and the default ``file``
+store in a temporary folder (default options); the tool registered by a plugin object passed to
+``Runtime(assembly, plugins=[...])``; and one fresh instance per run (``start_agent`` then
+``result``). Nothing of loopwright's is switched off.
+"""
+# ruff: noqa: E402, I001, PTH100, PTH118, PTH120, RUF012  (the shape of the shared harness's template)
+import time; _T0 = time.perf_counter()  # noqa: E702
+import contextlib
+import os
+import sys
+import tempfile
+
+# This file is named like the package it measures: keep its own folder off the import path, or
+# `import loopwright` below would import this file again instead of the package.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+sys.path.insert(0, os.environ.get("BENCH_HARNESS_DIR") or os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import harness
+
+import loopwright
+from loopwright._config import load_assembly
+
+_IMPORT_S = time.perf_counter() - _T0
+
+
+async def add(a: int, b: int) -> int:
+    """Add two integers and return the sum."""
+    return await harness.add(a, b)
+
+
+class _Tools:
+    """The plugin object that registers the ``add`` tool."""
+
+    @loopwright.hookimpl
+    def loopwright_register_tools(self, register):
+        register(loopwright.tool(add, description=harness.TOOL_DESCRIPTION))
+
+
+class Peer(harness.Peer):
+    NAME = "loopwright"
+    PACKAGES = ["loopwright-core", "loopwright-openai", "httpx", "anyio"]
+    NOTES = ("loopwright.Runtime entered once (file store in a temp dir, default options), provider "
+             "kind openai, one fresh instance per run (start_agent + result)")
+
+    async def setup(self, base_url, api_key):
+        self._stack = contextlib.AsyncExitStack()
+        tmp = self._stack.enter_context(tempfile.TemporaryDirectory(prefix="lw-peer-"))
+        assembly = load_assembly({
+            "store": {"kind": "file", "path": os.path.join(tmp, "instances")},
+            "providers": {"bench": {"kind": "openai", "baseUrl": base_url, "apiKey": api_key}},
+        })
+        self.rt = await self._stack.enter_async_context(loopwright.Runtime(assembly, plugins=[_Tools()]))
+        self.definition = loopwright.Definition(
+            name="adder", model="bench:gpt-4o-mini", tools=("add",), system_prompt=harness.SYSTEM_PROMPT)
+
+    async def run(self, prompt, run_id):
+        del run_id  # every run is a new instance with its own generated id
+        run = await self.rt.start_agent(self.definition, prompt=prompt)
+        result = await run.result()
+        return result.text
+
+    async def close(self):
+        await self._stack.aclose()
+
+
+if __name__ == "__main__":
+    harness.main(Peer)
