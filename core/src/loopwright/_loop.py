@@ -172,10 +172,9 @@ class Loop:
                          on_error=self._observer_error(run.inst))
 
     async def save(self, inst: Instance, entries: Sequence[Mapping[str, Any]]) -> None:
-        """Append entries to the instance's log, then flush queued records."""
+        """Append entries to the instance's log (records are flushed once a turn, and at state changes)."""
         if entries:
             await self.store.append_entries(inst.id, entries)
-        await self.rt.flush_records(inst.id)
 
     async def add_message(self, run: AgentRun, message: Message, *, save: bool = True) -> dict[str, Any]:
         """Append a message to the transcript; return its entry (saved unless ``save=False``)."""
@@ -606,6 +605,7 @@ class Loop:
         for item in items:
             if item.result is not None:
                 inst.transcript.append(_tool_message(item))
+        await self.rt.flush_records(inst.id)
         await self._end_of_turn(run, items, exceeded, limits)
 
     async def _end_of_turn(self, run: AgentRun, items: Sequence[_Call], exceeded: bool, limits: Limits) -> None:
@@ -830,6 +830,7 @@ class Loop:
             items.append(item)
         _restore_call_order(inst)
         await self.rt.write_header(inst)
+        await self.rt.flush_records(inst.id)
         await self._end_of_turn(run, items, exceeded=exceeded, limits=limits)
 
     async def answer_question(self, run: AgentRun, text: str) -> None:

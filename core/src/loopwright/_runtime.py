@@ -15,6 +15,7 @@ import os
 import secrets
 import socket
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Self
@@ -260,7 +261,8 @@ class Runtime:
         self.prices = PriceTable(self.assembly.pricing)
         self._providers: dict[str, Provider] = {}
         self._plans: dict[int, _DefinitionPlan] = {}
-        self._runs: dict[str, AgentRun] = {}
+        # Runs are kept only while something holds them: a running segment's task, or a caller.
+        self._runs: weakref.WeakValueDictionary[str, AgentRun] = weakref.WeakValueDictionary()
         self._records: dict[str, list[dict[str, Any]]] = {}
         self._sinks: list[RecordSink] = []
         self._tg: TaskGroup | None = None
@@ -320,6 +322,7 @@ class Runtime:
         self._loop = Loop(self)
         self._tg_cm = anyio.create_task_group()
         self._tg = await self._tg_cm.__aenter__()
+        self._tg.start_soon(self._watch_for_cancel)
         return self
 
     async def __aexit__(
@@ -717,17 +720,7 @@ class Runtime:
                     run._scope = scope  # noqa: SLF001
                     if run._cancelled:  # noqa: SLF001
                         scope.cancel()
-                    failure: Exception | None = None
-                    async with anyio.create_task_group() as tg:
-                        tg.start_soon(self._watch_for_cancel, run)
-                        try:
-                            await loop.run_segment(run, new_segment=new_segment, prelude=prelude)
-                        except Exception as exc:  # noqa: BLE001 - re-raised below, outside the task group
-                            failure = exc
-                        finally:
-                            tg.cancel_scope.cancel()
-                    if failure is not None:
-                        raise failure  # noqa: TRY301 - handled by the except below, like any failure
+                    await loop.run_segment(run, new_segment=new_segment, prelude=prelude)
                 if scope.cancelled_caught and run._cancelled:  # noqa: SLF001
                     with anyio.CancelScope(shield=True):
                         await loop.set_state(run, State.STOPPED, StopReason.CANCELLED, cancelled=True)
@@ -749,15 +742,17 @@ class Runtime:
             run._done.set()  # noqa: SLF001
             run.close_followers()
 
-    async def _watch_for_cancel(self, run: AgentRun) -> None:
-        """While a segment runs, look for a cancel request posted by another process."""
+    async def _watch_for_cancel(self) -> None:
+        """While the runtime is open, look for cancel requests that other processes posted.
+
+        One task for the whole runtime: every :data:`_CANCEL_POLL` seconds it looks at the
+        mailbox of each segment running here (an ``fstat`` per instance for the file store).
+        """
         while True:
             await anyio.sleep(_CANCEL_POLL)
-            if await self.loop.cancel_posted(run):
-                run._cancelled = True  # noqa: SLF001
-                if run._scope is not None:  # noqa: SLF001
-                    run._scope.cancel()  # noqa: SLF001
-                return
+            for run in list(self._runs.values()):
+                if run.running and run._scope is not None and await self.loop.cancel_posted(run):  # noqa: SLF001
+                    run.request_cancel()
 
     async def get_agent(self, instance_id: str) -> AgentRun:
         """Return the run of an instance, loading it from the store if it is not live here.

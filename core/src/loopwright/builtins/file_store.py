@@ -254,7 +254,7 @@ class FileStore(Store):
         max_open_logs: How many log files stay open for appending (least recently used closed first).
     """
 
-    max_open_logs: int = 64
+    max_open_logs: int = 512
 
     def __init__(self, settings: StoreSettings) -> None:
         """Check the options and resolve the store folder; nothing is created yet."""
@@ -286,6 +286,8 @@ class FileStore(Store):
         self._root_ready = False
         # instance_id -> read-only fd of its mailbox, most recently used last.
         self._post_fds: collections.OrderedDict[str, int] = collections.OrderedDict()
+        # instance_id -> the mailbox's path, for instances whose mailbox does not exist yet.
+        self._post_paths: dict[str, str] = {}
 
     def __repr__(self) -> str:
         """Show the store folder and the fsync option."""
@@ -455,7 +457,7 @@ class FileStore(Store):
         except OSError as exc:
             raise StoreError(f"cannot post to {path}: {exc}", instance_id=instance_id) from exc
 
-    async def read_posts(self, instance_id: str, cursor: int) -> tuple[list[dict[str, Any]], int]:
+    async def read_posts(self, instance_id: str, cursor: int) -> tuple[list[dict[str, Any]], int]:  # noqa: C901
         """Return the complete mailbox lines after byte offset ``cursor`` and the offset after them.
 
         Nothing new costs one ``fstat`` of a cached handle. A line still being written (no
@@ -463,13 +465,18 @@ class FileStore(Store):
         """
         fd = self._post_fds.get(instance_id)
         if fd is None:
-            folder = self.root / _check_id(instance_id)
-            if not (folder / HEADER_FILE).is_file():
-                raise InstanceNotFoundError(instance_id)
+            path = self._post_paths.get(instance_id)
+            if path is None:
+                folder = self.root / _check_id(instance_id)
+                if not (folder / HEADER_FILE).is_file():
+                    raise InstanceNotFoundError(instance_id)
+                path = self._post_paths[instance_id] = os.fspath(folder / POSTS_FILE)
+                if len(self._post_paths) > 4 * self.max_open_logs:
+                    self._post_paths.pop(next(iter(self._post_paths)))
             try:
                 # Never created here: a new name costs a directory update, and most
-                # instances never get a post. Until one comes, each look is one stat().
-                fd = os.open(folder / POSTS_FILE, os.O_RDONLY | _O_CLOEXEC)
+                # instances never get a post. Until one comes, each look is one failed open().
+                fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
             except FileNotFoundError:
                 return [], cursor
             except OSError as exc:
