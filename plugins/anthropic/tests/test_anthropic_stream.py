@@ -8,7 +8,7 @@ import pytest
 
 from loopwright._types import Message, ModelRequest, ToolCall, ToolSpec
 from loopwright.errors import ProviderError
-from loopwright_anthropic._sse import SSEDecoder
+from loopwright.http import SSEDecoder
 
 pytestmark = pytest.mark.anyio
 

@@ -1,0 +1,902 @@
+r"""HTTP scaffolding for provider plugins that talk to a model API over httpx.
+
+**Requires httpx** (``httpx>=0.28``), which the core does not depend on: a provider distribution
+that uses this module lists httpx among its own dependencies. ``import loopwright`` never imports
+this module; a provider imports it, ideally only when it first builds a provider, so that loading
+the plugin stays cheap. The OpenAI and Anthropic providers are built on it.
+
+What it holds, each usable on its own:
+
+- :class:`ShardedTransport`, an ``httpx.AsyncBaseTransport`` that holds up under hundreds of
+  concurrent requests (httpx 0.28's own pool does not; the section below says why), and
+  :func:`make_client`, which builds an ``httpx.AsyncClient`` on it from :class:`HTTPOptions`.
+- :class:`OptionReader` and :class:`HTTPOptions`: reading and checking a provider's options
+  (``timeout``, ``connectTimeout``, ``maxConnections``, ``maxKeepaliveConnections``,
+  ``keepaliveExpiry``, ``poolShards``, ``proxy``, ``headers``, ``maxRetries``, ``retryBaseDelay``,
+  ``retryMaxDelay``), every problem reported in one :class:`~loopwright.errors.ConfigError` with
+  its JSON path (``$.providers.NAME.KEY``); durations are seconds or ``500ms``/``30s``/``2m``/``2h``.
+- :func:`status_error` and :func:`transport_error`: an error status or an httpx exception turned
+  into a :class:`~loopwright.errors.ProviderError`, transient where a retry may help (408, 409,
+  429, every 5xx including Anthropic's 529, timeouts, refused or reset connections; an
+  ``x-should-retry`` header overrides), with ``retry_after`` from ``retry-after-ms`` or
+  ``Retry-After``. Reading the API's own message out of an error body is vendor-specific: pass
+  a ``describe`` callback.
+- :class:`SSEDecoder`: server-sent events, from the bytes of a body to :class:`SSEEvent` s.
+- :class:`Endpoint`: all of the above for one URL a provider POSTs to, with the client's
+  lifetime (an injected ``settings.http_client`` is used and left open; one it builds is closed
+  by :meth:`Endpoint.aclose`) and retries (:meth:`Endpoint.retry`, :meth:`Endpoint.post`).
+
+A provider's wire format (encoding requests, decoding answers and stream events) stays in the
+provider. A minimal provider on this module::
+
+    from loopwright.http import Endpoint, HTTPOptions, OptionReader, check_base_url
+
+    class MyProvider(Provider):
+        def __init__(self, settings: ProviderSettings) -> None:
+            self.settings = settings
+            reader = OptionReader(settings)
+            options = HTTPOptions.read(reader)
+            reader.check()  # raises one ConfigError listing every bad option
+            url = check_base_url(settings, default="https://api.example.com") + "/v1/complete"
+            self._http = Endpoint(url, provider=settings.name, options=options,
+                                  headers={"Authorization": f"Bearer {settings.api_key}"},
+                                  client=settings.http_client, describe_error=my_error_message)
+
+        async def complete(self, request: ModelRequest) -> ModelResponse:
+            response = await self._http.post(encode(request), model=request.model)
+            return decode(response.json())  # retried transient failures, raised the others
+
+        async def aclose(self) -> None:
+            await self._http.aclose()
+
+The sharded transport
+---------------------
+
+httpx 0.28 runs on httpcore 1.0, whose connection pool re-examines *every* connection on every
+request and every release (``AsyncConnectionPool._assign_requests_to_connections``), and for
+each idle connection also builds a list of all connections (a quadratic step;
+encode/httpcore#1035) and polls its socket (``has_expired``). The cost of one request thus grows
+with the square of the number of open connections. Measured with the shared benchmark's fake
+server (200 concurrent runs of 6 turns, 50 ms server latency, 127.0.0.1, CPython 3.11):
+
+========================================================================  ======
+client                                                                    wall
+========================================================================  ======
+raw ``httpx.AsyncClient`` loop, 1000 connections / 100 kept alive          13.2 s
+same, 1000 / 1000 (no keep-alive eviction churn, see below)                9.5 s
+same, 100 / 100 (requests queue for connections)                           13.0 s
+raw ``httpx2`` loop, 1000 / 100                                            1.5 s
+raw ``httpx.AsyncClient`` loop over this transport, 64 shards              1.05 s
+``OpenAIProvider`` loop, defaults (64 shards)                              1.1 s
+``OpenAIProvider`` loop, ``poolShards: 1`` (one plain pool)                8.2 s
+========================================================================  ======
+
+No choice of ``httpx.Limits`` alone avoids it: a higher ``max_connections`` stops requests
+queueing but the per-request cost still grows with the pool. So the pool is split into
+*shards*: independent ``httpx.AsyncHTTPTransport`` s, each with ``1/shards`` of the limits, and a
+request goes to the shard with the fewest requests in flight. Each shard's pool stays small, so
+its bookkeeping stays cheap. Shards are built on demand (a new one only when every built one is
+busy), so a sequential caller uses one shard and one warm connection, as before; the default is
+64 shards at most. The shards share one SSL context, so building them costs no certificate
+loading. The price: loads are balanced only approximately, so a burst opens somewhat more
+connections than its peak concurrency (about 260 for the 200 runs above), which then stay alive
+for reuse.
+
+Keep-alive: httpcore 1.0 compares ``max_keepalive_connections`` with the number of *all*
+connections, not the idle ones (encode/httpcore#1035, bug 1), so a pool holding more connections
+than that limit closes every connection that falls idle, and the next request reconnects. The
+default therefore keeps as many connections alive as it may open (``maxKeepaliveConnections``
+defaults to ``maxConnections``); idle ones still close after ``keepalive_expiry``.
+
+.. versionadded:: 0.1
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import re
+import urllib.request
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Self, TypeVar, overload
+
+import attrs
+import httpx
+
+from loopwright._retry import parse_retry_after, retry_transient
+from loopwright.errors import ConfigError, ConfigProblem, ProviderError
+
+if TYPE_CHECKING:
+    import ssl
+    from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+
+    from loopwright.abc import ProviderSettings
+
+__all__ = [
+    "DEFAULT_POOL_SHARDS",
+    "TRANSIENT_STATUSES",
+    "Endpoint",
+    "HTTPOptions",
+    "OptionReader",
+    "SSEDecoder",
+    "SSEEvent",
+    "ShardedTransport",
+    "check_base_url",
+    "environment_proxy",
+    "is_transient_status",
+    "make_client",
+    "override_headers",
+    "parse_duration",
+    "resolve_api_key",
+    "ssl_context",
+    "status_error",
+    "transport_error",
+]
+
+#: The most connection pools a :class:`ShardedTransport` builds unless ``poolShards`` says otherwise.
+DEFAULT_POOL_SHARDS = 64
+
+#: HTTP statuses below 500 that a retry may fix (every 5xx may too, see :func:`is_transient_status`).
+TRANSIENT_STATUSES = frozenset({408, 409, 429})
+
+T = TypeVar("T")
+
+_SERVER_ERROR = 500
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*$")
+_UNITS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+# -- the sharded transport -------------------------------------------------------------------------
+
+
+class ShardedTransport(httpx.AsyncBaseTransport):
+    """Spreads requests over up to ``shards`` connection pools, least busy first.
+
+    See the module docstring for why one httpx pool is not enough.
+
+    Attributes:
+        shards: The most pools it will build.
+
+    """
+
+    def __init__(
+        self, *, shards: int, limits: httpx.Limits, verify: ssl.SSLContext | bool = True,
+        proxy: str | None = None, trust_env: bool = True,
+    ) -> None:
+        """Prepare the transport; pools are built as concurrency needs them.
+
+        :param shards: The most pools to build (1 behaves like a plain ``AsyncHTTPTransport``).
+        :param limits: The limits of the whole transport; each pool gets ``1/shards`` of the
+            connection counts (rounded up) and the same keep-alive expiry.
+        :param verify: An SSL context shared by all pools, or a bool as httpx takes it.
+        :param proxy: A proxy URL for every request, or ``None``.
+        :param trust_env: Whether the SSL context may read ``SSL_CERT_FILE``/``SSL_CERT_DIR``.
+        :raises ValueError: If ``shards`` is below 1.
+        """
+        if shards < 1:
+            raise ValueError(f"shards must be >= 1, not {shards}")
+        self.shards = shards
+        self._limits = httpx.Limits(
+            max_connections=_share(limits.max_connections, shards),
+            max_keepalive_connections=_share(limits.max_keepalive_connections, shards),
+            keepalive_expiry=limits.keepalive_expiry,
+        )
+        self._verify = verify
+        self._proxy = proxy
+        self._trust_env = trust_env
+        self._pools: list[httpx.AsyncHTTPTransport] = []
+        self._in_flight: list[int] = []
+
+    def _add_pool(self) -> int:
+        if isinstance(self._verify, bool):
+            # One context for all pools: httpx would load the CA bundle (40 ms) per transport.
+            self._verify = ssl_context(verify=self._verify, trust_env=self._trust_env)
+        self._pools.append(httpx.AsyncHTTPTransport(
+            verify=self._verify, limits=self._limits, proxy=self._proxy, trust_env=self._trust_env,
+        ))
+        self._in_flight.append(0)
+        return len(self._pools) - 1
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """Send ``request`` through the least busy pool.
+
+        The request counts as in flight on its pool until the response body is closed.
+        """
+        loads = self._in_flight
+        if loads and loads[0] == 0:
+            index = 0  # the common case of a caller without concurrency
+        else:
+            least = min(loads, default=1)
+            # Every pool busy and room for another: a new pool beats a busier one.
+            index = self._add_pool() if least and len(loads) < self.shards else loads.index(least)
+        loads[index] += 1
+        try:
+            response = await self._pools[index].handle_async_request(request)
+        except BaseException:
+            loads[index] -= 1
+            raise
+        response.stream = _CountedStream(response.stream, loads, index)
+        return response
+
+    async def aclose(self) -> None:
+        """Close every pool."""
+        pools, self._pools, self._in_flight = self._pools, [], []
+        for pool in pools:
+            await pool.aclose()
+
+
+class _CountedStream(httpx.AsyncByteStream):
+    """A response body that marks its pool's request finished when it is closed."""
+
+    __slots__ = ("_index", "_loads", "_stream")
+
+    def __init__(self, stream: Any, loads: list[int], index: int) -> None:
+        self._stream = stream
+        self._loads: list[int] | None = loads  # the transport's list at the time of the request
+        self._index = index
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._stream:
+            yield chunk
+
+    async def aclose(self) -> None:
+        loads, self._loads = self._loads, None
+        if loads is not None:
+            loads[self._index] -= 1
+        await self._stream.aclose()
+
+
+@functools.cache
+def ssl_context(*, verify: bool = True, trust_env: bool = True) -> ssl.SSLContext:
+    """Return an SSL context as httpx builds it, made once per process and then shared.
+
+    Loading the CA bundle takes about 40 ms; an SSL context may serve any number of
+    connections, clients and threads.
+    """
+    return httpx.create_ssl_context(verify=verify, trust_env=trust_env)
+
+
+def _share(total: int | None, shards: int) -> int | None:
+    return None if total is None else max(1, math.ceil(total / shards))
+
+
+def environment_proxy(url: str) -> str | None:
+    """Return the proxy the environment names for ``url``, or ``None``.
+
+    Reads ``HTTPS_PROXY``, ``HTTP_PROXY``, ``ALL_PROXY`` and ``NO_PROXY`` (either case), as
+    httpx does; httpx applies them itself only when it builds the transport.
+    """
+    parsed = httpx.URL(url)
+    proxies = urllib.request.getproxies()
+    proxy = proxies.get(parsed.scheme) or proxies.get("all")
+    if not proxy or urllib.request.proxy_bypass(parsed.host):
+        return None
+    return proxy
+
+
+# -- options -------------------------------------------------------------------------------------
+
+
+def parse_duration(value: Any) -> float | None:
+    """Return ``value`` as seconds, or ``None`` if it is not a duration.
+
+    A duration is a number of seconds (>= 0) or a string: a number with an optional unit
+    ``ms``, ``s``, ``m`` or ``h`` (``"500ms"``, ``"30s"``, ``"2m"``, ``"1.5h"``). Booleans are not
+    numbers here.
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value) if value >= 0 else None
+    if isinstance(value, str):
+        match = _DURATION.match(value)
+        if match:
+            return float(match.group(1)) * _UNITS[match.group(2)]
+    return None
+
+
+class OptionReader:
+    """Reads a provider's options, collecting every problem for one :class:`ConfigError`.
+
+    Each reader method returns the value, or its default after recording a problem at the
+    option's JSON path (``$.providers.NAME.KEY``); :meth:`check` raises them all at once::
+
+        reader = OptionReader(settings)
+        api = reader.choice("api", ("chat", "responses"), "chat")
+        options = HTTPOptions.read(reader)
+        reader.check()
+
+    Attributes:
+        name: The provider's name in the assembly.
+        options: The options as written (``ProviderSettings.options``).
+        problems: The problems found so far.
+
+    """
+
+    def __init__(self, settings: ProviderSettings) -> None:
+        """Read the options of ``settings``."""
+        self.name = settings.name
+        self.options: Mapping[str, Any] = settings.options
+        self.problems: list[ConfigProblem] = []
+
+    def path(self, key: str) -> str:
+        """Return the JSON path of option ``key``."""
+        return f"$.providers.{self.name}.{key}"
+
+    def problem(self, key: str, message: str) -> None:
+        """Record a problem with option ``key``."""
+        self.problems.append(ConfigProblem(message, path=self.path(key)))
+
+    def check(self) -> None:
+        """Raise the problems found, if any.
+
+        :raises ConfigError: Naming the provider and listing every problem.
+        """
+        if self.problems:
+            raise ConfigError(f"invalid options for provider {self.name!r}", problems=self.problems)
+
+    @overload
+    def integer(self, key: str, default: int, minimum: int, *, nullable: Literal[False] = False) -> int: ...
+
+    @overload
+    def integer(self, key: str, default: int | None, minimum: int, *, nullable: bool) -> int | None: ...
+
+    def integer(self, key: str, default: int | None, minimum: int, *, nullable: bool = False) -> int | None:
+        """Return option ``key``, an integer >= ``minimum`` (or ``None`` when ``nullable``)."""
+        value = self.options.get(key, default)
+        if value is None and nullable:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            null = " or null" if nullable else ""
+            self.problem(key, f"must be an integer >= {minimum}{null}, not {value!r}")
+            return default
+        return value
+
+    @overload
+    def duration(self, key: str, default: float, *, nullable: Literal[False] = False) -> float: ...
+
+    @overload
+    def duration(self, key: str, default: float | None, *, nullable: bool) -> float | None: ...
+
+    def duration(self, key: str, default: float | None, *, nullable: bool = False) -> float | None:
+        """Return option ``key`` in seconds (see :func:`parse_duration`), or ``None`` when ``nullable``."""
+        value = self.options.get(key, default)
+        if value is None and nullable:
+            return None
+        seconds = parse_duration(value)
+        if seconds is None:
+            self.problem(key, f"must be a duration (seconds, or a string such as '500ms', '30s', '2m'), "
+                              f"not {value!r}")
+            return default
+        return seconds
+
+    def text(self, key: str, default: str | None = None) -> str | None:
+        """Return option ``key``, a string, or ``default`` when it is absent."""
+        value = self.options.get(key, default)
+        if value is not None and not isinstance(value, str):
+            self.problem(key, f"must be a string, not {value!r}")
+            return default
+        return value
+
+    def choice(self, key: str, choices: tuple[str, ...], default: str) -> str:
+        """Return option ``key``, one of ``choices``."""
+        value = self.options.get(key, default)
+        if value not in choices:
+            self.problem(key, f"must be one of {', '.join(choices)}, not {value!r}")
+            return default
+        return str(value)
+
+    def headers(self, key: str = "headers") -> dict[str, str]:
+        """Return option ``key``, a mapping of header names to strings (``{}`` when absent)."""
+        headers = self.options.get(key) or {}
+        if not isinstance(headers, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+        ):
+            self.problem(key, "must map header names to strings")
+            return {}
+        return dict(headers)
+
+
+@attrs.frozen(kw_only=True)
+class HTTPOptions:
+    """The options every HTTP provider takes (camelCase keys in the assembly).
+
+    A provider with more options subclasses it (``@attrs.frozen(kw_only=True)``) and passes its
+    own to :meth:`read`.
+
+    Attributes:
+        max_retries: ``maxRetries``: retries of a transient failure (default 2).
+        retry_base_delay: ``retryBaseDelay``: first backoff delay (default 0.5 s).
+        retry_max_delay: ``retryMaxDelay``: longest backoff delay (default 30 s).
+        timeout: ``timeout``: read/write/pool timeout, ``None`` for none (default 600 s).
+        connect_timeout: ``connectTimeout``: connect timeout (default 5 s).
+        headers: ``headers``: extra request headers.
+        max_connections: ``maxConnections``: most open connections (default 1000).
+        max_keepalive_connections: ``maxKeepaliveConnections``: most idle connections kept
+            (default: ``maxConnections``; see the module docstring for why).
+        keepalive_expiry: ``keepaliveExpiry``: how long an idle connection is kept (default 5 s).
+        pool_shards: ``poolShards``: most connection pools to spread requests over (default 64;
+            1 for a single plain pool).
+        proxy: ``proxy``: a proxy URL; by default the environment's (``HTTPS_PROXY`` ...).
+        timeout_set: Whether ``timeout`` or ``connectTimeout`` was given (they then apply to
+            an injected client too).
+
+    """
+
+    max_retries: int = 2
+    retry_base_delay: float = 0.5
+    retry_max_delay: float = 30.0
+    timeout: float | None = 600.0
+    connect_timeout: float | None = 5.0
+    headers: Mapping[str, str] = attrs.field(factory=dict)
+    max_connections: int | None = 1000
+    max_keepalive_connections: int | None = None
+    keepalive_expiry: float | None = 5.0
+    pool_shards: int = DEFAULT_POOL_SHARDS
+    proxy: str | None = None
+    timeout_set: bool = False
+
+    @classmethod
+    def read(cls, reader: OptionReader, **fields: Any) -> Self:
+        """Read the shared options with ``reader`` and return them with ``fields`` (a subclass's own).
+
+        Problems are recorded on ``reader``; call :meth:`OptionReader.check` afterwards.
+        """
+        opts = reader.options
+        headers = reader.headers()
+        max_connections = reader.integer("maxConnections", 1000, 1, nullable=True)
+        return cls(
+            max_retries=reader.integer("maxRetries", 2, 0),
+            retry_base_delay=reader.duration("retryBaseDelay", 0.5),
+            retry_max_delay=reader.duration("retryMaxDelay", 30.0),
+            timeout=reader.duration("timeout", 600.0, nullable=True),
+            connect_timeout=reader.duration("connectTimeout", 5.0, nullable=True),
+            headers=headers,
+            max_connections=max_connections,
+            max_keepalive_connections=reader.integer("maxKeepaliveConnections", max_connections, 0, nullable=True),
+            keepalive_expiry=reader.duration("keepaliveExpiry", 5.0, nullable=True),
+            pool_shards=reader.integer("poolShards", DEFAULT_POOL_SHARDS, 1),
+            proxy=reader.text("proxy"),
+            timeout_set="timeout" in opts or "connectTimeout" in opts,
+            **fields,
+        )
+
+    def httpx_timeout(self) -> httpx.Timeout:
+        """Return ``timeout`` and ``connectTimeout`` as an ``httpx.Timeout``."""
+        return httpx.Timeout(self.timeout, connect=self.connect_timeout)
+
+    def httpx_limits(self) -> httpx.Limits:
+        """Return the connection limits as an ``httpx.Limits`` (for the whole transport)."""
+        return httpx.Limits(
+            max_connections=self.max_connections,
+            max_keepalive_connections=self.max_keepalive_connections,
+            keepalive_expiry=self.keepalive_expiry,
+        )
+
+
+def check_base_url(settings: ProviderSettings, *, default: str) -> str:
+    """Return ``settings.base_url`` (or ``default``) without a trailing slash, checked.
+
+    :raises ConfigError: If it is not an ``http://`` or ``https://`` URL with a host; the
+        problem's path is ``$.providers.NAME.baseUrl``.
+    """
+    base_url = (settings.base_url or default).rstrip("/")
+    try:
+        parsed = httpx.URL(base_url)
+    except httpx.InvalidURL as exc:
+        reason = str(exc)
+    else:
+        if parsed.scheme in ("http", "https") and parsed.host:
+            return base_url
+        reason = "must be an http:// or https:// URL"
+    raise ConfigError(f"invalid baseUrl for provider {settings.name!r}", problems=[ConfigProblem(
+        f"{reason}, not {base_url!r}", path=f"$.providers.{settings.name}.baseUrl")])
+
+
+def resolve_api_key(settings: ProviderSettings, env: str) -> str | None:
+    """Return ``settings.api_key``; without one, the variable ``env`` if no ``baseUrl`` is set.
+
+    The environment's key is for the vendor's own server only: it is never sent to a ``baseUrl``
+    the assembly chose. An empty variable counts as unset.
+    """
+    if settings.api_key is None and settings.base_url is None:
+        return os.environ.get(env) or None
+    return settings.api_key
+
+
+def override_headers(headers: dict[str, str], extra: Mapping[str, str]) -> dict[str, str]:
+    """Add ``extra`` to ``headers`` (in place), each replacing any header of the same name in any case."""
+    for name, value in extra.items():
+        for existing in [k for k in headers if k.lower() == name.lower()]:
+            del headers[existing]
+        headers[name] = value
+    return headers
+
+
+def make_client(options: HTTPOptions, *, url: str, headers: Mapping[str, str]) -> httpx.AsyncClient:
+    """Return an ``httpx.AsyncClient`` for requests to ``url``, over a :class:`ShardedTransport`.
+
+    :param options: Limits, shards, proxy (by default the environment's for ``url``) and timeouts.
+    :param url: The endpoint: it chooses the environment's proxy, and plain ``http://`` without a
+        proxy skips loading the CA bundle.
+    :param headers: Headers sent with every request.
+    """
+    proxy = options.proxy or environment_proxy(url)
+    # Plain http without a proxy never uses TLS: skip loading the CA bundle.
+    plain = proxy is None and url.startswith("http://")
+    transport = ShardedTransport(
+        shards=options.pool_shards, limits=options.httpx_limits(), proxy=proxy,
+        verify=ssl_context(verify=False) if plain else ssl_context(),
+    )
+    return httpx.AsyncClient(transport=transport, headers=headers, timeout=options.httpx_timeout())
+
+
+# -- errors --------------------------------------------------------------------------------------
+
+
+def is_transient_status(status: int) -> bool:
+    """Return whether a retry may fix a response with HTTP ``status`` (408, 409, 429, any 5xx)."""
+    return status in TRANSIENT_STATUSES or status >= _SERVER_ERROR
+
+
+def status_error(
+    response: httpx.Response, *, provider: str, model: str | None,
+    describe: Callable[[Any], str | None] | None = None, request_id_header: str | None = None,
+) -> ProviderError:
+    """Return the :class:`ProviderError` for an error status; the response must have been read.
+
+    The message is what ``describe`` finds in the JSON body (the vendor's error format), else the
+    body's first 300 characters, else the reason phrase; ``request_id_header`` names a response
+    header whose value is appended as ``(request ID)``. The error is transient as
+    :func:`is_transient_status` says, unless the server sent ``x-should-retry: true|false``, and
+    carries the server's ``retry-after-ms``/``Retry-After`` and the whole body (cut to 2,000
+    characters by ``ProviderError``).
+
+    :param describe: Called with the parsed JSON body; returns the API's message, or ``None``.
+    """
+    status = response.status_code
+    text = response.text
+    message = None
+    if describe is not None and text:
+        try:
+            message = describe(json.loads(text))
+        except ValueError:
+            message = None
+    if message is None:
+        message = text.strip()[:300] or response.reason_phrase or "request failed"
+    request_id = response.headers.get(request_id_header) if request_id_header else None
+    if request_id:
+        message += f" (request {request_id})"
+    transient = is_transient_status(status)
+    should_retry = response.headers.get("x-should-retry")
+    if should_retry in ("true", "false"):
+        transient = should_retry == "true"
+    return ProviderError(
+        message, provider=provider, model=model, status=status, body=text,
+        retry_after=parse_retry_after(response.headers), transient=transient, request=response.request,
+    )
+
+
+def transport_error(exc: Exception, *, provider: str, model: str | None, stream: bool = False) -> ProviderError:
+    """Return the :class:`ProviderError` for an httpx exception raised while sending or reading.
+
+    Timeouts and transport failures (refused, reset or dropped connections, protocol errors from
+    the server, proxies) are transient; a request that could not be built or sent as asked
+    (``UnsupportedProtocol``, ``LocalProtocolError``, ``InvalidURL``) and any other httpx error
+    are final. The message says what failed and names the exception.
+
+    :param stream: Whether the failure came while reading a streamed body: the message then
+        says the stream timed out or broke off.
+    """
+    if isinstance(exc, httpx.TimeoutException):
+        what, transient = ("the stream timed out" if stream else "the request timed out"), True
+    elif isinstance(exc, (httpx.UnsupportedProtocol, httpx.LocalProtocolError, httpx.InvalidURL)):
+        what, transient = "the request could not be sent", False
+    elif isinstance(exc, httpx.TransportError):  # network errors, resets, RemoteProtocolError, proxies
+        what, transient = ("the stream broke off" if stream else "the connection failed"), True
+    else:
+        what, transient = ("the stream failed" if stream else "the request failed"), False
+    detail = str(exc)
+    detail = f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
+    try:
+        request = exc.request  # type: ignore[attr-defined]
+    except (AttributeError, RuntimeError):  # httpx raises RuntimeError when it has none
+        request = None
+    return ProviderError(f"{what} ({detail})", provider=provider, model=model, transient=transient, request=request)
+
+
+def _body_text(response: httpx.Response) -> str | None:
+    try:
+        return response.text
+    except httpx.ResponseNotRead:
+        return None
+
+
+# -- server-sent events --------------------------------------------------------------------------
+
+
+class SSEEvent(NamedTuple):
+    r"""One server-sent event.
+
+    Attributes:
+        event: Its ``event:`` name, ``None`` when the stream gave none.
+        data: Its ``data:`` lines, joined with ``\n``.
+    """
+
+    event: str | None
+    data: str
+
+
+_new_event = tuple.__new__  # SSEEvent(...) without the generated __new__'s Python call
+_LF, _CR = 10, 13
+
+
+class SSEDecoder:
+    r"""Turns the body of one ``text/event-stream`` response into events; keep one per response.
+
+    Follows the WHATWG "event stream interpretation": lines end with ``\r\n``, ``\n`` or ``\r``
+    (also when a network read splits them, or splits a UTF-8 character); a blank line ends an
+    event; ``event:`` names it; ``data:`` lines join with ``\n``; one space after the colon is
+    dropped; lines starting with ``:`` are comments (keep-alives); ``id:``, ``retry:`` and unknown
+    fields are ignored; an event without data is dropped; so is an event the body ends before
+    its blank line. :meth:`feed` takes bytes, :meth:`decode` one line already split off.
+
+    With ``is_whole``, the decoder also copes with servers that leave out the blank lines: a
+    ``data:`` line arriving while the pending data is already whole (as ``is_whole`` judges it,
+    for example "parses as JSON") first dispatches the pending event, and a whole event pending
+    at the end of the body is kept. With well-formed streams the pending data is empty at that
+    point, so this costs nothing.
+    """
+
+    __slots__ = ("_data", "_event", "_is_whole", "_skip_lf", "_started", "_tail")
+
+    def __init__(self, *, is_whole: Callable[[str], bool] | None = None) -> None:
+        """Start with no pending event.
+
+        :param is_whole: Whether pending data is a whole event, for streams without blank lines.
+        """
+        self._is_whole = is_whole
+        self._event: str | None = None
+        self._data: list[str] = []
+        self._tail = b""
+        self._skip_lf = False
+        self._started = False
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        """Take the next piece of the body; return the events it completes."""
+        if self._skip_lf:  # the previous piece ended with \r: a \n now is the same line break
+            self._skip_lf = False
+            if chunk[:1] == b"\n":
+                chunk = chunk[1:]
+        if not chunk:
+            return []
+        if self._tail:
+            chunk = self._tail + chunk
+        end = chunk[-1]
+        if end in (_LF, _CR):
+            self._tail = b""
+            self._skip_lf = end == _CR
+        else:  # keep the unfinished last line for the next piece
+            cut = max(chunk.rfind(b"\n"), chunk.rfind(b"\r")) + 1
+            self._tail = chunk[cut:]
+            if not cut:
+                return []
+            chunk = chunk[:cut]
+        # Whole lines only, so no UTF-8 character is cut (\r and \n never occur inside one).
+        return self._lines(chunk.decode("utf-8", "replace"))
+
+    def finish(self) -> list[SSEEvent]:
+        """Take the end of the body; return the events still due (only with ``is_whole``)."""
+        tail, self._tail = self._tail, b""
+        events = self._lines(tail.decode("utf-8", "replace") + "\n") if tail else []  # a last line without a break
+        if self._data and self._pending_is_whole():
+            events.append(self._dispatch())
+        return events
+
+    def _lines(self, text: str) -> list[SSEEvent]:
+        """Decode ``text``, whole lines each ending with a line break."""
+        if not self._started:
+            self._started = True
+            text = text.removeprefix("\ufeff")  # a byte order mark may open the stream
+        if "\r" in text:
+            text = text.replace("\r\n", "\n").replace("\r", "\n")
+        events = []
+        decode = self.decode
+        for line in text[:-1].split("\n"):
+            event = decode(line)
+            if event is not None:
+                events.append(event)
+        return events
+
+    def decode(self, line: str) -> SSEEvent | None:
+        """Take one line (without its line break); return the event it completes, if any."""
+        if not line:
+            if not self._data:
+                self._event = None
+                return None
+            return self._dispatch()
+        if line[0] == ":":  # a comment (keep-alive)
+            return None
+        field, _, value = line.partition(":")
+        if value[:1] == " ":
+            value = value[1:]
+        if field == "data":
+            event = self._dispatch() if self._data and self._pending_is_whole() else None
+            self._data.append(value)
+            return event
+        if field == "event":
+            self._event = value
+        return None
+
+    def _pending_is_whole(self) -> bool:
+        return self._is_whole is not None and self._is_whole("\n".join(self._data))
+
+    def _dispatch(self) -> SSEEvent:
+        event = _new_event(SSEEvent, (self._event, "\n".join(self._data)))
+        self._event = None
+        self._data = []
+        return event
+
+
+# -- one endpoint --------------------------------------------------------------------------------
+
+_UNSET: Any = object()
+
+
+class Endpoint:
+    """One URL a provider POSTs to, with the HTTP client, headers, options and retries it needs.
+
+    The client is ``client`` when one was injected (``settings.http_client``), used with this
+    endpoint's headers (and timeouts, when the options set them) on each request and never closed
+    here; otherwise :func:`make_client` builds one on first use and :meth:`aclose` closes it.
+    Every failure comes out as a :class:`~loopwright.errors.ProviderError`.
+
+    Attributes:
+        url: The URL requests go to.
+        provider: The provider's name, for errors.
+        options: The HTTP options.
+        client: The client in use: the injected one, or the one built on first use (``None``
+            before that and after :meth:`aclose`).
+
+    """
+
+    def __init__(
+        self, url: str, *, provider: str, options: HTTPOptions, headers: Mapping[str, str],
+        client: httpx.AsyncClient | None = None, describe_error: Callable[[Any], str | None] | None = None,
+        request_id_header: str | None = None,
+    ) -> None:
+        """Prepare the endpoint; nothing is connected or built yet.
+
+        :param url: Where :meth:`send` posts.
+        :param provider: The provider's name in the assembly (``settings.name``).
+        :param options: Timeouts, limits, proxy and retries.
+        :param headers: Headers for every request.
+        :param client: An injected client to use and leave open, or ``None`` to build one.
+        :param describe_error: Finds the API's message in a parsed error body (see :func:`status_error`).
+        :param request_id_header: A response header whose value error messages quote.
+        """
+        self.url = url
+        self.provider = provider
+        self.options = options
+        self.client = client
+        self._headers = dict(headers)
+        self._owns_client = client is None
+        self._describe = describe_error
+        self._request_id_header = request_id_header
+        # Keyword arguments of each request: none with our own client (it carries headers and
+        # timeouts), the headers (and any configured timeout) with an injected one.
+        self._request_kwargs: dict[str, Any] = {}
+        if not self._owns_client:
+            self._request_kwargs["headers"] = self._headers
+            if options.timeout_set:
+                self._request_kwargs["timeout"] = options.httpx_timeout()
+
+    def __repr__(self) -> str:
+        return f"Endpoint({self.url!r}, provider={self.provider!r})"
+
+    async def send(self, content: bytes, *, model: str | None, stream: bool = False, check: bool = True,
+                   ) -> httpx.Response:
+        """POST ``content`` once and return the response.
+
+        An error status comes back with its body read (and, with ``stream``, the response
+        closed); with ``check`` it raises :meth:`status_error` instead. A success with
+        ``stream`` comes back unread: read it with :meth:`read` or :meth:`events`, or close it.
+
+        :raises ProviderError: For transport failures (see :func:`transport_error`), and with
+            ``check`` for an error status.
+        """
+        client = self.client
+        if client is None:
+            client = self.client = make_client(self.options, url=self.url, headers=self._headers)
+        request = client.build_request("POST", self.url, content=content, **self._request_kwargs)
+        try:
+            response = await client.send(request, stream=stream)
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:
+            raise self.transport_error(exc, model=model) from exc
+        if not response.is_success:
+            if stream:
+                await self.read(response, model=model)
+            if check:
+                raise self.status_error(response, model=model)
+        return response
+
+    async def post(self, content: bytes, *, model: str | None, stream: bool = False) -> httpx.Response:
+        """:meth:`send` with ``check``, retried as :meth:`retry` says."""
+        return await self.retry(functools.partial(self.send, content, model=model, stream=stream))
+
+    async def retry(self, call: Callable[[], Awaitable[T]]) -> T:
+        """Return ``await call()``, called again after each transient ``ProviderError``.
+
+        Uses :func:`~loopwright._retry.retry_transient` with the options' ``maxRetries``,
+        ``retryBaseDelay`` and ``retryMaxDelay``, honouring the server's ``Retry-After``.
+        """
+        options = self.options
+        return await retry_transient(call, max_retries=options.max_retries,
+                                     base_delay=options.retry_base_delay, max_delay=options.retry_max_delay)
+
+    async def read(self, response: httpx.Response, *, model: str | None) -> None:
+        """Read the rest of a streamed response's body, then close it.
+
+        :raises ProviderError: If reading fails (see :func:`transport_error`).
+        """
+        try:
+            await response.aread()
+        except httpx.HTTPError as exc:
+            raise self.transport_error(exc, model=model) from exc
+        finally:
+            await response.aclose()
+
+    async def events(
+        self, response: httpx.Response, *, model: str | None, decoder: SSEDecoder | None = None,
+    ) -> AsyncGenerator[SSEEvent, None]:
+        """Yield the server-sent events of a streamed response as they arrive.
+
+        Does not close the response; close it, and this iterator when leaving it early
+        (``contextlib.aclosing``).
+
+        :param decoder: The decoder to use (for example one with ``is_whole``); a plain one by default.
+        :raises ProviderError: Transient, if the stream times out or breaks off.
+        """
+        if decoder is None:
+            decoder = SSEDecoder()
+        try:
+            async for chunk in response.aiter_bytes():
+                for event in decoder.feed(chunk):
+                    yield event
+        except httpx.HTTPError as exc:
+            raise self.transport_error(exc, model=model, stream=True) from exc
+        for event in decoder.finish():
+            yield event
+
+    def error(
+        self, message: str, *, model: str | None, response: httpx.Response | None = None,
+        transient: bool = False, body: str | None = _UNSET,
+    ) -> ProviderError:
+        """Return a :class:`ProviderError` about ``response`` (its status, body and request).
+
+        :param body: The body to report; by default the response's, if it has been read.
+        """
+        if response is None:
+            return ProviderError(message, provider=self.provider, model=model, transient=transient)
+        return ProviderError(
+            message, provider=self.provider, model=model, status=response.status_code,
+            body=_body_text(response) if body is _UNSET else body, transient=transient, request=response.request,
+        )
+
+    def status_error(self, response: httpx.Response, *, model: str | None) -> ProviderError:
+        """Return :func:`status_error` for ``response``, with this endpoint's ``describe_error``."""
+        return status_error(response, provider=self.provider, model=model, describe=self._describe,
+                            request_id_header=self._request_id_header)
+
+    def transport_error(self, exc: Exception, *, model: str | None, stream: bool = False) -> ProviderError:
+        """Return :func:`transport_error` for ``exc``."""
+        return transport_error(exc, provider=self.provider, model=model, stream=stream)
+
+    async def aclose(self) -> None:
+        """Close the client if this endpoint built it; an injected one stays open."""
+        client = self.client
+        if client is not None and self._owns_client:
+            self.client = None
+            await client.aclose()
