@@ -318,11 +318,14 @@ class FileStore(Store):
                 fd = os.open(folder / name, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o600)
                 self._cache_log(instance_id, name, fd)
             # The folder is new and nobody reads it yet: the header is written in place (no
-            # temp file and rename: each new name costs a directory update), then fsynced.
+            # temp file and rename: each new name costs a directory update). A process killed
+            # in the middle leaves an unreadable header, which readers skip: the instance never
+            # ran. Like every append, it is fsynced (with its folder) only with fsync: true.
             fd = os.open(folder / HEADER_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o600)
             try:
                 _write_all(fd, data)
-                os.fsync(fd)
+                if self.fsync:
+                    os.fsync(fd)
             finally:
                 os.close(fd)
             if self.fsync:
