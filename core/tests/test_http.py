@@ -313,6 +313,7 @@ def test_sse_decoder_reads_a_body_split_anywhere():
     """Split at any byte (mid-CRLF, mid-UTF-8 character), the body gives the same events."""
     for i in range(len(STREAM) + 1):
         assert decode_all([STREAM[:i], STREAM[i:]]) == EVENTS, i
+        assert decode_all([STREAM[:i], b"", STREAM[i:]]) == EVENTS, i  # an empty read between \r and \n
     assert decode_all([bytes([b]) for b in STREAM]) == EVENTS
 
 

@@ -666,12 +666,14 @@ class SSEDecoder:
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         """Take the next piece of the body; return the events it completes."""
-        if self._skip_lf:  # the previous piece ended with \r: a \n now is the same line break
-            self._skip_lf = False
-            if chunk[:1] == b"\n":
-                chunk = chunk[1:]
         if not chunk:
             return []
+        if self._skip_lf:  # the previous piece ended with \r: a \n now is the same line break
+            self._skip_lf = False
+            if chunk[0] == _LF:
+                chunk = chunk[1:]
+                if not chunk:
+                    return []
         if self._tail:
             chunk = self._tail + chunk
         end = chunk[-1]
