@@ -249,12 +249,12 @@ class Loop:
             strategy = self.rt.context_strategy(defn)
             if strategy is not None:
                 await self._compact(run, strategy)
-            response = await self._infer(run)
-            calls = response.message.tool_calls
+            response, message = await self._infer(run)
+            calls = message.tool_calls
             if response.finish_reason == "content_filter" and not calls:
                 raise SegmentEnd(State.STOPPED, StopReason.CONTENT_FILTER)
             if not calls:
-                if defn.output is not None and await self._output_rejected(run, response.message):
+                if defn.output is not None and await self._output_rejected(run, message):
                     continue
                 if await self._completion_gate(run, limits):
                     continue
@@ -356,7 +356,10 @@ class Loop:
 
     # ------------------------------------------------------------------ inference
 
-    async def _infer(self, run: AgentRun) -> ModelResponse:  # noqa: C901, PLR0915 - one model turn, top to bottom
+    async def _infer(  # noqa: C901, PLR0915 - one model turn, top to bottom
+        self, run: AgentRun,
+    ) -> tuple[ModelResponse, Message]:
+        """Make one model call; return the response and the assistant message as the transcript keeps it."""
         inst = run.inst
         defn = inst.definition
         turn = inst.turn + 1
@@ -402,11 +405,13 @@ class Loop:
                                  failure=HookBlockedError(hook=outcome.stopped_by or "?",
                                                           reason=outcome.stop.reason))
         message = response.message
-        if message.role != "assistant" or message.model != served:
-            message = attrs.evolve(message, role="assistant", model=served)
         calls = message.tool_calls
-        if len(calls) != len({c.id for c in calls}) or any(not c.id for c in calls):
-            message = attrs.evolve(message, tool_calls=_unique_ids(calls, turn))
+        if calls and (len(calls) != len({c.id for c in calls}) or not all(c.id for c in calls)):
+            calls = _unique_ids(calls, turn)
+        if message.role != "assistant" or message.model != served or calls is not message.tool_calls:
+            # Built directly: attrs.evolve costs several microseconds a turn.
+            message = Message(role="assistant", content=message.content, tool_calls=calls, source=message.source,
+                              injected=message.injected, model=served, provider_data=message.provider_data)
         usage = response.usage
         spname, smodel = self.rt.split_model(served)
         cost = self.rt.price(usage, spname, smodel)
@@ -434,7 +439,7 @@ class Loop:
         if message.content:
             await self.emit(run, "text", turn, text=message.content)
         await self.emit(run, "usage", turn, usage=usage_json, cost=cost.amount, model=served)
-        return attrs.evolve(response, message=message) if response.message is not message else response
+        return response, message
 
     async def _call_model(self, run: AgentRun, request: ModelRequest, ref: str) -> tuple[ModelResponse, str]:
         from loopwright._retry import retry_transient  # noqa: PLC0415 - keeps import order simple
