@@ -237,9 +237,9 @@ class _CountedStream(httpx.AsyncByteStream):
         self._loads: list[int] | None = loads  # the transport's list at the time of the request
         self._index = index
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for chunk in self._stream:
-            yield chunk
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        # The pool's own iterator, not a generator around it: one less frame per chunk.
+        return self._stream.__aiter__()  # type: ignore[no-any-return]
 
     async def aclose(self) -> None:
         loads, self._loads = self._loads, None
