@@ -1,0 +1,439 @@
+"""The kill matrix's plugin file: a scripted provider, ledger tools, and SIGKILL points.
+
+The matrix's assembly lists this file in ``plugins:``, so it is imported by every ``loopwright``
+process the harness starts (see ``README.md``). It has three parts.
+
+**The provider** ``crash`` plays one of :data:`SCRIPTS`: the model name is the script's name
+(``crash:mixed``). Which reply comes next is the number of assistant messages already in the
+transcript, so a resumed process goes on where the dead one stopped, with no state of its own.
+Call ids are ``c<reply>_<k>``. Past the end of a script it answers :data:`PAST_END` (the
+harness treats that as a model call made after the work was over). The ``latency`` option
+(seconds) makes each call take that long, so that kills land during model calls.
+
+**The tools** record every execution as one line of ``ledger.jsonl`` in the assembly's folder
+(``{"instance", "call", "tool", "pid"}``), written with one ``write()`` to a file opened
+``O_APPEND``: once the line is written it survives a SIGKILL of the process. The line is the
+tool's side effect: the harness counts executions per (instance, call) from it.
+
+=============  ==========  =============  ========================================
+tool           idempotent  parallel safe  body
+=============  ==========  =============  ========================================
+charge         no          no             sync, fast
+send_slow      no          no             async, sleeps around the effect
+upload_slow    no          yes            sync (a worker thread), sleeps around it
+lookup         yes         yes            sync, fast
+fetch_slow     yes         yes            async, sleeps around the effect
+=============  ==========  =============  ========================================
+
+"Slow" is ``LOOPWRIGHT_CRASH_SLOW`` seconds (default 0.3), half before the effect and half after.
+
+**Kill points.** ``LOOPWRIGHT_CRASH_AT`` holds comma-separated points; the process SIGKILLs
+itself (``os.kill(os.getpid(), SIGKILL)``) when the first of them is reached, after printing
+``crash plugin: SIGKILL at POINT`` to stderr. Counts are per process.
+
+``model:N``
+    Halfway through the N-th model call.
+``tool:NAME:N:PHASE``
+    In the N-th execution of tool NAME (``*``: any tool). PHASE ``before``: the effect has not
+    happened; ``after``: the ledger line is written, the result not yet returned.
+``entry:KIND:N:PHASE``
+    At the N-th append to the entry log holding an entry of KIND: ``seg``, ``prompt`` (a
+    system or user message), ``answer`` (an assistant message and its ``turn`` entry),
+    ``start`` (a tool call's start marker), ``result`` (a tool result) or ``any``.
+``header:N:PHASE``
+    At the N-th header write (the first one of ``loopwright run`` is the instance's creation).
+``record:N:PHASE``
+    At the N-th append to the record log.
+
+Write PHASEs: ``before`` (nothing written), ``torn`` (the first half of the bytes written, as a
+short write would), ``torn-last`` (every line but the last written, and half of the last),
+``after`` (all written: the kill comes as the store's call returns, before its caller goes on).
+Header rewrites also have ``rename``: the temporary file is complete and fsynced, the kill
+comes just before the rename. (The store writes the first header, in ``create``, in place: there
+``torn`` tears ``instance.json`` itself and ``rename`` is never reached.)
+
+The write points wrap the file store's own functions (``_write_all``, ``FileStore._append``,
+``FileStore.create``, ``FileStore._replace_header``, and ``Path.replace`` for the header's
+rename) only when a write point is armed: the kill happens inside the real code path, between
+the store's own steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import sys
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import anyio
+
+import loopwright
+from loopwright.abc import Provider, ProviderSettings
+from loopwright.builtins import file_store
+
+#: What each script's model answers, by reply number: a list of calls ``(tool, arguments)``, or
+#: the final text. Parallel-safe calls of one reply run concurrently, others one after another.
+SCRIPTS: dict[str, list[Any]] = {
+    # Every kind of tool, sequential and concurrent turns; rests "waiting" on a final text.
+    "mixed": [
+        [("charge", {"amount": 5})],
+        [("fetch_slow", {"key": "a"}), ("lookup", {"key": "b"})],
+        [("send_slow", {"to": "x"}), ("charge", {"amount": 7})],
+        [("upload_slow", {"name": "p"}), ("upload_slow", {"name": "q"}), ("fetch_slow", {"key": "c"})],
+        "done: mixed",
+    ],
+    # Ends "completed": task_complete comes last in a turn with another call before it.
+    "complete": [
+        [("lookup", {"key": "k"}), ("charge", {"amount": 1})],
+        [("send_slow", {"to": "y"})],
+        [("charge", {"amount": 2}), ("task_complete", {"result": "finished", "summary": "all steps ran"})],
+    ],
+    # Wide concurrent turns: non-idempotent, then idempotent.
+    "burst": [
+        [("upload_slow", {"name": n}) for n in "abcd"],
+        [("fetch_slow", {"key": k}) for k in "xyz"],
+        "done: burst",
+    ],
+}
+
+#: The answer after the end of a script.
+PAST_END = "(past the end of the script)"
+
+#: Each tool's durability-relevant flags: (idempotent, parallel_safe).
+TOOL_FLAGS: dict[str, tuple[bool, bool]] = {
+    "charge": (False, False),
+    "send_slow": (False, False),
+    "upload_slow": (False, True),
+    "lookup": (True, True),
+    "fetch_slow": (True, True),
+    "task_complete": (True, True),
+}
+
+LEDGER = "ledger.jsonl"
+_SLOW = float(os.environ.get("LOOPWRIGHT_CRASH_SLOW", "0.3"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Kill points
+# ---------------------------------------------------------------------------------------------
+
+
+def _parse(raw: str) -> list[tuple[str, ...]]:
+    return [tuple(p.strip().split(":")) for p in raw.split(",") if p.strip()]
+
+
+_POINTS = _parse(os.environ.get("LOOPWRIGHT_CRASH_AT", ""))
+_counts: Counter[tuple[str, str]] = Counter()
+_count_lock = threading.Lock()  # tools in worker threads count too
+
+
+def die(where: str) -> None:
+    """SIGKILL this process now, after saying where on stderr (the harness reads it)."""
+    os.write(2, f"crash plugin: SIGKILL at {where}\n".encode())
+    os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(60)  # the signal is delivered before this returns
+
+
+def _count(*keys: tuple[str, str]) -> list[int]:
+    """Count one more event under each key; return the new counts."""
+    with _count_lock:
+        out = []
+        for key in keys:
+            _counts[key] += 1
+            out.append(_counts[key])
+        return out
+
+
+def _armed(kind: str, name: str, n: int, phase: str | None = None) -> str | None:
+    """Return the label of an armed point ``kind[:name]:n[:phase]``, or None."""
+    for point in _POINTS:
+        if point[0] != kind:
+            continue
+        rest = point[1:] if kind in ("model", "header", "record") else point[2:]
+        if kind not in ("model", "header", "record") and point[1] != name:
+            continue
+        if not rest or int(rest[0]) != n:
+            continue
+        if phase is None or (len(rest) > 1 and rest[1] == phase):
+            return ":".join(point)
+    return None
+
+
+def _tool_point(tool: str, n: int, n_any: int, phase: str) -> None:
+    """Kill if ``tool:TOOL:n:phase`` or ``tool:*:n_any:phase`` is armed."""
+    label = _armed("tool", tool, n, phase) or _armed("tool", "*", n_any, phase)
+    if label is not None:
+        die(label)
+
+
+# ---------------------------------------------------------------------------------------------
+# The provider
+# ---------------------------------------------------------------------------------------------
+
+
+class ScriptProvider(Provider):
+    """Plays :data:`SCRIPTS`; deterministic given the transcript. Free (cost 0)."""
+
+    free = True
+
+    def __init__(self, settings: ProviderSettings) -> None:
+        self.latency = float(settings.options.get("latency", 0))
+
+    async def complete(self, request: loopwright.ModelRequest) -> loopwright.ModelResponse:
+        (n,) = _count(("model", ""))
+        if self.latency:
+            await anyio.sleep(self.latency / 2)
+        if (label := _armed("model", "", n)) is not None:
+            die(label)
+        if self.latency:
+            await anyio.sleep(self.latency / 2)
+        script = SCRIPTS[request.model]
+        index = sum(1 for m in request.messages if m.role == "assistant")
+        reply = script[index] if index < len(script) else PAST_END
+        calls: tuple[loopwright.ToolCall, ...] = ()
+        text = None
+        if isinstance(reply, str):
+            text = reply
+        else:
+            calls = tuple(loopwright.ToolCall(id=f"c{index}_{k}", name=name, arguments=args)
+                          for k, (name, args) in enumerate(reply))
+        # Usage grows with the transcript, so lost or doubled turns show in the totals.
+        size = len(request.messages)
+        return loopwright.ModelResponse(
+            message=loopwright.Message(role="assistant", content=text, tool_calls=calls),
+            usage=loopwright.Usage(input_tokens=100 + size, output_tokens=10 + index,
+                                   total_tokens=110 + size + index, requests=1),
+            finish_reason="tool_calls" if calls else "stop")
+
+
+# ---------------------------------------------------------------------------------------------
+# The tools
+# ---------------------------------------------------------------------------------------------
+
+
+def _effect(ctx: loopwright.ToolContext, tool: str) -> str:
+    """The side effect: one ledger line, written with a single O_APPEND write."""
+    n, n_any = _count(("tool", tool), ("tool", "*"))
+    _tool_point(tool, n, n_any, "before")
+    line = json.dumps({"instance": ctx.instance_id, "call": ctx.tool_call_id, "tool": tool,
+                       "pid": os.getpid()}) + "\n"
+    fd = os.open(pathlib.Path(ctx.base_dir) / LEDGER, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+    _tool_point(tool, n, n_any, "after")
+    return f"{tool} ok ({ctx.tool_call_id})"
+
+
+@loopwright.tool(parallel_safe=False)
+def charge(amount: int, ctx: loopwright.ToolContext) -> str:
+    """Charge an amount (not idempotent).
+
+    Args:
+        amount: How much.
+    """
+    del amount
+    return _effect(ctx, "charge")
+
+
+@loopwright.tool(parallel_safe=False)
+async def send_slow(to: str, ctx: loopwright.ToolContext) -> str:
+    """Send a message, slowly (not idempotent).
+
+    Args:
+        to: The recipient.
+    """
+    del to
+    await anyio.sleep(_SLOW / 2)
+    out = _effect(ctx, "send_slow")
+    await anyio.sleep(_SLOW / 2)
+    return out
+
+
+@loopwright.tool(parallel_safe=True)
+def upload_slow(name: str, ctx: loopwright.ToolContext) -> str:
+    """Upload a file, slowly, in a worker thread (not idempotent).
+
+    Args:
+        name: The file.
+    """
+    del name
+    time.sleep(_SLOW / 2)
+    out = _effect(ctx, "upload_slow")
+    time.sleep(_SLOW / 2)
+    return out
+
+
+@loopwright.tool(parallel_safe=True, idempotent=True)
+def lookup(key: str, ctx: loopwright.ToolContext) -> str:
+    """Look a key up (idempotent).
+
+    Args:
+        key: The key.
+    """
+    del key
+    return _effect(ctx, "lookup")
+
+
+@loopwright.tool(parallel_safe=True, idempotent=True)
+async def fetch_slow(key: str, ctx: loopwright.ToolContext) -> str:
+    """Fetch a key, slowly (idempotent).
+
+    Args:
+        key: The key.
+    """
+    del key
+    await anyio.sleep(_SLOW / 2)
+    out = _effect(ctx, "fetch_slow")
+    await anyio.sleep(_SLOW / 2)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Write points inside the file store
+# ---------------------------------------------------------------------------------------------
+
+#: The write in progress: ``(phase, label)`` of the armed point it reaches, or None. The
+#: store's writes never await, so one event loop never has two in progress.
+_writing: tuple[str, str] | None = None
+#: Whether ``FileStore.create`` is in progress.
+_creating = False
+#: The store functions wrapped below, as they were.
+_original: dict[str, Any] = {}
+
+
+def _entry_kinds(items: Any) -> list[str]:
+    """Return the KINDs an entry-log append holds (see the module docstring)."""
+    kinds = {"any"}
+    for item in items:
+        t = item.get("t")
+        if t in ("seg", "start"):
+            kinds.add(t)
+        elif t == "msg":
+            role = item["m"].get("role")
+            kinds.add({"assistant": "answer", "tool": "result"}.get(role, "prompt"))
+    return sorted(kinds)
+
+
+def _armed_write(kind: str, n: int, name: str = "") -> tuple[str, str] | None:
+    label = _armed(kind, name, n)
+    return None if label is None else (label.rsplit(":", 1)[1], label)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """The store's ``_write_all``, killing before, halfway through, or in the last line."""
+    if _writing is not None:
+        phase, label = _writing
+        if phase == "before":
+            die(label)
+        if phase in ("torn", "torn-last"):
+            start = 0
+            if phase == "torn-last":
+                start = data.rstrip(b"\n").rfind(b"\n") + 1
+            os.write(fd, data[: start + (len(data) - start) // 2])
+            die(label)
+    _original["write_all"](fd, data)
+
+
+def _append(self: Any, instance_id: str, name: str, items: Any) -> None:
+    """``FileStore._append``, counting entry-log and record-log appends."""
+    global _writing  # noqa: PLW0603
+    found = None
+    if name == file_store.ENTRIES_FILE:
+        kinds = _entry_kinds(items)
+        counts = _count(*(("entry", k) for k in kinds))
+        found = next((f for k, n in zip(kinds, counts, strict=True)
+                      if (f := _armed_write("entry", n, k)) is not None), None)
+    elif name == file_store.RECORDS_FILE:
+        (n,) = _count(("record", ""))
+        found = _armed_write("record", n)
+    _writing = found
+    try:
+        _original["append"](self, instance_id, name, items)
+    finally:
+        _writing = None
+    if found is not None and found[0] == "after":
+        die(found[1])
+
+
+def _replace_header(self: Any, instance_id: str, folder: Any, data: bytes) -> None:
+    """``FileStore._replace_header``, counting header writes."""
+    global _writing  # noqa: PLW0603
+    if _creating:  # counted by _create
+        _original["replace_header"](self, instance_id, folder, data)
+        return
+    (n,) = _count(("header", ""))
+    found = _writing = _armed_write("header", n)
+    try:
+        _original["replace_header"](self, instance_id, folder, data)
+    finally:
+        _writing = None
+    if found is not None and found[0] == "after":
+        die(found[1])
+
+
+async def _create(self: Any, instance_id: str, header: Any) -> None:
+    """``FileStore.create``, counting its header write (written in place or renamed in)."""
+    global _writing, _creating  # noqa: PLW0603
+    (n,) = _count(("header", ""))
+    found = _writing = _armed_write("header", n)
+    _creating = True
+    try:
+        await _original["create"](self, instance_id, header)  # it never awaits: no other write meanwhile
+    finally:
+        _writing, _creating = None, False
+    if found is not None and found[0] == "after":
+        die(found[1])
+
+
+def _path_replace(self: pathlib.Path, target: Any) -> Any:
+    """``Path.replace`` (the header's rename), killing just before it for ``rename`` points."""
+    if _writing is not None and _writing[0] == "rename":
+        die(_writing[1])
+    return _original["path_replace"](self, target)
+
+
+def _install_store_points() -> None:
+    """Wrap the file store's write steps so that armed write points kill inside them."""
+    for owner, name in ((file_store, "_write_all"), (file_store.FileStore, "_append"),
+                        (file_store.FileStore, "_replace_header"), (file_store.FileStore, "create")):
+        if not hasattr(owner, name):
+            msg = f"the file store has no {name} any more: update the write points of {__file__}"
+            raise RuntimeError(msg)
+    _original.update(write_all=file_store._write_all, append=file_store.FileStore._append,
+                     replace_header=file_store.FileStore._replace_header, path_replace=pathlib.Path.replace,
+                     create=file_store.FileStore.create)
+    file_store._write_all = _write_all
+    file_store.FileStore._append = _append  # type: ignore[method-assign]
+    file_store.FileStore._replace_header = _replace_header  # type: ignore[method-assign]
+    pathlib.Path.replace = _path_replace  # type: ignore[method-assign]
+    file_store.FileStore.create = _create  # type: ignore[method-assign]
+
+
+if any(p[0] in ("entry", "header", "record") for p in _POINTS):
+    _install_store_points()
+
+
+# ---------------------------------------------------------------------------------------------
+# Registration
+# ---------------------------------------------------------------------------------------------
+
+
+@loopwright.hookimpl
+def loopwright_register_providers(register: Any) -> None:
+    register("crash", ScriptProvider)
+
+
+@loopwright.hookimpl
+def loopwright_register_tools(register: Any) -> None:
+    register(charge, send_slow, upload_slow, lookup, fetch_slow)
+
+
+if __name__ == "__main__":  # pragma: no cover - a plugin file, not a script
+    sys.exit("this is a loopwright plugin file; list it in an assembly's plugins:")

@@ -1,0 +1,1039 @@
+"""The kill matrix: SIGKILL ``loopwright`` at many points, resume, and check what survived.
+
+Each *scenario* gets its own folder with an assembly (a file store in ``./store``, the plugin
+file :mod:`crash_plugin` and its ``crash`` provider), one definition, and the tools' ledger. It
+starts ``python -m loopwright.cli run``, and then ``loopwright resume ID`` until the instance
+rests. Each process is a *stage* of the scenario's plan:
+
+* a kill point (``"model:2"``, ``"tool:charge:1:after"``, ``"header:2:rename"`` ...; see
+  :mod:`crash_plugin`) given to that process in ``LOOPWRIGHT_CRASH_AT``: it SIGKILLs itself there;
+* ``random``: the harness SIGKILLs it after a delay drawn from the seeded RNG, counted from the
+  moment it holds the instance (the header exists for ``run``; its ``runner`` names a ``resume``);
+* ``double``: two ``resume`` processes start at once; the lease lets one run the instance;
+* past the plan, plain resumes (retried while the instance is "running elsewhere").
+
+Once the instance rests, :func:`check` looks at everything (``show ID --json``, the header, the
+logs, the instance loaded in a fresh runtime, the ledger) and returns the broken invariants.
+
+The plan is a function of the seed (:func:`scenarios`); where a random kill lands also depends on
+timing, so it is classified afterwards from what is on disk (:func:`classify`).
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib.util
+import itertools
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from pathlib import Path
+from typing import Any
+
+import anyio
+import attrs
+
+HERE = Path(__file__).resolve().parent
+PLUGIN_FILE = HERE / "crash_plugin.py"
+PROMPT = "Run the scripted steps."
+#: Seconds a tool called "slow" takes (half before its effect, half after).
+SLOW = 0.3
+#: Seconds each model call takes.
+LATENCY = 0.1
+#: Plain resumes tried after the plan before a scenario is declared stuck.
+MAX_RESUMES = 8
+#: How long a resume is retried while another process holds the instance's lease.
+LEASE_RETRY_SECONDS = 20.0
+RESTING = {"waiting", "waiting_for_approval", "stopped", "error"}
+
+
+def _load_plugin() -> Any:
+    """Import :mod:`crash_plugin` for its scripts and tool flags (no kill point is armed here)."""
+    spec = importlib.util.spec_from_file_location("loopwright_crash_plugin_for_harness", PLUGIN_FILE)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    saved = os.environ.pop("LOOPWRIGHT_CRASH_AT", None)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        if saved is not None:
+            os.environ["LOOPWRIGHT_CRASH_AT"] = saved
+    return module
+
+
+plugin = _load_plugin()
+SCRIPTS: dict[str, list[Any]] = plugin.SCRIPTS
+TOOL_FLAGS: dict[str, tuple[bool, bool]] = plugin.TOOL_FLAGS
+
+#: Known core bugs, by tag: what the matrix reports instead of failing (each has an xfail test
+#: in ``test_known_bugs.py``; once it is fixed, that test passes and must lose its marker).
+KNOWN_BUGS: dict[str, str] = {
+    "lost-prompt": "a kill between the instance's creation and the saving of its task prompt loses the "
+                   "prompt: resume calls the model on a transcript without it",
+    "resume-reasks": "a kill after a turn's work was saved but before the resting header was written makes "
+                     "resume ask the model again (an extra model call; a task_complete is lost: waiting, "
+                     "not completed)",
+    "torn-create": "a kill while FileStore.create writes the first header in place leaves an empty or torn "
+                   "instance.json: show and resume fail on a corrupt header instead of 'no instance', and every "
+                   "ls warns about it",
+    "torn-turn": "a short write that keeps the assistant message but tears its 'turn' entry (one append, "
+                 "two lines) loses that model call's usage and turn count",
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Plans
+# ---------------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Stage:
+    """What happens to one process of a scenario.
+
+    Attributes:
+        kind: ``point`` (it kills itself at ``point``), ``random`` (killed after ``delay``),
+            ``double`` (two resumes at once, no kill) or ``plain``.
+        point: The kill point, for ``point``.
+        delay: Seconds after the process holds the instance, for ``random``.
+    """
+
+    kind: str
+    point: str | None = None
+    delay: float | None = None
+
+    def __str__(self) -> str:
+        if self.kind == "point":
+            return str(self.point)
+        if self.kind == "random":
+            return f"random@{self.delay:.2f}s"
+        return self.kind
+
+
+@attrs.frozen
+class Scenario:
+    """One instance's life: a script and the stages of its processes (``run``, then resumes)."""
+
+    index: int
+    script: str
+    stages: tuple[Stage, ...]
+
+    @property
+    def name(self) -> str:
+        """A folder-friendly name."""
+        return f"s{self.index:04d}-{self.script}"
+
+    def __str__(self) -> str:
+        return f"{self.name} [{' > '.join(str(s) for s in self.stages)}]"
+
+
+#: Scenarios run at every size, one per interesting kill point (and a few chains of them).
+CURATED: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("mixed", ("model:1",)),                                   # during the first model call
+    ("mixed", ("model:4",)),                                   # during a later one
+    ("mixed", ("tool:charge:1:after",)),                       # non-idempotent, effect done
+    ("complete", ("tool:charge:1:before",)),                   # non-idempotent, effect not done
+    ("mixed", ("tool:send_slow:1:after",)),                    # slow async tool
+    ("mixed", ("tool:fetch_slow:1:after",)),                   # idempotent, with a sibling in flight
+    ("burst", ("tool:upload_slow:2:after",)),                  # concurrent non-idempotent calls
+    ("burst", ("tool:fetch_slow:3:before",)),                  # concurrent idempotent calls
+    ("mixed", ("entry:result:4:after",)),                      # between two sequential results
+    ("burst", ("entry:result:2:after",)),                      # between concurrent results
+    ("mixed", ("entry:start:3:after",)),                       # start marker saved, tool not run
+    ("mixed", ("entry:start:2:before",)),                      # start marker not saved
+    ("mixed", ("entry:answer:3:after",)),                      # answer saved, no call started
+    ("mixed", ("entry:answer:2:torn",)),                       # torn answer
+    ("burst", ("entry:result:3:torn",)),                       # torn tool result
+    ("mixed", ("record:3:torn",)),                             # torn record
+    ("mixed", ("header:1:torn",)),                             # known: torn-create
+    ("mixed", ("header:2:torn",)),                             # resting header, temp file torn
+    ("complete", ("header:2:after",)),                         # resting header renamed, records not
+    ("mixed", ("header:2:rename",)),                           # known: resume-reasks
+    ("complete", ("entry:result:5:after",)),                   # known: resume-reasks
+    ("complete", ("tool:charge:2:after",)),                    # known: resume-reasks
+    ("mixed", ("entry:seg:1:after",)),                         # known: lost-prompt
+    ("mixed", ("entry:answer:2:torn-last",)),                  # known: torn-turn
+    ("mixed", ("tool:send_slow:1:after", "model:1")),          # killed again in the resume's model call
+    ("mixed", ("tool:fetch_slow:1:after", "tool:fetch_slow:1:after")),  # killed in an idempotent re-run
+    ("burst", ("tool:upload_slow:1:after", "entry:result:1:after")),    # killed while repairing
+    ("mixed", ("tool:charge:2:before", "double")),             # two resumes race for the lease
+    ("burst", ("entry:result:2:after", "header:1:torn")),      # killed writing the resume's first header
+    ("complete", ("model:2", "random")),
+    ("mixed", ("random", "random")),
+    ("mixed", ("random", "random")),
+    ("burst", ("random", "random")),
+    ("complete", ("random", "random")),
+    ("mixed", ("random", "random", "random")),
+)
+
+
+def script_seconds(script: str) -> float:
+    """Return about how long a script's work takes once the instance exists (no start-up)."""
+    replies = SCRIPTS[script]
+    slow = 0.0
+    for reply in replies:
+        if isinstance(reply, str):
+            continue
+        names = [name for name, _args in reply]
+        durations = [SLOW if name.endswith("_slow") else 0.0 for name in names]
+        concurrent = all(TOOL_FLAGS[n][1] for n in names) and len(names) > 1
+        slow += max(durations, default=0.0) if concurrent else sum(durations)
+    return len(replies) * LATENCY + slow
+
+
+def catalog(script: str) -> list[str]:
+    """Return every kill point a ``run`` of ``script`` reaches (each fires exactly once)."""
+    replies = SCRIPTS[script]
+    calls = [c for r in replies if not isinstance(r, str) for c in r]
+    points = [f"model:{n}" for n in range(1, len(replies) + 1)]
+    for name, count in collections.Counter(name for name, _ in calls).items():
+        if name != "task_complete":  # a built-in: the plugin cannot kill inside it
+            points += [f"tool:{name}:{n}:{p}" for n in range(1, count + 1) for p in ("before", "after")]
+    write = ("before", "torn", "after")
+    points += [f"entry:answer:{n}:{p}" for n in range(1, len(replies) + 1) for p in (*write, "torn-last")]
+    points += [f"entry:{k}:{n}:{p}" for k in ("start", "result") for n in range(1, len(calls) + 1) for p in write]
+    points += [f"entry:{k}:1:{p}" for k in ("seg", "prompt") for p in write]
+    points += [f"header:1:{p}" for p in ("before", "torn", "after")]  # creation: in place or renamed in
+    points += [f"header:2:{p}" for p in ("torn", "rename", "after")]
+    points += [f"record:{n}:torn" for n in (1, 2, 3)]
+    return points
+
+
+#: Points tried in resume processes (those a resume may or may not reach).
+RESUME_POINTS = ("model:1", "model:2", "tool:*:1:after", "tool:*:1:before", "tool:*:2:after", "entry:start:1:after",
+                 "entry:result:1:after", "entry:result:2:after", "entry:answer:1:after", "entry:answer:1:torn",
+                 "header:1:rename", "header:1:torn", "record:1:torn")
+
+
+def scenarios(kills: int, seed: int) -> Iterator[Scenario]:
+    """Yield the scenarios of a matrix of about ``kills`` kills: the curated ones, then random ones forever.
+
+    Below the curated size, the curated scenarios come in a seeded order, so that the first ones
+    are a sample. Everything, the random delays included, is a function of ``seed``.
+    """
+    rng = random.Random(seed)  # noqa: S311 - a replayable plan, not cryptography
+
+    def stage(raw: str, script: str, first: bool) -> Stage:
+        if raw == "random":
+            # A resume has less left to do than a run: its kills are drawn from a shorter span.
+            span = script_seconds(script) * (1.1 if first else 0.5)
+            return Stage("random", delay=round(rng.uniform(0.0, span), 3))
+        if raw in ("double", "plain"):
+            return Stage(raw)
+        return Stage("point", point=raw)
+
+    def make(index: int, script: str, raws: Sequence[str]) -> Scenario:
+        return Scenario(index, script, tuple(stage(r, script, i == 0) for i, r in enumerate(raws)))
+
+    curated = list(CURATED)
+    if sum(len(s) for _, s in curated) > kills:
+        rng.shuffle(curated)
+    for index, (script, raws) in enumerate(curated):
+        yield make(index, script, raws)
+    scripts = sorted(SCRIPTS)
+    for index in itertools.count(len(curated)):
+        script = rng.choice(scripts)
+        drawn = [rng.choice(catalog(script) if i == 0 else RESUME_POINTS) if rng.random() < 0.5 else "random"
+                 for i in range(rng.choice((1, 2, 2, 3)))]
+        if len(drawn) > 1 and rng.random() < 0.1:
+            drawn.append("double")
+        yield make(index, script, drawn)
+
+
+def planned_kills(scenario: Scenario) -> int:
+    """Return how many kills ``scenario`` plans (random ones and those in resumes may not land)."""
+    return sum(1 for s in scenario.stages if s.kind in ("point", "random"))
+
+
+def plan(kills: int, seed: int) -> list[Scenario]:
+    """Return the first scenarios of :func:`scenarios` that plan at least ``kills`` kills."""
+    out, total = [], 0
+    for scenario in scenarios(kills, seed):
+        if total >= kills:
+            break
+        out.append(scenario)
+        total += planned_kills(scenario)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Running one scenario
+# ---------------------------------------------------------------------------------------------
+
+
+@attrs.define
+class Proc:
+    """One finished ``loopwright`` process of a scenario.
+
+    Attributes:
+        command: ``run``, ``resume`` or ``show``.
+        stage: The stage it played.
+        pid: Its process id.
+        code: Its exit code (negative: killed by that signal).
+        out: Its stdout.
+        err: Its stderr.
+        kill: Where it was killed (a category, see :func:`category`), or None if it was not.
+    """
+
+    command: str
+    stage: Stage
+    pid: int
+    code: int
+    out: str
+    err: str
+    kill: str | None = None
+
+    @property
+    def killed(self) -> bool:
+        """Whether SIGKILL ended it."""
+        return self.code == -signal.SIGKILL
+
+
+@attrs.define
+class Violation:
+    """A broken invariant. ``bug`` names a :data:`KNOWN_BUGS` entry when it explains it."""
+
+    check: str
+    message: str
+    bug: str | None = None
+
+    def __str__(self) -> str:
+        tag = f" [known bug: {self.bug}]" if self.bug else ""
+        return f"{self.check}: {self.message}{tag}"
+
+
+@attrs.define
+class Outcome:
+    """What a scenario did and what :func:`check` found."""
+
+    scenario: Scenario
+    procs: list[Proc] = attrs.Factory(list)
+    instance_id: str | None = None
+    violations: list[Violation] = attrs.Factory(list)
+    notes: list[str] = attrs.Factory(list)
+    lease_retries: int = 0
+    seconds: float = 0.0
+    #: What the ledger check saw: calls checked, unknown outcomes, idempotent re-runs.
+    stats: collections.Counter[str] = attrs.Factory(collections.Counter)
+
+    @property
+    def kills(self) -> list[str]:
+        """The categories of the kills, in order."""
+        return [p.kill for p in self.procs if p.kill is not None]
+
+    def describe(self) -> str:
+        """A report of the scenario, for failures."""
+        lines = [f"{self.scenario} instance {self.instance_id}"]
+        lines += [f"  {p.command} ({p.stage}): exit {p.code}, kill {p.kill}; stderr: {p.err.strip()[-300:]!r}"
+                  for p in self.procs]
+        lines += [f"  VIOLATION {v}" for v in self.violations]
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def environment(point: str | None = None) -> dict[str, str]:
+    """The environment of a ``loopwright`` process: no entry points, the tools' speed, a kill point."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPWRIGHT_")}
+    env["LOOPWRIGHT_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    env["LOOPWRIGHT_CRASH_SLOW"] = str(SLOW)
+    if point:
+        env["LOOPWRIGHT_CRASH_AT"] = point
+    return env
+
+
+def prepare(folder: Path, scenario: Scenario) -> None:
+    """Write the scenario's assembly and definition (JSON is YAML) into ``folder``."""
+    folder.mkdir(parents=True)
+    assembly = {"store": {"kind": "file", "path": "./store"}, "plugins": [str(PLUGIN_FILE)],
+                "providers": {"crash": {"kind": "crash", "latency": LATENCY}}}
+    (folder / "loopwright.yaml").write_text(json.dumps(assembly, indent=2))
+    tools = [n for n in TOOL_FLAGS if n != "task_complete"]
+    if any(not isinstance(r, str) and any(c[0] == "task_complete" for c in r) for r in SCRIPTS[scenario.script]):
+        tools.append("task_complete")
+    definition = {"name": scenario.script, "model": f"crash:{scenario.script}", "tools": tools}
+    (folder / "agent.yaml").write_text(json.dumps(definition, indent=2))
+
+
+def instance_ids(folder: Path) -> list[str]:
+    """Return the folders in the scenario's store (instances, created or half created)."""
+    store = folder / "store"
+    return sorted(p.name for p in store.iterdir() if p.is_dir()) if store.is_dir() else []
+
+
+def read_header(folder: Path, iid: str) -> dict[str, Any] | None:
+    """Return the instance's header, or None if it is missing or cannot be parsed."""
+    try:
+        header = json.loads((folder / "store" / iid / "instance.json").read_bytes())
+    except (OSError, ValueError):
+        return None
+    return header if isinstance(header, dict) else None
+
+
+def _holds(folder: Path, command: str, pid: int) -> bool:
+    """Whether process ``pid`` holds the instance: created it (run), or runs it (resume).
+
+    A runner names itself in the header's ``runner`` key when its segment starts.
+    """
+    for iid in instance_ids(folder):
+        header = read_header(folder, iid)
+        if header is None:
+            continue
+        if command == "run":
+            return True
+        if header.get("state") == "running" and re.search(rf"\bpid {pid}\b", str(header.get("runner"))):
+            return True
+    return False
+
+
+def start(folder: Path, args: Sequence[str], stage: Stage) -> subprocess.Popen[str]:
+    """Start ``loopwright ARGS --json`` in ``folder``."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "loopwright.cli", *args, "--json"], cwd=folder, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env=environment(stage.point if stage.kind == "point" else None))
+
+
+def finish(folder: Path, command: str, proc: subprocess.Popen[str], stage: Stage, timeout: float = 120) -> Proc:
+    """Wait for ``proc`` (killing it at ``stage.delay`` for random stages) and classify its kill."""
+    if stage.kind == "random":
+        deadline = time.monotonic() + timeout
+        while proc.poll() is None and not _holds(folder, command, proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        end = time.monotonic() + (stage.delay or 0.0)
+        while proc.poll() is None and time.monotonic() < end:
+            time.sleep(min(0.01, max(end - time.monotonic(), 0.0)))
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        err += "\n(harness: timed out, killed)"
+    done = Proc(command, stage, proc.pid, proc.returncode, out, err)
+    if done.killed:
+        done.kill = category(stage, err, folder, command)
+    return done
+
+
+def category(stage: Stage, err: str, folder: Path, command: str) -> str:
+    """Name where a kill landed: from the plugin's stderr line, or for random kills, from the disk."""
+    marker = "crash plugin: SIGKILL at "
+    line = next((ln for ln in err.splitlines() if ln.startswith(marker)), None)
+    if line is not None:
+        return point_category(line.removeprefix(marker).strip(), command)
+    return classify(folder)
+
+
+def point_category(point: str, command: str = "run") -> str:  # noqa: PLR0911 - one return per category
+    """Name where a kill point is, as ``GROUP: detail`` (see :data:`GROUPS`)."""
+    parts = point.split(":")
+    kind, phase = parts[0], parts[-1]
+    if kind == "model":
+        return "during a model call: halfway through it"
+    if kind == "tool":
+        return f"during a tool call: {phase} its effect"
+    if kind == "record":
+        return "in a torn log write: record log"
+    if kind == "header":
+        if command == "run" and parts[1] == "1":
+            return f"while the instance starts: creating it, first header write ({phase})"
+        return "while the header is written: " + {
+            "before": "nothing written yet", "torn": "temp file half written",
+            "rename": "temp file complete, before the rename", "after": "renamed, its records not yet written"}[phase]
+    what = parts[1]
+    if phase.startswith("torn"):
+        return f"in a torn log write: entry log ({what}{', all lines but the last' if phase == 'torn-last' else ''})"
+    if what in ("seg", "prompt"):
+        return f"while the instance starts: {phase} its {'segment entry' if what == 'seg' else 'prompt'} is saved"
+    return {
+        ("answer", "before"): "during a model call: answer received, not yet saved",
+        ("answer", "after"): "between tool results: answer saved, no call started",
+        ("start", "before"): "during a tool call: before its start marker",
+        ("start", "after"): "during a tool call: start marker saved, tool not yet run",
+        ("result", "before"): "during a tool call: tool done, result not yet saved",
+        ("result", "after"): "between tool results: a result saved, the next not",
+    }.get((what, phase), f"in a log write: {point}")
+
+
+def classify(folder: Path) -> str:  # noqa: PLR0911 - one return per category
+    """Name where a random kill landed, as ``GROUP: random ...``, from the instance the kill left."""
+    ids = instance_ids(folder)
+    header = read_header(folder, ids[0]) if ids else None
+    if header is None:
+        return "while the instance starts: random, creating it"
+    if header.get("state") in RESTING:
+        return "after the instance rested: random"
+    entries, torn = read_log(folder / "store" / ids[0] / "entries.jsonl")
+    if torn:
+        return "in a torn log write: random, entry log"
+    messages, starts = replay(entries)
+    last = next((m for m in reversed(messages) if m.get("role") == "assistant"), None)
+    if last is None or not last.get("toolCalls"):
+        return "during a model call: random"
+    answered = _results_after(messages, last)
+    unanswered = [c["id"] for c in last["toolCalls"] if c["id"] not in answered]
+    if any(c in starts for c in unanswered):
+        return "during a tool call: random"
+    if unanswered and answered:
+        return "between tool results: random"
+    if unanswered:
+        return "between tool results: random, answer saved, no call started"
+    return "during a model call: random"
+
+
+def run_scenario(root: Path, scenario: Scenario) -> Outcome:
+    """Play ``scenario`` in ``root/<name>``, then check the resting instance."""
+    t0 = time.monotonic()
+    folder = root / scenario.name
+    prepare(folder, scenario)
+    outcome = Outcome(scenario)
+    stages = list(scenario.stages)
+    first = stages.pop(0) if stages else Stage("plain")
+    proc = finish(folder, "run", start(folder, ["run", "agent.yaml", "-p", PROMPT], first), first)
+    outcome.procs.append(proc)
+    if first.kind == "point" and not proc.killed:
+        outcome.violations.append(Violation("harness", f"kill point {first.point} was not reached"))
+    ids = instance_ids(folder)
+    if len(ids) != 1:
+        outcome.violations.append(Violation("store", f"expected one instance folder, found {ids}"))
+        return outcome
+    iid = outcome.instance_id = ids[0]
+    if read_header(folder, iid) is None:
+        outcome.violations += check_never_created(folder, outcome)
+        outcome.seconds = time.monotonic() - t0
+        return outcome
+    resumes = 0
+    while _state(folder, iid) == "running":
+        stage = stages.pop(0) if stages else Stage("plain")
+        if stage.kind == "double":
+            pair = [start(folder, ["resume", iid], stage) for _ in range(2)]
+            outcome.procs += [finish(folder, "resume", p, stage) for p in pair]
+            codes = sorted(p.code for p in outcome.procs[-2:])
+            if "running elsewhere" in outcome.procs[-1].err + outcome.procs[-2].err:
+                outcome.notes.append(f"double resume: exit codes {codes}, one was refused the lease")
+            continue
+        proc = _resume(folder, iid, stage, outcome)
+        resumes += 1
+        if not proc.killed and stage.kind == "plain" and _state(folder, iid) == "running":
+            outcome.violations.append(Violation("resume", f"resume exited {proc.code} leaving the instance "
+                                                          f"running: {proc.err.strip()[-300:]}"))
+            break
+        if resumes > MAX_RESUMES + len(scenario.stages):
+            outcome.violations.append(Violation("resume", f"still running after {resumes} resumes"))
+            break
+    outcome.violations += check(folder, iid, outcome)
+    outcome.seconds = time.monotonic() - t0
+    return outcome
+
+
+def _resume(folder: Path, iid: str, stage: Stage, outcome: Outcome) -> Proc:
+    """Resume once; while the lease is held elsewhere (a dying holder), retry briefly."""
+    deadline = time.monotonic() + LEASE_RETRY_SECONDS
+    while True:
+        proc = finish(folder, "resume", start(folder, ["resume", iid], stage), stage)
+        outcome.procs.append(proc)
+        if "running elsewhere" not in proc.err or time.monotonic() > deadline:
+            return proc
+        outcome.lease_retries += 1
+        time.sleep(0.1)
+
+
+def _state(folder: Path, iid: str) -> str | None:
+    return (read_header(folder, iid) or {}).get("state")
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading what is on disk
+# ---------------------------------------------------------------------------------------------
+
+
+def read_log(path: Path) -> tuple[list[dict[str, Any]], bytes]:
+    """Return the complete lines of a JSON-lines log, parsed, and its torn tail (b"" if none).
+
+    A complete line that is not a JSON object raises ValueError.
+    """
+    data = path.read_bytes() if path.exists() else b""
+    body, _, tail = data.rpartition(b"\n")
+    lines = body.split(b"\n") if body else []
+    out = []
+    for number, line in enumerate(lines, 1):
+        obj = json.loads(line)
+        if not isinstance(obj, dict):
+            raise ValueError(f"{path.name}: line {number} is a JSON {type(obj).__name__}")  # noqa: TRY004
+        out.append(obj)
+    return out, tail
+
+
+def replay(entries: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], set[str]]:
+    """Replay an entry log as written: the messages, and the ids with a start marker."""
+    messages: list[dict[str, Any]] = []
+    starts: set[str] = set()
+    for entry in entries:
+        t = entry.get("t")
+        if t == "msg":
+            messages.append(entry["m"])
+        elif t == "start":
+            starts.add(entry["id"])
+        elif t == "reset":
+            messages = list(entry["messages"])
+    return messages, starts
+
+
+def _results_after(messages: list[dict[str, Any]], assistant: dict[str, Any]) -> set[str]:
+    """Return the call ids answered by the tool messages right after ``assistant``."""
+    i = next(k for k in range(len(messages) - 1, -1, -1) if messages[k] is assistant)
+    out = set()
+    for m in messages[i + 1:]:
+        if m.get("role") != "tool":
+            break
+        out.add(str(m.get("toolCallId")))
+    return out
+
+
+def read_ledger(folder: Path, iid: str) -> list[dict[str, Any]]:
+    """Return the ledger lines of instance ``iid`` (every tool execution, in order)."""
+    lines, _tail = read_log(folder / plugin.LEDGER)
+    return [line for line in lines if line.get("instance") == iid]
+
+
+_load_lock = threading.Lock()
+
+
+def load_in_fresh_runtime(folder: Path, iid: str) -> Any:
+    """Load the instance as a restarted runtime would (``Runtime.get_agent``); return the run."""
+    import loopwright  # noqa: PLC0415 - the harness imports loopwright only when it checks
+
+    async def load() -> Any:
+        async with loopwright.Runtime.from_file(folder / "loopwright.yaml", autoload=False) as rt:
+            return await rt.get_agent(iid)
+
+    with _load_lock:  # plugin files are imported under one module name: one at a time
+        return anyio.run(load)
+
+
+# ---------------------------------------------------------------------------------------------
+# Invariants
+# ---------------------------------------------------------------------------------------------
+
+
+def check_never_created(folder: Path, outcome: Outcome) -> list[Violation]:
+    """A kill while the first header was written: the instance was never created, and nothing ran.
+
+    ``show`` says there is no such instance (exit 2) and ``ls`` lists nothing, without a warning.
+    """
+    out = []
+    iid = outcome.instance_id or ""
+    torn = (folder / "store" / iid / "instance.json").exists()
+    if read_ledger(folder, iid):
+        out.append(Violation("ledger", "tools ran for an instance that was never created"))
+    show = _cli(folder, "show", iid)
+    if show.code != 2:
+        out.append(Violation("show", f"show of a half-created instance exited {show.code}: {show.err.strip()}",
+                             bug="torn-create" if torn else None))
+    ls = _cli(folder, "ls")
+    if ls.code != 0 or json.loads(ls.out or "null") != []:
+        out.append(Violation("ls", f"ls with a half-created instance: exit {ls.code}, {ls.out.strip()[:200]}"))
+    elif ls.err.strip():
+        out.append(Violation("ls", f"ls warns about a half-created instance: {ls.err.strip()[:200]}",
+                             bug="torn-create" if torn else None))
+    outcome.procs += [show, ls]
+    outcome.notes.append("killed while creating the instance: it was never created")
+    return out
+
+
+def _cli(folder: Path, *args: str) -> Proc:
+    proc = subprocess.run([sys.executable, "-m", "loopwright.cli", *args, "--json"], cwd=folder, text=True,
+                          capture_output=True, env=environment(), timeout=60, check=False)
+    return Proc(args[0], Stage("plain"), 0, proc.returncode, proc.stdout, proc.stderr)
+
+
+@attrs.define
+class Seen:
+    """What :func:`check` read about the resting instance, shared by the invariant checks.
+
+    Attributes:
+        header: ``instance.json``.
+        summary: The output of ``show ID --json`` (empty if it failed).
+        run: The instance loaded in a fresh runtime (None if that failed).
+        entries: The entry log's complete lines.
+        records: The record log's complete lines.
+        messages: The transcript replayed from the entry log, in the order written.
+        starts: The call ids with a start marker.
+        assistants: The assistant messages, in order.
+        calls: Every call asked for, by id.
+        results: Every result, by call id.
+    """
+
+    header: dict[str, Any]
+    summary: dict[str, Any]
+    run: Any
+    entries: list[dict[str, Any]]
+    records: list[dict[str, Any]]
+    messages: list[dict[str, Any]] = attrs.Factory(list)
+    starts: set[str] = attrs.Factory(set)
+    assistants: list[dict[str, Any]] = attrs.Factory(list)
+    calls: dict[str, dict[str, Any]] = attrs.Factory(dict)
+    results: dict[str, dict[str, Any]] = attrs.Factory(dict)
+
+
+def check(folder: Path, iid: str, outcome: Outcome) -> list[Violation]:
+    """Check every invariant of the resting instance ``iid``; return the broken ones."""
+    out: list[Violation] = []
+    seen = _read(folder, iid, outcome, out)
+    out += check_transcript(seen)
+    out += check_script(seen, outcome.scenario.script)
+    out += check_ledger(seen, read_ledger(folder, iid), {p.pid for p in outcome.procs if p.killed}, outcome.stats)
+    out += check_counters(seen)
+    return out
+
+
+def _read(folder: Path, iid: str, outcome: Outcome, out: list[Violation]) -> Seen:  # noqa: C901 - reads in a row
+    """Read the instance every way a user can, noting what fails: ``show``, the files, a fresh runtime."""
+    from loopwright._config import validate_data  # noqa: PLC0415 - imported by the checks only
+
+    inst_dir = folder / "store" / iid
+    show = _cli(folder, "show", iid)
+    outcome.procs.append(show)
+    summary: dict[str, Any] = {}
+    if show.code != 0:
+        out.append(Violation("show", f"exit {show.code}: {show.err.strip()}"))
+    else:
+        summary = json.loads(show.out)
+    header = json.loads((inst_dir / "instance.json").read_text())
+    out += [Violation("header schema", str(p)) for p in validate_data("instance", header)]
+    if header.get("state") not in RESTING:
+        out.append(Violation("resting", f"the instance is {header.get('state')}"))
+    try:
+        run = load_in_fresh_runtime(folder, iid)
+    except Exception as exc:  # noqa: BLE001 - any failure to load is the finding
+        out.append(Violation("load", f"a fresh runtime cannot load it: {type(exc).__name__}: {exc}"))
+        run = None
+    # Every complete line is a JSON object; a torn tail is allowed (readers drop it, the next
+    # append cuts it) and noted.
+    logs: dict[str, list[dict[str, Any]]] = {}
+    for name in ("entries.jsonl", "records.jsonl"):
+        try:
+            logs[name], tail = read_log(inst_dir / name)
+        except ValueError as exc:
+            out.append(Violation("log lines", f"{name}: {exc}"))
+            logs[name], tail = [], b""
+        if tail:
+            outcome.notes.append(f"{name} ends with a torn line of {len(tail)} bytes (dropped by readers)")
+    for record in logs["records.jsonl"]:
+        out += [Violation("record schema", f"{record.get('kind')}: {p}") for p in validate_data("record", record)]
+    seen = Seen(header, summary, run, logs["entries.jsonl"], logs["records.jsonl"])
+    seen.messages, seen.starts = replay(seen.entries)
+    for m in seen.messages:
+        if m.get("role") == "assistant":
+            seen.assistants.append(m)
+            seen.calls.update((c["id"], c) for c in m.get("toolCalls") or [])
+        elif m.get("role") == "tool":
+            seen.results[str(m.get("toolCallId"))] = m
+    return seen
+
+
+def check_transcript(seen: Seen) -> list[Violation]:
+    """The transcript starts with the task prompt; each call has one result, right after it."""
+    out = []
+    if seen.run is not None:
+        loaded = [(m.role, m.tool_call_id) for m in seen.run.inst.transcript]
+        if loaded != [(m["role"], m.get("toolCallId")) for m in _call_ordered(seen.messages)]:
+            out.append(Violation("load", "the loaded transcript differs from the entry log replayed in call order"))
+    first = next((m for m in seen.messages if m.get("role") != "system"), None)
+    if first is None or first.get("role") != "user" or first.get("content") != PROMPT:
+        shown = first and {k: first.get(k) for k in ("role", "content")}
+        out.append(Violation("prompt", f"the transcript does not start with the task prompt (first: {shown})",
+                             bug="lost-prompt"))
+    messages = seen.messages
+    i = 0
+    while i < len(messages):
+        m = messages[i]
+        i += 1
+        if m.get("role") == "tool":
+            out.append(Violation("transcript", f"tool result {m.get('toolCallId')} does not follow its call"))
+        if m.get("role") != "assistant":
+            continue
+        wanted = [c["id"] for c in m.get("toolCalls") or []]
+        got = []
+        while i < len(messages) and messages[i].get("role") == "tool":
+            got.append(str(messages[i].get("toolCallId")))
+            i += 1
+        if sorted(got) != sorted(wanted):
+            out.append(Violation("transcript", f"calls {wanted} got results {got}"))
+    return out
+
+
+def check_script(seen: Seen, script_name: str) -> list[Violation]:
+    """Every scripted answer is there once, in order, nothing was asked past the end; the state fits."""
+    out = []
+    script = SCRIPTS[script_name]
+    expected = [_reply(r, k) for k, r in enumerate(script)]
+    actual = [_reply_of(m) for m in seen.assistants]
+    extra = len(actual) - len(expected)
+    if actual[: len(expected)] != expected[: len(actual)]:
+        out.append(Violation("script", f"the answers differ from the script: {actual} != {expected}"))
+    elif extra < 0:
+        out.append(Violation("script", f"only {len(actual)} of {len(expected)} scripted answers were saved"))
+    elif extra > 0:
+        out.append(Violation("script", f"the model was asked {extra} more time(s) after the script's last answer",
+                             bug="resume-reasks"))
+    ends_complete = any(c[0] == "task_complete" for r in script if not isinstance(r, str) for c in r)
+    want = ("stopped", "completed") if ends_complete else ("waiting", "waiting")
+    got = (seen.header.get("state"), seen.header.get("stopReason"))
+    if got != want:
+        out.append(Violation("final state", f"{'/'.join(map(str, got))}, expected {'/'.join(want)}",
+                             bug="resume-reasks" if extra > 0 else None))
+    return out
+
+
+def check_ledger(  # noqa: C901, PLR0912 - one branch per invariant
+    seen: Seen, ledger: list[dict[str, Any]], killed: set[int], stats: collections.Counter[str] | None = None,
+) -> list[Violation]:
+    """No completed call ran twice; non-idempotent calls at most once; idempotent ones again only if interrupted.
+
+    :param ledger: The instance's ledger lines (one per execution).
+    :param killed: The pids of the processes SIGKILLed.
+    :param stats: Counts what was seen: ``calls``, ``unknown_outcome`` (``..._ran``: the effect
+        happened), ``idempotent reruns``.
+    """
+    stats = stats if stats is not None else collections.Counter()
+    out = []
+    executions: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
+    for line in ledger:
+        executions[line["call"]].append(line)
+    for cid, runs in executions.items():
+        if cid not in seen.calls:
+            out.append(Violation("ledger", f"{runs[0]['tool']} {cid} ran but no answer asked for it"))
+        elif cid not in seen.results:
+            out.append(Violation("ledger", f"{runs[0]['tool']} {cid} ran but has no result"))
+    for cid, call in seen.calls.items():
+        name = call["name"]
+        status = (seen.results.get(cid) or {}).get("status")
+        runs = executions.get(cid, [])
+        where = f"{name} {cid} ({status}, ran {len(runs)}x)"
+        stats["calls"] += 1
+        if status == "unknown_outcome":
+            stats["unknown_outcome" + ("_ran" if runs else "")] += 1
+        if len(runs) > 1:
+            stats["idempotent reruns"] += len(runs) - 1
+        if name == "task_complete":  # a built-in: not in the ledger
+            if status != "success":
+                out.append(Violation("ledger", f"{where}: task_complete did not succeed"))
+            continue
+        if status not in ("success", "unknown_outcome"):
+            out.append(Violation("ledger", f"{where}: unexpected status"))
+        if not TOOL_FLAGS[name][0]:
+            if len(runs) > 1:
+                out.append(Violation("ledger", f"{where}: a non-idempotent call ran more than once"))
+            if status == "success" and len(runs) != 1:
+                out.append(Violation("ledger", f"{where}: a successful non-idempotent call must have run once"))
+            if status == "unknown_outcome" and cid not in seen.starts:
+                out.append(Violation("ledger", f"{where}: unknown_outcome without a start marker"))
+            continue
+        if status == "unknown_outcome":
+            out.append(Violation("ledger", f"{where}: an idempotent call should have run again"))
+        if status == "success" and not runs:
+            out.append(Violation("ledger", f"{where}: success without running"))
+        early = [r["pid"] for r in runs[:-1] if r["pid"] not in killed]
+        if early:
+            out.append(Violation("ledger", f"{where}: ran again after a run (pid {early}) that was not interrupted"))
+    return out
+
+
+def check_counters(seen: Seen) -> list[Violation]:  # noqa: C901, PLR0912 - one branch per invariant
+    """Turns and usage agree between the entry log, the header, ``show``, the loaded instance and the records."""
+    out = []
+    turns = [e for e in seen.entries if e.get("t") == "turn"]
+    numbers = [int(e["n"]) for e in turns]
+    if numbers != list(range(1, len(numbers) + 1)):
+        out.append(Violation("turns", f"turn numbers in the entry log are {numbers}"))
+    if len(turns) != len(seen.assistants):
+        out.append(Violation("turns", f"{len(seen.assistants)} answers but {len(turns)} turn entries",
+                             bug="torn-turn" if len(turns) < len(seen.assistants) else None))
+    if seen.header.get("turns") != len(turns):
+        out.append(Violation("turns", f"the header says {seen.header.get('turns')} turns, the log {len(turns)}"))
+    usage: collections.Counter[str] = collections.Counter()
+    for e in seen.entries:
+        if e.get("t") in ("turn", "spend"):
+            usage.update({k: v for k, v in (e.get("usage") or {}).items() if isinstance(v, int)})
+    for key in ("inputTokens", "outputTokens", "totalTokens"):
+        saved = (seen.header.get("usage") or {}).get(key)
+        if saved != usage[key]:
+            out.append(Violation("usage", f"header {key} {saved} != log {usage[key]}"))
+        if seen.summary and seen.summary["usage"].get(key) != usage[key]:
+            out.append(Violation("usage", f"show {key} {seen.summary['usage'].get(key)} != log {usage[key]}"))
+    if seen.run is not None:
+        loaded = (seen.run.inst.turn, seen.run.inst.usage.total_tokens)
+        if loaded != (len(turns), usage["totalTokens"]):
+            out.append(Violation("usage", f"loaded: {loaded[0]} turns, {loaded[1]} tokens"))
+    # Records may be lost with a kill (they are written after the entries) but never doubled.
+    turn_records = [r["data"]["turn"] for r in seen.records if r.get("kind") == "turn"]
+    if len(set(turn_records)) != len(turn_records) or not set(turn_records) <= set(numbers):
+        out.append(Violation("records", f"turn records {turn_records} vs turn entries {numbers}"))
+    recorded: set[str] = set()
+    for r in seen.records:
+        if r.get("kind") != "tool_call":
+            continue
+        cid, status = r["data"].get("toolCallId"), r["data"].get("status")
+        if cid in recorded:
+            out.append(Violation("records", f"two tool_call records for {cid}"))
+        recorded.add(cid)
+        if (seen.results.get(cid) or {}).get("status") != status:
+            out.append(Violation("records", f"tool_call record {cid} {status} does not match the transcript"))
+    return out
+
+
+def _call_ordered(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Put each run of tool results in the order of the calls before it (as loading does)."""
+    out: list[dict[str, Any]] = []
+    i = 0
+    while i < len(messages):
+        m = messages[i]
+        out.append(m)
+        i += 1
+        if m.get("role") == "assistant" and m.get("toolCalls"):
+            j = i
+            while j < len(messages) and messages[j].get("role") == "tool":
+                j += 1
+            order = {c["id"]: k for k, c in enumerate(m["toolCalls"])}
+            out += sorted(messages[i:j], key=lambda r: order.get(r.get("toolCallId"), 1 << 30))
+            i = j
+    return out
+
+
+def _reply(reply: Any, index: int) -> Any:
+    if isinstance(reply, str):
+        return reply
+    return [(f"c{index}_{k}", name, args) for k, (name, args) in enumerate(reply)]
+
+
+def _reply_of(message: dict[str, Any]) -> Any:
+    if message.get("toolCalls"):
+        return [(c["id"], c["name"], c.get("arguments", {})) for c in message["toolCalls"]]
+    return message.get("content")
+
+
+# ---------------------------------------------------------------------------------------------
+# The matrix
+# ---------------------------------------------------------------------------------------------
+
+
+@attrs.define
+class Report:
+    """The outcomes of a matrix run, and their summary."""
+
+    seed: int
+    outcomes: list[Outcome]
+    seconds: float
+
+    @property
+    def kills(self) -> list[str]:
+        """Every kill's category."""
+        return [k for o in self.outcomes for k in o.kills]
+
+    @property
+    def failures(self) -> list[Outcome]:
+        """Scenarios with a violation no known bug explains."""
+        return [o for o in self.outcomes if any(v.bug is None for v in o.violations)]
+
+    def known(self) -> collections.Counter[str]:
+        """How many scenarios hit each known bug."""
+        return collections.Counter(b for o in self.outcomes for b in {v.bug for v in o.violations if v.bug})
+
+    def summary(self) -> str:
+        """The summary: kills survived by kill point (grouped), known bugs hit, failures."""
+        failed = self.failures
+        known = [o for o in self.outcomes if o not in failed and any(v.bug for v in o.violations)]
+        clean = len(self.kills) - sum(len(o.kills) for o in (*failed, *known))
+        lines = [(f"kill matrix: {len(self.kills)} SIGKILLs in {len(self.outcomes)} scenarios: {clean} survived with "
+                  f"every invariant, {sum(len(o.kills) for o in known)} broke only known bugs, "
+                  f"{len(failed)} scenario(s) failed (seed {self.seed}, {self.seconds:.1f} s; "
+                  f"replay: LOOPWRIGHT_CRASH_SEED={self.seed})")]
+        groups: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+        for kill in self.kills:
+            groups[group(kill)][kill] += 1
+        for name in (*GROUPS, *sorted(set(groups) - set(GROUPS))):
+            if name in groups:
+                lines.append(f"  {sum(groups[name].values()):4d}  {name}")
+                ranked = sorted(groups[name].items(), key=lambda kv: -kv[1])
+                lines += [f"  {'':4}  {n:4d}  {kill.split(': ', 1)[-1]}" for kill, n in ranked]
+        stats: collections.Counter[str] = sum((o.stats for o in self.outcomes), collections.Counter())
+        unknown = stats["unknown_outcome"] + stats["unknown_outcome_ran"]
+        lines.append(f"  ledger: {stats['calls']} tool calls checked; {unknown} got unknown_outcome "
+                     f"({stats['unknown_outcome_ran']} after their effect, {stats['unknown_outcome']} before it); "
+                     f"{stats['idempotent reruns']} idempotent re-run(s) after a kill")
+        retries = sum(o.lease_retries for o in self.outcomes)
+        doubles = sum(1 for o in self.outcomes for n in o.notes if n.startswith("double resume"))
+        lines.append(f"  leases: {retries} resume(s) retried while a dying holder had the lease; "
+                     f"{doubles} race(s) of two resumes, one refused")
+        for bug, count in sorted(self.known().items()):
+            lines.append(f"  known bug {bug!r} hit in {count} scenario(s): {KNOWN_BUGS[bug]}")
+        if failed:
+            lines.append(f"  FAILED: {len(failed)} scenario(s) broke an invariant no known bug explains")
+        return "\n".join(lines)
+
+
+#: The kill-point groups of the summary, in order.
+GROUPS = ("while the instance starts", "during a model call", "during a tool call", "between tool results",
+          "while the header is written", "in a torn log write", "after the instance rested")
+
+
+def group(kill: str) -> str:
+    """Return the group of a kill category (``GROUP: detail``, see :func:`point_category`)."""
+    return kill.split(":", 1)[0]
+
+
+def run_matrix(kills: int, seed: int, root: Path, *, jobs: int | None = None, keep: bool = False,
+               progress: Callable[[Outcome], None] | None = None) -> Report:
+    """Play scenarios of :func:`scenarios` under ``root``, ``jobs`` at a time, until ``kills`` kills landed.
+
+    A random kill may miss (the process finished first) and a point in a resume may not be
+    reached, so scenarios are started while the kills that landed, plus most of those planned by
+    the scenarios in flight, fall short of ``kills``. Scenario folders are removed unless they
+    broke an invariant no known bug explains, or ``keep`` is set.
+    """
+    t0 = time.monotonic()
+    jobs = jobs or min(4, (os.cpu_count() or 2) + 1)
+    root.mkdir(parents=True, exist_ok=True)
+    outcomes: list[Outcome] = []
+
+    def one(scenario: Scenario) -> Outcome:
+        try:
+            outcome = run_scenario(root, scenario)
+        except Exception as exc:  # noqa: BLE001 - a harness failure is reported like a violation
+            outcome = Outcome(scenario, violations=[Violation("harness", f"{type(exc).__name__}: {exc}")])
+        if not keep and all(v.bug for v in outcome.violations):
+            shutil.rmtree(root / scenario.name, ignore_errors=True)
+        if progress is not None:
+            progress(outcome)
+        return outcome
+
+    stream = itertools.islice(scenarios(kills, seed), 2 * kills + len(CURATED))  # if kills keep missing
+    landed = 0
+    flying: dict[Future[Outcome], int] = {}
+    with ThreadPoolExecutor(jobs) as pool:
+        while True:
+            while len(flying) < jobs and landed + 0.8 * sum(flying.values()) < kills:
+                scenario = next(stream, None)
+                if scenario is None:
+                    break
+                flying[pool.submit(one, scenario)] = planned_kills(scenario)
+            if not flying:
+                break
+            done, _ = wait(flying, return_when=FIRST_COMPLETED)
+            for future in done:
+                del flying[future]
+                outcomes.append(future.result())
+                landed += len(outcomes[-1].kills)
+    outcomes.sort(key=lambda o: o.scenario.index)
+    return Report(seed, outcomes, time.monotonic() - t0)

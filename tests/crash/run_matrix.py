@@ -1,0 +1,70 @@
+"""Run the kill matrix at any size, outside pytest.
+
+Usage::
+
+    python tests/crash/run_matrix.py --runs 500              # about 500 SIGKILLs, a fresh seed
+    python tests/crash/run_matrix.py --runs 60 --seed 1234   # replay a plan
+    python tests/crash/run_matrix.py --runs 500 --jobs 4 --keep /tmp/matrix --verbose
+
+Prints one line per scenario with ``--verbose``, then the summary (kills survived, by kill
+point). Exits 1 if a scenario broke an invariant that no known bug explains (with ``--strict``,
+known bugs count too), and prints those scenarios; their folders are kept for inspection.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import kill_matrix
+
+
+def say(text: str, end: str = "\n") -> None:
+    """Print ``text`` at once (scenarios finish in worker threads)."""
+    sys.stdout.write(text + end)
+    sys.stdout.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the matrix as the command line says; return the exit code."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=50, help="about how many SIGKILLs (default 50)")
+    parser.add_argument("--seed", type=int, default=None, help="the plan's seed (default: a fresh one)")
+    parser.add_argument("--jobs", type=int, default=None, help="scenarios at once (default: CPUs + 1, at most 4)")
+    parser.add_argument("--keep", type=Path, default=None, metavar="DIR",
+                        help="play the scenarios in DIR and keep every folder (default: a temp folder, "
+                             "keeping only the folders of failed scenarios)")
+    parser.add_argument("--strict", action="store_true", help="fail on known bugs too")
+    parser.add_argument("--verbose", "-v", action="store_true", help="a line per scenario")
+    args = parser.parse_args(argv)
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 32)
+    root = args.keep or Path(tempfile.mkdtemp(prefix="loopwright-kill-matrix-"))
+    say(f"kill matrix: about {args.runs} kills, seed {seed}, in {root}")
+    lock = threading.Lock()
+
+    def progress(outcome: kill_matrix.Outcome) -> None:
+        if not args.verbose:
+            return
+        flags = "".join(sorted({"F" if v.bug is None else "K" for v in outcome.violations})) or "ok"
+        with lock:
+            say(f"{flags:>3} {outcome.seconds:5.1f}s {outcome.scenario}: {', '.join(outcome.kills) or 'no kill'}")
+
+    report = kill_matrix.run_matrix(args.runs, seed, root, jobs=args.jobs, keep=args.keep is not None,
+                                    progress=progress)
+    if args.keep is None and not any(root.iterdir()):
+        root.rmdir()
+    bad = [o for o in report.outcomes if o.violations and (args.strict or o in report.failures)]
+    for outcome in bad:
+        say(outcome.describe(), end="\n\n")
+    say(report.summary())
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""The kill matrix at CI size: SIGKILL ``loopwright`` at about 50 points, resume, check every invariant.
+
+``LOOPWRIGHT_CRASH_RUNS`` sets the number of kills (default 50; try 500), ``LOOPWRIGHT_CRASH_SEED``
+replays a plan (the seed is printed), ``LOOPWRIGHT_CRASH_JOBS`` sets how many scenarios run at
+once. ``python tests/crash/run_matrix.py --runs 500`` does the same outside pytest. See README.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import kill_matrix
+import pytest
+from kill_matrix import Scenario, Stage
+
+pytestmark = pytest.mark.slow
+
+
+def test_every_kill_resumes_to_a_rest_with_every_invariant(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """After each SIGKILL the instance resumes to rest, and no completed tool call ever ran twice."""
+    kills = int(os.environ.get("LOOPWRIGHT_CRASH_RUNS", "50"))
+    seed = int(os.environ.get("LOOPWRIGHT_CRASH_SEED") or random.SystemRandom().randrange(1 << 32))
+    jobs = int(os.environ.get("LOOPWRIGHT_CRASH_JOBS", "0")) or None
+    with capsys.disabled():
+        sys.stdout.write(f"\nkill matrix: about {kills} kills, seed {seed} (replay: LOOPWRIGHT_CRASH_SEED={seed})\n")
+    report = kill_matrix.run_matrix(kills, seed, tmp_path, jobs=jobs)
+    with capsys.disabled():
+        sys.stdout.write(report.summary() + "\n")
+    details = "\n\n".join(o.describe() for o in report.failures)
+    assert not report.failures, f"{report.summary()}\n\n{details}"
+    # The harness itself worked: the kills landed, at every kind of point.
+    assert len(report.kills) >= 0.8 * min(kills, sum(len(s) for _, s in kill_matrix.CURATED))
+    groups = {kill_matrix.group(k) for k in report.kills}
+    if kills >= sum(len(s) for _, s in kill_matrix.CURATED):
+        assert {"while the instance starts", "during a model call", "during a tool call", "between tool results",
+                "while the header is written", "in a torn log write"} <= groups
+
+
+def test_the_checks_catch_broken_invariants(tmp_path: Path) -> None:
+    """A double execution, a lost result, a wrong total or a corrupt line in a clean run's files is reported."""
+    outcome = kill_matrix.run_scenario(tmp_path, Scenario(0, "mixed", (Stage("plain"),)))
+    assert outcome.violations == []
+    iid = outcome.instance_id
+    assert iid is not None
+    folder = tmp_path / outcome.scenario.name
+
+    def broken(mutate: Callable[[Path, Path], None]) -> list[str]:
+        copy = tmp_path / f"copy-{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(folder, copy)
+        mutate(copy, copy / "store" / iid)
+        return [v.check for v in kill_matrix.check(copy, iid, outcome)]
+
+    def ran_twice(copy: Path, _inst: Path) -> None:
+        ledger = copy / "ledger.jsonl"
+        charge = next(line for line in ledger.read_text().splitlines() if '"charge"' in line)
+        with ledger.open("a") as f:
+            f.write(charge + "\n")
+
+    def result_lost(_copy: Path, inst_copy: Path) -> None:
+        entries = inst_copy / "entries.jsonl"
+        lines = entries.read_text().splitlines(keepends=True)
+        entries.write_text("".join(ln for ln in lines if '"toolCallId":"c2_1"' not in ln))
+
+    def wrong_total(_copy: Path, inst_copy: Path) -> None:
+        header = json.loads((inst_copy / "instance.json").read_text())
+        header["turns"] += 1
+        (inst_copy / "instance.json").write_text(json.dumps(header))
+
+    def garbage_line(_copy: Path, inst_copy: Path) -> None:
+        entries = inst_copy / "entries.jsonl"
+        entries.write_text("not json\n" + entries.read_text())
+
+    assert "ledger" in broken(ran_twice)
+    assert {"transcript", "ledger"} <= set(broken(result_lost))
+    assert "turns" in broken(wrong_total)
+    assert {"log lines", "load"} <= set(broken(garbage_line))
+
+
+def test_the_plan_is_a_function_of_the_seed() -> None:
+    """The same seed plans the same scenarios; the curated kill points are all planned at CI size."""
+    assert kill_matrix.plan(120, 7) == kill_matrix.plan(120, 7)
+    assert kill_matrix.plan(120, 7) != kill_matrix.plan(120, 8)
+    planned = {str(s.point) for sc in kill_matrix.plan(50, 1) for s in sc.stages if s.kind == "point"}
+    assert {p for _, stages in kill_matrix.CURATED for p in stages if ":" in p} <= planned
+    assert sum(len(sc.stages) for sc in kill_matrix.plan(500, 3)) >= 500
