@@ -311,9 +311,16 @@ class Loop:
         ``ask_user`` (the task prompt that waits behind a held turn never does); the others wait
         behind the question. While a question is unanswered the segment rests ``waiting``
         without calling the model.
+
+        The mailbox is read only when something says it has news (``run.mail``): a message
+        delivered in this process, or the runtime's watcher, which looks at the mailboxes of
+        running instances every quarter second. So a turn with no news costs no I/O here.
         """
         inst = run.inst
         h = inst.header
+        if not run.mail and not h.get("inbox") and not h.get("awaitingAnswer"):
+            return
+        run.mail = False
         before = h.get("inboxCursor")
         if await self.absorb_mail(run, running=True):
             await self.rt.write_header(inst)
@@ -349,10 +356,11 @@ class Loop:
         await self.rt.write_header(inst)
         return False
 
-    async def cancel_posted(self, run: AgentRun) -> bool:
-        """Return whether another process posted a cancel request (nothing is consumed)."""
+    async def peek_mail(self, run: AgentRun) -> tuple[bool, bool]:
+        """Return whether unread posts hold a cancel request and whether they hold a message (nothing is consumed)."""
         posts, _ = await self.store.read_posts(run.inst.id, int(run.inst.header.get("inboxCursor") or 0))
-        return any(p.get("type") == "cancel" for p in posts)
+        kinds = {p.get("type") for p in posts}
+        return "cancel" in kinds, "message" in kinds
 
     # ------------------------------------------------------------------ inference
 

@@ -98,6 +98,8 @@ class AgentRun:
         self.stream = False
         #: The last turn whose answer was streamed, so a retried stream can announce a reset.
         self.streamed_turn = 0
+        #: Whether the mailbox may hold news for the running segment (read at the next turn boundary).
+        self.mail = False
         self.failure: BaseException | None = None
         self._subscribers: list[Any] = []
         self._history: collections.deque[Event] = collections.deque(maxlen=_EVENT_HISTORY)
@@ -691,7 +693,7 @@ class Runtime:
         try:
             if not fresh:
                 await self._refresh(run)
-            await self.loop.absorb_mail(run, running=False)  # drops cancel requests that came too late
+                await self.loop.absorb_mail(run, running=False)  # drops cancel requests that came too late
         except BaseException:
             lease.release()
             raise
@@ -743,16 +745,22 @@ class Runtime:
             run.close_followers()
 
     async def _watch_for_cancel(self) -> None:
-        """While the runtime is open, look for cancel requests that other processes posted.
+        """While the runtime is open, look for posts other processes made to the instances running here.
 
         One task for the whole runtime: every :data:`_CANCEL_POLL` seconds it looks at the
-        mailbox of each segment running here (an ``fstat`` per instance for the file store).
+        mailbox of each segment running here (an ``fstat`` per instance for the file store). A
+        cancel request cancels the segment at once; a message is read at the next turn boundary.
         """
         while True:
             await anyio.sleep(_CANCEL_POLL)
             for run in list(self._runs.values()):
-                if run.running and run._scope is not None and await self.loop.cancel_posted(run):  # noqa: SLF001
+                if not run.running or run._scope is None:  # noqa: SLF001
+                    continue
+                cancel, message = await self.loop.peek_mail(run)
+                if cancel:
                     run.request_cancel()
+                elif message:
+                    run.mail = True
 
     async def get_agent(self, instance_id: str) -> AgentRun:
         """Return the run of an instance, loading it from the store if it is not live here.
@@ -918,7 +926,10 @@ class Runtime:
         starts a new segment here at once.
         """
         await self.store.post(run.instance_id, {"type": "message", "text": text, "source": source, "at": now_iso()})
-        if run.running or run.inst.state is State.WAITING_FOR_APPROVAL:
+        if run.running:
+            run.mail = True
+            return
+        if run.inst.state is State.WAITING_FOR_APPROVAL:
             return
         loop = self.loop
 

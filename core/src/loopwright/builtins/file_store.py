@@ -73,6 +73,7 @@ import collections
 import contextlib
 import errno
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -208,9 +209,14 @@ class Lease(BaseLease):
     instance_id: str
     owner: str
     path: Path
-    previous_holder: str | None = None
     _fd: int | None = attrs.field(default=None, repr=False, alias="fd")
     _on_release: Callable[[Lease], None] | None = attrs.field(default=None, repr=False, alias="on_release")
+    _find_previous: Callable[[], str | None] | None = attrs.field(default=None, repr=False, alias="find_previous")
+
+    @functools.cached_property
+    def previous_holder(self) -> str | None:
+        """The ``runner`` of a header left ``running`` by another owner (read when first asked)."""
+        return self._find_previous() if self._find_previous is not None else None
 
     @property
     def released(self) -> bool:
@@ -540,8 +546,8 @@ class FileStore(Store):
             os.close(fd)
             raise
         self._held.add(instance_id)
-        lease = Lease(instance_id=instance_id, owner=owner, path=folder, previous_holder=self._dead_runner(
-            instance_id, owner), fd=fd, on_release=self._released)
+        lease = Lease(instance_id=instance_id, owner=owner, path=folder, fd=fd, on_release=self._released,
+                      find_previous=functools.partial(self._dead_runner, instance_id, owner))
         self._leases.add(lease)
         return lease
 
