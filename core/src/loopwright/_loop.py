@@ -312,15 +312,10 @@ class Loop:
         behind the question. While a question is unanswered the segment rests ``waiting``
         without calling the model.
 
-        The mailbox is read only when something says it has news (``run.mail``): a message
-        delivered in this process, or the runtime's watcher, which looks at the mailboxes of
-        running instances every quarter second. So a turn with no news costs no I/O here.
+        Reading an empty mailbox is one failed ``open`` for the file store (a few microseconds).
         """
         inst = run.inst
         h = inst.header
-        if not run.mail and not h.get("inbox") and not h.get("awaitingAnswer"):
-            return
-        run.mail = False
         before = h.get("inboxCursor")
         if await self.absorb_mail(run, running=True):
             await self.rt.write_header(inst)

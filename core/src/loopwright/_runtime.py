@@ -98,8 +98,6 @@ class AgentRun:
         self.stream = False
         #: The last turn whose answer was streamed, so a retried stream can announce a reset.
         self.streamed_turn = 0
-        #: Whether the mailbox may hold news for the running segment (read at the next turn boundary).
-        self.mail = False
         self.failure: BaseException | None = None
         self._subscribers: list[Any] = []
         self._history: collections.deque[Event] = collections.deque(maxlen=_EVENT_HISTORY)
@@ -748,19 +746,17 @@ class Runtime:
         """While the runtime is open, look for posts other processes made to the instances running here.
 
         One task for the whole runtime: every :data:`_CANCEL_POLL` seconds it looks at the
-        mailbox of each segment running here (an ``fstat`` per instance for the file store). A
-        cancel request cancels the segment at once; a message is read at the next turn boundary.
+        mailbox of each segment running here (an ``fstat`` per instance for the file store), so
+        that a cancel request stops even a long tool call. Messages are read at turn boundaries.
         """
         while True:
             await anyio.sleep(_CANCEL_POLL)
             for run in list(self._runs.values()):
                 if not run.running or run._scope is None:  # noqa: SLF001
                     continue
-                cancel, message = await self.loop.peek_mail(run)
+                cancel, _message = await self.loop.peek_mail(run)
                 if cancel:
                     run.request_cancel()
-                elif message:
-                    run.mail = True
 
     async def get_agent(self, instance_id: str) -> AgentRun:
         """Return the run of an instance, loading it from the store if it is not live here.
@@ -926,10 +922,7 @@ class Runtime:
         starts a new segment here at once.
         """
         await self.store.post(run.instance_id, {"type": "message", "text": text, "source": source, "at": now_iso()})
-        if run.running:
-            run.mail = True
-            return
-        if run.inst.state is State.WAITING_FOR_APPROVAL:
+        if run.running or run.inst.state is State.WAITING_FOR_APPROVAL:
             return
         loop = self.loop
 

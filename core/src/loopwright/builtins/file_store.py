@@ -513,7 +513,7 @@ class FileStore(Store):
 
     # -- locking -------------------------------------------------------------------------------
 
-    async def acquire(self, instance_id: str, owner: str) -> Lease:
+    async def acquire(self, instance_id: str, owner: str) -> Lease:  # noqa: C901 - each step can fail its own way
         """Take the instance's runner lock without waiting and return the :class:`Lease`.
 
         The lock is an ``flock`` on the instance's folder (so taking it creates no file). Who
@@ -546,6 +546,17 @@ class FileStore(Store):
             os.close(fd)
             raise
         self._held.add(instance_id)
+        # Logs this store kept open (since create, say) skipped the repair that opening does:
+        # another process may have died mid-append since. The new holder repairs them now.
+        for name in (ENTRIES_FILE, RECORDS_FILE):
+            cached = self._logs.get((instance_id, name))
+            if cached is not None:
+                try:
+                    self._repair_tail(cached, folder / name)
+                except OSError as exc:
+                    os.close(fd)
+                    self._held.discard(instance_id)
+                    raise StoreError(f"cannot repair {folder / name}: {exc}", instance_id=instance_id) from exc
         lease = Lease(instance_id=instance_id, owner=owner, path=folder, fd=fd, on_release=self._released,
                       find_previous=functools.partial(self._dead_runner, instance_id, owner))
         self._leases.add(lease)
