@@ -174,6 +174,7 @@ async def test_missing_instance_raises_not_found(store: FileStore) -> None:
 async def test_invalid_header_raises_naming_the_file(store: FileStore) -> None:
     """A header that is not valid JSON raises StoreError naming the instance and the file."""
     await store.create("broken", {"v": 1})
+    await store.append_entries("broken", [{"t": "seg"}])  # it ran: a bad header is damage, not a torn create
     path = store.root / "broken" / "instance.json"
     path.write_text('{"v": ')
     with pytest.raises(StoreError) as info:
@@ -251,6 +252,7 @@ async def test_list_headers_sorted_and_skips_non_instances(
     await store.create("c", {"id": "c", "createdAt": "2026-01-01T00:00:00Z"})
     await store.create("z", {"id": "z"})  # no createdAt: first
     await store.create("bad", {"id": "bad"})
+    await store.append_entries("bad", [{"t": "seg"}])
     (store.root / "bad" / "instance.json").write_text("{not json")
     (store.root / "empty-folder").mkdir()
     (store.root / "stray-file").write_text("{}")
@@ -535,3 +537,15 @@ async def test_lock_held_by_live_process_then_taken_over_after_sigkill(store: Fi
     assert lease.previous_holder is not None
     assert f"pid {proc.pid}" in lease.previous_holder
     lease.release()
+
+
+async def test_a_header_torn_during_create_reads_as_no_instance(store: FileStore) -> None:
+    """A header cut short by a crash in create(), with no entries yet, is "not found", and ls skips it quietly."""
+    await store.create("torn", {"a": 1})
+    (store.root / "torn" / "instance.json").write_bytes(b'{"instanceId": "to')
+    with pytest.raises(InstanceNotFoundError):
+        await store.read_header("torn")
+    assert await store.list_headers() == []
+    await store.append_entries("torn", [{"t": "seg"}])
+    with pytest.raises(StoreError, match="not valid JSON"):
+        await store.read_header("torn")

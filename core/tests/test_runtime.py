@@ -127,8 +127,8 @@ async def write_crashed_instance(rt: loopwright.Runtime, iid: str, definition: l
     await rt.store.append_entries(iid, [
         {"t": "seg", "at": "2026-01-01T00:00:00.000Z"},
         {"t": "msg", "m": message_to_json(user)},
-        {"t": "msg", "m": message_to_json(assistant)},
-        {"t": "turn", "n": 1, "model": "s:m", "usage": {"inputTokens": 1, "outputTokens": 1}, "cost": 0.0},
+        {"t": "msg", "m": message_to_json(assistant),
+         "turn": {"n": 1, "model": "s:m", "usage": {"inputTokens": 1, "outputTokens": 1}, "cost": 0.0}},
         *({"t": "start", "id": cid} for cid in started),
     ])
 

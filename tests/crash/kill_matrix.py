@@ -853,7 +853,8 @@ def check_ledger(  # noqa: C901, PLR0912 - one branch per invariant
 def check_counters(seen: Seen) -> list[Violation]:  # noqa: C901, PLR0912 - one branch per invariant
     """Turns and usage agree between the entry log, the header, ``show``, the loaded instance and the records."""
     out = []
-    turns = [e for e in seen.entries if e.get("t") == "turn"]
+    # A model call's turn data rides on its answer's line (one line, so a torn write keeps both or neither).
+    turns = [e["turn"] for e in seen.entries if e.get("t") == "msg" and "turn" in e]
     numbers = [int(e["n"]) for e in turns]
     if numbers != list(range(1, len(numbers) + 1)):
         out.append(Violation("turns", f"turn numbers in the entry log are {numbers}"))
@@ -864,8 +865,9 @@ def check_counters(seen: Seen) -> list[Violation]:  # noqa: C901, PLR0912 - one 
         out.append(Violation("turns", f"the header says {seen.header.get('turns')} turns, the log {len(turns)}"))
     usage: collections.Counter[str] = collections.Counter()
     for e in seen.entries:
-        if e.get("t") in ("turn", "spend"):
-            usage.update({k: v for k, v in (e.get("usage") or {}).items() if isinstance(v, int)})
+        spent = e.get("turn") or e.get("spend") if e.get("t") == "msg" else None
+        if spent:
+            usage.update({k: v for k, v in (spent.get("usage") or {}).items() if isinstance(v, int)})
     for key in ("inputTokens", "outputTokens", "totalTokens"):
         saved = (seen.header.get("usage") or {}).get(key)
         if saved != usage[key]:

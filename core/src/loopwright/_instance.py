@@ -5,9 +5,12 @@ Entries, one JSON object each, with ``t`` naming the type:
 
 ``{"t": "seg"}``
     A new run segment starts: the limits' counters restart at zero.
-``{"t": "msg", "m": MESSAGE}``
+``{"t": "msg", "m": MESSAGE, "turn"?: {...}, "spend"?: {...}, "task"?: true}``
     A message joins the transcript. Tool results are written as each call finishes, so their
-    order on disk may be finishing order; loading puts them back in call order.
+    order on disk may be finishing order; loading puts them back in call order. An answer
+    carries its model call's ``turn`` data (``n``, ``model``, ``usage``, ``cost``) on the same
+    line, and a tool result the ``spend`` (``usage``, ``cost``) its tool reported, so a torn
+    write keeps both or neither. ``task`` marks the task prompt.
 ``{"t": "start", "id": CALL_ID}``
     A tool call starts running (it counts toward the ``toolCalls`` limit). After a crash, a call
     with this entry and no result may have had its effect; one without it never ran.
@@ -105,6 +108,12 @@ class Instance:
     info: InstanceInfo | None = None
     #: Ids of the calls of the last assistant message that started running (``start`` entries).
     started_calls: set[str] = attrs.Factory(set)
+    #: Whether its first segment started (a ``seg`` entry is saved).
+    begun: bool = True
+    #: Whether its task prompt is in the transcript (an entry marked ``task``).
+    task_given: bool = True
+    #: The index of the last initial prompt saved (``ip`` marks), -1 for none.
+    last_initial: int = -1
 
     # -- header fields ---------------------------------------------------------------------
 
@@ -149,59 +158,77 @@ class Instance:
         self.header["turns"] = self.turn
 
 
+class _Replay:
+    """The running totals of an entry-log replay (see :func:`rebuild`)."""
+
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+        self.usage = Usage()
+        self.cost = Cost()
+        self.turn = 0
+        self.seg_iter = self.seg_tools = self.seg_tokens = 0
+        self.seg_cost: float | None = 0.0
+        self.started: set[str] = set()
+        self.begun = self.task_given = False
+        self.last_initial = -1
+
+    def message(self, entry: Mapping[str, Any]) -> None:
+        m = message_from_json(entry["m"])
+        self.messages.append(m)
+        if m.role == "assistant":
+            self.started = set()
+        self.task_given = self.task_given or bool(entry.get("task"))
+        if "ip" in entry:
+            self.last_initial = max(self.last_initial, int(entry["ip"]))
+        spent = entry.get("turn") or entry.get("spend")
+        if spent is None:
+            return
+        # What a model call (turn) or a tool's own work (spend) used, on the message's line.
+        u = _usage_structure(spent.get("usage") or {}, Usage)
+        amount = spent.get("cost")
+        self.usage += u
+        self.cost += Cost(amount=amount)
+        self.seg_tokens += u.input_tokens + u.output_tokens
+        self.seg_cost = None if self.seg_cost is None or amount is None else self.seg_cost + amount
+        if "turn" in entry:
+            self.turn = max(self.turn, int(spent.get("n", self.turn + 1)))
+            self.seg_iter += 1
+
+    def segment(self) -> None:
+        self.begun = True
+        self.seg_iter = self.seg_tools = self.seg_tokens = 0
+        self.seg_cost = 0.0
+
+
 def rebuild(instance: Instance, entries: Sequence[Mapping[str, Any]]) -> None:
     """Replay an entry log into ``instance``: transcript, counters, usage and cost.
 
     Tool results of one assistant message are put back in call order.
     """
-    messages: list[Message] = []
-    usage = Usage()
-    cost: Cost = Cost()
-    turn = 0
-    seg_iter = seg_tools = seg_tokens = 0
-    seg_cost: float | None = 0.0
-    started: set[str] = set()
+    r = _Replay()
     for entry in entries:
         t = entry.get("t")
         if t == "msg":
-            m = message_from_json(entry["m"])
-            messages.append(m)
-            if m.role == "assistant":
-                started = set()
+            r.message(entry)
         elif t == "start":
-            started.add(entry.get("id", ""))
-            seg_tools += 1
-        elif t == "turn":
-            turn = max(turn, int(entry.get("n", turn + 1)))
-            u = _usage_structure(entry.get("usage") or {}, Usage)
-            usage += u
-            amount = entry.get("cost")
-            c = Cost(amount=amount)
-            cost += c
-            seg_iter += 1
-            seg_tokens += u.input_tokens + u.output_tokens
-            seg_cost = None if seg_cost is None or amount is None else seg_cost + amount
-        elif t == "spend":
-            u = _usage_structure(entry.get("usage") or {}, Usage)
-            amount = entry.get("cost")
-            usage += u
-            cost += Cost(amount=amount)
-            seg_tokens += u.input_tokens + u.output_tokens
-            seg_cost = None if seg_cost is None or amount is None else seg_cost + amount
+            r.started.add(entry.get("id", ""))
+            r.seg_tools += 1
         elif t == "seg":
-            seg_iter = seg_tools = seg_tokens = 0
-            seg_cost = 0.0
+            r.segment()
         elif t == "reset":
-            messages = [message_from_json(m) for m in entry["messages"]]
-    instance.transcript = Transcript(_call_order(messages))
-    instance.usage = usage
-    instance.cost = cost
-    instance.turn = turn
-    instance.seg_iterations = seg_iter
-    instance.seg_tool_calls = seg_tools
-    instance.seg_tokens = seg_tokens
-    instance.seg_cost = seg_cost
-    instance.started_calls = started
+            r.messages = [message_from_json(m) for m in entry["messages"]]
+    instance.transcript = Transcript(_call_order(r.messages))
+    instance.usage = r.usage
+    instance.cost = r.cost
+    instance.turn = r.turn
+    instance.seg_iterations = r.seg_iter
+    instance.seg_tool_calls = r.seg_tools
+    instance.seg_tokens = r.seg_tokens
+    instance.seg_cost = r.seg_cost
+    instance.started_calls = r.started
+    instance.begun = r.begun
+    instance.task_given = r.task_given
+    instance.last_initial = r.last_initial
 
 
 def _call_order(messages: list[Message]) -> list[Message]:

@@ -176,11 +176,15 @@ class Loop:
         if entries:
             await self.store.append_entries(inst.id, entries)
 
-    async def add_message(self, run: AgentRun, message: Message, *, save: bool = True) -> dict[str, Any]:
-        """Append a message to the transcript; return its entry (saved unless ``save=False``)."""
+    async def add_message(self, run: AgentRun, message: Message, *, save: bool = True,
+                          marks: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Append a message to the transcript; return its entry (saved unless ``save=False``).
+
+        :param marks: Extra keys of the entry (``task`` for the task prompt).
+        """
         inst = run.inst
         inst.transcript.append(message)
-        entry = {"t": "msg", "m": message_to_json(message)}
+        entry = {"t": "msg", "m": message_to_json(message), **(marks or {})}
         if save:
             await self.save(inst, [entry])
         await self.observe(inst, "loopwright_on_message", message=message)
@@ -330,7 +334,8 @@ class Loop:
         if queue and not h.get("awaitingAnswer"):
             h["inbox"] = []
             for item in queue:
-                await self.add_message(run, Message(role="user", content=item.get("text"), source=item.get("source")))
+                await self.add_message(run, Message(role="user", content=item.get("text"), source=item.get("source")),
+                                       marks={"task": True} if item.get("behindTurn") else None)
                 self.record(inst, "message", {"source": item.get("source"), "at": item.get("at")})
             await self.rt.write_header(inst)
         elif h.get("inboxCursor") != before:
@@ -427,10 +432,9 @@ class Loop:
         inst.transcript.append(message)
         inst.started_calls = set()
         usage_json = _usage_unstructure(usage)
-        await self.save(inst, [
-            {"t": "msg", "m": message_to_json(message)},
-            {"t": "turn", "n": turn, "model": served, "usage": usage_json, "cost": cost.amount},
-        ])
+        # One line: a write torn by a crash keeps the answer and its turn data together or neither.
+        await self.save(inst, [{"t": "msg", "m": message_to_json(message),
+                                "turn": {"n": turn, "model": served, "usage": usage_json, "cost": cost.amount}}])
         self.record(inst, "turn", {
             "turn": turn, "model": served, "usage": usage_json, "cost": cost.amount,
             "finishReason": response.finish_reason, "toolCalls": len(calls), "latency": round(latency, 6)})
@@ -787,8 +791,7 @@ class Loop:
             inst.seg_cost = None if inst.seg_cost is None or cost.amount is None else inst.seg_cost + cost.amount
             data["usage"] = _usage_unstructure(usage)
             data["cost"] = cost.amount
-            entries.append({"t": "spend", "toolCallId": result.tool_call_id, "usage": data["usage"],
-                            "cost": cost.amount})
+            entries[0]["spend"] = {"usage": data["usage"], "cost": cost.amount}
         if save:
             await self.save(inst, entries)
         if item.call.injected:
@@ -890,7 +893,54 @@ class Loop:
                 await self._finish(run, item, inst.turn, save=True)
             if item.result is not None:
                 inst.transcript.append(_tool_message(item))
+            elif item.awaiting_user:
+                run.awaiting_after_repair.add(call.id)
         _restore_call_order(inst)
+
+    async def finish_interrupted_turn(self, run: AgentRun) -> None:  # noqa: C901 - one case per way a turn ends
+        """After a crash, end the last turn the way the dead process would have.
+
+        Called on resume, after :meth:`repair_interrupted`. If the transcript ends with an answer
+        without tool calls, the segment rests as it would have (``waiting``, after the output
+        check and the completion gate) instead of asking the model again. If it ends with the
+        results of a turn's calls, the turn's end is applied: a successful ``task_complete`` (or
+        other loop-ending tool) completes the instance, an unanswered ``ask_user`` waits. Otherwise
+        the loop goes on with the next model call.
+        """
+        inst = run.inst
+        messages = inst.transcript
+        if not messages:
+            return
+        last = messages[-1]
+        limits = self.rt.limits_for(inst.definition)
+        if last.role == "assistant" and not last.tool_calls:
+            if inst.definition.output is not None and await self._output_rejected(run, last):
+                return
+            if await self._completion_gate(run, limits):
+                return
+            raise SegmentEnd(State.WAITING, StopReason.WAITING)
+        assistant, unanswered = unanswered_calls(messages)
+        if assistant is None or (unanswered and not run.awaiting_after_repair):
+            return
+        results = {m.tool_call_id: m for m in messages[messages.index(assistant) + 1:] if m.role == "tool"}
+        items: list[_Call] = []
+        for index, call in enumerate(assistant.tool_calls):
+            item = _Call(index, call, tool=self.rt.tool_for(inst.definition, call.name, inst.grants))
+            m = results.get(call.id)
+            if m is not None:
+                data = None
+                if m.status is ToolStatus.SUCCESS and item.tool is not None and item.tool.ends_loop:
+                    try:
+                        data = json.loads(m.content or "null")
+                    except ValueError:
+                        data = m.content
+                item.result = ToolResult(tool_call_id=call.id, name=call.name, status=m.status or ToolStatus.SUCCESS,
+                                         content=m.content or "", data=data)
+            elif call.id in run.awaiting_after_repair:
+                item.awaiting_user = True
+            items.append(item)
+        run.awaiting_after_repair = set()
+        await self._end_of_turn(run, items, exceeded=False, limits=limits)
 
 
 def _restore_call_order(inst: Instance) -> None:

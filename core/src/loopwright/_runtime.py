@@ -30,7 +30,7 @@ from loopwright._capabilities import (
     intersect,
 )
 from loopwright._definition import DEFAULT_LIMITS, Assembly, Capabilities, Definition, Limits
-from loopwright._instance import Instance, now_iso, rebuild
+from loopwright._instance import Instance, message_to_json, now_iso, rebuild
 from loopwright._loop import Loop
 from loopwright._plugins import PluginHost
 from loopwright._pricing import PriceTable
@@ -98,6 +98,8 @@ class AgentRun:
         self.stream = False
         #: The last turn whose answer was streamed, so a retried stream can announce a reset.
         self.streamed_turn = 0
+        #: ``ask_user`` calls the crash repair ran again and that now wait for an answer.
+        self.awaiting_after_repair: set[str] = set()
         self.failure: BaseException | None = None
         self._subscribers: list[Any] = []
         self._history: collections.deque[Event] = collections.deque(maxlen=_EVENT_HISTORY)
@@ -594,7 +596,7 @@ class Runtime:
         :return: The run; ``await run.result()`` waits for it to rest.
         :raises ConfigError: The definition or inputs are invalid, or it names unknown tools.
         """
-        from loopwright._template import render, render_value, resolve_inputs  # noqa: PLC0415
+        from loopwright._template import resolve_inputs  # noqa: PLC0415
 
         loop = self.loop
         defn = self.load_definition(definition)
@@ -611,10 +613,10 @@ class Runtime:
             "pendingApprovals": [], "inbox": [],
             "spawnerInstanceId": None, "callerInstanceId": None, "callerToolCallId": None,
             "delegationPrompt": None, "createdAt": now_iso(), "updatedAt": now_iso(), "model": plan.model_ref,
-            "runner": self.owner,
+            "runner": self.owner, "taskPrompt": prompt,
         }
         await self.store.create(iid, header)
-        inst = Instance(id=iid, definition=defn, header=header, grants=grants)
+        inst = Instance(id=iid, definition=defn, header=header, grants=grants, task_given=not prompt)
         run = AgentRun(self, inst)
         run.stream = stream
         self._runs[iid] = run
@@ -625,52 +627,78 @@ class Runtime:
                                stop_reason=None)
 
         async def prelude() -> None:
-            await self._begin(run, values, prompt, render, render_value)
+            await self._begin(run)
 
         await self._start_segment(run, new_segment=True, prelude=prelude, fresh=True)
         return run
 
-    async def _begin(self, run: AgentRun, values: Mapping[str, Any], prompt: str | None, render: Any,
-                     render_value: Any) -> None:
-        """First segment of a new instance: system prompt, initial prompts and injected calls, task prompt."""
+    async def _begin(self, run: AgentRun, *, resume: bool = False) -> None:  # noqa: C901 - the set-up, in order
+        """First segment of a new instance: system prompt, initial prompts and injected calls, task prompt.
+
+        What has no tool call is saved in as few writes as possible (everything, for a definition
+        without injected calls: one write), each initial prompt marked with its index (``ip``)
+        and the task prompt marked ``task``. So after a crash, ``resume=True`` carries on from the
+        first part that was not saved.
+        """
         from loopwright._loop import SegmentEnd  # noqa: PLC0415
+        from loopwright._template import render, render_value  # noqa: PLC0415
         from loopwright._types import ToolCall  # noqa: PLC0415
 
         loop = self.loop
         inst = run.inst
         defn = inst.definition
-        entries: list[dict[str, Any]] = []
-        if defn.system_prompt:
-            entries.append(await loop.add_message(
-                run, Message(role="system", content=render(defn.system_prompt, values)), save=False))
-        if entries:
-            await loop.save(inst, entries)
-        task = Message(role="user", content=prompt, source="api") if prompt else None
+        values = inst.header.get("inputs") or {}
+        prompt = inst.header.get("taskPrompt")
+        pending: list[tuple[Message, dict[str, Any]]] = []
+
+        async def flush() -> None:
+            if pending:
+                await loop.save(inst, [entry for _m, entry in pending])
+                for message, _entry in pending:
+                    await loop.observe(inst, "loopwright_on_message", message=message)
+                pending.clear()
+
+        def queue(message: Message, **marks: Any) -> None:
+            inst.transcript.append(message)
+            pending.append((message, {"t": "msg", "m": message_to_json(message), **marks}))
+
+        has_system = bool(inst.transcript) and inst.transcript[0].role == "system"
+        if defn.system_prompt and not (resume and has_system):
+            queue(Message(role="system", content=render(defn.system_prompt, values)))
         for n, ip in enumerate(defn.initial_prompts):
+            if resume and n <= inst.last_initial:
+                continue
+            content = render(ip.content, values) if ip.content else None
             if not ip.tool_calls:
-                await loop.add_message(run, Message(
-                    role=ip.role, content=render(ip.content, values) if ip.content else None,
-                    source="definition", injected=True))
+                queue(Message(role=ip.role, content=content, source="definition", injected=True), ip=n)
                 continue
             calls = tuple(
                 ToolCall(id=tc.id or f"injected_{n}_{k}", name=tc.name,
                          arguments=render_value(dict(tc.arguments), values), injected=True)
                 for k, tc in enumerate(ip.tool_calls))
-            await loop.add_message(run, Message(
-                role="assistant", content=render(ip.content, values) if ip.content else None,
-                tool_calls=calls, injected=True))
+            queue(Message(role="assistant", content=content, tool_calls=calls, injected=True), ip=n)
+            await flush()
             try:
                 await loop.run_calls(run, calls, self.limits_for(defn))
             except SegmentEnd as end:
-                if end.reason in (StopReason.WAITING_FOR_APPROVAL, StopReason.WAITING) and task is not None:
-                    # Seed 000: the task prompt goes behind the held turn; the remaining
-                    # initial prompts do not run.
-                    inst.header.setdefault("inbox", []).append(
-                        {"type": "message", "text": task.content, "source": "api", "at": now_iso(),
-                         "behindTurn": True})
+                if end.reason in (StopReason.WAITING_FOR_APPROVAL, StopReason.WAITING):
+                    self._defer_task(inst)
                 raise
-        if task is not None:
-            await loop.add_message(run, task)
+        if prompt:
+            queue(Message(role="user", content=prompt, source="api"), task=True)
+        await flush()
+
+    def _defer_task(self, inst: Instance) -> None:
+        """Seed 000: the task prompt goes behind a held injected turn; the remaining initial prompts do not run."""
+        prompt = inst.header.get("taskPrompt")
+        if prompt and not any(i.get("behindTurn") for i in inst.header.get("inbox") or []):
+            inst.header.setdefault("inbox", []).append(
+                {"type": "message", "text": prompt, "source": "api", "at": now_iso(), "behindTurn": True})
+
+    def _still_beginning(self, inst: Instance) -> bool:
+        """Whether a crash stopped the first segment before its task prompt was given or deferred."""
+        return bool(inst.header.get("taskPrompt")) and not inst.task_given and not any(
+            i.get("behindTurn") for i in inst.header.get("inbox") or [])
 
     async def _start_segment(
         self, run: AgentRun, *, new_segment: bool, prelude: Any = None, lease: Lease | None = None,
@@ -863,11 +891,24 @@ class Runtime:
             lease.release()
             return run
         loop = self.loop
+        inst = run.inst
 
         async def prelude() -> None:
-            await loop.repair_interrupted(run)
+            from loopwright._loop import SegmentEnd  # noqa: PLC0415
 
-        await self._start_segment(run, new_segment=False, prelude=prelude, lease=lease)
+            await loop.repair_interrupted(run)
+            beginning = self._still_beginning(inst)
+            try:
+                await loop.finish_interrupted_turn(run)
+            except SegmentEnd as end:
+                if beginning and end.reason in (StopReason.WAITING_FOR_APPROVAL, StopReason.WAITING):
+                    self._defer_task(inst)
+                raise
+            if beginning:
+                await self._begin(run, resume=True)
+
+        # A crash before the first segment saved anything: that segment starts over.
+        await self._start_segment(run, new_segment=not inst.begun, prelude=prelude, lease=lease)
         return run
 
     async def decide(

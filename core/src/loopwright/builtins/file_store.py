@@ -364,8 +364,10 @@ class FileStore(Store):
     async def read_header(self, instance_id: str) -> dict[str, Any]:
         """Return the header.
 
-        Raise :class:`~loopwright.errors.InstanceNotFoundError` if absent, and
-        :class:`~loopwright.errors.StoreError` naming the file if it is not a JSON object.
+        Raise :class:`~loopwright.errors.InstanceNotFoundError` if absent (a header torn by a
+        crash during :meth:`create`, with nothing logged yet, counts as absent: that instance
+        never ran), and :class:`~loopwright.errors.StoreError` naming the file if it is not a
+        JSON object.
         """
         path = self.root / _check_id(instance_id) / HEADER_FILE
         try:
@@ -377,11 +379,21 @@ class FileStore(Store):
         try:
             header = json.loads(data)
         except ValueError as exc:
+            if self._never_ran(path.parent):
+                raise InstanceNotFoundError(instance_id) from None
             raise StoreError(f"{path} is not valid JSON: {exc}", instance_id=instance_id) from exc
         if type(header) is not dict:
             raise StoreError(f"{path} holds a JSON {type(header).__name__}, not an object",
                              instance_id=instance_id)
         return header
+
+    @staticmethod
+    def _never_ran(folder: Path) -> bool:
+        """Whether an instance folder has no entries: its creation was cut short."""
+        try:
+            return (folder / ENTRIES_FILE).stat().st_size == 0
+        except FileNotFoundError:
+            return True
 
     async def list_headers(self) -> list[dict[str, Any]]:
         """Return every instance's header, sorted by ``createdAt`` and then by id.
