@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 from pathlib import Path
 
+import loopwright
 from loopwright import hookspecs
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -33,8 +34,6 @@ def test_hookspecs_groups_cover_every_spec() -> None:
 
 def test_public_all_is_sorted_and_complete() -> None:
     """loopwright.__all__ is sorted and every name in it resolves."""
-    import loopwright
-
     assert loopwright.__all__ == sorted(loopwright.__all__)
     for name in loopwright.__all__:
         assert getattr(loopwright, name) is not None

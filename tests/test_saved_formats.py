@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import types
 from pathlib import Path
 
 import pytest
@@ -46,8 +47,6 @@ async def test_headers_and_records_of_a_real_run_match_the_schemas(tmp_path: Pat
 
 
 def _module_with(*functions: object) -> object:
-    import types
-
     module = types.ModuleType("saved_formats_hooks")
     for fn in functions:
         setattr(module, fn.__name__, fn)  # type: ignore[attr-defined]

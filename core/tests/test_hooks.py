@@ -1,7 +1,7 @@
 """Hooks and plugins: order, decisions, failure rules, hook records, and the plugin manager's rules."""
 
 # Hook implementations declare the arguments they take by name, so some go unused: ARG002/ARG005.
-# ruff: noqa: ARG002, ARG005
+# ruff: noqa: ARG005
 
 from __future__ import annotations
 

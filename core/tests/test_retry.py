@@ -6,6 +6,7 @@ import email.utils
 
 import anyio
 import pytest
+
 from loopwright._retry import MAX_RETRY_AFTER, parse_retry_after, retry_transient
 from loopwright.errors import ProviderError
 

@@ -1,5 +1,7 @@
 """The quickstart's tools, as a plugin file listed in loopwright.yaml's `plugins:`."""
 
+from collections.abc import Callable
+
 import loopwright
 
 
@@ -28,5 +30,5 @@ def count_letters(text: str) -> dict[str, int]:
 
 
 @loopwright.hookimpl
-def loopwright_register_tools(register):
+def loopwright_register_tools(register: Callable[..., None]) -> None:
     register(count_words, count_letters)

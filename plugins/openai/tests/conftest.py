@@ -26,6 +26,7 @@ from typing import Any
 
 import attrs
 import pytest
+
 from loopwright.abc import ProviderSettings
 from loopwright_openai import OpenAIProvider
 

@@ -8,8 +8,9 @@ import sys
 
 import anyio
 import httpx
-import loopwright_openai
 import pytest
+
+import loopwright_openai
 from loopwright._plugins import PluginHost
 from loopwright._types import Message, ModelRequest, ToolCall, ToolSpec, ToolStatus, Transcript
 from loopwright.abc import ProviderSettings

@@ -6,10 +6,11 @@ import json
 
 import anyio
 import pytest
+
 from loopwright._types import Message, ModelRequest, ToolCall, ToolSpec, ToolStatus, Transcript
+from loopwright.abc import ProviderSettings
 from loopwright.errors import ConfigError, ProviderError
 from loopwright_openai import OpenAIProvider, _responses
-from loopwright.abc import ProviderSettings
 
 pytestmark = pytest.mark.anyio
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 
 import anyio
+import pytest
+
 import loopwright
 import loopwright_openai
-import pytest
 from loopwright._types import Message, ModelRequest, StreamDelta, ToolCall, ToolSpec
 from loopwright.errors import ProviderError
 

@@ -8,6 +8,7 @@ from types import MappingProxyType
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from loopwright._types import Message, ModelRequest, ToolCall, ToolSpec, Transcript
 from loopwright_openai import _sse, _wire
 

@@ -43,9 +43,10 @@ from typing import Any
 import anyio
 import attrs
 import httpx
+import pytest
+
 import loopwright
 import loopwright_openai
-import pytest
 from loopwright import ModifyRequest
 from loopwright._types import Message, ModelRequest
 from loopwright.abc import ProviderSettings

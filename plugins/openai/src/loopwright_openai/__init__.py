@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from loopwright.abc import ProviderSettings
-
     from loopwright_openai._provider import OpenAIProvider
 
 __all__ = ["OpenAIProvider", "loopwright_register_providers", "make_provider"]
