@@ -966,16 +966,23 @@ class Runtime:
         if run.running or run.inst.state is State.WAITING_FOR_APPROVAL:
             return
         loop = self.loop
+        try:
+            lease = await self.store.acquire(run.instance_id, self.owner)
+        except InstanceLockedError:
+            return  # running in another process: its runner reads the mailbox
+        try:
+            await self._refresh(run)
+        except BaseException:
+            lease.release()
+            raise
+        if run.inst.header.get("state") == State.WAITING_FOR_APPROVAL.value:  # refreshed just now
+            lease.release()  # another process held a call meanwhile: read once it is decided
+            return
 
         async def prelude() -> None:
             await loop.repair_interrupted(run)
 
-        try:
-            await self._start_segment(run, new_segment=True, prelude=prelude)
-        except InstanceLockedError:
-            return  # running in another process: its runner reads the mailbox
-        if run.inst.state is State.WAITING_FOR_APPROVAL:
-            pass  # refreshed: it turned out to be waiting for approval; the segment rests at once
+        await self._start_segment(run, new_segment=True, prelude=prelude, lease=lease)
 
     async def cancel_run(self, run: AgentRun, *, timeout: float = 30.0) -> None:  # noqa: ASYNC109
         """Cancel a run (see :meth:`AgentRun.cancel` and :meth:`cancel`)."""
