@@ -129,6 +129,7 @@ __all__ = [
     "make_client",
     "override_headers",
     "parse_duration",
+    "parse_tool_arguments",
     "resolve_api_key",
     "ssl_context",
     "status_error",
@@ -902,3 +903,28 @@ class Endpoint:
         if client is not None and self._owns_client:
             self.client = None
             await client.aclose()
+
+
+def parse_tool_arguments(value: Any) -> tuple[dict[str, Any], str | None]:  # noqa: PLR0911 - one per case
+    """Return ``(arguments, raw_arguments)`` for the arguments of a tool call as a model sent them.
+
+    An object gives itself and ``None``. Text that parses to a JSON object gives that object;
+    any other text (invalid JSON, or JSON that is not an object) gives ``{}`` and the text as
+    written, so the loop can report ``invalid_arguments`` to the model. Absent or blank
+    arguments mean ``{}``. Never raises: a malformed model reply is the model's to correct.
+    """
+    if value is None:
+        return {}, None
+    if isinstance(value, dict):
+        return value, None
+    if not isinstance(value, str):
+        return {}, json.dumps(value, separators=(",", ":"), default=str)
+    if not value.strip():
+        return {}, None
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        return {}, value
+    if isinstance(parsed, dict):
+        return parsed, None
+    return {}, value

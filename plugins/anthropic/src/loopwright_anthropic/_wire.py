@@ -44,6 +44,7 @@ from typing import Any
 import attrs
 
 from loopwright._types import Message, ModelRequest, ModelResponse, StreamDelta, ToolCall, ToolSpec, Transcript, Usage
+from loopwright.http import parse_tool_arguments
 
 __all__ = [
     "CACHE_KEY",
@@ -497,28 +498,8 @@ def build_body(  # noqa: C901, PLR0912, PLR0915 - one pass over the body's parts
 # -- decoding ----------------------------------------------------------------------------------
 
 
-def parse_arguments(value: Any) -> tuple[dict[str, Any], str | None]:  # noqa: PLR0911 - one per case
-    """Return ``(arguments, raw_arguments)`` for a ``tool_use`` input.
-
-    An object gives itself and ``None``. Text (the joined ``input_json_delta`` pieces of a
-    stream) that parses to an object gives that object; any other text gives ``{}`` and the text
-    as written, so the loop can report ``invalid_arguments``. Blank or absent input is ``{}``.
-    """
-    if value is None:
-        return {}, None
-    if isinstance(value, dict):
-        return value, None
-    if not isinstance(value, str):
-        return {}, _dumps(value)
-    if not value.strip():
-        return {}, None
-    try:
-        parsed = json.loads(value)
-    except ValueError:
-        return {}, value
-    if isinstance(parsed, dict):
-        return parsed, None
-    return {}, value
+#: Arguments as the model sent them -> ``(arguments, raw_arguments)``; shared by every provider.
+parse_arguments = parse_tool_arguments
 
 
 def decode_usage(usage: Any) -> Usage:

@@ -34,6 +34,7 @@ from loopwright._types import (
     Transcript,
     Usage,
 )
+from loopwright.http import parse_tool_arguments
 
 __all__ = [  # noqa: RUF022 - plainly sorted(), as test_all_is_sorted checks
     "APIReportedError",
@@ -478,28 +479,8 @@ def _decode_tool_call(raw: Mapping[str, Any], seen: set[str]) -> ToolCall:
                     raw_arguments=raw_arguments)
 
 
-def parse_arguments(value: Any) -> tuple[dict[str, Any], str | None]:  # noqa: PLR0911 - one per case
-    """Return ``(arguments, raw_arguments)`` for a tool call's wire ``arguments``.
-
-    A JSON object string gives the parsed object and ``None``. Anything else the model wrote
-    (invalid JSON, or JSON that is not an object) gives ``{}`` and the text as written, so the
-    loop can report ``invalid_arguments`` to the model. Absent or blank arguments mean ``{}``.
-    """
-    if value is None:
-        return {}, None
-    if isinstance(value, dict):
-        return value, None
-    if not isinstance(value, str):
-        return {}, _dumps(value)
-    if not value.strip():
-        return {}, None
-    try:
-        parsed = json.loads(value)
-    except ValueError:
-        return {}, value
-    if isinstance(parsed, dict):
-        return parsed, None
-    return {}, value
+#: Arguments as the model sent them -> ``(arguments, raw_arguments)``; shared by every provider.
+parse_arguments = parse_tool_arguments
 
 
 def decode_usage(usage: Any) -> Usage:
