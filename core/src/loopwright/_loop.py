@@ -356,11 +356,10 @@ class Loop:
         await self.rt.write_header(inst)
         return False
 
-    async def peek_mail(self, run: AgentRun) -> tuple[bool, bool]:
-        """Return whether unread posts hold a cancel request and whether they hold a message (nothing is consumed)."""
+    async def cancel_posted(self, run: AgentRun) -> bool:
+        """Return whether the unread posts hold a cancel request (nothing is consumed)."""
         posts, _ = await self.store.read_posts(run.inst.id, int(run.inst.header.get("inboxCursor") or 0))
-        kinds = {p.get("type") for p in posts}
-        return "cancel" in kinds, "message" in kinds
+        return any(p.get("type") == "cancel" for p in posts)
 
     # ------------------------------------------------------------------ inference
 

@@ -29,7 +29,7 @@ from typing import Any
 import pluggy
 
 from loopwright import hookspecs
-from loopwright._tools import Tool, as_tool
+from loopwright._tools import as_tool
 from loopwright.errors import PluginError, RegistrationError
 
 __all__ = ["BUILTIN_PLUGINS", "ENTRY_POINT_GROUP", "PluginHost", "Registry", "hookimpl"]
@@ -330,8 +330,3 @@ def _resolve_reference(
         raise PluginError(
             f"is neither an entry point of group {ENTRY_POINT_GROUP!r}, an importable module, "
             f"nor a .py file: {exc}", plugin_name=ref) from exc
-
-
-def tools_by_name(tools: Iterable[Tool]) -> dict[str, Tool]:
-    """Index tools by name."""
-    return {t.name: t for t in tools}

@@ -126,11 +126,6 @@ class AgentRun:
         """Whether a run segment is executing in this runtime."""
         return not self._done.is_set()
 
-    @property
-    def has_listeners(self) -> bool:
-        """Whether anybody follows :meth:`events` right now."""
-        return bool(self._subscribers)
-
     # -- events ---------------------------------------------------------------------------
 
     def publish(self, event: Event) -> None:
@@ -782,8 +777,7 @@ class Runtime:
             for run in list(self._runs.values()):
                 if not run.running or run._scope is None:  # noqa: SLF001
                     continue
-                cancel, _message = await self.loop.peek_mail(run)
-                if cancel:
+                if await self.loop.cancel_posted(run):
                     run.request_cancel()
 
     async def get_agent(self, instance_id: str) -> AgentRun:
