@@ -99,8 +99,8 @@ import math
 import os
 import re
 import urllib.request
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Self, TypeVar, overload
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Generic, Literal, NamedTuple, Self, TypeVar, overload
 
 import attrs
 import httpx
@@ -123,6 +123,7 @@ __all__ = [
     "SSEDecoder",
     "SSEEvent",
     "ShardedTransport",
+    "ToolsCache",
     "check_base_url",
     "environment_proxy",
     "is_transient_status",
@@ -928,3 +929,36 @@ def parse_tool_arguments(value: Any) -> tuple[dict[str, Any], str | None]:  # no
     if isinstance(parsed, dict):
         return parsed, None
     return {}, value
+
+
+class ToolsCache(Generic[T]):
+    """Encoded tool lists, keyed by the identity of the tuple that holds the ``ToolSpec`` s.
+
+    The loop passes the same tuple every turn, so each definition's tools are encoded once.
+    Only tuples are cached (a list could change under the cache); an entry keeps its tuple alive,
+    so an id is never reused while cached. At most ``size`` entries, oldest dropped first.
+
+    :param encode: The provider's encoding of a tool list (to JSON text, say).
+    """
+
+    __slots__ = ("_encode", "_items", "_size")
+
+    def __init__(self, encode: Callable[[Sequence[Any]], T], size: int = 32) -> None:
+        """Cache ``encode``'s results for at most ``size`` tool lists."""
+        self._encode = encode
+        self._items: dict[int, tuple[Sequence[Any], T]] = {}
+        self._size = size
+
+    def get(self, tools: Sequence[Any]) -> T:
+        """Return ``encode(tools)``, from the cache when ``tools`` is a cached tuple."""
+        if type(tools) is not tuple:
+            return self._encode(tools)
+        key = id(tools)
+        hit = self._items.get(key)
+        if hit is not None and hit[0] is tools:
+            return hit[1]
+        encoded = self._encode(tools)
+        if len(self._items) >= self._size:
+            del self._items[next(iter(self._items))]
+        self._items[key] = (tools, encoded)
+        return encoded

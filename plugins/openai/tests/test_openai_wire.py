@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loopwright._types import Message, ModelRequest, ToolCall, ToolSpec, Transcript
+from loopwright.http import ToolsCache
 from loopwright_openai import _sse, _wire
 
 SPEC = ToolSpec(name="t", description="d", parameters=MappingProxyType({"type": "object"}))
@@ -17,7 +18,7 @@ SPEC = ToolSpec(name="t", description="d", parameters=MappingProxyType({"type": 
 
 def test_tools_cache_encodes_a_tuple_once():
     """The same tuple is served from the cache; an equal but different tuple is encoded anew."""
-    cache = _wire.ToolsCache()
+    cache = ToolsCache(_wire.encode_tools)
     tools = (SPEC,)
     first = cache.get(tools)
     assert cache.get(tools) is first
@@ -28,7 +29,7 @@ def test_tools_cache_encodes_a_tuple_once():
 
 def test_tools_cache_is_bounded():
     """The cache drops its oldest entry beyond its size."""
-    cache = _wire.ToolsCache(size=2)
+    cache = ToolsCache(_wire.encode_tools, size=2)
     lists = [(SPEC,) for _ in range(3)]
     for tools in lists:
         cache.get(tools)

@@ -13,7 +13,15 @@ import httpx
 
 from loopwright._types import StreamDelta
 from loopwright.abc import Provider, ProviderSettings
-from loopwright.http import Endpoint, HTTPOptions, OptionReader, check_base_url, override_headers, resolve_api_key
+from loopwright.http import (
+    Endpoint,
+    HTTPOptions,
+    OptionReader,
+    ToolsCache,
+    check_base_url,
+    override_headers,
+    resolve_api_key,
+)
 from loopwright_anthropic import _wire
 
 if TYPE_CHECKING:
@@ -190,7 +198,7 @@ class AnthropicProvider(Provider):
         self._http = Endpoint(self.url, provider=settings.name, options=options, headers=headers,
                               client=settings.http_client, describe_error=_describe_error,
                               request_id_header="request-id")
-        self._tools = _wire.ToolsCache()
+        self._tools = ToolsCache(_wire.encode_tools)
         self._thinking = _wire.ThinkingStash()
         self._encoder = _wire.MessageEncoder(self._thinking)
 

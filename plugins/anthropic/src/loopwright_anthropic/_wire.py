@@ -28,7 +28,7 @@ Wire facts this module relies on (Anthropic's Messages API reference, version ``
 Performance contract: a request body is built without re-serialising the history. Each message
 becomes JSON text once (one text per content block, cached on the
 :class:`~loopwright._types.Transcript` under :data:`CACHE_KEY`), each tool list once
-(:class:`ToolsCache`). Merging consecutive same-role messages happens when the body is spliced
+(:class:`loopwright.http.ToolsCache`). Merging consecutive same-role messages happens when the body is spliced
 together from those pieces, so a cached block never depends on its neighbours.
 """
 
@@ -44,7 +44,7 @@ from typing import Any
 import attrs
 
 from loopwright._types import Message, ModelRequest, ModelResponse, StreamDelta, ToolCall, ToolSpec, Transcript, Usage
-from loopwright.http import parse_tool_arguments
+from loopwright.http import ToolsCache, parse_tool_arguments
 
 __all__ = [
     "CACHE_KEY",
@@ -57,7 +57,6 @@ __all__ = [
     "StreamAccumulator",
     "StreamError",
     "ThinkingStash",
-    "ToolsCache",
     "build_body",
     "decode_response",
     "decode_usage",
@@ -254,36 +253,6 @@ def encode_tools(tools: Sequence[ToolSpec]) -> tuple[str, ...]:
     )
 
 
-class ToolsCache:
-    """Encoded tool lists, keyed by the identity of the tuple that holds the :class:`ToolSpec` s.
-
-    The loop passes the same tuple every turn, so this encodes each definition's tools once.
-    Only tuples are cached (a list could change under the cache); an entry keeps its tuple
-    alive, so an id is never reused while cached. At most ``size`` entries, oldest dropped first.
-    """
-
-    __slots__ = ("_items", "_size")
-
-    def __init__(self, size: int = 32) -> None:
-        """Create an empty cache of at most ``size`` tool lists."""
-        self._items: dict[int, tuple[Sequence[ToolSpec], tuple[str, ...]]] = {}
-        self._size = size
-
-    def get(self, tools: Sequence[ToolSpec]) -> tuple[str, ...]:
-        """Return :func:`encode_tools` of ``tools``, from the cache when ``tools`` is a cached tuple."""
-        if type(tools) is not tuple:
-            return encode_tools(tools)
-        key = id(tools)
-        hit = self._items.get(key)
-        if hit is not None and hit[0] is tools:
-            return hit[1]
-        texts = encode_tools(tools)
-        if len(self._items) >= self._size:
-            del self._items[next(iter(self._items))]
-        self._items[key] = (tools, texts)
-        return texts
-
-
 @attrs.frozen(kw_only=True)
 class CachePlan:
     """Where ``promptCaching`` puts ``cache_control: {type: ephemeral}`` markers.
@@ -407,7 +376,7 @@ def encode_settings(settings: Mapping[str, Any]) -> tuple[dict[str, Any], Any, b
 
 
 def build_body(  # noqa: C901, PLR0912, PLR0915 - one pass over the body's parts, in wire order
-    request: ModelRequest, *, encoder: MessageEncoder, tools_cache: ToolsCache | None = None,
+    request: ModelRequest, *, encoder: MessageEncoder, tools_cache: ToolsCache[tuple[str, ...]] | None = None,
     default_max_tokens: int = 4096, caching: CachePlan | None = None, native_output: bool = False,
     stream: bool = False,
 ) -> tuple[bytes, OutputTool | None]:

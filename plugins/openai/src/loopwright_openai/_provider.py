@@ -23,6 +23,7 @@ from loopwright.http import (
     HTTPOptions,
     OptionReader,
     SSEEvent,
+    ToolsCache,
     check_base_url,
     override_headers,
     resolve_api_key,
@@ -231,8 +232,7 @@ class OpenAIProvider(Provider):
         self._headers = headers = _headers(settings, options)
         self._http = Endpoint(self.url, provider=settings.name, options=options, headers=headers,
                               client=settings.http_client, describe_error=_wire.error_message)
-        self._tools: _wire.ToolsCache | _responses.ToolsCache = (
-            _responses.ToolsCache() if self._responses_api else _wire.ToolsCache())
+        self._tools = ToolsCache(_responses.encode_tools if self._responses_api else _wire.encode_tools)
         self.quirks: frozenset[str] = options.quirks
 
     def __repr__(self) -> str:

@@ -46,7 +46,6 @@ from loopwright_openai._wire import (
 __all__ = [
     "CACHE_KEY",
     "ResponsesStream",
-    "ToolsCache",
     "build_body",
     "decode_response",
     "decode_usage",
@@ -118,30 +117,6 @@ def encode_tools(tools: Sequence[ToolSpec]) -> str:
     ])
 
 
-class ToolsCache:
-    """:func:`encode_tools` results by the identity of the tools tuple (see ``_wire.ToolsCache``)."""
-
-    __slots__ = ("_items", "_size")
-
-    def __init__(self, size: int = 32) -> None:
-        """Create an empty cache of at most ``size`` tool lists."""
-        self._items: dict[int, tuple[Sequence[ToolSpec], str]] = {}
-        self._size = size
-
-    def get(self, tools: Sequence[ToolSpec]) -> str:
-        """Return :func:`encode_tools` of ``tools``, from the cache when ``tools`` is a cached tuple."""
-        if type(tools) is not tuple:
-            return encode_tools(tools)
-        hit = self._items.get(id(tools))
-        if hit is not None and hit[0] is tools:
-            return hit[1]
-        text = encode_tools(tools)
-        if len(self._items) >= self._size:
-            del self._items[next(iter(self._items))]
-        self._items[id(tools)] = (tools, text)
-        return text
-
-
 def _tool_choice(value: Any) -> Any:
     if isinstance(value, str):
         return value if value in _TOOL_CHOICE_MODES else {"type": "function", "name": value}
@@ -186,7 +161,7 @@ def build_body(request: ModelRequest, *, tools_json: str | None = None, stream: 
     """Return the JSON body of ``POST /responses`` for ``request``.
 
     :param request: The request; its messages become ``instructions`` and ``input`` items.
-    :param tools_json: The encoded tools (:class:`ToolsCache`), or ``None`` for no tools.
+    :param tools_json: The encoded tools (:class:`loopwright.http.ToolsCache`), or ``None`` for no tools.
     :param stream: Whether to ask for an SSE stream of events.
     """
     instructions, items = _input(request.messages)

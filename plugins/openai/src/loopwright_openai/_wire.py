@@ -10,7 +10,7 @@ tool-call ids or indexes, arguments as JSON objects, usage left out ...) is tole
 
 Performance contract: a request body is built without re-serialising the history. Each message
 is turned into JSON text once (cached on the :class:`~loopwright._types.Transcript` under
-:data:`CACHE_KEY`), each tool list once (:class:`ToolsCache`), and the body is spliced together
+:data:`CACHE_KEY`), each tool list once (:class:`loopwright.http.ToolsCache`), and the body is spliced together
 from those pieces.
 """
 
@@ -42,7 +42,6 @@ __all__ = [  # noqa: RUF022 - plainly sorted(), as test_all_is_sorted checks
     "ChatStream",
     "MalformedResponseError",
     "QUIRKS",
-    "ToolsCache",
     "build_body",
     "decode_message",
     "decode_response",
@@ -278,36 +277,6 @@ def encode_tools(tools: Sequence[ToolSpec]) -> str:
     ])
 
 
-class ToolsCache:
-    """Encoded tool lists, keyed by the identity of the tuple that holds the :class:`ToolSpec` s.
-
-    The loop passes the same tuple every turn, so this encodes each definition's tools once.
-    Only tuples are cached (a list could change under the cache); an entry keeps its tuple
-    alive, so an id is never reused while cached. At most ``size`` entries, oldest dropped first.
-    """
-
-    __slots__ = ("_items", "_size")
-
-    def __init__(self, size: int = 32) -> None:
-        """Create an empty cache of at most ``size`` tool lists."""
-        self._items: dict[int, tuple[Sequence[ToolSpec], str]] = {}
-        self._size = size
-
-    def get(self, tools: Sequence[ToolSpec]) -> str:
-        """Return :func:`encode_tools` of ``tools``, from the cache when ``tools`` is a cached tuple."""
-        if type(tools) is not tuple:
-            return encode_tools(tools)
-        key = id(tools)
-        hit = self._items.get(key)
-        if hit is not None and hit[0] is tools:
-            return hit[1]
-        text = encode_tools(tools)
-        if len(self._items) >= self._size:
-            del self._items[next(iter(self._items))]
-        self._items[key] = (tools, text)
-        return text
-
-
 def encode_tool_choice(value: Any) -> Any:
     """Return the wire ``tool_choice`` for a ``toolChoice`` setting.
 
@@ -364,7 +333,7 @@ def build_body(
     """Return the JSON body of ``POST /chat/completions`` for ``request``.
 
     :param request: The request; its ``messages`` are encoded with :func:`encode_messages`.
-    :param tools_json: The encoded tools (:class:`ToolsCache`), or ``None`` for no tools.
+    :param tools_json: The encoded tools (:class:`loopwright.http.ToolsCache`), or ``None`` for no tools.
     :param max_tokens_field: The wire name of ``maxTokens`` (``max_completion_tokens`` for
         newer models).
     :param stream: Whether to ask for an SSE stream.
