@@ -13,11 +13,13 @@ returning the final text.
 How loopwright is used here, as a user would: one :class:`loopwright.Runtime` built and
 entered once in setup() (an AsyncExitStack keeps it open until close()), its assembly naming a
 provider ``bench: {kind: openai, baseUrl: <base_url>, apiKey: x}`` and the default ``file``
-store in a temporary folder (default options); the tool registered by a plugin object passed to
+store (default options) in a new folder under ``$LOOPWRIGHT_BENCH_STORES`` (default: this
+repository's ``bench/out/stores``, kept afterwards; bench/run.py's docstring says why not
+/tmp); the tool registered by a plugin object passed to
 ``Runtime(assembly, plugins=[...])``; and one fresh instance per run (``start_agent`` then
 ``result``). Nothing of loopwright's is switched off.
 """
-# ruff: noqa: E402, I001, PTH100, PTH118, PTH120, RUF012  (the shape of the shared harness's template)
+# ruff: noqa: E402, I001, PTH100, PTH103, PTH118, PTH120, RUF012  (the shape of the shared harness's template)
 import time; _T0 = time.perf_counter()  # noqa: E702
 import contextlib
 import os
@@ -53,12 +55,14 @@ class _Tools:
 class Peer(harness.Peer):
     NAME = "loopwright"
     PACKAGES = ["loopwright-core", "loopwright-openai", "httpx", "anyio"]
-    NOTES = ("loopwright.Runtime entered once (file store in a temp dir, default options), provider "
+    NOTES = ("loopwright.Runtime entered once (file store under bench/out/stores, default options), provider "
              "kind openai, one fresh instance per run (start_agent + result)")
 
     async def setup(self, base_url, api_key):
         self._stack = contextlib.AsyncExitStack()
-        tmp = self._stack.enter_context(tempfile.TemporaryDirectory(prefix="lw-peer-"))
+        stores = os.environ.get("LOOPWRIGHT_BENCH_STORES") or os.path.join(os.path.dirname(_HERE), "out", "stores")
+        os.makedirs(stores, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=time.strftime("%Y%m%d-%H%M%S-peer-"), dir=stores)
         assembly = load_assembly({
             "store": {"kind": "file", "path": os.path.join(tmp, "instances")},
             "providers": {"bench": {"kind": "openai", "baseUrl": base_url, "apiKey": api_key}},

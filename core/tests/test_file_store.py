@@ -113,13 +113,14 @@ def test_bad_options_raise_config_error(tmp_path: Path, options: dict[str, objec
 
 
 async def test_header_round_trip(store: FileStore) -> None:
-    """create, read_header and write_header round-trip the header, stored as pretty UTF-8 JSON."""
+    """create, read_header and write_header round-trip the header, stored as one line of UTF-8 JSON."""
     header = {"state": "running", "capabilities": {"files": ["/srv/data"]}, "delegationPrompt": "héllo ✓",
               "nested": types.MappingProxyType({"a": 1})}
     await store.create("inst-1", header)
     assert await store.read_header("inst-1") == {**header, "nested": {"a": 1}}
     text = (store.root / "inst-1" / "instance.json").read_text(encoding="utf-8")
-    assert "\n  " in text
+    assert text.endswith("}\n")
+    assert text.count("\n") == 1
     assert "héllo ✓" in text
     await store.write_header("inst-1", {"state": "stopped"})
     assert await store.read_header("inst-1") == {"state": "stopped"}

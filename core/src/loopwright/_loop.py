@@ -295,6 +295,7 @@ class Loop:
         h = run.inst.header
         cursor = int(h.get("inboxCursor") or 0)
         posts, new_cursor = await self.store.read_posts(run.inst.id, cursor)
+        run.mail_read_at = time.monotonic()
         if not posts:
             return False
         h["inboxCursor"] = new_cursor

@@ -107,6 +107,8 @@ class AgentRun:
         self._done.set()
         self._scope: anyio.CancelScope | None = None
         self._cancelled = False
+        #: When (``time.monotonic()``) the loop last read the mailbox at a turn boundary.
+        self.mail_read_at = 0.0
 
     def __repr__(self) -> str:
         return f"AgentRun({self.instance_id!r}, state={self.inst.state.value!r})"
@@ -770,12 +772,14 @@ class Runtime:
 
         One task for the whole runtime: every :data:`_CANCEL_POLL` seconds it looks at the
         mailbox of each segment running here (an ``fstat`` per instance for the file store), so
-        that a cancel request stops even a long tool call. Messages are read at turn boundaries.
+        that a cancel request stops even a long tool call. Messages are read at turn boundaries;
+        a run that crossed one within the last poll interval read its mailbox then and is skipped.
         """
         while True:
             await anyio.sleep(_CANCEL_POLL)
+            fresh = time.monotonic() - _CANCEL_POLL
             for run in list(self._runs.values()):
-                if not run.running or run._scope is None:  # noqa: SLF001
+                if not run.running or run._scope is None or run.mail_read_at > fresh:  # noqa: SLF001
                     continue
                 if await self.loop.cancel_posted(run):
                     run.request_cancel()
