@@ -26,7 +26,7 @@ Nothing is rewritten: saving a turn costs the same at turn 10,000 as at turn 1.
 
 from __future__ import annotations
 
-import datetime as dt
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -54,9 +54,22 @@ _usage_unstructure = converter.get_unstructure_hook(Usage)
 _usage_structure = converter.get_structure_hook(Usage)
 
 
+_second: tuple[int, str] = (-1, "")  # the last whole second formatted, and its text up to the seconds
+
+
 def now_iso() -> str:
-    """Return the current UTC time as ISO 8601 with milliseconds."""
-    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """Return the current UTC time as ISO 8601 with milliseconds, like ``2026-11-30T02:17:55.307Z``.
+
+    Called several times a turn, so the part up to the seconds is formatted once per second.
+    """
+    global _second  # noqa: PLW0603 - one tuple, replaced whole: safe across threads
+    now = time.time()
+    whole = int(now)
+    second, text = _second
+    if second != whole:
+        text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
+        _second = (whole, text)
+    return f"{text}.{int((now - whole) * 1000):03d}Z"
 
 
 def message_to_json(message: Message) -> dict[str, Any]:

@@ -736,12 +736,15 @@ class Loop:
             arguments = {**arguments, tool.context_param: self.tool_context(inst, tool, call, timeout)}
         t0 = time.perf_counter()
         try:
-            with anyio.fail_after(timeout):
+            # A bare scope with a deadline: what anyio.fail_after does, without its two context-manager layers.
+            with anyio.CancelScope(deadline=anyio.current_time() + timeout) as scope:
                 if tool.is_async:
                     value = await tool.function(**arguments)
                 else:
                     value = await anyio.to_thread.run_sync(
                         functools.partial(tool.function, **arguments), abandon_on_cancel=True)
+            if scope.cancelled_caught:  # only the deadline cancels this scope
+                raise TimeoutError  # noqa: TRY301 - handled with the tool's own TimeoutError below
         except TimeoutError:
             item.result = _result(call, ToolStatus.TIMEOUT, f"timeout: the tool took longer than {timeout:g} s",
                                   duration=time.perf_counter() - t0)

@@ -82,6 +82,9 @@ class _DefinitionPlan:
     gated: bool = False
     #: The specs offered under each set of grants, for gated definitions.
     offered: dict[Capabilities, tuple[ToolSpec, ...]] = attrs.Factory(dict)
+    #: The header's ``definition`` snapshot, built on first use and shared by every instance
+    #: of the definition (never mutated: headers are only read and encoded).
+    snapshot: dict[str, Any] | None = None
 
 
 class AgentRun:
@@ -462,6 +465,13 @@ class Runtime:
         self._plans[id(definition)] = plan
         return plan
 
+    @staticmethod
+    def _snapshot(plan: _DefinitionPlan) -> dict[str, Any]:
+        """Return the definition's header snapshot, made once per definition."""
+        if plan.snapshot is None:
+            plan.snapshot = _definition_snapshot(plan.definition)
+        return plan.snapshot
+
     def hook_impls(self, definition: Definition, hook: str) -> tuple[Any, ...]:
         """Return the implementations of ``hook`` for an instance of ``definition``, in call order.
 
@@ -604,7 +614,7 @@ class Runtime:
         header: dict[str, Any] = {
             "instanceId": iid, "name": defn.name, "version": 1,
             "definitionPath": str(defn.source) if defn.source else None,
-            "definition": _definition_snapshot(defn), "inputs": dict(values),
+            "definition": self._snapshot(plan), "inputs": dict(values),
             "state": State.RUNNING.value, "stopReason": None, "cancelled": False, "error": None,
             "capabilities": capabilities_to_dict(grants), "capabilitiesRecorded": True,
             "pendingApprovals": [], "inbox": [],
