@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from loopwright.abc import ProviderSettings
 from loopwright.errors import ConfigError, ProviderError
 from loopwright.http import (
+    AiohttpTransport,
     Endpoint,
     HTTPOptions,
     OptionReader,
@@ -66,6 +67,7 @@ def test_http_options_defaults():
     assert options == HTTPOptions(max_keepalive_connections=1000)
     assert (options.max_connections, options.pool_shards, options.timeout, options.connect_timeout) == (
         1000, 64, 600.0, 5.0)
+    assert options.transport == "auto"
     assert options.timeout_set is False
 
 
@@ -73,13 +75,15 @@ def test_http_options_read_every_shared_key():
     """Every shared key is read, durations in any unit; keep-alive follows maxConnections."""
     reader = OptionReader(settings(
         maxRetries=0, retryBaseDelay="10ms", retryMaxDelay="1m", timeout=None, connectTimeout="250ms",
-        headers={"X-A": "1"}, maxConnections=10, keepaliveExpiry="1h", poolShards=1, proxy="http://proxy:3128"))
+        headers={"X-A": "1"}, maxConnections=10, keepaliveExpiry="1h", poolShards=1, transport="httpcore",
+        proxy="http://proxy:3128"))
     options = HTTPOptions.read(reader)
     reader.check()
     assert attrs.asdict(options) == {
         "max_retries": 0, "retry_base_delay": 0.01, "retry_max_delay": 60.0, "timeout": None,
         "connect_timeout": 0.25, "headers": {"X-A": "1"}, "max_connections": 10, "max_keepalive_connections": 10,
-        "keepalive_expiry": 3600.0, "pool_shards": 1, "proxy": "http://proxy:3128", "timeout_set": True,
+        "keepalive_expiry": 3600.0, "pool_shards": 1, "transport": "httpcore", "proxy": "http://proxy:3128",
+        "timeout_set": True,
     }
 
 
@@ -87,16 +91,17 @@ def test_every_bad_option_is_reported_at_its_path():
     """One ConfigError names the provider and lists each bad option with its JSON path."""
     reader = OptionReader(settings(
         "oa", maxRetries=-1, timeout="soon", headers={"X": 1}, poolShards=0, proxy=3, maxConnections=True,
-        api="nope"))
+        api="nope", transport="curl"))
     reader.choice("api", ("chat", "responses"), "chat")
     HTTPOptions.read(reader)
     with pytest.raises(ConfigError, match="invalid options for provider 'oa'") as info:
         reader.check()
     assert sorted(p.path for p in info.value.problems) == [f"$.providers.oa.{k}" for k in sorted(
-        ["maxRetries", "timeout", "headers", "poolShards", "proxy", "maxConnections", "api"])]
+        ["maxRetries", "timeout", "headers", "poolShards", "proxy", "maxConnections", "api", "transport"])]
     messages = {p.path.rsplit(".", 1)[1]: p.message for p in info.value.problems}
     assert messages["maxConnections"] == "must be an integer >= 1 or null, not True"
     assert messages["api"] == "must be one of chat, responses, not 'nope'"
+    assert messages["transport"] == "must be one of auto, aiohttp, httpcore, not 'curl'"
     assert messages["timeout"].startswith("must be a duration")
 
 
@@ -425,7 +430,7 @@ async def test_endpoint_events_and_errors_about_a_response():
 
 
 @pytest.mark.anyio
-async def test_endpoint_builds_its_own_client_and_closes_it():
+async def test_endpoint_builds_its_own_client_and_closes_it(anyio_backend):
     """Without an injected client one is built on first use, failures become ProviderErrors, aclose closes it."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -437,7 +442,7 @@ async def test_endpoint_builds_its_own_client_and_closes_it():
     client = endpoint.client
     assert info.value.transient
     assert isinstance(client, httpx.AsyncClient)
-    assert isinstance(client._transport, ShardedTransport)
+    assert isinstance(client._transport, AiohttpTransport if anyio_backend == "asyncio" else ShardedTransport)
     await endpoint.aclose()
     assert client.is_closed
     assert endpoint.client is None

@@ -93,8 +93,10 @@ defaults to ``maxConnections``); idle ones still close after ``keepalive_expiry`
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
+import logging
 import math
 import os
 import re
@@ -112,11 +114,16 @@ if TYPE_CHECKING:
     import ssl
     from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 
+    import aiohttp
+    from yarl import URL
+
     from loopwright.abc import ProviderSettings
 
 __all__ = [
     "DEFAULT_POOL_SHARDS",
     "TRANSIENT_STATUSES",
+    "TRANSPORTS",
+    "AiohttpTransport",
     "Endpoint",
     "HTTPOptions",
     "OptionReader",
@@ -140,12 +147,17 @@ __all__ = [
 #: The most connection pools a :class:`ShardedTransport` builds unless ``poolShards`` says otherwise.
 DEFAULT_POOL_SHARDS = 64
 
+#: The values of the ``transport`` option: ``auto`` picks ``aiohttp`` under asyncio (when aiohttp is
+#: installed), ``httpcore`` otherwise (see the module docstring).
+TRANSPORTS = ("auto", "aiohttp", "httpcore")
+
 #: HTTP statuses below 500 that a retry may fix (every 5xx may too, see :func:`is_transient_status`).
 TRANSIENT_STATUSES = frozenset({408, 409, 429})
 
 T = TypeVar("T")
 
 _SERVER_ERROR = 500
+_logger = logging.getLogger("httpx")  # the fast path of Endpoint.send logs what AsyncClient.send would
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*$")
 _UNITS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -276,6 +288,270 @@ def environment_proxy(url: str) -> str | None:
     if not proxy or urllib.request.proxy_bypass(parsed.host):
         return None
     return proxy
+
+
+# -- the aiohttp transport -------------------------------------------------------------------------
+
+#: Headers aiohttp would add to a request on its own. An ``httpx.Request`` already carries what
+#: it should send (a client's ``Accept``, ``Accept-Encoding`` and ``User-Agent``; the caller's
+#: ``Content-Type``), and a bare one must go out as built, as it does over httpcore.
+_AIOHTTP_SKIP_HEADERS = ("Accept", "Accept-Encoding", "Content-Type", "User-Agent")
+_HTTP_SCHEMES = frozenset({"http", "https"})
+_HTTP_VERSIONS: dict[Any, bytes] = {(1, 1): b"HTTP/1.1", (1, 0): b"HTTP/1.0"}
+#: Frames of aiohttp that open a connection (a timeout inside one is a connect timeout).
+_CONNECTING = frozenset({"_create_connection", "_create_direct_connection", "_create_proxy_connection",
+                         "_wrap_create_connection"})
+_WAITING_FOR_SLOT = "_wait_for_available_connection"
+
+
+class AiohttpTransport(httpx.AsyncBaseTransport):
+    """Sends httpx requests over one ``aiohttp.ClientSession``; asyncio only.
+
+    See the module docstring for why (it costs about a third less CPU per request than
+    httpcore's pool) and how it differs from :class:`ShardedTransport`. Requires aiohttp
+    (``aiohttp>=3.10``), imported when the transport is built.
+
+    The session and its ``TCPConnector`` are built inside the running event loop at the first
+    request. A request from another event loop (the synchronous ``run_agent`` runs a new one per
+    call) gets a new session; the old one is dropped, its connections closed as far as its loop
+    still allows (none are awaited on the wrong loop). :meth:`aclose` closes the session; a
+    later request builds a new one.
+
+    What it sends is the ``httpx.Request`` as built: aiohttp adds no headers of its own, follows
+    no redirects, keeps no cookies and leaves the body encoded (httpx decodes ``gzip`` and the
+    other content encodings itself). The request's ``timeout`` extension applies: ``connect`` to
+    opening a connection, ``read`` to each wait for the response and for each piece of its body,
+    ``pool`` to the whole wait for a connection (a free slot, then opening it); aiohttp has no
+    write timeout. The response body arrives piece by piece, as the network delivers it.
+
+    Its failures are httpx's exceptions, so :func:`transport_error` reads them as it reads
+    httpcore's: ``ConnectError`` (refused, unreachable, unknown host, TLS), ``ConnectTimeout``,
+    ``PoolTimeout``, ``ReadTimeout``, ``RemoteProtocolError`` (the server closed the connection
+    or broke the body off), ``ReadError`` (other network errors), ``ProxyError``,
+    ``UnsupportedProtocol`` (not an ``http``/``https`` URL with a host) and ``LocalProtocolError``
+    (a request aiohttp refuses to send); the original exception is the ``__cause__``. A task
+    cancelled during the request or its body closes the connection: no half-read connection goes
+    back to the pool.
+
+    Attributes:
+        limits: The connection limits: ``max_connections`` caps the connections in use (``None``:
+            no cap) and ``keepalive_expiry`` how long an idle one is kept; aiohttp keeps every
+            idle connection, so ``max_keepalive_connections`` does not apply.
+        proxy: The proxy URL every request goes through, or ``None``.
+
+    """
+
+    def __init__(
+        self, *, limits: httpx.Limits | None = None, verify: ssl.SSLContext | bool = True, proxy: str | None = None,
+        trust_env: bool = True,
+    ) -> None:
+        """Prepare the transport; the session is built at the first request.
+
+        :param limits: The connection limits (httpx's defaults when ``None``).
+        :param verify: The SSL context for ``https`` (and ``CONNECT`` tunnels through the proxy),
+            or a bool as httpx takes it (the shared :func:`ssl_context`).
+        :param proxy: A proxy URL for every request, or ``None``. An ``http://`` proxy relays plain
+            requests and tunnels ``https`` ones with ``CONNECT``; credentials may be in the URL.
+        :param trust_env: Whether the SSL context may read ``SSL_CERT_FILE``/``SSL_CERT_DIR``.
+        :raises ImportError: If aiohttp is not installed.
+        """
+        import aiohttp  # noqa: PLC0415 - only a provider that uses this transport pays for the import
+        from yarl import URL  # noqa: PLC0415 - aiohttp's own URL type
+
+        self._url_type: type[URL] = URL
+        self.limits = limits if limits is not None else httpx.Limits()
+        self.proxy = proxy
+        self._proxy: URL | None = URL(proxy) if proxy else None
+        self._verify = verify
+        self._trust_env = trust_env
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._client_timeout = aiohttp.ClientTimeout
+        self._no_timeout = aiohttp.ClientTimeout()
+        self._timeouts: dict[tuple[float | None, float | None, float | None], aiohttp.ClientTimeout] = {}
+
+    def _open(self, loop: asyncio.AbstractEventLoop) -> aiohttp.ClientSession:
+        """Build the session for ``loop``, dropping one built for another loop."""
+        import aiohttp  # noqa: PLC0415 - imported by __init__ already
+
+        self._drop()
+        if isinstance(self._verify, bool):
+            self._verify = ssl_context(verify=self._verify, trust_env=self._trust_env)
+        limits = self.limits
+        connector = aiohttp.TCPConnector(
+            limit=limits.max_connections or 0, limit_per_host=0, keepalive_timeout=limits.keepalive_expiry,
+            ssl=self._verify,
+        )
+        self._session = session = aiohttp.ClientSession(
+            connector=connector, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False,
+            skip_auto_headers=_AIOHTTP_SKIP_HEADERS, timeout=self._no_timeout, trust_env=False,
+        )
+        self._loop = loop
+        return session
+
+    def _drop(self) -> None:
+        """Forget the session without awaiting anything: its loop may be closed or elsewhere."""
+        session, loop, self._session, self._loop = self._session, self._loop, None, None
+        connector = session.connector if session is not None else None
+        if connector is None or loop is None:
+            return
+        # ``BaseConnector._close`` is the synchronous part of ``close()``: it marks the connector
+        # (and so the session) closed, which keeps their ``__del__`` quiet, and closes the
+        # connections unless the loop is closed (their sockets then close when collected).
+        if loop.is_running():  # in another thread
+            loop.call_soon_threadsafe(connector._close)  # noqa: SLF001
+        else:
+            connector._close()  # noqa: SLF001
+
+    def _timeout(self, timeout: Mapping[str, float | None] | None) -> aiohttp.ClientTimeout:
+        """Return the aiohttp timeout for httpx's ``timeout`` extension, built once per set of values."""
+        if not timeout:
+            return self._no_timeout
+        key = (timeout.get("connect"), timeout.get("read"), timeout.get("pool"))
+        found = self._timeouts.get(key)
+        if found is None:
+            if len(self._timeouts) >= 64:  # noqa: PLR2004 - a bound, not a tuning knob
+                self._timeouts.clear()
+            connect, read, pool = key
+            found = self._timeouts[key] = self._client_timeout(
+                total=None, connect=pool, sock_connect=connect, sock_read=read)
+        return found
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """Send ``request`` and return the response, its body not read yet.
+
+        :raises httpx.TransportError: As the class docstring says.
+        :raises RuntimeError: If no asyncio event loop is running (under trio, say).
+        """
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise RuntimeError("AiohttpTransport needs asyncio; under trio use ShardedTransport") from None
+        session = self._session
+        if session is None or self._loop is not loop:
+            session = self._open(loop)
+        url = request.url
+        if url.scheme not in _HTTP_SCHEMES or not url.host:
+            raise httpx.UnsupportedProtocol(f"Request URL must be http:// or https:// with a host, not {url}",
+                                            request=request)
+        headers = request.headers.multi_items()
+        try:
+            body: Any = request.content
+        except httpx.RequestNotRead:  # a streaming body: aiohttp frames it itself
+            body = request.stream
+            headers = [(k, v) for k, v in headers if k.lower() != "transfer-encoding"]
+        try:
+            response = await session.request(
+                request.method, self._url_type(str(url), encoded=True), data=body or None, headers=headers,
+                timeout=self._timeout(request.extensions.get("timeout")), proxy=self._proxy, allow_redirects=False,
+            )
+        except Exception as exc:
+            raise _httpx_error(exc, request) from exc
+        return httpx.Response(
+            response.status, headers=response.raw_headers, stream=_AiohttpStream(response, request),
+            request=request, extensions={
+                "http_version": _HTTP_VERSIONS.get(response.version, b"HTTP/1.1"),
+                "reason_phrase": (response.reason or "").encode("ascii", "replace"),
+            },
+        )
+
+    async def aclose(self) -> None:
+        """Close the session (and its connections); a later request builds a new one."""
+        session = self._session
+        if session is None:
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is not self._loop:  # closing belongs to the session's own loop
+            self._drop()
+            return
+        self._session = self._loop = None
+        await session.close()
+
+
+class _AiohttpStream(httpx.AsyncByteStream):
+    """The body of an aiohttp response, piece by piece as it arrives; closing releases it.
+
+    Read to its end, the connection has already gone back to the pool; closed before that (or
+    when reading fails or is cancelled), the connection is closed.
+    """
+
+    __slots__ = ("_content", "_request", "_response")
+
+    def __init__(self, response: aiohttp.ClientResponse, request: httpx.Request) -> None:
+        self._response = response
+        self._content = response.content
+        self._request = request
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            chunk = await self._content.readany()
+        except BaseException as exc:
+            self._response.close()
+            if isinstance(exc, Exception):
+                raise _httpx_error(exc, self._request, reading=True) from exc
+            raise
+        if not chunk:
+            raise StopAsyncIteration
+        return chunk
+
+    async def aclose(self) -> None:
+        self._response.close()  # a no-op for a body read to its end: aiohttp released it then
+
+
+def _httpx_error(exc: Exception, request: httpx.Request, *, reading: bool = False) -> Exception:  # noqa: PLR0911
+    """Return the httpx exception that says what the aiohttp (or OS) exception ``exc`` means.
+
+    :param reading: Whether ``exc`` came while reading the response body.
+    """
+    import aiohttp  # noqa: PLC0415 - imported by the transport already
+
+    message = str(exc) or type(exc).__name__
+    if isinstance(exc, httpx.HTTPError):
+        return exc
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return _connect_timeout(exc, message, request)
+    if isinstance(exc, TimeoutError):  # SocketTimeoutError, ServerTimeoutError, a bare asyncio one
+        return httpx.ReadTimeout(message, request=request)
+    if isinstance(exc, (aiohttp.ClientProxyConnectionError, aiohttp.ClientHttpProxyError)):
+        return httpx.ProxyError(message, request=request)
+    if isinstance(exc, (aiohttp.ClientConnectorError, aiohttp.ServerFingerprintMismatch)):  # refused, DNS, TLS
+        return httpx.ConnectError(message, request=request)
+    if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientResponseError)):
+        return httpx.RemoteProtocolError(message, request=request)
+    if isinstance(exc, aiohttp.InvalidURL):
+        return httpx.UnsupportedProtocol(message, request=request)
+    if isinstance(exc, (aiohttp.ClientConnectionError, OSError)):  # resets, "Connection closed"
+        return httpx.ReadError(message, request=request)
+    if isinstance(exc, (ValueError, TypeError)) and not reading:  # a header or method aiohttp refuses
+        return httpx.LocalProtocolError(message, request=request)
+    return httpx.TransportError(message, request=request)
+
+
+def _connect_timeout(exc: Exception, message: str, request: httpx.Request) -> httpx.TimeoutException:
+    """Tell a timeout waiting for a free connection slot from one opening a connection.
+
+    aiohttp raises ``ConnectionTimeoutError`` for both; the frames its cause went through show
+    which wait it was.
+    """
+    frames: set[str] = set()
+    seen: BaseException | None = exc.__cause__ or exc.__context__
+    for _ in range(4):  # the TimeoutError, then the CancelledError it replaced
+        if seen is None:
+            break
+        tb = seen.__traceback__
+        while tb is not None:
+            frames.add(tb.tb_frame.f_code.co_name)
+            tb = tb.tb_next
+        seen = seen.__cause__ or seen.__context__
+    if _WAITING_FOR_SLOT in frames and not frames & _CONNECTING:
+        return httpx.PoolTimeout(message, request=request)
+    return httpx.ConnectTimeout(message, request=request)
 
 
 # -- options -------------------------------------------------------------------------------------
@@ -420,7 +696,10 @@ class HTTPOptions:
             (default: ``maxConnections``; see the module docstring for why).
         keepalive_expiry: ``keepaliveExpiry``: how long an idle connection is kept (default 5 s).
         pool_shards: ``poolShards``: most connection pools to spread requests over (default 64;
-            1 for a single plain pool).
+            1 for a single plain pool); httpcore only.
+        transport: ``transport``: the HTTP stack under httpx, one of :data:`TRANSPORTS`: ``auto``
+            (default: :class:`AiohttpTransport` under asyncio when aiohttp is installed, else
+            :class:`ShardedTransport`), ``aiohttp`` or ``httpcore``.
         proxy: ``proxy``: a proxy URL; by default the environment's (``HTTPS_PROXY`` ...).
         timeout_set: Whether ``timeout`` or ``connectTimeout`` was given (they then apply to
             an injected client too).
@@ -437,6 +716,7 @@ class HTTPOptions:
     max_keepalive_connections: int | None = None
     keepalive_expiry: float | None = 5.0
     pool_shards: int = DEFAULT_POOL_SHARDS
+    transport: str = "auto"
     proxy: str | None = None
     timeout_set: bool = False
 
@@ -460,6 +740,7 @@ class HTTPOptions:
             max_keepalive_connections=reader.integer("maxKeepaliveConnections", max_connections, 0, nullable=True),
             keepalive_expiry=reader.duration("keepaliveExpiry", 5.0, nullable=True),
             pool_shards=reader.integer("poolShards", DEFAULT_POOL_SHARDS, 1),
+            transport=reader.choice("transport", TRANSPORTS, "auto"),
             proxy=reader.text("proxy"),
             timeout_set="timeout" in opts or "connectTimeout" in opts,
             **fields,
@@ -517,22 +798,76 @@ def override_headers(headers: dict[str, str], extra: Mapping[str, str]) -> dict[
     return headers
 
 
-def make_client(options: HTTPOptions, *, url: str, headers: Mapping[str, str]) -> httpx.AsyncClient:
-    """Return an ``httpx.AsyncClient`` for requests to ``url``, over a :class:`ShardedTransport`.
+def make_client(
+    options: HTTPOptions, *, url: str, headers: Mapping[str, str], transport: str | None = None,
+) -> httpx.AsyncClient:
+    """Return an ``httpx.AsyncClient`` for requests to ``url``, over the transport the options choose.
 
-    :param options: Limits, shards, proxy (by default the environment's for ``url``) and timeouts.
+    :param options: Limits, shards, proxy (by default the environment's for ``url``), timeouts
+        and the transport.
     :param url: The endpoint: it chooses the environment's proxy, and plain ``http://`` without a
         proxy skips loading the CA bundle.
     :param headers: Headers sent with every request.
+    :param transport: One of :data:`TRANSPORTS`, instead of ``options.transport``. ``auto`` gives an
+        :class:`AiohttpTransport` when called under asyncio with aiohttp installed, a
+        :class:`ShardedTransport` otherwise (under trio, or outside any event loop).
+    :raises RuntimeError: For ``aiohttp`` under another event loop than asyncio's, or without aiohttp.
     """
+    kind = _transport_kind(options.transport if transport is None else transport)
+    return httpx.AsyncClient(transport=_build_transport(options, url=url, kind=kind), headers=headers,
+                             timeout=options.httpx_timeout())
+
+
+def _transport_kind(choice: str) -> Literal["aiohttp", "httpcore"]:
+    """Return the transport ``choice`` (one of :data:`TRANSPORTS`) means here and now.
+
+    :raises RuntimeError: If ``choice`` is ``aiohttp`` and aiohttp cannot serve.
+    """
+    if choice == "httpcore":
+        return "httpcore"
+    if choice not in TRANSPORTS:
+        raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, not {choice!r}")
+    library = _async_library()
+    if library not in ("asyncio", None):
+        if choice == "auto":
+            return "httpcore"
+        raise RuntimeError(f"the aiohttp transport needs asyncio, not {library} (use transport: auto or httpcore)")
+    try:
+        import aiohttp  # noqa: F401, PLC0415 - the transport's own import, made here to choose
+    except ImportError as exc:
+        if choice == "auto":
+            return "httpcore"
+        raise RuntimeError(f"the aiohttp transport needs the aiohttp package ({exc})") from exc
+    if library is None and choice == "auto":
+        return "httpcore"  # no event loop to judge by: the transport that serves both
+    return "aiohttp"
+
+
+def _async_library() -> str | None:
+    """Return the async library running this code (``asyncio``, ``trio`` ...), or ``None``."""
+    try:
+        import sniffio  # noqa: PLC0415 - a dependency of trio: without it, only asyncio can run
+    except ImportError:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return None
+        return "asyncio"
+    try:
+        return sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        return None
+
+
+def _build_transport(options: HTTPOptions, *, url: str, kind: str) -> httpx.AsyncBaseTransport:
+    """Return the transport of kind ``aiohttp`` or ``httpcore`` for requests to ``url``."""
     proxy = options.proxy or environment_proxy(url)
     # Plain http without a proxy never uses TLS: skip loading the CA bundle.
     plain = proxy is None and url.startswith("http://")
-    transport = ShardedTransport(
-        shards=options.pool_shards, limits=options.httpx_limits(), proxy=proxy,
-        verify=ssl_context(verify=False) if plain else ssl_context(),
-    )
-    return httpx.AsyncClient(transport=transport, headers=headers, timeout=options.httpx_timeout())
+    verify = ssl_context(verify=False) if plain else ssl_context()
+    if kind == "aiohttp":
+        return AiohttpTransport(limits=options.httpx_limits(), proxy=proxy, verify=verify)
+    return ShardedTransport(shards=options.pool_shards, limits=options.httpx_limits(), proxy=proxy, verify=verify)
 
 
 # -- errors --------------------------------------------------------------------------------------
@@ -607,6 +942,14 @@ def transport_error(exc: Exception, *, provider: str, model: str | None, stream:
     except (AttributeError, RuntimeError):  # httpx raises RuntimeError when it has none
         request = None
     return ProviderError(f"{what} ({detail})", provider=provider, model=model, transient=transient, request=request)
+
+
+def _has_request(exc: httpx.RequestError) -> bool:
+    try:
+        exc.request  # noqa: B018 - httpx raises RuntimeError when it has none
+    except RuntimeError:
+        return False
+    return True
 
 
 def _body_text(response: httpx.Response) -> str | None:
@@ -754,8 +1097,12 @@ class Endpoint:
 
     The client is ``client`` when one was injected (``settings.http_client``), used with this
     endpoint's headers (and timeouts, when the options set them) on each request and never closed
-    here; otherwise :func:`make_client` builds one on first use and :meth:`aclose` closes it.
-    Every failure comes out as a :class:`~loopwright.errors.ProviderError`.
+    here; otherwise one is built at the first request, as :func:`make_client` builds it (the
+    ``transport`` option is decided then, by the event loop running it), and :meth:`aclose`
+    closes it. Requests over a client built here skip ``AsyncClient.send``: each is built from
+    the client's headers and timeouts, computed once, and handed to its transport directly (the
+    client would add only cookie handling, which an API client does not need, and event hooks,
+    which it has none of). Every failure comes out as a :class:`~loopwright.errors.ProviderError`.
 
     Attributes:
         url: The URL requests go to.
@@ -796,6 +1143,11 @@ class Endpoint:
             self._request_kwargs["headers"] = self._headers
             if options.timeout_set:
                 self._request_kwargs["timeout"] = options.httpx_timeout()
+        # With our own client: its transport, and what each request is built from.
+        self._transport: httpx.AsyncBaseTransport | None = None
+        self._target = httpx.URL()
+        self._send_headers = httpx.Headers()
+        self._extensions: dict[str, Any] = {}
 
     def __repr__(self) -> str:
         return f"Endpoint({self.url!r}, provider={self.provider!r})"
@@ -811,20 +1163,72 @@ class Endpoint:
         :raises ProviderError: For transport failures (see :func:`transport_error`), and with
             ``check`` for an error status.
         """
-        client = self.client
-        if client is None:
-            client = self.client = make_client(self.options, url=self.url, headers=self._headers)
+        transport = self._transport
+        if transport is None:
+            if not self._owns_client:
+                return await self._send_through(self.client, content, model=model, stream=stream, check=check)
+            transport = self._open(model)
+        request = httpx.Request("POST", self._target, headers=self._send_headers, content=content,
+                                extensions=self._extensions)
+        try:
+            response = await transport.handle_async_request(request)
+            response.request = request
+            if _logger.isEnabledFor(logging.INFO):  # the line AsyncClient.send logs
+                _logger.info('HTTP Request: %s %s "%s %d %s"', request.method, request.url, response.http_version,
+                             response.status_code, response.reason_phrase)
+            if not stream:
+                try:
+                    await response.aread()  # closes it
+                except BaseException:
+                    await response.aclose()
+                    raise
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:
+            if isinstance(exc, httpx.RequestError) and not _has_request(exc):
+                exc.request = request  # as AsyncClient.send does for httpcore's exceptions
+            raise self.transport_error(exc, model=model) from exc
+        return await self._checked(response, model=model, stream=stream, check=check)
+
+    async def _send_through(
+        self, client: Any, content: bytes, *, model: str | None, stream: bool, check: bool,
+    ) -> httpx.Response:
+        """:meth:`send` over an injected client, through ``client.send``."""
         request = client.build_request("POST", self.url, content=content, **self._request_kwargs)
         try:
-            response = await client.send(request, stream=stream)
+            response: httpx.Response = await client.send(request, stream=stream)
         except (httpx.HTTPError, httpx.InvalidURL) as exc:
             raise self.transport_error(exc, model=model) from exc
+        return await self._checked(response, model=model, stream=stream, check=check)
+
+    async def _checked(self, response: httpx.Response, *, model: str | None, stream: bool, check: bool,
+                       ) -> httpx.Response:
+        """Return ``response``; an error status read (closed, with ``stream``), or raised with ``check``."""
         if not response.is_success:
             if stream:
                 await self.read(response, model=model)
             if check:
                 raise self.status_error(response, model=model)
         return response
+
+    def _open(self, model: str | None) -> httpx.AsyncBaseTransport:
+        """Build this endpoint's own client, and what the requests over its transport are built from.
+
+        :raises ProviderError: If the ``transport`` option cannot be served here (``aiohttp``
+            under trio, or without aiohttp), or the URL is invalid.
+        """
+        options = self.options
+        try:
+            target = httpx.URL(self.url)
+            kind = _transport_kind(options.transport)
+        except httpx.InvalidURL as exc:
+            raise self.transport_error(exc, model=model) from exc
+        except RuntimeError as exc:
+            raise self.error(str(exc), model=model) from exc
+        transport = _build_transport(options, url=self.url, kind=kind)
+        client = httpx.AsyncClient(transport=transport, headers=self._headers, timeout=options.httpx_timeout())
+        self.client, self._transport, self._target = client, transport, target
+        self._send_headers = client.headers  # httpx's defaults (User-Agent ...) and ours
+        self._extensions = {"timeout": client.timeout.as_dict()}
+        return transport
 
     async def post(self, content: bytes, *, model: str | None, stream: bool = False) -> httpx.Response:
         """:meth:`send` with ``check``, retried as :meth:`retry` says."""
@@ -902,7 +1306,7 @@ class Endpoint:
         """Close the client if this endpoint built it; an injected one stays open."""
         client = self.client
         if client is not None and self._owns_client:
-            self.client = None
+            self.client = self._transport = None
             await client.aclose()
 
 

@@ -4,7 +4,8 @@ Tests reach everything through the ``fake`` fixture (``fake.Reply``, ``fake.mess
 ``fake.events`` ...), so nothing is imported from this file. The server is the stdlib
 ``ThreadingHTTPServer`` on 127.0.0.1 (a free port), HTTP/1.1 with keep-alive for JSON answers.
 Each test enqueues :class:`Reply` objects; when the queue is empty the server answers a plain
-``"ok"`` message. It records every request it receives (:class:`Seen`).
+``"ok"`` message. It records every request it receives (:class:`Seen`), with the client port it
+came from: one per connection, so tests can tell a reused connection from a new one.
 
 A streamed reply (``Reply(sse=[(event, data), ...])``) is written as ``text/event-stream``
 without a length, then the connection is closed; ``chunk`` writes it in pieces of that many
@@ -52,12 +53,13 @@ class Reply:
 
 @attrs.frozen(kw_only=True)
 class Seen:
-    """One request the server received."""
+    """One request the server received; ``peer`` is the client's port, one per connection."""
 
     path: str
     headers: dict[str, str]
     body: Any
     at: float
+    peer: int
 
 
 def text(value: str) -> dict[str, Any]:
@@ -187,7 +189,7 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             body = raw
         seen = Seen(path=self.path, headers={k.lower(): v for k, v in self.headers.items()},
-                    body=body, at=time.monotonic())
+                    body=body, at=time.monotonic(), peer=self.client_address[1])
         reply = self.server.fake.next_reply(seen)
         if reply.delay:
             time.sleep(reply.delay)

@@ -4,7 +4,8 @@ Tests reach everything through the ``fake`` fixture (``fake.Reply``, ``fake.comp
 ``fake.tool_call``, ``fake.sse``, ``fake.chunk``, ``fake.response`` ...), so nothing is imported
 from this file. The server is the stdlib ``ThreadingHTTPServer`` on 127.0.0.1 (a free port),
 HTTP/1.1 with keep-alive. Each test enqueues :class:`Reply` objects; when the queue is empty the
-server answers ``"ok"``. It records every request it receives (:class:`Seen`).
+server answers ``"ok"``. It records every request it receives (:class:`Seen`), with the client
+port it came from: one per connection, so tests can tell a reused connection from a new one.
 
 A reply with ``sse`` streams server-sent events: chunked transfer encoding (or, with
 ``framing="close"``, no length and the connection closed at the end), each piece written and
@@ -55,12 +56,13 @@ class Reply:
 
 @attrs.frozen(kw_only=True)
 class Seen:
-    """One request the server received."""
+    """One request the server received; ``peer`` is the client's port, one per connection."""
 
     path: str
     headers: dict[str, str]
     body: Any
     at: float
+    peer: int
 
 
 def completion(
@@ -186,7 +188,7 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             body = raw
         seen = Seen(path=self.path, headers={k.lower(): v for k, v in self.headers.items()},
-                    body=body, at=time.monotonic())
+                    body=body, at=time.monotonic(), peer=self.client_address[1])
         reply = self.server.fake.next_reply(seen)
         if reply.delay:
             time.sleep(reply.delay)

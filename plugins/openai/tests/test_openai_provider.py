@@ -15,6 +15,7 @@ from loopwright._plugins import PluginHost
 from loopwright._types import Message, ModelRequest, ToolCall, ToolSpec, ToolStatus, Transcript
 from loopwright.abc import ProviderSettings
 from loopwright.errors import ConfigError, ProviderError
+from loopwright.http import AiohttpTransport, ShardedTransport
 from loopwright_openai import OpenAIProvider, _wire
 
 pytestmark = pytest.mark.anyio
@@ -403,8 +404,13 @@ async def test_injected_client_is_used_and_left_open(fake, make_provider):
         assert fake.seen[0].headers["authorization"] == "Bearer sk-inj"
 
 
-async def test_burst_of_200_concurrent_requests(fake, make_provider):
-    """200 concurrent requests all complete, spread over several connection pools."""
+def default_transport(anyio_backend: str) -> type:
+    """The transport ``transport: auto`` picks: aiohttp's under asyncio, the sharded httpcore pools under trio."""
+    return AiohttpTransport if anyio_backend == "asyncio" else ShardedTransport
+
+
+async def test_burst_of_200_concurrent_requests(fake, make_provider, anyio_backend):
+    """200 concurrent requests all complete, over many connections (and, over httpcore, several pools)."""
     results: list[str | None] = []
 
     async def one(i: int) -> None:
@@ -416,20 +422,34 @@ async def test_burst_of_200_concurrent_requests(fake, make_provider):
             async with anyio.create_task_group() as tg:
                 for i in range(200):
                     tg.start_soon(one, i)
-        pools = len(provider._client._transport._pools)
+        transport = provider._client._transport
+        pools = len(transport._pools) if isinstance(transport, ShardedTransport) else None
+    assert isinstance(transport, default_transport(anyio_backend))
     assert results == ["ok"] * 200
     assert len(fake.seen) == 200
-    assert pools > 1
+    assert len({s.peer for s in fake.seen}) > 1
+    assert pools is None or pools > 1
 
 
-async def test_sequential_requests_reuse_one_pool_and_connection(fake, make_provider):
-    """One request at a time stays on one pool, over one kept-alive connection."""
+async def test_sequential_requests_reuse_one_pool_and_connection(fake, make_provider, anyio_backend):
+    """One request at a time goes over one kept-alive connection (over httpcore, in one pool)."""
     async with make_provider() as provider:
         for _ in range(5):
             await provider.complete(request())
         transport = provider._client._transport
-        assert len(transport._pools) == 1
-        assert transport._in_flight == [0]
+        assert isinstance(transport, default_transport(anyio_backend))
+        if isinstance(transport, ShardedTransport):
+            assert len(transport._pools) == 1
+            assert transport._in_flight == [0]
+    assert len(fake.seen) == 5
+    assert len({s.peer for s in fake.seen}) == 1
+
+
+async def test_transport_option_forces_httpcore(fake, make_provider):
+    """transport: httpcore uses the sharded httpcore pools under either event loop."""
+    async with make_provider(transport="httpcore") as provider:
+        assert (await provider.complete(request())).message.content == "ok"
+        assert isinstance(provider._client._transport, ShardedTransport)
 
 
 async def test_aclose_closes_the_built_client(fake, make_provider):

@@ -11,6 +11,7 @@ import loopwright
 import loopwright_openai
 from loopwright._types import Message, ModelRequest, StreamDelta, ToolCall, ToolSpec
 from loopwright.errors import ProviderError
+from loopwright.http import AiohttpTransport, ShardedTransport
 
 pytestmark = pytest.mark.anyio
 
@@ -495,16 +496,28 @@ async def test_a_json_answer_to_a_stream_request(fake, make_provider):
     assert done.response.message.tool_calls[0].id == "c1"
 
 
+def in_use(transport) -> int:
+    """The connections (or, over httpcore, the requests) a transport has in flight."""
+    if isinstance(transport, ShardedTransport):
+        return sum(transport._in_flight)
+    assert isinstance(transport, AiohttpTransport)
+    return len(transport._session.connector._acquired)
+
+
 async def test_stream_releases_its_connection(fake, make_provider):
-    """After a stream, whole or broken, the pool has nothing in flight and the connection is reused."""
-    fake.enqueue(fake.sse(*hello_events(fake)), fake.sse(fake.chunk("x"), done=False, cut=True),
-                 fake.sse(*hello_events(fake)))
+    """A whole stream gives its connection back for reuse; a broken one's is closed; nothing stays in flight."""
+    fake.enqueue(fake.sse(*hello_events(fake)), fake.sse(*hello_events(fake)),
+                 fake.sse(fake.chunk("x"), done=False, cut=True), fake.sse(*hello_events(fake)))
     async with make_provider(maxRetries=0) as provider:
+        await collect(provider)
         await collect(provider)
         with pytest.raises(ProviderError):
             await collect(provider)
         await collect(provider)
-        assert provider._client._transport._in_flight == [0]
+        assert in_use(provider._client._transport) == 0
+    first, second, broken, after = (s.peer for s in fake.seen)
+    assert first == second == broken
+    assert after != broken
 
 
 async def test_stopping_early_closes_the_stream(fake, make_provider):
@@ -513,9 +526,10 @@ async def test_stopping_early_closes_the_stream(fake, make_provider):
     async with make_provider() as provider:
         agen = provider.stream(request())
         first = await agen.__anext__()
+        assert in_use(provider._client._transport) == 1
         await agen.aclose()
         assert first.text == "Hel"
-        assert provider._client._transport._in_flight == [0]
+        assert in_use(provider._client._transport) == 0
 
 
 async def test_request_body_of_a_stream_keeps_the_chat_shape(fake, make_provider):
