@@ -262,13 +262,17 @@ class _CountedStream(httpx.AsyncByteStream):
         await self._stream.aclose()
 
 
-@functools.cache
 def ssl_context(*, verify: bool = True, trust_env: bool = True) -> ssl.SSLContext:
     """Return an SSL context as httpx builds it, made once per process and then shared.
 
     Loading the CA bundle takes about 40 ms; an SSL context may serve any number of
     connections, clients and threads.
     """
+    return _ssl_context(verify, trust_env)  # one cache entry per value, however it is passed
+
+
+@functools.cache
+def _ssl_context(verify: bool, trust_env: bool) -> ssl.SSLContext:
     return httpx.create_ssl_context(verify=verify, trust_env=trust_env)
 
 
