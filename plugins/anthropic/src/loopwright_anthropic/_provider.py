@@ -46,8 +46,8 @@ _CACHE_PARTS = ("system", "tools", "messages")
 class _Options(HTTPOptions):
     """The provider's options, read from the assembly's provider mapping (camelCase keys).
 
-    The HTTP ones (timeouts, connections, ``poolShards``, ``proxy``, ``headers``, retries) are
-    those of :class:`~loopwright.http.HTTPOptions`; these are the provider's own.
+    The HTTP ones (timeouts, connections, ``transport``, ``poolShards``, ``proxy``, ``headers``,
+    retries) are those of :class:`~loopwright.http.HTTPOptions`; these are the provider's own.
 
     Attributes:
         anthropic_version: ``anthropicVersion``: the ``anthropic-version`` header.
@@ -161,9 +161,11 @@ class AnthropicProvider(Provider):
     ``beta``                     ``anthropic-beta`` feature names (string or list)
     ``headers``                  extra request headers
     ``maxConnections``           most open connections, default 1000
-    ``maxKeepaliveConnections``  most idle connections kept, default ``maxConnections``
+    ``maxKeepaliveConnections``  most idle connections kept, default ``maxConnections`` (httpcore)
     ``keepaliveExpiry``          idle connection lifetime, default 5 s
-    ``poolShards``               connection pools to spread load over, default 64
+    ``transport``                ``auto`` (aiohttp under asyncio, httpcore under trio),
+                                 ``aiohttp`` or ``httpcore``
+    ``poolShards``               httpcore pools to spread load over, default 64
     ``proxy``                    proxy URL, default from the environment
     ``priceProvider``            genai-prices provider id for costs (default ``anthropic``
                                  towards api.anthropic.com, else none: prices unknown unless

@@ -57,8 +57,8 @@ _NULL_REFUSED = re.compile(
 class _Options(HTTPOptions):
     """The provider's options, read from the assembly's provider mapping (camelCase keys).
 
-    The HTTP ones (timeouts, connections, ``poolShards``, ``proxy``, ``headers``, retries) are
-    those of :class:`~loopwright.http.HTTPOptions`; these are the provider's own.
+    The HTTP ones (timeouts, connections, ``transport``, ``poolShards``, ``proxy``, ``headers``,
+    retries) are those of :class:`~loopwright.http.HTTPOptions`; these are the provider's own.
 
     Attributes:
         organization: ``organization``: sent as ``OpenAI-Organization``.
@@ -183,9 +183,11 @@ class OpenAIProvider(Provider):
     ``organization``            ``OpenAI-Organization`` header; ``project``: ``OpenAI-Project``
     ``maxTokensField``          ``max_tokens`` (default) or ``max_completion_tokens`` (chat)
     ``maxConnections``          most open connections, default 1000
-    ``maxKeepaliveConnections`` most idle connections kept, default ``maxConnections``
+    ``maxKeepaliveConnections`` most idle connections kept, default ``maxConnections`` (httpcore)
     ``keepaliveExpiry``         idle connection lifetime, default 5 s
-    ``poolShards``              connection pools to spread load over, default 64
+    ``transport``               ``auto`` (aiohttp under asyncio, httpcore under trio),
+                                ``aiohttp`` or ``httpcore``
+    ``poolShards``              httpcore pools to spread load over, default 64
     ``proxy``                   proxy URL, default from the environment
     ``priceProvider``           genai-prices provider id for costs (default ``openai`` towards
                                 api.openai.com, else none: prices unknown unless overridden)
