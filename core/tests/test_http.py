@@ -47,6 +47,15 @@ def test_importing_loopwright_does_not_import_the_module_or_httpx():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_aiohttp_is_imported_only_to_build_its_transport():
+    """Importing loopwright.http (or a provider on it) leaves aiohttp unimported until a transport needs it."""
+    code = ("import sys, loopwright.http, loopwright_openai, loopwright_anthropic\n"
+            "assert 'aiohttp' not in sys.modules\n"
+            "loopwright.http.AiohttpTransport()\n"
+            "assert 'aiohttp' in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 # -- options -------------------------------------------------------------------------------------
 
 

@@ -1214,8 +1214,9 @@ class Endpoint:
         """
         transport = self._transport
         if transport is None:
-            if not self._owns_client:
-                return await self._send_through(self.client, content, model=model, stream=stream, check=check)
+            client = self.client
+            if client is not None and not self._owns_client:
+                return await self._send_through(client, content, model=model, stream=stream, check=check)
             transport = self._open(model)
         request = httpx.Request("POST", self._target, headers=self._send_headers, content=content,
                                 extensions=self._extensions)
@@ -1238,12 +1239,12 @@ class Endpoint:
         return await self._checked(response, model=model, stream=stream, check=check)
 
     async def _send_through(
-        self, client: Any, content: bytes, *, model: str | None, stream: bool, check: bool,
+        self, client: httpx.AsyncClient, content: bytes, *, model: str | None, stream: bool, check: bool,
     ) -> httpx.Response:
         """:meth:`send` over an injected client, through ``client.send``."""
         request = client.build_request("POST", self.url, content=content, **self._request_kwargs)
         try:
-            response: httpx.Response = await client.send(request, stream=stream)
+            response = await client.send(request, stream=stream)
         except (httpx.HTTPError, httpx.InvalidURL) as exc:
             raise self.transport_error(exc, model=model) from exc
         return await self._checked(response, model=model, stream=stream, check=check)
