@@ -12,16 +12,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import gc
 import gzip
 import http.client
 import json
+import select
+import shutil
 import socket
+import ssl
+import subprocess
 import sys
 import threading
 import time
 import warnings
 from collections.abc import AsyncIterator, Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
@@ -153,6 +159,24 @@ class _Proxy(BaseHTTPRequestHandler):
         self.wfile.write(data)
         upstream.close()
 
+    def do_CONNECT(self) -> None:
+        """Open a tunnel to ``host:port`` and pipe bytes both ways until either side hangs up."""
+        self.server.seen.append(Seen(target=self.path, peer=self.client_address[1],
+                                     headers=list(self.headers.items()), body=b""))
+        host, port = self.path.rsplit(":", 1)
+        with socket.create_connection((host, int(port))) as upstream:
+            self.send_response(200, "Connection established")
+            self.end_headers()
+            ends = {self.connection: upstream, upstream: self.connection}
+            while True:
+                readable, _, _ = select.select(list(ends), [], [], 5)
+                chunks = [(sock, sock.recv(65536)) for sock in readable]
+                if not readable or not all(data for _, data in chunks):
+                    break
+                for sock, data in chunks:
+                    ends[sock].sendall(data)
+        self.close_connection = True
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
         pass
 
@@ -167,8 +191,10 @@ class _Server(ThreadingHTTPServer):
         pass  # a client that hung up on purpose
 
 
-def _serve(handler: type[BaseHTTPRequestHandler]) -> Iterator[_Server]:
+def _serve(handler: type[BaseHTTPRequestHandler], tls: ssl.SSLContext | None = None) -> Iterator[_Server]:
     server = _Server(("127.0.0.1", 0), handler)
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
     server.seen = []
     server.release = threading.Event()
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True)
@@ -191,8 +217,35 @@ def proxy() -> Iterator[_Server]:
     yield from _serve(_Proxy)
 
 
-def url(server: _Server, path: str = "echo") -> str:
-    return f"http://127.0.0.1:{server.server_address[1]}/v1/{path}"
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and its key, made with the openssl command."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("needs the openssl command to make a certificate")
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-keyout", str(key),
+                    "-out", str(cert), "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    return cert, key
+
+
+@pytest.fixture
+def tls_server(certificate: tuple[Path, Path]) -> Iterator[_Server]:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(*certificate)
+    yield from _serve(_Handler, tls=context)
+
+
+@pytest.fixture
+def trusting(certificate: tuple[Path, Path]) -> ssl.SSLContext:
+    """A client SSL context that trusts the test certificate."""
+    return ssl.create_default_context(cafile=str(certificate[0]))
+
+
+def url(server: _Server, path: str = "echo", scheme: str = "http") -> str:
+    return f"{scheme}://127.0.0.1:{server.server_address[1]}/v1/{path}"
 
 
 def free_port() -> int:
@@ -523,7 +576,7 @@ async def test_cancelling_before_the_answer_leaves_the_pool_usable(server, closi
     assert response.status_code == 200
 
 
-def test_each_event_loop_gets_its_own_session(server):
+def test_each_event_loop_gets_its_own_session(server, caplog):
     """Used from a second asyncio.run, the transport builds a new session and quietly drops the old one."""
     transport = AiohttpTransport()
 
@@ -542,7 +595,9 @@ def test_each_event_loop_gets_its_own_session(server):
         asyncio.run(transport.aclose())  # from a third loop: dropped, not awaited
         assert second.closed
         del first, second
-    assert not [w for w in caught if "Unclosed" in str(w.message)]
+        gc.collect()  # the dropped sessions, and their idle sockets (closed now, with asyncio's ResourceWarning)
+    assert not [w for w in caught if "Unclosed" in str(w.message)]  # aiohttp's own, about sessions and connectors
+    assert "Unclosed" not in caplog.text  # nor its error log
     assert len(server.seen) == 2
 
 
@@ -595,6 +650,36 @@ async def test_a_proxy_that_refuses_is_a_proxy_error(server, closing):
     await ep.aclose()
     assert info.value.transient
     assert not server.seen
+
+
+async def test_https_with_a_trusted_certificate(tls_server, trusting, closing):
+    """TLS to the server works with an SSL context that trusts its certificate."""
+    transport = closing(AiohttpTransport(verify=trusting))
+    response = await transport.handle_async_request(
+        httpx.Request("POST", url(tls_server, scheme="https"), content=b"x"))
+    await response.aread()
+    assert response.json()["body"] == "x"
+
+
+async def test_https_with_an_untrusted_certificate_is_a_connect_error(tls_server, closing):
+    """The default context does not trust a self-signed certificate: ConnectError, nothing sent."""
+    transport = closing(AiohttpTransport())
+    with pytest.raises(httpx.ConnectError, match="certificate"):
+        await transport.handle_async_request(httpx.Request("POST", url(tls_server, scheme="https")))
+    assert not tls_server.seen
+
+
+async def test_https_through_a_proxy_is_tunnelled_with_connect(tls_server, proxy, trusting, closing):
+    """An https request through an http proxy goes through a CONNECT tunnel, TLS end to end."""
+    proxy_url = f"http://127.0.0.1:{proxy.server_address[1]}"
+    transport = closing(AiohttpTransport(verify=trusting, proxy=proxy_url))
+    for body in (b"1", b"2"):
+        response = await transport.handle_async_request(
+            httpx.Request("POST", url(tls_server, scheme="https"), content=body))
+        await response.aread()
+        assert response.json()["body"] == body.decode()
+    assert [s.target for s in proxy.seen] == [f"127.0.0.1:{tls_server.server_address[1]}"]  # one tunnel, kept alive
+    assert len(tls_server.seen) == 2
 
 
 def test_the_transport_uses_the_shared_ssl_context():
