@@ -30,13 +30,24 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TypeVar
 
+import aiohttp
 import anyio
 import attrs
 import httpx
 import pytest
+from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
 
 from loopwright.errors import ProviderError
-from loopwright.http import AiohttpTransport, Endpoint, HTTPOptions, ShardedTransport, make_client, ssl_context
+from loopwright.http import (
+    AiohttpTransport,
+    Endpoint,
+    HTTPOptions,
+    ShardedTransport,
+    _httpx_error,
+    make_client,
+    ssl_context,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -498,6 +509,31 @@ async def test_a_url_that_is_not_http_is_refused_before_sending(closing):
     with pytest.raises(ProviderError, match="the request could not be sent") as info:
         await ep.send(b"{}", model="m")
     assert not info.value.transient
+
+
+def _proxy_refusal() -> Exception:
+    info = aiohttp.RequestInfo(URL("http://h"), "CONNECT", CIMultiDictProxy(CIMultiDict()), URL("http://h"))
+    return aiohttp.ClientHttpProxyError(info, (), status=407, message="Proxy Authentication Required")
+
+
+@pytest.mark.parametrize(("failure", "reading", "expected"), [
+    (aiohttp.ServerDisconnectedError(), False, httpx.RemoteProtocolError),
+    (aiohttp.ClientPayloadError("not complete"), True, httpx.RemoteProtocolError),
+    (aiohttp.SocketTimeoutError("Timeout on reading data from socket"), True, httpx.ReadTimeout),
+    (TimeoutError(), False, httpx.ReadTimeout),
+    (aiohttp.ClientOSError(104, "Connection reset by peer"), True, httpx.ReadError),
+    (aiohttp.ClientConnectionError("Connection closed"), True, httpx.ReadError),
+    (_proxy_refusal(), False, httpx.ProxyError),
+    (aiohttp.InvalidURL("http://[x"), False, httpx.UnsupportedProtocol),
+    (ValueError("Newline or carriage return character detected in HTTP header"), False, httpx.LocalProtocolError),
+    (RuntimeError("?"), False, httpx.TransportError),
+], ids=lambda value: type(value).__name__ if isinstance(value, BaseException) else None)
+def test_aiohttp_failures_map_to_httpx_exceptions(failure, reading, expected):
+    """Each aiohttp (or OS) failure becomes the httpx exception transport_error reads the same way."""
+    request = httpx.Request("POST", "http://h/v1")
+    mapped = _httpx_error(failure, request, reading=reading)
+    assert type(mapped) is expected
+    assert mapped.request is request
 
 
 async def test_timeouts_are_built_once_per_set_of_values(closing):

@@ -493,6 +493,8 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                 request.method, self._url_type(str(url), encoded=True), data=body or None, headers=headers,
                 timeout=self._timeout(request.extensions.get("timeout")), proxy=self._proxy, allow_redirects=False,
             )
+        except httpx.HTTPError:  # from a streaming request body, say: already httpx's
+            raise
         except Exception as exc:
             raise _httpx_error(exc, request) from exc
         return httpx.Response(
@@ -541,7 +543,7 @@ class _AiohttpStream(httpx.AsyncByteStream):
             chunk = await self._content.readany()
         except BaseException as exc:
             self._response.close()
-            if isinstance(exc, Exception):
+            if isinstance(exc, Exception) and not isinstance(exc, httpx.HTTPError):
                 raise _httpx_error(exc, self._request, reading=True) from exc
             raise
         if not chunk:
@@ -552,7 +554,7 @@ class _AiohttpStream(httpx.AsyncByteStream):
         self._response.close()  # a no-op for a body read to its end: aiohttp released it then
 
 
-def _httpx_error(exc: Exception, request: httpx.Request, *, reading: bool = False) -> Exception:  # noqa: PLR0911
+def _httpx_error(exc: Exception, request: httpx.Request, *, reading: bool = False) -> httpx.HTTPError:  # noqa: PLR0911
     """Return the httpx exception that says what the aiohttp (or OS) exception ``exc`` means.
 
     :param reading: Whether ``exc`` came while reading the response body.
@@ -560,8 +562,6 @@ def _httpx_error(exc: Exception, request: httpx.Request, *, reading: bool = Fals
     import aiohttp  # noqa: PLC0415 - imported by the transport already
 
     message = str(exc) or type(exc).__name__
-    if isinstance(exc, httpx.HTTPError):
-        return exc
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
         return _connect_timeout(exc, message, request)
     if isinstance(exc, TimeoutError):  # SocketTimeoutError, ServerTimeoutError, a bare asyncio one
