@@ -17,7 +17,9 @@ store (default options) in a new folder under ``$LOOPWRIGHT_BENCH_STORES`` (defa
 repository's ``bench/out/stores``, kept afterwards; bench/run.py's docstring says why not
 /tmp); the tool registered by a plugin object passed to
 ``Runtime(assembly, plugins=[...])``; and one fresh instance per run (``start_agent`` then
-``result``). Nothing of loopwright's is switched off.
+``result``). Nothing of loopwright's is switched off. The provider's HTTP stack is its default
+(``transport: auto``: aiohttp under asyncio); ``LOOPWRIGHT_BENCH_TRANSPORT=httpcore`` runs it
+over httpx's own httpcore pool instead.
 """
 # ruff: noqa: E402, I001, PTH100, PTH103, PTH118, PTH120, RUF012  (the shape of the shared harness's template)
 import time; _T0 = time.perf_counter()  # noqa: E702
@@ -60,12 +62,15 @@ class Peer(harness.Peer):
 
     async def setup(self, base_url, api_key):
         self._stack = contextlib.AsyncExitStack()
+        # LOOPWRIGHT_BENCH_TRANSPORT=httpcore measures the provider over httpx's own stack.
+        transport = {"transport": os.environ["LOOPWRIGHT_BENCH_TRANSPORT"]} if os.environ.get(
+            "LOOPWRIGHT_BENCH_TRANSPORT") else {}
         stores = os.environ.get("LOOPWRIGHT_BENCH_STORES") or os.path.join(os.path.dirname(_HERE), "out", "stores")
         os.makedirs(stores, exist_ok=True)
         tmp = tempfile.mkdtemp(prefix=time.strftime("%Y%m%d-%H%M%S-peer-"), dir=stores)
         assembly = load_assembly({
             "store": {"kind": "file", "path": os.path.join(tmp, "instances")},
-            "providers": {"bench": {"kind": "openai", "baseUrl": base_url, "apiKey": api_key}},
+            "providers": {"bench": {"kind": "openai", "baseUrl": base_url, "apiKey": api_key, **transport}},
         })
         self.rt = await self._stack.enter_async_context(loopwright.Runtime(assembly, plugins=[_Tools()]))
         self.definition = loopwright.Definition(
