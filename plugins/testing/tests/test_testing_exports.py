@@ -7,7 +7,7 @@ import importlib.metadata
 import pytest
 
 import loopwright_testing
-from loopwright_testing import contract, pytest_plugin
+from loopwright_testing import contract, pytest_plugin, store_contract
 
 
 def test_all_is_sorted_and_complete():
@@ -17,7 +17,7 @@ def test_all_is_sorted_and_complete():
     for name in loopwright_testing.__all__:
         assert getattr(loopwright_testing, name) is not None
         assert name in dir(loopwright_testing)
-    for module in (contract, pytest_plugin):
+    for module in (contract, pytest_plugin, store_contract):
         assert module.__all__ == sorted(module.__all__)
         assert all(hasattr(module, name) for name in module.__all__)
 

@@ -11,7 +11,8 @@ For Python tests there is :class:`FakeProvider` (``enqueue()`` and ``history``),
 helpers :func:`text`, :func:`reply`, :func:`tool_call` and :func:`error`,
 :func:`register_plugin`, and the pytest fixtures ``fake_provider``, ``runtime`` and ``pm``
 (module :mod:`loopwright_testing.pytest_plugin`, loaded by pytest automatically).
-Third-party providers check themselves with :class:`loopwright_testing.contract.ProviderContract`.
+Third-party providers check themselves with :class:`loopwright_testing.contract.ProviderContract`,
+and stores with :class:`loopwright_testing.store_contract.StoreContract`.
 """
 
 from __future__ import annotations
