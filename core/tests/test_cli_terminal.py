@@ -112,3 +112,14 @@ def test_live_display_prints_deltas_and_the_report_does_not_repeat_them(capsys: 
                          text="streamed answer")
     assert report(result, settings, turns=1) == 0
     assert capsys.readouterr().out == "\n"
+
+
+def test_token_summary_names_calls_without_counts() -> None:
+    """The token part of a summary line says how many model calls came back without counts."""
+    from loopwright.cli._output import format_tokens  # noqa: PLC0415
+
+    assert format_tokens({"inputTokens": 1000, "outputTokens": 234, "totalTokens": 1234}) == (
+        "1,234 tokens (1,000 in, 234 out)")
+    assert format_tokens({"inputTokens": 10, "outputTokens": 2, "unreportedRequests": 1}) == (
+        "12 tokens (10 in, 2 out; 1 call not counted)")
+    assert format_tokens({"unreportedRequests": 3}, unit="") == "0 (0 in, 0 out; 3 calls not counted)"

@@ -10,6 +10,7 @@ from helpers import Harness, call, defn, make_runtime, records_of, reply, run_to
 import loopwright
 from loopwright import Cost, Usage
 from loopwright._pricing import PriceTable
+from loopwright._runtime import usage_to_json
 
 
 def usage(inp: int = 0, out: int = 0, cached: int | None = None, written: int | None = None) -> Usage:
@@ -142,3 +143,43 @@ async def test_free_provider_gives_a_known_zero_cost(tmp_path: Path) -> None:
     async with make_runtime(tmp_path, Harness(reply("hi"))) as rt:
         _, result = await run_to_rest(rt, defn())
         assert result.cost == Cost(amount=0.0)
+
+
+def test_a_call_without_token_counts_has_an_unknown_price() -> None:
+    """Usage with an unreported request costs None even with a known price; a free provider stays 0."""
+    table = PriceTable({"openai:gpt-4o-mini": {"input": 1.0, "output": 2.0}})
+    unreported = Usage(requests=1, unreported_requests=1)
+    assert table.cost(unreported, model="gpt-4o-mini", price_provider="openai") == Cost(amount=None)
+    assert table.cost(usage(10, 10), model="gpt-4o-mini", price_provider="openai").amount is not None
+    assert PriceTable().cost(unreported, model="x", price_provider=None, free=True) == Cost(amount=0.0)
+
+
+def test_unreported_requests_add_up() -> None:
+    """Usage sums unreported_requests like requests."""
+    total = Usage(requests=1, unreported_requests=1) + Usage(input_tokens=5, requests=1) + Usage(
+        requests=1, unreported_requests=1)
+    assert (total.requests, total.unreported_requests, total.input_tokens) == (3, 2, 5)
+
+
+@pytest.mark.anyio
+async def test_a_provider_that_counts_nothing_makes_the_cost_unknown(tmp_path: Path) -> None:
+    """A provider returning the default Usage() is one request without counts: cost None, never 0.
+
+    The turn record, the header and the JSON result say how many calls were not counted.
+    """
+    h = Harness(reply(None, call("noop"), usage=Usage()), reply("done"), tools=[noop], priced=True)
+    pricing = {"s:m": {"input": 1.0, "output": 10.0}}
+    async with make_runtime(tmp_path, h, pricing=pricing) as rt:
+        run, result = await run_to_rest(rt, defn(tools=[noop]))
+        assert (result.usage.requests, result.usage.unreported_requests) == (2, 1)
+        assert result.cost.amount is None
+        first, second = records_of(await rt.records(run.instance_id), "turn")
+        assert first["cost"] is None
+        assert first["usage"]["unreportedRequests"] == 1
+        assert second["cost"] == pytest.approx(11.0 / 1_000_000)
+        header = await rt.store.read_header(run.instance_id)
+        assert header["usage"]["unreportedRequests"] == 1
+        assert usage_to_json(result.usage)["unreportedRequests"] == 1
+    async with make_runtime(tmp_path, Harness(tools=[noop], priced=True), pricing=pricing) as rt2:
+        again = (await rt2.get_agent(run.instance_id)).inst.result()
+        assert (again.usage.unreported_requests, again.cost.amount) == (1, None)

@@ -398,6 +398,8 @@ class Loop:
         t0 = time.perf_counter()
         if response is None:
             response, served = await self._call_model(run, request, ref)
+            if not response.usage.requests:  # the provider left Usage() as it was
+                response = attrs.evolve(response, usage=_one_request(response.usage))
         latency = time.perf_counter() - t0
         impls = self.rt.hook_impls(inst.definition, "loopwright_after_inference")
         if impls:
@@ -990,6 +992,15 @@ def _position(order: Mapping[str, int], message: Message) -> int:
     if message.role == "tool":
         return order.get(message.tool_call_id or "", 1 << 30)
     return 1 << 31
+
+
+def _one_request(usage: Usage) -> Usage:
+    """Return the usage of a call whose provider did not count it (``requests`` 0): one request.
+
+    Without token counts it is also one ``unreported_requests``, so its cost is unknown, not 0.
+    """
+    counted = bool(usage.input_tokens or usage.output_tokens)
+    return attrs.evolve(usage, requests=1, unreported_requests=usage.unreported_requests or int(not counted))
 
 
 def _unique_ids(calls: Sequence[ToolCall], turn: int) -> tuple[ToolCall, ...]:

@@ -47,6 +47,8 @@ class PriceTable:
             return UNKNOWN_COST
         if price is True:
             return ZERO_COST
+        if usage.unreported_requests:
+            return UNKNOWN_COST  # tokens the provider did not count have an unknown price
         if isinstance(price, tuple):
             inp, out, cache_read, cache_write = price
             cached = usage.cache_read_tokens or 0

@@ -1074,7 +1074,10 @@ def result_to_json(result: AgentResult) -> dict[str, Any]:
 
 
 def usage_to_json(usage: Usage) -> dict[str, Any]:
-    """Return ``{inputTokens, outputTokens, totalTokens}`` (always) plus the counts that are known."""
+    """Return ``{inputTokens, outputTokens, totalTokens}`` (always) plus the counts that are known.
+
+    ``unreportedRequests`` appears when some model calls came back without token counts.
+    """
     out: dict[str, Any] = {"inputTokens": usage.input_tokens, "outputTokens": usage.output_tokens,
                            "totalTokens": usage.total_tokens}
     known = (("cacheReadTokens", usage.cache_read_tokens), ("cacheWriteTokens", usage.cache_write_tokens),
@@ -1082,6 +1085,8 @@ def usage_to_json(usage: Usage) -> dict[str, Any]:
     out.update({key: value for key, value in known if value is not None})
     if usage.requests:
         out["requests"] = usage.requests
+    if usage.unreported_requests:
+        out["unreportedRequests"] = usage.unreported_requests
     return out
 
 

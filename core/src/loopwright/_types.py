@@ -90,6 +90,10 @@ class Usage:
         cache_write_tokens: Prompt tokens written to the provider's cache.
         reasoning_tokens: Output tokens spent on hidden reasoning.
         requests: How many model calls this covers.
+        unreported_requests: How many of those calls came back without token counts (some
+            OpenAI-compatible servers, a stream without its usage chunk). Their tokens are not
+            in the counts above, so the counts are a lower bound, and any cost that covers
+            them is unknown (``None``), never 0.
     """
 
     input_tokens: int = 0
@@ -99,6 +103,7 @@ class Usage:
     cache_write_tokens: int | None = None
     reasoning_tokens: int | None = None
     requests: int = 0
+    unreported_requests: int = 0
 
     def __add__(self, other: Usage) -> Usage:
         """Sum two usages; an optional count stays ``None`` only when both are ``None``."""
@@ -110,6 +115,7 @@ class Usage:
             cache_write_tokens=_add_opt(self.cache_write_tokens, other.cache_write_tokens),
             reasoning_tokens=_add_opt(self.reasoning_tokens, other.reasoning_tokens),
             requests=self.requests + other.requests,
+            unreported_requests=self.unreported_requests + other.unreported_requests,
         )
 
 

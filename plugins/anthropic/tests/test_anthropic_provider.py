@@ -612,3 +612,15 @@ def test_importing_the_plugin_does_not_import_httpx():
     code = ("import sys, loopwright_anthropic; "
             "assert 'httpx' not in sys.modules and 'loopwright_anthropic._provider' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize(("raw", "unreported"), [
+    (None, 1), ({}, 1), ({"cache_read_input_tokens": 3}, 1), ({"input_tokens": 4}, 0),
+    ({"input_tokens": 4, "output_tokens": 2}, 0),
+])
+def test_usage_without_token_counts_is_unreported(raw, unreported):
+    """No input and no output count means the request was not counted (its cost is unknown)."""
+    from loopwright_anthropic import _wire  # noqa: PLC0415
+
+    usage = _wire.decode_usage(raw)
+    assert (usage.requests, usage.unreported_requests) == (1, unreported)

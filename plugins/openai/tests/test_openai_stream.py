@@ -129,13 +129,14 @@ async def test_content_filter_finish_reason(fake, make_provider):
     assert done.response.message.content == "par"
 
 
-async def test_a_stream_without_usage_counts_zero_tokens(fake, make_provider):
-    """A server that never sends usage gives zero counts for one request."""
+async def test_a_stream_without_usage_is_one_request_without_counts(fake, make_provider):
+    """A server that never sends usage gives one request marked unreported (its cost is unknown)."""
     fake.enqueue(fake.sse(fake.chunk("ok"), fake.chunk(finish_reason="stop")))
     async with make_provider() as provider:
         _, done = await collect(provider)
     usage = done.response.usage
     assert (usage.input_tokens, usage.output_tokens, usage.total_tokens, usage.requests) == (0, 0, 0, 1)
+    assert usage.unreported_requests == 1
 
 
 async def test_usage_in_the_last_choice_chunk_and_no_done_line(fake, make_provider):

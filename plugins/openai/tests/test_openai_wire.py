@@ -301,3 +301,18 @@ def test_chat_stream_reassembles_any_split(text, arguments, cuts, repeat):
     assert answer.message.content == (text or None)
     assert answer.message.tool_calls == (ToolCall(id="call_1", name="t", arguments=arguments),)
     assert "".join(d.text for d in deltas if d.kind == "arguments").rstrip("\n") == raw
+
+
+@pytest.mark.parametrize(("raw", "unreported"), [
+    (None, 1), ({}, 1), ({"total_tokens": 7}, 1), ({"prompt_tokens": 0, "completion_tokens": 0}, 0),
+    ({"prompt_tokens": 5}, 0), ({"prompt_tokens": 5, "completion_tokens": 2}, 0),
+])
+def test_usage_without_token_counts_is_unreported(raw, unreported):
+    """Chat and Responses usage: no input and no output count means the request was not counted."""
+    from loopwright_openai import _responses  # noqa: PLC0415
+
+    assert _wire.decode_usage(raw).unreported_requests == unreported
+    assert _wire.decode_usage(raw).requests == 1
+    names = {"prompt_tokens": "input_tokens", "completion_tokens": "output_tokens"}
+    renamed = None if raw is None else {names.get(k, k): v for k, v in raw.items()}
+    assert _responses.decode_usage(renamed).unreported_requests == unreported

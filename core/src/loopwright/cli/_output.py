@@ -76,11 +76,16 @@ def format_cost(amount: float | None, currency: str = "USD") -> str:
 
 
 def format_tokens(usage: Mapping[str, Any] | None, unit: str = " tokens") -> str:
-    """``1,234 tokens (1,000 in, 234 out)`` from a camelCase usage mapping."""
+    """``1,234 tokens (1,000 in, 234 out)`` from a camelCase usage mapping.
+
+    Calls that came back without token counts are named: ``... out; 2 calls not counted)``.
+    """
     usage = usage or {}
     given_in, given_out = int(usage.get("inputTokens") or 0), int(usage.get("outputTokens") or 0)
     total = int(usage.get("totalTokens") or 0) or given_in + given_out
-    return f"{total:,}{unit} ({given_in:,} in, {given_out:,} out)"
+    unreported = int(usage.get("unreportedRequests") or 0)
+    missing = f"; {unreported} call{'s' if unreported != 1 else ''} not counted" if unreported else ""
+    return f"{total:,}{unit} ({given_in:,} in, {given_out:,} out{missing})"
 
 
 def _when(stamp: Any) -> str:

@@ -477,9 +477,12 @@ def decode_usage(usage: Any) -> Usage:
     ``input_tokens`` counts only uncached prompt tokens on the wire; here it is their sum with
     ``cache_read_input_tokens`` and ``cache_creation_input_tokens``, which are also reported as
     ``cache_read_tokens`` and ``cache_write_tokens`` (``None`` when the API did not send them).
+    Without ``usage``, or with neither ``input_tokens`` nor ``output_tokens``, the request counts
+    as one ``unreported_requests`` (its cost is unknown).
     """
-    if not isinstance(usage, Mapping):
-        return Usage(requests=1)
+    if not isinstance(usage, Mapping) or (_count(usage.get("input_tokens")) is None
+                                          and _count(usage.get("output_tokens")) is None):
+        return Usage(requests=1, unreported_requests=1)
     uncached = _count(usage.get("input_tokens")) or 0
     read = _count(usage.get("cache_read_input_tokens"))
     written = _count(usage.get("cache_creation_input_tokens"))

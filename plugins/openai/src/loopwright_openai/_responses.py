@@ -186,11 +186,18 @@ def build_body(request: ModelRequest, *, tools_json: str | None = None, stream: 
 
 
 def decode_usage(usage: Any) -> Usage:
-    """Turn a Responses ``usage`` object into a :class:`Usage` for one request."""
+    """Turn a Responses ``usage`` object into a :class:`Usage` for one request.
+
+    Without ``usage``, or with neither ``input_tokens`` nor ``output_tokens``, the request counts
+    as one ``unreported_requests`` (its cost is unknown).
+    """
     if not isinstance(usage, dict):
-        return Usage(requests=1)
-    prompt = _count(usage.get("input_tokens")) or 0
-    completion = _count(usage.get("output_tokens")) or 0
+        return Usage(requests=1, unreported_requests=1)
+    given_prompt, given_completion = _count(usage.get("input_tokens")), _count(usage.get("output_tokens"))
+    if given_prompt is None and given_completion is None:
+        return Usage(requests=1, unreported_requests=1)
+    prompt = given_prompt or 0
+    completion = given_completion or 0
     total = _count(usage.get("total_tokens"))
     return Usage(
         input_tokens=prompt,

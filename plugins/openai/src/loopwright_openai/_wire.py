@@ -457,12 +457,17 @@ def decode_usage(usage: Any) -> Usage:
 
     ``prompt_tokens_details.cached_tokens`` is ``cache_read_tokens`` and
     ``completion_tokens_details.reasoning_tokens`` is ``reasoning_tokens``; counts the API did
-    not send stay ``None`` (0 for the three main counts).
+    not send stay ``None`` (0 for the three main counts). An answer without ``usage``, or with
+    neither ``prompt_tokens`` nor ``completion_tokens`` (some compatible servers; a stream asked
+    without ``include_usage``), counts as one ``unreported_requests``: its cost is unknown.
     """
     if not isinstance(usage, dict):
-        return Usage(requests=1)
-    prompt = _count(usage.get("prompt_tokens")) or 0
-    completion = _count(usage.get("completion_tokens")) or 0
+        return Usage(requests=1, unreported_requests=1)
+    given_prompt, given_completion = _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
+    if given_prompt is None and given_completion is None:
+        return Usage(requests=1, unreported_requests=1)
+    prompt = given_prompt or 0
+    completion = given_completion or 0
     total = _count(usage.get("total_tokens"))
     return Usage(
         input_tokens=prompt,
