@@ -12,12 +12,10 @@ import pytest
 
 from loopwright.abc import StoreSettings
 from loopwright_postgres import PostgresStore
-
-store_contract = pytest.importorskip(
-    "loopwright_testing.store_contract", reason="this loopwright-testing has no StoreContract yet")
+from loopwright_testing.store_contract import StoreContract
 
 
-class TestPostgresStoreContract(store_contract.StoreContract):
+class TestPostgresStoreContract(StoreContract):
     @pytest.fixture(params=["asyncio", "trio"])
     def anyio_backend(self, request: pytest.FixtureRequest) -> str:
         return request.param
