@@ -8,6 +8,7 @@ import pytest
 
 from loopwright.abc import StoreSettings
 from loopwright.builtins.file_store import FileStore
+from loopwright.builtins.sqlite_store import SqliteStore
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -29,3 +30,18 @@ class TestFileStoreWithFsyncContract(StoreContract):
 
     async def make_store(self, tmp_path: Path) -> FileStore:
         return FileStore(StoreSettings(kind="file", base_dir=tmp_path, options={"fsync": True, "path": "data"}))
+
+
+class TestSqliteStoreContract(StoreContract):
+    """The ``sqlite`` store keeps the store contract (inline on the event loop)."""
+
+    def make_store(self, tmp_path: Path) -> SqliteStore:
+        return SqliteStore(StoreSettings(kind="sqlite", base_dir=tmp_path))
+
+
+class TestSqliteStoreFullContract(StoreContract):
+    """The ``sqlite`` store with ``synchronous: full`` (in worker threads) keeps the store contract."""
+
+    async def make_store(self, tmp_path: Path) -> SqliteStore:
+        return SqliteStore(StoreSettings(kind="sqlite", base_dir=tmp_path,
+                                         options={"synchronous": "full", "path": "db/store.sqlite"}))

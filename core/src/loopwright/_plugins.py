@@ -40,6 +40,7 @@ ENTRY_POINT_GROUP = "loopwright"
 BUILTIN_PLUGINS: tuple[str, ...] = (
     "loopwright.builtins.tools",
     "loopwright.builtins.file_store",
+    "loopwright.builtins.sqlite_store",
     "loopwright.builtins.context",
     "loopwright.builtins.records",
 )
