@@ -324,7 +324,12 @@ class PostgresStore(Store):
                 kwargs={"autocommit": True, "connect_timeout": max(1, round(self.connect_timeout))},
                 name=f"loopwright-{self.schema}",
             )
-            pool.open(wait=True, timeout=self.connect_timeout)
+            try:
+                pool.open(wait=True, timeout=self.connect_timeout)
+            except psycopg_pool.PoolTimeout as exc:
+                pool.close()
+                raise StoreError(f"cannot open connections to {_safe_dsn(self._dsn)} within "
+                                 f"{self.connect_timeout:g} s: {exc}") from exc
             self._pool = pool
             return pool
 
