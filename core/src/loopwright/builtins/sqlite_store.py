@@ -26,15 +26,15 @@ Choices:
   (a half-created instance cannot be seen), a header write one ``UPDATE``, an append one
   ``INSERT`` per item inside one transaction (all of a batch or none). When a write returns it
   is committed, so any process reading the database sees it; a process killed mid-write loses
-  only that write (SQLite rolls it back). Appends are ``INSERT`` s into a B-tree: their cost does
-  not grow with the log (measured, not per-turn linear), and nothing is ever rewritten.
+  only that write (SQLite rolls it back). Appends are ``INSERT`` s into B-trees, and nothing is
+  ever rewritten: an append cost 22 µs as the 1st of a log and 19 µs as the 20,000th here.
 * **synchronous.** ``normal`` (the default, like the file store's ``fsync: false``): in WAL mode
   a commit is written to the ``-wal`` file without a flush, so it survives a killed process but
   the last commits may be lost on power loss or a kernel crash (never the database's
   consistency). ``full`` flushes the WAL at every commit, so commits also survive power loss.
 * **Where the work runs.** With ``normal`` each call runs inline on the event loop: an append
-  measured about 40 µs here, while a hop to a worker thread costs 60-90 µs by itself. With
-  ``full`` a commit costs a disk flush (about 1-4 ms here), which would stall every other
+  measured about 20 µs here, while a hop to a worker thread costs 60-90 µs by itself. With
+  ``full`` a commit costs a disk flush (0.2 to 4 ms here), which would stall every other
   instance on the event loop, so every call runs in a worker thread. One connection per store
   object (``check_same_thread=False``), used under a lock. A busy database (another process
   writing) is waited on for up to 5 s (``busy_timeout``); writes are short, so waits are too.
