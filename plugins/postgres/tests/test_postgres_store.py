@@ -250,18 +250,21 @@ async def test_lease_is_an_advisory_lock_dropped_on_release(store_factory, pg_ds
 
 
 async def test_release_then_acquire_at_once_never_fails(store_factory) -> None:
-    """Releasing unlocks in the background, yet an acquire right after it (same store) always succeeds."""
-    store = store_factory()
+    """When release() returns the lease is free: an acquire right after it, here or in another store, succeeds."""
+    store, other = store_factory(), store_factory()
     try:
         await store.create("again", {})
-        for _ in range(50):
-            lease = await store.acquire("again", "me")
+        for n in range(60):
+            first, second = (store, other) if n % 2 else (other, store)
+            lease = await first.acquire("again", "me")
             lease.release()
+            (await second.acquire("again", "you")).release()
         with await store.acquire("again", "me") as last:
             assert not last.released
         assert last.released
     finally:
         await store.aclose()
+        await other.aclose()
 
 
 async def test_lease_held_by_another_process_then_taken_over_after_sigkill(store_factory, pg_dsn: str) -> None:

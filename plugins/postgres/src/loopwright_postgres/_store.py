@@ -18,7 +18,6 @@ machine that vanished, once TCP keepalives give up (set on the lock's session to
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import hashlib
 import json
@@ -66,7 +65,7 @@ _ID_RE: Final = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}")
 _SCHEMA_RE: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _TABLES: Final = ("instances", "entries", "records", "posts")
 _PG14: Final = 140000  # idle_session_timeout appeared in PostgreSQL 14
-# How many released lease connections are kept open for the next acquire.
+# How many released lease connections are kept open for the next acquire (saves a connect).
 _IDLE_LOCK_CONNECTIONS: Final = 8
 # On each lease's session: how soon the server notices a holder whose machine vanished
 # (idle 20 s, then 4 probes 5 s apart: about 40 s). Ignored over unix sockets.
@@ -138,10 +137,10 @@ def _safe_dsn(dsn: str) -> str:
 class Lease(BaseLease):
     """An exclusive hold on one instance, from :meth:`PostgresStore.acquire` until :meth:`release`.
 
-    A session-level advisory lock held on a connection of the lease's own. Releasing unlocks it
-    in the background (the caller never waits for the database); an ``acquire`` of the same
-    instance through the same store waits for that unlock first. If the holding process dies,
-    the server drops the lock with the connection. Also a context manager that releases on exit.
+    A session-level advisory lock held on a connection of the lease's own. :meth:`release`
+    unlocks it at once (one round trip; the connection is kept for the next lease), so any
+    process can take the lease when it returns. If the holding process dies, the server drops
+    the lock with the connection. Also a context manager that releases on exit.
 
     Attributes:
         instance_id: The instance held.
@@ -241,8 +240,6 @@ class PostgresStore(Store):
         self._leases: set[Lease] = set()
         self._idle_locks: list[psycopg.Connection[Any]] = []
         self._locks_mutex = threading.Lock()
-        self._unlocker = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="loopwright-pg-unlock")
-        self._unlocking: dict[str, concurrent.futures.Future[None]] = {}
         self._sql = self._statements(schema)
 
     @staticmethod
@@ -564,9 +561,6 @@ class PostgresStore(Store):
             raise StoreError("the store is closed", instance_id=instance_id)
         if instance_id in self._held:
             raise InstanceLockedError(instance_id, holder=self._held[instance_id])
-        pending = self._unlocking.get(instance_id)
-        if pending is not None:
-            await anyio.to_thread.run_sync(pending.result)
         key = _lock_key(self.schema, instance_id)
         self._held[instance_id] = owner  # claimed at once: a concurrent acquire here fails fast
         try:
@@ -643,21 +637,18 @@ class PostgresStore(Store):
         conn.close()
 
     def _released(self, lease: Lease, conn: psycopg.Connection[Any]) -> None:
-        """Unlock in the background (release() must not wait for the database)."""
+        """Unlock now, so that the lease is free for any process when release() returns.
+
+        This is one round trip on the caller's thread (release() is synchronous), once per
+        segment. Unlocking in the background instead would let an acquire elsewhere right after
+        release() find the lock still held.
+        """
         self._leases.discard(lease)
+        self._held.pop(lease.instance_id, None)
         if self._closed:
             conn.close()
-            self._held.pop(lease.instance_id, None)
             return
-        future = self._unlocker.submit(self._unlock, conn, lease.key)
-        self._unlocking[lease.instance_id] = future
-        self._held.pop(lease.instance_id, None)
-
-        def forget(done: concurrent.futures.Future[None], iid: str = lease.instance_id) -> None:
-            if self._unlocking.get(iid) is done:
-                del self._unlocking[iid]
-
-        future.add_done_callback(forget)
+        self._unlock(conn, lease.key)
 
     def _unlock(self, conn: psycopg.Connection[Any], key: int) -> None:
         try:
@@ -687,7 +678,6 @@ class PostgresStore(Store):
         await anyio.to_thread.run_sync(self._close_all)
 
     def _close_all(self) -> None:
-        self._unlocker.shutdown(wait=True)
         with self._locks_mutex:
             idle, self._idle_locks = self._idle_locks, []
         for conn in idle:
