@@ -30,7 +30,7 @@ def pg_dsn() -> str:
     return dsn
 
 
-def drop_schema(dsn: str, schema: str) -> None:
+def _drop_schema(dsn: str, schema: str) -> None:
     import psycopg  # noqa: PLC0415
     from psycopg import sql  # noqa: PLC0415
 
@@ -43,7 +43,15 @@ def pg_schema(pg_dsn: str) -> Iterator[str]:
     """A schema name no other test uses; dropped (with its tables) after the test."""
     schema = f"lw_test_{secrets.token_hex(6)}"
     yield schema
-    drop_schema(pg_dsn, schema)
+    _drop_schema(pg_dsn, schema)
+
+
+@pytest.fixture
+def pg_other_schema(pg_dsn: str, pg_schema: str) -> Iterator[str]:
+    """A second schema name for the test (``<pg_schema>_b``), dropped after the test."""
+    schema = f"{pg_schema}_b"
+    yield schema
+    _drop_schema(pg_dsn, schema)
 
 
 @pytest.fixture

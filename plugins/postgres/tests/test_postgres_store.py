@@ -162,12 +162,10 @@ async def test_tables_are_created_in_the_schema_and_appends_are_rows(
         await store.aclose()
 
 
-async def test_schemas_are_separate(store_factory, pg_dsn: str, tmp_path: Path) -> None:
+async def test_schemas_are_separate(store_factory, pg_dsn: str, pg_other_schema: str, tmp_path: Path) -> None:
     """Two schemas in one database hold separate instances, and their leases do not collide."""
-    from conftest import drop_schema  # noqa: PLC0415
-
     a = store_factory()
-    b = make(tmp_path, dsn=pg_dsn, schema=f"{a.schema}_b")
+    b = make(tmp_path, dsn=pg_dsn, schema=pg_other_schema)
     try:
         await a.create("same-id", {"in": "a"})
         await b.create("same-id", {"in": "b"})
@@ -179,7 +177,6 @@ async def test_schemas_are_separate(store_factory, pg_dsn: str, tmp_path: Path) 
     finally:
         await a.aclose()
         await b.aclose()
-        drop_schema(pg_dsn, f"{a.schema}_b")
 
 
 async def test_unicode_and_nul_survive(store_factory) -> None:
