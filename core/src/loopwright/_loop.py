@@ -715,10 +715,13 @@ class Loop:
 
     def tool_context(self, inst: Instance, tool: Tool, call: ToolCall, timeout: float | None = None) -> ToolContext:
         """Return the :class:`ToolContext` of a call: what ``hold`` and a tool's context parameter get."""
+        from loopwright._agents import Agents  # noqa: PLC0415 - only tools that ask for a context pay
+
+        timeout = timeout or tool.timeout or self.rt.limits_for(inst.definition).tool_timeout or 60.0
         return ToolContext(
             instance_id=inst.id, tool_call_id=call.id, grants=inst.grants, base_dir=self.rt.assembly.base_dir,
             store_locations=tuple(self.store.locations()), shell_approver=self.rt.shell_approver,
-            timeout=timeout or tool.timeout or self.rt.limits_for(inst.definition).tool_timeout or 60.0)
+            timeout=timeout, agents=Agents(self.rt, inst, call.id, timeout))
 
     async def _execute(self, run: AgentRun, item: _Call, turn: int) -> None:
         """Run the tool of a prepared call, count it, and finish it (hooks, save, record)."""

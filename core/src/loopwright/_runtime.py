@@ -40,6 +40,7 @@ from loopwright.errors import (
     ConfigError,
     GrantsError,
     InstanceLockedError,
+    InstanceNotFoundError,
     LoopwrightError,
     RunCancelledError,
     RunError,
@@ -172,9 +173,15 @@ class AgentRun:
     # -- waiting ----------------------------------------------------------------------------
 
     async def wait(self) -> AgentResult:
-        """Wait until the instance rests and return its result, raising nothing."""
+        """Wait until the instance rests and return its result, raising nothing.
+
+        ``subtree_cost`` includes the agents it started, read from the store now.
+        """
         await self._done.wait()
-        return self.inst.result()
+        inst = self.inst
+        if inst.header.get("children"):
+            inst.children_cost = Cost(amount=await self._rt.children_cost(inst.header))
+        return inst.result()
 
     async def result(self) -> AgentResult:
         """Wait until the instance rests and return its :class:`~loopwright.AgentResult`.
@@ -603,13 +610,25 @@ class Runtime:
         :return: The run; ``await run.result()`` waits for it to rest.
         :raises ConfigError: The definition or inputs are invalid, or it names unknown tools.
         """
+        defn = self.load_definition(definition)
+        grants = intersect(self.assembly.capabilities, capabilities)
+        return await self.create_run(defn, inputs, prompt, grants=grants, stream=stream, instance_id=instance_id)
+
+    async def create_run(
+        self, defn: Definition, inputs: Mapping[str, Any] | None, prompt: str | None, *, grants: Capabilities,
+        stream: bool = False, instance_id: str | None = None, links: Mapping[str, Any] | None = None,
+    ) -> AgentRun:
+        """Create an instance of ``defn`` with exactly ``grants`` and start it (see :meth:`start_agent`).
+
+        :param grants: The instance's grants, already narrowed by the caller (never widened here).
+        :param links: Header keys linking a child to its spawner (``spawnerInstanceId``,
+            ``callerInstanceId``, ``callerToolCallId``, ``delegationPrompt``, ``depth``).
+        """
         from loopwright._template import resolve_inputs  # noqa: PLC0415
 
         loop = self.loop
-        defn = self.load_definition(definition)
         plan = self._plan(defn)
         values = resolve_inputs(defn, inputs or {})
-        grants = intersect(self.assembly.capabilities, capabilities)
         iid = instance_id or _new_id()
         header: dict[str, Any] = {
             "instanceId": iid, "name": defn.name, "version": 1,
@@ -622,6 +641,8 @@ class Runtime:
             "delegationPrompt": None, "createdAt": now_iso(), "updatedAt": now_iso(), "model": plan.model_ref,
             "runner": self.owner, "taskPrompt": prompt,
         }
+        if links:
+            header.update(links)
         await self.store.create(iid, header)
         inst = Instance(id=iid, definition=defn, header=header, grants=grants, task_given=not prompt)
         run = AgentRun(self, inst)
@@ -844,7 +865,43 @@ class Runtime:
     async def list_instances(self, state: str | None = None) -> list[dict[str, Any]]:
         """Return every instance's summary (see :func:`summary`), optionally only those in ``state``."""
         headers = await self.store.list_headers()
-        return [summary(h) for h in headers if state is None or h.get("state") == state]
+        by_id = {h.get("instanceId"): h for h in headers}
+        return [summary(h, subtree_cost=_subtree_in(h, by_id, set()))
+                for h in headers if state is None or h.get("state") == state]
+
+    async def summary(self, instance_id: str) -> dict[str, Any]:
+        """Return one instance's summary (``show``), its ``subtreeCost`` read through its children."""
+        header = await self.store.read_header(instance_id)
+        return summary(header, subtree_cost=await self.subtree_cost(instance_id, header))
+
+    async def subtree_cost(self, instance_id: str, header: Mapping[str, Any] | None = None) -> float | None:
+        """Return the instance's cost plus that of every agent it started, directly or not.
+
+        ``None`` when any part is unknown. Each instance's own cost is what its header holds
+        (brought up to date at every state change).
+        """
+        if header is None:
+            header = await self.store.read_header(instance_id)
+        own = header.get("cost", 0.0)
+        children = await self.children_cost(header)
+        return None if own is None or children is None else own + children
+
+    async def children_cost(self, header: Mapping[str, Any], _seen: set[str] | None = None) -> float | None:
+        """Return the summed subtree cost of the agents ``header``'s instance started (``None`` if unknown)."""
+        seen = _seen if _seen is not None else {str(header.get("instanceId"))}
+        total: float | None = 0.0
+        for child in header.get("children") or []:
+            if child in seen:
+                continue
+            seen.add(child)
+            try:
+                child_header = await self.store.read_header(child)
+            except InstanceNotFoundError:
+                continue
+            own = child_header.get("cost", 0.0)
+            below = await self.children_cost(child_header, seen)
+            total = None if total is None or own is None or below is None else total + own + below
+        return total
 
     async def records(self, instance_id: str) -> list[dict[str, Any]]:
         """Return the instance's record log."""
@@ -1024,8 +1081,24 @@ class Runtime:
             lease.release()
 
 
-def summary(header: Mapping[str, Any]) -> dict[str, Any]:
-    """Return the JSON summary of an instance (``show`` and ``ls``), camelCase keys."""
+def _subtree_in(header: Mapping[str, Any], by_id: Mapping[Any, Mapping[str, Any]], seen: set[Any]) -> float | None:
+    """Return the subtree cost of ``header``'s instance from headers already read (``by_id``)."""
+    total: float | None = header.get("cost", 0.0)
+    for child in header.get("children") or []:
+        if child in seen or child not in by_id:
+            continue
+        seen.add(child)
+        below = _subtree_in(by_id[child], by_id, seen)
+        total = None if total is None or below is None else total + below
+    return total
+
+
+def summary(header: Mapping[str, Any], *, subtree_cost: float | object | None = ...) -> dict[str, Any]:
+    """Return the JSON summary of an instance (``show`` and ``ls``), camelCase keys.
+
+    :param subtree_cost: Its ``subtreeCost`` when the caller read its children (see
+        :meth:`Runtime.subtree_cost`); by default its own cost.
+    """
     usage = {"inputTokens": 0, "outputTokens": 0, "totalTokens": 0, **(header.get("usage") or {})}
     return {
         "instanceId": header.get("instanceId"),
@@ -1041,14 +1114,15 @@ def summary(header: Mapping[str, Any]) -> dict[str, Any]:
             for p in header.get("pendingApprovals") or []],
         "usage": usage,
         "cost": header.get("cost"),
-        "subtreeCost": header.get("cost"),
+        "subtreeCost": header.get("cost") if subtree_cost is ... else subtree_cost,
         "spawnerInstanceId": header.get("spawnerInstanceId"),
         "callerInstanceId": header.get("callerInstanceId"),
         "callerToolCallId": header.get("callerToolCallId"),
         "delegationPrompt": header.get("delegationPrompt"),
         "createdAt": header.get("createdAt"),
         "updatedAt": header.get("updatedAt"),
-        "children": [],
+        "children": list(header.get("children") or []),
+        "depth": int(header.get("depth") or 0),
     }
 
 

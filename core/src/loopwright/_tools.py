@@ -49,6 +49,8 @@ class ToolContext:
         shell_approver: The host's approver for ``shell: approval`` (``Runtime(shell_approver=...)``),
             called as ``approver(command, context)`` (sync or async); it returns True to run the
             command, False or a reason (a string) to refuse it. ``None`` when the host gave none.
+        agents: What the agent tools use to start, reach and wait for other instances on behalf
+            of the caller (:class:`loopwright._agents.Agents`); ``None`` outside a run.
     """
 
     instance_id: str
@@ -58,6 +60,7 @@ class ToolContext:
     store_locations: tuple[Path, ...] = ()
     timeout: float = 60.0
     shell_approver: Callable[..., Any] | None = None
+    agents: Any = None
 
 
 @attrs.frozen(kw_only=True)

@@ -5,6 +5,8 @@
   host (source ``api`` or ``user``) becomes the call's result.
 * ``todowrite {todos: [{id, text, completed}]}`` records the agent's plan; the ``allTodosDone``
   completion verifier reads the latest one.
+* the agent tools of :mod:`loopwright.builtins.agent_tools` (``run_agent_async``,
+  ``await_agent``, ``message_agent``, ``list_agent_instances``, ``query_agent``).
 
 They register through ``loopwright_register_tools`` exactly as a third party's tools would.
 """
@@ -81,5 +83,7 @@ def todowrite(todos: list[TodoItem]) -> str:
 
 @hookimpl
 def loopwright_register_tools(register: Any) -> None:
-    """Register ``task_complete``, ``ask_user`` and ``todowrite``."""
-    register(task_complete, ask_user, todowrite)
+    """Register ``task_complete``, ``ask_user``, ``todowrite`` and the agent tools."""
+    from loopwright.builtins.agent_tools import AGENT_TOOLS  # noqa: PLC0415
+
+    register(task_complete, ask_user, todowrite, *AGENT_TOOLS)

@@ -203,7 +203,7 @@ async def show(settings: CliSettings, instance_id: str) -> int:
     """``loopwright show``: one instance's summary."""
     async with _runtime(settings) as rt:
         header = await _header(rt, instance_id)
-        data = summary(header)
+        data = await rt.summary(instance_id)
         if settings.json:
             echo_json(data)
         else:

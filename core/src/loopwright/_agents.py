@@ -1,0 +1,316 @@
+"""Sub-agents: what the agent tools do for the instance that calls them.
+
+An :class:`Agents` object is handed to the agent tools (``run_agent_async``, ``await_agent``,
+``message_agent``, ``list_agent_instances``, ``query_agent``) through
+:attr:`loopwright.ToolContext.agents`. It enforces the rules of seed 000's "Sub-agents":
+
+* **Grants never widen.** A child runs with its caller's grants (already narrowed to the
+  runtime's), and starting one needs ``agents.spawn``. Its ``depth`` is its caller's plus one,
+  at most ``agents.maxDepth`` (and the definition's ``limits.maxDepth``).
+* **Tools.** A child started from a definition *file* may use only tools its caller holds (plus
+  ``task_complete``); the start fails naming the first other tool. A definition the host
+  registered in the assembly's ``agentDefinitions`` chooses its own tools.
+* **Files.** A definition file is read only from under the caller's file roots, compared after
+  symlinks are resolved.
+* **Reach.** The tools reach the caller's descendants (found by following
+  ``spawnerInstanceId``, live or saved), unless the assembly sets ``agentsMayReachAnyInstance``.
+* **Cost.** A child's id is kept in its caller's header (``children``), so the caller's subtree
+  cost includes it (:meth:`loopwright.Runtime.subtree_cost`).
+
+Every refusal is a :class:`~loopwright.errors.ToolError`: the model sees why, and the run goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from loopwright._capabilities import is_within
+from loopwright._types import State
+from loopwright.errors import ConfigError, InstanceLockedError, InstanceNotFoundError, ToolError
+
+if TYPE_CHECKING:
+    from loopwright._instance import Instance
+    from loopwright._runtime import AgentRun, Runtime
+
+__all__ = ["Agents"]
+
+_RESTING = frozenset({State.WAITING.value, State.WAITING_FOR_APPROVAL.value, State.STOPPED.value,
+                      State.ERROR.value})
+_POLL = 0.05
+_MAX_POLL = 0.5
+_MAX_MATCHES = 20
+_EXCERPT = 120
+#: Seconds ``await_agent`` keeps in hand before its call's timeout, to report instead of timing out.
+_MARGIN = 1.0
+
+
+class Agents:
+    """The agent tools' access to the runtime, on behalf of one calling instance and call.
+
+    Attributes:
+        caller: The calling instance.
+        tool_call_id: The call being served.
+        timeout: Seconds the loop gives the call; :meth:`wait` returns before they run out.
+
+    """
+
+    def __init__(self, runtime: Runtime, caller: Instance, tool_call_id: str, timeout: float) -> None:
+        """Bind the tools to ``caller``'s call ``tool_call_id`` in ``runtime``."""
+        self._rt = runtime
+        self.caller = caller
+        self.tool_call_id = tool_call_id
+        self.timeout = timeout
+
+    def __repr__(self) -> str:
+        return f"Agents(caller={self.caller.id!r})"
+
+    # -- starting -------------------------------------------------------------------------------
+
+    async def start(self, swarm_uri: str, prompt: str) -> dict[str, Any]:
+        """Start a child instance of ``swarm_uri`` (a registered name or a definition file) on ``prompt``.
+
+        :return: ``{instanceId, name, state}`` of the child, which runs in the background.
+        :raises ToolError: The caller may not spawn, is too deep, the definition cannot be read
+            from here, or a file definition names a tool the caller does not hold.
+        """
+        rt, caller = self._rt, self.caller
+        grants = caller.grants
+        if not grants.agents_spawn:
+            raise ToolError("this agent may not start agents: its grants do not include agents.spawn")
+        depth = int(caller.header.get("depth") or 0)
+        limit = grants.agents_max_depth
+        defined = rt.limits_for(caller.definition).max_depth
+        if defined is not None:
+            limit = min(limit, defined)
+        if depth + 1 > limit:
+            raise ToolError(f"agent depth limit ({limit}) reached: this agent is at depth {depth}")
+        defn = self._definition(swarm_uri)
+        try:
+            run = await rt.create_run(defn, None, prompt, grants=grants, links={
+                "spawnerInstanceId": caller.id, "callerInstanceId": caller.id,
+                "callerToolCallId": self.tool_call_id, "delegationPrompt": prompt, "depth": depth + 1,
+                "agentSwarmUri": swarm_uri,
+            })
+        except ConfigError as exc:
+            raise ToolError(f"cannot start {swarm_uri!r}: {exc}") from exc
+        child = run.instance_id
+        caller.header.setdefault("children", []).append(child)
+        await rt.write_header(caller)
+        rt.queue_record(caller.id, "agent", {"action": "start", "instanceId": child, "definition": defn.name,
+                                             "toolCallId": self.tool_call_id})
+        return {"instanceId": child, "name": defn.name, "state": run.inst.state.value}
+
+    def _definition(self, swarm_uri: str) -> Any:
+        rt, caller = self._rt, self.caller
+        registered = rt.assembly.agent_definitions
+        if swarm_uri in registered:
+            try:
+                return rt.load_definition(swarm_uri)
+            except ConfigError as exc:
+                raise ToolError(f"the registered definition {swarm_uri!r} is invalid: {exc}") from exc
+        path = Path(swarm_uri).expanduser()
+        if not path.is_absolute():
+            path = rt.assembly.base_dir / path
+        path = path.resolve()
+        roots = (*caller.grants.files.read, *caller.grants.files.write)
+        if not any(is_within(path, root) for root in roots):
+            names = ", ".join(sorted(registered)) or "none"
+            raise ToolError(
+                f"{swarm_uri!r} is neither a registered definition (registered: {names}) nor a file "
+                "under this agent's file roots")
+        from loopwright._config import load_definition  # noqa: PLC0415
+
+        try:
+            defn = load_definition(path)
+        except (ConfigError, OSError) as exc:
+            raise ToolError(f"cannot read the definition {swarm_uri!r}: {exc}") from exc
+        held = set(rt.tool_names(caller.definition, caller.grants)) | {"task_complete"}
+        for name in defn.tool_names:
+            if name not in held:
+                raise ToolError(
+                    f"the definition {swarm_uri!r} names the tool {name!r}, which this agent does not hold; "
+                    "a definition file may use only the caller's tools (and task_complete)")
+        return defn
+
+    # -- reaching -------------------------------------------------------------------------------
+
+    async def _header(self, instance_id: str) -> dict[str, Any]:
+        try:
+            return await self._rt.store.read_header(instance_id)
+        except InstanceNotFoundError:
+            raise ToolError(f"there is no instance {instance_id!r}") from None
+
+    async def reachable(self, instance_id: str) -> dict[str, Any]:
+        """Return the header of ``instance_id`` if the caller may reach it; raise ToolError if not."""
+        if not isinstance(instance_id, str) or not instance_id:
+            raise ToolError("an agent id is required")
+        header = await self._header(instance_id)
+        if self._rt.assembly.agents_may_reach_any_instance:
+            return header
+        seen = {instance_id}
+        current = header
+        while True:
+            spawner = current.get("spawnerInstanceId")
+            if spawner == self.caller.id:
+                return header
+            if not spawner or spawner in seen:
+                raise ToolError(
+                    f"instance {instance_id!r} is not one this agent started: agent tools reach the agents "
+                    "the caller started and theirs")
+            seen.add(spawner)
+            try:
+                current = await self._rt.store.read_header(spawner)
+            except InstanceNotFoundError:
+                raise ToolError(f"instance {instance_id!r} is not one this agent started") from None
+
+    async def message(self, agent_id: str, prompt: str) -> dict[str, Any]:
+        """Deliver ``prompt`` to a reachable instance, as a message from an agent (source ``agent``)."""
+        if agent_id == self.caller.id:
+            raise ToolError("an agent cannot message itself")
+        if not prompt:
+            raise ToolError("the message is empty")
+        await self.reachable(agent_id)
+        run = await self._rt.get_agent(agent_id)
+        await run.message(prompt, source="agent")
+        self._rt.queue_record(self.caller.id, "agent", {"action": "message", "instanceId": agent_id,
+                                                        "toolCallId": self.tool_call_id})
+        return {"instanceId": agent_id, "delivered": True, "state": run.inst.header.get("state")}
+
+    # -- waiting --------------------------------------------------------------------------------
+
+    async def wait(self, ids: Sequence[str], *, all_: bool = False) -> dict[str, Any]:
+        """Wait until one (or, with ``all_``, every one) of ``ids`` rests, then report on each.
+
+        Returns early, with ``done: false``, when a message for the caller arrives (it is read
+        at the caller's next turn boundary) or before the call's timeout runs out. A child left
+        ``running`` by a crashed process is resumed here.
+        """
+        if not ids:
+            raise ToolError("ids must name at least one agent")
+        unique = list(dict.fromkeys(ids))
+        if self.caller.id in unique:
+            raise ToolError("an agent cannot wait for itself")
+        for agent_id in unique:
+            await self.reachable(agent_id)
+        rt = self._rt
+        runs = {agent_id: await rt.get_agent(agent_id) for agent_id in unique}
+        for agent_id, run in runs.items():
+            if not run.running and run.inst.header.get("state") == State.RUNNING.value:
+                with contextlib.suppress(InstanceLockedError):  # running in another process: watched below
+                    runs[agent_id] = await rt.resume(agent_id)
+        deadline = time.monotonic() + max(self.timeout - _MARGIN, 0.0)
+        cursor = int(self.caller.header.get("inboxCursor") or 0)
+        pause = _POLL
+        interrupted = None
+        while True:
+            states = {agent_id: await self._state(run) for agent_id, run in runs.items()}
+            rested = [agent_id for agent_id, state in states.items() if state in _RESTING]
+            if (len(rested) == len(runs)) if all_ else rested:
+                break
+            posts, _ = await rt.store.read_posts(self.caller.id, cursor)
+            if any(p.get("type") == "message" for p in posts):
+                interrupted = "a message for you arrived; it is read after this turn"
+                break
+            if time.monotonic() + pause > deadline:
+                interrupted = "the wait reached this call's time limit; call await_agent again to keep waiting"
+                break
+            await anyio.sleep(pause)
+            pause = min(pause * 2, _MAX_POLL)
+        reports = [await self._report(agent_id, runs[agent_id]) for agent_id in unique]
+        done = all(r["state"] in _RESTING for r in reports) if all_ else any(
+            r["state"] in _RESTING for r in reports)
+        return {"done": done and interrupted is None, "interrupted": interrupted, "agents": reports}
+
+    async def _header_of(self, run: AgentRun) -> dict[str, Any]:
+        """Return the instance's header: the live copy while it runs here, else the store's (the truth)."""
+        if run.running:
+            return run.inst.header
+        return await self._rt.store.read_header(run.instance_id)
+
+    async def _state(self, run: AgentRun) -> str | None:
+        return State.RUNNING.value if run.running else (await self._header_of(run)).get("state")
+
+    async def _report(self, agent_id: str, run: AgentRun) -> dict[str, Any]:
+        header = await self._header_of(run)
+        usage = header.get("usage") or {}
+        subtree = await self._rt.subtree_cost(agent_id)
+        return {
+            "instanceId": agent_id, "name": header.get("name"), "state": header.get("state"),
+            "stopReason": header.get("stopReason"), "text": header.get("text"), "output": header.get("output"),
+            "error": header.get("error"), "turns": header.get("turns"), "cost": header.get("cost"),
+            "subtreeCost": subtree, "contextTokens": usage.get("inputTokens"),
+            "pendingApprovals": [p.get("toolCallId") for p in header.get("pendingApprovals") or []
+                                 if p.get("decision") is None],
+        }
+
+    # -- looking --------------------------------------------------------------------------------
+
+    async def list(self, *, name: str | None = None, state: str | None = None,
+                   swarm: str | None = None) -> list[dict[str, Any]]:
+        """Return the instances the caller may reach (not itself), filtered by name, state or swarm."""
+        headers = await self._rt.store.list_headers()
+        by_id = {h.get("instanceId"): h for h in headers}
+        out = []
+        for h in headers:
+            iid = h.get("instanceId")
+            if iid == self.caller.id:
+                continue
+            if not self._rt.assembly.agents_may_reach_any_instance and not _descends(h, self.caller.id, by_id):
+                continue
+            if name is not None and h.get("name") != name:
+                continue
+            if state is not None and h.get("state") != state:
+                continue
+            if swarm is not None and swarm not in (h.get("agentSwarmUri"), h.get("definitionPath"), h.get("name")):
+                continue
+            out.append({"instanceId": iid, "name": h.get("name"), "state": h.get("state"),
+                        "stopReason": h.get("stopReason"), "spawnerInstanceId": h.get("spawnerInstanceId"),
+                        "createdAt": h.get("createdAt"), "cost": h.get("cost")})
+        return out
+
+    async def query(self, agent_id: str, query: str) -> dict[str, Any]:
+        """Search the messages of a reachable instance for ``query`` (case-insensitive).
+
+        :return: ``{instanceId, matches: [{index, role, excerpt}]}``, at most 20 matches.
+        """
+        if not query or not query.strip():
+            raise ToolError("the query is empty")
+        await self.reachable(agent_id)
+        run = await self._rt.get_agent(agent_id)
+        needle = query.strip().lower()
+        matches = []
+        for index, message in enumerate(run.inst.transcript):
+            texts = [message.content or ""]
+            texts += [f"{c.name}({c.arguments})" for c in message.tool_calls]
+            for text in texts:
+                at = text.lower().find(needle)
+                if at < 0:
+                    continue
+                start = max(at - _EXCERPT // 2, 0)
+                matches.append({"index": index, "role": message.role,
+                                "excerpt": text[start:start + _EXCERPT + len(needle)]})
+                break
+            if len(matches) >= _MAX_MATCHES:
+                break
+        return {"instanceId": agent_id, "matches": matches, "messages": len(run.inst.transcript)}
+
+
+def _descends(header: Mapping[str, Any], ancestor: str, by_id: Mapping[Any, Mapping[str, Any]]) -> bool:
+    """Whether ``header``'s instance was started, directly or not, by ``ancestor``."""
+    seen: set[Any] = set()
+    current: Mapping[str, Any] | None = header
+    while current is not None:
+        spawner = current.get("spawnerInstanceId")
+        if spawner == ancestor:
+            return True
+        if not spawner or spawner in seen:
+            return False
+        seen.add(spawner)
+        current = by_id.get(spawner)
+    return False

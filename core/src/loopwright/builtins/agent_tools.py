@@ -1,0 +1,128 @@
+"""Built-in plugin: the agent tools, with the names and input properties of seed 000.
+
+* ``run_agent_async {agentSwarmUri, prompt} | {agentId, prompt}`` starts an agent (a name from
+  the assembly's ``agentDefinitions``, or a definition file under the caller's file roots) or
+  messages one it started, and returns its instance id at once.
+* ``await_agent {ids, all?}`` waits for one (or all) of them to rest and reports on each: state,
+  stop reason, text, output, cost, subtree cost and context use. A message for the caller ends
+  the wait early.
+* ``message_agent {agentId, prompt}`` delivers a message; with no arguments it points at
+  ``run_agent_async``.
+* ``list_agent_instances {name?, state?, swarm?}`` lists the instances the caller may reach.
+* ``query_agent {agentId, query}`` searches an instance's messages.
+
+A definition gets them only by listing them in ``tools:``, and starting agents also needs the
+``agents.spawn`` grant. The rules they enforce (grants, tools, files, reach, depth) are in
+:mod:`loopwright._agents`. :mod:`loopwright.builtins.tools` registers them with the other built-in
+tools, through ``loopwright_register_tools`` as a third party's would.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loopwright._tools import Tool, ToolContext, tool
+from loopwright.errors import ToolError
+
+__all__ = ["AGENT_TOOLS", "await_agent", "list_agent_instances", "message_agent", "query_agent", "run_agent_async"]
+
+#: How long ``await_agent`` may wait in one call (it reports and returns a second before).
+AWAIT_TIMEOUT = 1800.0
+
+
+def _agents(ctx: ToolContext) -> Any:
+    if ctx.agents is None:
+        raise ToolError("agent tools work only inside a run")
+    return ctx.agents
+
+
+async def _run_agent_async(  # noqa: D417 - ctx is filled in by the loop, not by the model
+    ctx: ToolContext, prompt: str, agentSwarmUri: str | None = None, agentId: str | None = None,  # noqa: N803
+) -> dict[str, Any]:
+    """Start an agent on a task, or send a message to one you started; returns its instance id at once.
+
+    Give either agentSwarmUri (to start a new agent) or agentId (to message one you started).
+    Use await_agent to wait for its result.
+
+    Args:
+        prompt: The task for a new agent, or the message for an existing one.
+        agentSwarmUri: The agent to start: a registered agent name, or the path of a definition file.
+        agentId: The instance id of an agent you started, to message instead of starting one.
+    """
+    agents = _agents(ctx)
+    if (agentSwarmUri is None) == (agentId is None):
+        raise ToolError("give exactly one of agentSwarmUri (to start an agent) and agentId (to message one)")
+    if agentId is not None:
+        return await agents.message(agentId, prompt)  # type: ignore[no-any-return]
+    return await agents.start(agentSwarmUri, prompt)  # type: ignore[no-any-return]
+
+
+run_agent_async: Tool = tool(name="run_agent_async")(_run_agent_async)
+
+
+async def _await_agent(ctx: ToolContext, ids: list[str], all: bool = False) -> dict[str, Any]:  # noqa: A002, D417
+    """Wait for agents you started: until one of them rests, or all of them with all=true.
+
+    Reports each agent's state, stop reason, final text or output, cost and context use. The
+    wait ends early when a message for you arrives.
+
+    Args:
+        ids: Instance ids of agents you started.
+        all: Wait for every one of them instead of the first to finish.
+    """
+    return await _agents(ctx).wait(ids, all_=all)  # type: ignore[no-any-return]
+
+
+await_agent: Tool = tool(name="await_agent", idempotent=True, timeout=AWAIT_TIMEOUT)(_await_agent)
+
+
+async def _message_agent(ctx: ToolContext, agentId: str | None = None, prompt: str | None = None,  # noqa: D417, N803
+                         ) -> dict[str, Any]:
+    """Send a message to an agent you started. It reads it at its next turn, or wakes up with it.
+
+    Args:
+        agentId: The instance id of the agent.
+        prompt: The message.
+    """
+    if agentId is None and prompt is None:
+        raise ToolError("message_agent needs agentId and prompt; to start an agent, use run_agent_async "
+                        "with agentSwarmUri and prompt")
+    if agentId is None or not prompt:
+        raise ToolError("message_agent needs both agentId and prompt")
+    return await _agents(ctx).message(agentId, prompt)  # type: ignore[no-any-return]
+
+
+message_agent: Tool = tool(name="message_agent")(_message_agent)
+
+
+async def _list_agent_instances(  # noqa: D417
+    ctx: ToolContext, name: str | None = None, state: str | None = None, swarm: str | None = None,
+) -> list[dict[str, Any]]:
+    """List the agents you started (and the ones they started), optionally filtered.
+
+    Args:
+        name: Only agents of this definition name.
+        state: Only agents in this state (running, waiting, waiting_for_approval, stopped, error).
+        swarm: Only agents started from this agentSwarmUri.
+    """
+    return await _agents(ctx).list(name=name, state=state, swarm=swarm)  # type: ignore[no-any-return]
+
+
+list_agent_instances: Tool = tool(name="list_agent_instances", idempotent=True)(_list_agent_instances)
+
+
+async def _query_agent(ctx: ToolContext, agentId: str, query: str) -> dict[str, Any]:  # noqa: D417, N803
+    """Search the messages of an agent you started for some text; returns the matching excerpts.
+
+    Args:
+        agentId: The instance id of the agent.
+        query: The text to look for (case-insensitive).
+    """
+    return await _agents(ctx).query(agentId, query)  # type: ignore[no-any-return]
+
+
+query_agent: Tool = tool(name="query_agent", idempotent=True)(_query_agent)
+
+#: Every agent tool, in the order they are registered.
+AGENT_TOOLS: tuple[Tool, ...] = (run_agent_async, await_agent, message_agent, list_agent_instances, query_agent)
+

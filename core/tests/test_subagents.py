@@ -1,0 +1,290 @@
+"""Sub-agents (seed 000): the agent tools, their grants, tools, files and reach rules, and subtree cost."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from helpers import Harness, call, defn, make_runtime, records_of, reply, run_to_rest
+
+from loopwright import Capabilities, ModelRequest, ToolStatus, Usage
+from loopwright._definition import FileGrants
+
+pytestmark = pytest.mark.anyio
+
+SPAWN = Capabilities(agents_spawn=True)
+
+
+def helper_file(folder: Path, name: str = "helper", tools: str = "[task_complete]", model: str = "c:m") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.yaml"
+    path.write_text(f"name: {name}\nmodel: {model}\nsystemPrompt: You help.\ntools: {tools}\n")
+    return path
+
+
+def tool_results(request: ModelRequest) -> list[Any]:
+    """The tool messages of the last turn of ``request``: (name, status, parsed content)."""
+    out = []
+    for m in reversed(request.messages):
+        if m.role != "tool":
+            break
+        try:
+            content = json.loads(m.content or "")
+        except ValueError:
+            content = m.content
+        out.insert(0, (m.name, m.status, content))
+    return out
+
+
+def last_result(request: ModelRequest) -> Any:
+    return tool_results(request)[-1][2]
+
+
+def last_tool(request: ModelRequest) -> Any:
+    """The content of the latest tool message, wherever it is."""
+    message = next(m for m in reversed(request.messages) if m.role == "tool")
+    return json.loads(message.content or "")
+
+
+def parent_tools(*names: str) -> tuple[str, ...]:
+    return names or ("run_agent_async", "await_agent")
+
+
+async def test_a_child_runs_and_its_result_comes_back(tmp_path: Path) -> None:
+    """run_agent_async starts a linked child with the caller's grants; await_agent reports its result;
+    the child's cost rolls up into the caller's subtree cost (result, show, ls).
+    """
+    seen: dict[str, Any] = {}
+
+    def wait_for_child(req: ModelRequest) -> Any:
+        started = last_result(req)
+        seen["started"] = started
+        return reply(None, call("await_agent", ids=[started["instanceId"]]), usage=Usage(
+            input_tokens=100, output_tokens=10, total_tokens=110, requests=1))
+
+    def finish(req: ModelRequest) -> Any:
+        seen["awaited"] = last_result(req)
+        return reply("the child says 4", usage=Usage(input_tokens=100, output_tokens=10, total_tokens=110, requests=1))
+
+    parent = Harness(reply(None, call("run_agent_async", agentSwarmUri="helper", prompt="add 2 and 2"),
+                           usage=Usage(input_tokens=100, output_tokens=10, total_tokens=110, requests=1)),
+                     wait_for_child, finish, provider="p", priced=True)
+    child = Harness(reply(None, call("task_complete", result="4", summary="added"),
+                          usage=Usage(input_tokens=1000, output_tokens=100, total_tokens=1100, requests=1)),
+                    provider="c", priced=True)
+    path = helper_file(tmp_path / "agents")
+    pricing = {"p:m": {"input": 1.0, "output": 10.0}, "c:m": {"input": 1.0, "output": 10.0}}
+    grants = Capabilities(agents_spawn=True, files=FileGrants(read=(str(tmp_path / "agents"),)))
+    async with make_runtime(tmp_path, parent, child, capabilities=grants, pricing=pricing,
+                            agent_definitions={"helper": str(path)}) as rt:
+        run, result = await run_to_rest(rt, defn(model="p:m", tools=parent_tools()))
+        assert result.text == "the child says 4"
+        child_id = seen["started"]["instanceId"]
+        assert seen["started"]["name"] == "helper"
+        report = seen["awaited"]
+        assert report["done"] is True
+        (agent,) = report["agents"]
+        assert (agent["instanceId"], agent["state"], agent["stopReason"], agent["text"]) == (
+            child_id, "stopped", "completed", "4")
+        child_header = await rt.store.read_header(child_id)
+        assert child_header["spawnerInstanceId"] == run.instance_id
+        assert child_header["callerInstanceId"] == run.instance_id
+        assert child_header["callerToolCallId"] == parent.sent[1][-2].tool_calls[0].id
+        assert child_header["delegationPrompt"] == "add 2 and 2"
+        assert child_header["depth"] == 1
+        assert child_header["capabilities"] == (await rt.store.read_header(run.instance_id))["capabilities"]
+        assert child.sent[0][-1].content == "add 2 and 2"
+        own = 3 * (100 + 10 * 10) / 1_000_000
+        child_cost = (1000 + 100 * 10) / 1_000_000
+        assert result.cost.amount == pytest.approx(own)
+        assert result.subtree_cost.amount == pytest.approx(own + child_cost)
+        assert agent["cost"] == pytest.approx(child_cost)
+        shown = await rt.summary(run.instance_id)
+        assert shown["children"] == [child_id]
+        assert shown["subtreeCost"] == pytest.approx(own + child_cost)
+        listed = {s["instanceId"]: s for s in await rt.list_instances()}
+        assert listed[run.instance_id]["subtreeCost"] == pytest.approx(own + child_cost)
+        assert listed[child_id]["depth"] == 1
+        starts = records_of(await rt.records(run.instance_id), "agent")
+        assert starts == [{"action": "start", "instanceId": child_id, "definition": "helper",
+                           "toolCallId": child_header["callerToolCallId"]}]
+
+
+async def test_starting_an_agent_needs_the_spawn_grant(tmp_path: Path) -> None:
+    """Without agents.spawn, run_agent_async is a tool_error naming the grant, and nothing starts."""
+    parent = Harness(reply(None, call("run_agent_async", agentSwarmUri="helper", prompt="x")),
+                     lambda req: reply(json.dumps(tool_results(req))), provider="p")
+    path = helper_file(tmp_path / "agents")
+    async with make_runtime(tmp_path, parent, agent_definitions={"helper": str(path)}) as rt:
+        _, result = await run_to_rest(rt, defn(model="p:m", tools=parent_tools()))
+        ((name, status, content),) = json.loads(result.text or "")
+        assert (name, status) == ("run_agent_async", ToolStatus.TOOL_ERROR.value)
+        assert "agents.spawn" in content
+        assert len(await rt.list_instances()) == 1
+
+
+async def test_depth_is_limited_by_the_grants(tmp_path: Path) -> None:
+    """A child at maxDepth cannot start another agent: a tool_error naming the limit."""
+    child = Harness(reply(None, call("run_agent_async", agentSwarmUri="helper", prompt="deeper")),
+                    lambda req: reply(None, call("task_complete", result=json.dumps(tool_results(req)), summary="s")),
+                    provider="c")
+    parent = Harness(reply(None, call("run_agent_async", agentSwarmUri="helper", prompt="go")),
+                     lambda req: reply(None, call("await_agent", ids=[last_result(req)["instanceId"]])),
+                     lambda req: reply(json.dumps(last_result(req))), provider="p")
+    path = helper_file(tmp_path / "agents", tools="[run_agent_async, task_complete]")
+    grants = Capabilities(agents_spawn=True, agents_max_depth=1)
+    async with make_runtime(tmp_path, parent, child, capabilities=grants,
+                            agent_definitions={"helper": str(path)}) as rt:
+        _, result = await run_to_rest(rt, defn(model="p:m", tools=parent_tools()))
+        (agent,) = json.loads(result.text or "")["agents"]
+        ((name, status, content),) = json.loads(agent["text"])
+        assert (name, status) == ("run_agent_async", "tool_error")
+        assert "depth limit (1)" in content
+        assert len(await rt.list_instances()) == 2  # the parent and one child, no grandchild
+
+
+@pytest.mark.parametrize("case", ["outside", "symlink", "unheld_tool", "ok"])
+async def test_definition_files_are_read_only_from_the_callers_roots(tmp_path: Path, case: str) -> None:
+    """A definition file must lie under the caller's roots after symlinks are resolved, and may
+    name only tools the caller holds (plus task_complete).
+    """
+    root = tmp_path / "work"
+    outside = helper_file(tmp_path / "elsewhere")
+    inside = helper_file(root)
+    (root / "link.yaml").symlink_to(outside)
+    greedy = helper_file(root, name="greedy", tools="[task_complete, query_agent]")
+    target = {"outside": str(outside), "symlink": str(root / "link.yaml"), "unheld_tool": str(greedy),
+              "ok": str(inside)}[case]
+    parent = Harness(reply(None, call("run_agent_async", agentSwarmUri=target, prompt="x")),
+                     lambda req: reply(json.dumps(tool_results(req))), provider="p")
+    child = Harness(reply(None, call("task_complete", result="done", summary="s")), provider="c")
+    grants = Capabilities(agents_spawn=True, files=FileGrants(read=(str(root),)))
+    async with make_runtime(tmp_path, parent, child, capabilities=grants) as rt:
+        _, result = await run_to_rest(rt, defn(model="p:m", tools=parent_tools()))
+        ((_, status, content),) = json.loads(result.text or "")
+        if case == "ok":
+            assert status == "success"
+            assert content["name"] == "helper"
+            return
+        assert status == "tool_error"
+        if case == "unheld_tool":
+            assert "'query_agent'" in content
+        else:
+            assert "file roots" in content
+        assert len(await rt.list_instances()) == 1
+
+
+async def test_agent_tools_reach_only_the_callers_descendants(tmp_path: Path) -> None:
+    """message_agent, query_agent and await_agent refuse an instance the caller did not start,
+    unless agentsMayReachAnyInstance; list_agent_instances lists only descendants.
+    """
+    other_h = Harness(reply("I am unrelated"), provider="c")
+    async with make_runtime(tmp_path, other_h) as rt:
+        other, _ = await run_to_rest(rt, defn(model="c:m"))
+    for reach in (False, True):
+        parent = Harness(
+            reply(None, call("message_agent", agentId=other.instance_id, prompt="hi"),
+                  call("query_agent", agentId=other.instance_id, query="unrelated"),
+                  call("list_agent_instances")),
+            lambda req: reply(json.dumps(tool_results(req))), provider="p")
+        other_h.script(reply("got it"))
+        async with make_runtime(tmp_path, parent, other_h, capabilities=SPAWN,
+                                agents_may_reach_any_instance=reach) as rt:
+            _, result = await run_to_rest(rt, defn(model="p:m", tools=("message_agent", "query_agent",
+                                                                         "list_agent_instances")))
+            (msg, query, listing) = json.loads(result.text or "")
+            if not reach:
+                assert msg[1] == query[1] == "tool_error"
+                assert "not one this agent started" in msg[2]
+                assert listing[2] == []
+            else:
+                assert msg[1] == query[1] == "success"
+                assert query[2]["matches"][0]["excerpt"].startswith("I am unrelated")
+                assert other.instance_id in {i["instanceId"] for i in listing[2]}
+                with anyio.fail_after(10):
+                    again = await rt.get_agent(other.instance_id)
+                    await again.wait()
+
+
+async def test_a_message_for_the_caller_ends_the_wait(tmp_path: Path) -> None:
+    """await_agent returns early (done: false) when a message for the caller arrives; the
+    message is then read at the caller's next turn.
+    """
+    release = anyio.Event()
+    started = anyio.Event()
+
+    async def slow(req: ModelRequest) -> Any:
+        started.set()
+        await release.wait()
+        return reply(None, call("task_complete", result="late", summary="s"))
+
+    parent = Harness(reply(None, call("run_agent_async", agentSwarmUri="helper", prompt="take your time")),
+                     lambda req: reply(None, call("await_agent", ids=[last_result(req)["instanceId"]])),
+                     lambda req: reply(json.dumps({"awaited": last_tool(req),
+                                                   "next": req.messages[-1].content})),
+                     provider="p")
+    child = Harness(slow, provider="c")
+    path = helper_file(tmp_path / "agents")
+    async with make_runtime(tmp_path, parent, child, capabilities=SPAWN,
+                            agent_definitions={"helper": str(path)}) as rt:
+        run = await rt.start_agent(defn(model="p:m", tools=parent_tools()), prompt="go")
+        with anyio.fail_after(10):
+            await started.wait()
+            while len(parent.requests) < 2:
+                await anyio.sleep(0.01)
+            await anyio.sleep(0.1)
+            await run.message("stop waiting, I need you")
+            result = await run.wait()
+        assert result.text, (result.state, result.stop_reason, result.error)
+        out = json.loads(result.text)
+        assert out["awaited"]["done"] is False
+        assert "message" in out["awaited"]["interrupted"]
+        assert out["awaited"]["agents"][0]["state"] == "running"
+        assert out["next"] == "stop waiting, I need you"
+        release.set()
+
+
+async def test_message_agent_without_arguments_points_at_run_agent_async(tmp_path: Path) -> None:
+    """message_agent {} is a tool_error that names run_agent_async."""
+    parent = Harness(reply(None, call("message_agent")), lambda req: reply(json.dumps(tool_results(req))),
+                     provider="p")
+    async with make_runtime(tmp_path, parent, capabilities=SPAWN) as rt:
+        _, result = await run_to_rest(rt, defn(model="p:m", tools=("message_agent",)))
+        ((_, status, content),) = json.loads(result.text or "")
+        assert status == "tool_error"
+        assert "run_agent_async" in content
+
+
+async def test_run_agent_async_messages_a_child_by_id(tmp_path: Path) -> None:
+    """run_agent_async with agentId delivers the prompt to a child, which wakes up with it."""
+    parent = Harness(reply(None, call("run_agent_async", agentSwarmUri="helper", prompt="first")),
+                     lambda req: reply(None, call("await_agent", ids=[last_result(req)["instanceId"]])),
+                     lambda req: reply(None, call("run_agent_async", prompt="second",
+                                                  agentId=last_result(req)["agents"][0]["instanceId"])),
+                     lambda req: reply(None, call("await_agent", ids=[last_result(req)["instanceId"]])),
+                     lambda req: reply(json.dumps(last_result(req))), provider="p")
+    child = Harness(reply("answer one"), lambda req: reply(f"answer to {req.messages[-1].content}"), provider="c")
+    path = helper_file(tmp_path / "agents")
+    async with make_runtime(tmp_path, parent, child, capabilities=SPAWN,
+                            agent_definitions={"helper": str(path)}) as rt:
+        _, result = await run_to_rest(rt, defn(model="p:m", tools=parent_tools()))
+        (agent,) = json.loads(result.text or "")["agents"]
+        assert agent["text"] == "answer to second"
+        assert [m.source for m in child.sent[1] if m.role == "user"][-1] == "agent"
+
+
+def test_the_agent_tools_are_registered_with_seed_names() -> None:
+    """The five agent tools exist with the input properties existing definitions use."""
+    from loopwright.builtins.agent_tools import AGENT_TOOLS  # noqa: PLC0415
+
+    props = {t.name: set(t.parameters["properties"]) for t in AGENT_TOOLS}
+    assert props == {
+        "run_agent_async": {"agentSwarmUri", "agentId", "prompt"},
+        "await_agent": {"ids", "all"},
+        "message_agent": {"agentId", "prompt"},
+        "list_agent_instances": {"name", "state", "swarm"},
+        "query_agent": {"agentId", "query"},
+    }
