@@ -288,3 +288,34 @@ def test_the_agent_tools_are_registered_with_seed_names() -> None:
         "list_agent_instances": {"name", "state", "swarm"},
         "query_agent": {"agentId", "query"},
     }
+
+
+async def test_a_crash_while_the_caller_waits_resumes_both(tmp_path: Path) -> None:
+    """SIGKILL the process while a parent awaits a child whose tool runs; a new runtime resumes
+    the parent: its await_agent (idempotent) runs again, resumes the child left running, whose
+    interrupted call gets unknown_outcome, and the parent gets the child's answer.
+    """
+    import signal  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    from subagent_crash import runtime  # noqa: PLC0415
+
+    script = Path(__file__).with_name("subagent_crash.py")
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        with anyio.fail_after(30):
+            line = await anyio.to_thread.run_sync(proc.stdout.readline)  # type: ignore[union-attr]
+        parent_id, child_id = line.split()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    async with runtime(tmp_path) as rt:
+        assert (await rt.store.read_header(child_id))["state"] == "running"
+        run = await rt.resume(parent_id)
+        with anyio.fail_after(20):
+            result = await run.wait()
+        assert result.text == "parent done: child done after unknown_outcome"
+        child = await rt.store.read_header(child_id)
+        assert (child["state"], child["spawnerInstanceId"]) == ("waiting", parent_id)
+        assert (await rt.summary(parent_id))["children"] == [child_id]
