@@ -490,8 +490,8 @@ def test_plugins_lists_builtins_entry_points_and_assembly_plugins(early: dict[st
     assert all(p["source"] == "entrypoint" for p in plugins if p["name"] in entry_points)
     by_name = {p["name"]: p for p in plugins}
     assert by_name["loopwright.builtins.tools"]["registered"]["tools"] == [
-        "ask_user", "await_agent", "list_agent_instances", "message_agent", "query_agent", "run_agent_async",
-        "task_complete", "todowrite"]
+        "ask_user", "await_agent", "await_monitor", "list_agent_instances", "message_agent", "monitor_agent",
+        "query_agent", "run_agent_async", "task_complete", "todowrite"]
     assert by_name["loopwright.builtins.file_store"]["registered"]["stores"] == ["file"]
     replay = by_name["replay_plugin.py"]
     assert names[-1] == "replay_plugin.py"
@@ -501,8 +501,8 @@ def test_plugins_lists_builtins_entry_points_and_assembly_plugins(early: dict[st
     assert replay["registered"]["commands"] == ["hello"]
     assert replay["hooks"] == ["on_state_change"]
     text = first(early, "plugins-text")
-    assert ("loopwright.builtins.tools (builtin)\n  tools: ask_user, await_agent, list_agent_instances, message_agent, "
-            "query_agent, run_agent_async, task_complete, todowrite\n") in text.out
+    assert ("loopwright.builtins.tools (builtin)\n  tools: ask_user, await_agent, await_monitor, list_agent_instances, "
+            "message_agent, monitor_agent, query_agent, run_agent_async, task_complete, todowrite\n") in text.out
 
 
 def test_plugin_commands_are_found_by_name_with_common_options(early: dict[str, Future[Done]]) -> None:

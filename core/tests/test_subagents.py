@@ -277,7 +277,7 @@ async def test_run_agent_async_messages_a_child_by_id(tmp_path: Path) -> None:
 
 
 def test_the_agent_tools_are_registered_with_seed_names() -> None:
-    """The five agent tools exist with the input properties existing definitions use."""
+    """The seven agent tools exist with the input properties existing definitions use."""
     from loopwright.builtins.agent_tools import AGENT_TOOLS  # noqa: PLC0415
 
     props = {t.name: set(t.parameters["properties"]) for t in AGENT_TOOLS}
@@ -287,6 +287,8 @@ def test_the_agent_tools_are_registered_with_seed_names() -> None:
         "message_agent": {"agentId", "prompt"},
         "list_agent_instances": {"name", "state", "swarm"},
         "query_agent": {"agentId", "query"},
+        "monitor_agent": {"agentId", "contextAt", "turns", "onFinish", "elapsed"},
+        "await_monitor": {"timeout"},
     }
 
 
@@ -319,3 +321,124 @@ async def test_a_crash_while_the_caller_waits_resumes_both(tmp_path: Path) -> No
         child = await rt.store.read_header(child_id)
         assert (child["state"], child["spawnerInstanceId"]) == ("waiting", parent_id)
         assert (await rt.summary(parent_id))["children"] == [child_id]
+
+
+# -- monitors --------------------------------------------------------------------------------------
+
+
+async def test_an_onfinish_monitor_wakes_the_resting_watcher_with_a_runtime_message(tmp_path: Path) -> None:
+    """monitor_agent {onFinish} is saved in the watcher's header; when the child rests, the monitor
+    fires once: a monitor record, a monitor event, the monitor removed, and a message from the
+    runtime that starts a new segment of the resting watcher.
+    """
+    release = anyio.Event()
+
+    async def slow(req: ModelRequest) -> Any:
+        await release.wait()
+        return reply("child finished")
+
+    parent = Harness(reply(None, call("run_agent_async", agentSwarmUri="helper", prompt="work")),
+                     lambda req: reply(None, call("monitor_agent", agentId=last_result(req)["instanceId"],
+                                                  onFinish=True)),
+                     reply("I will wait for the alert"),
+                     lambda req: reply("alert: " + (req.messages[-1].content or "")), provider="p")
+    child = Harness(slow, provider="c")
+    path = helper_file(tmp_path / "agents")
+    async with make_runtime(tmp_path, parent, child, capabilities=SPAWN,
+                            agent_definitions={"helper": str(path)}) as rt:
+        run, first = await run_to_rest(rt, defn(model="p:m", tools=("run_agent_async", "monitor_agent")))
+        assert first.text == "I will wait for the alert"
+        armed = (await rt.store.read_header(run.instance_id))["monitors"]
+        child_id = armed[0]["target"]
+        assert (armed[0]["onFinish"], armed[0]["turnsAt"]) == (True, None)
+        release.set()
+        with anyio.fail_after(10):
+            while len(parent.requests) < 4:
+                await anyio.sleep(0.02)
+            result = await run.wait()
+        assert result.text == f"alert: [monitor] agent {child_id}: it finished: waiting"
+        assert parent.sent[3][-1].source == "runtime"
+        header = await rt.store.read_header(run.instance_id)
+        assert header["monitors"] == []
+        assert records_of(await rt.records(run.instance_id), "monitor") == [
+            {"instanceId": child_id, "reason": "it finished: waiting"}]
+        assert rt.monitors.armed(run.instance_id) == []
+
+
+async def test_await_monitor_returns_the_alert_when_the_child_reaches_a_turn(tmp_path: Path) -> None:
+    """A turns monitor fires after that many more turns of the child; a watcher blocked in
+    await_monitor gets the alert as the call's result, not as a message.
+    """
+    release = anyio.Event()
+
+    async def slow(req: ModelRequest) -> Any:
+        await release.wait()
+        return reply(None, call("task_complete", result="r", summary="s"))
+
+    parent = Harness(reply(None, call("run_agent_async", agentSwarmUri="helper", prompt="work")),
+                     lambda req: reply(None, call("monitor_agent", agentId=last_result(req)["instanceId"], turns=1)),
+                     reply(None, call("await_monitor", timeout=20)),
+                     lambda req: reply(json.dumps(last_result(req))), provider="p")
+    child = Harness(slow, provider="c")
+    path = helper_file(tmp_path / "agents")
+    async with make_runtime(tmp_path, parent, child, capabilities=SPAWN,
+                            agent_definitions={"helper": str(path)}) as rt:
+        run = await rt.start_agent(defn(model="p:m", tools=("run_agent_async", "monitor_agent", "await_monitor")),
+                                   prompt="go")
+        with anyio.fail_after(10):
+            while len(parent.requests) < 3:
+                await anyio.sleep(0.02)
+            await anyio.sleep(0.2)
+            release.set()
+            result = await run.wait()
+        out = json.loads(result.text or "")
+        assert out["timedOut"] is False
+        (alert,) = out["fired"]
+        assert alert["reason"] == "it reached turn 1"
+        assert [m.role for m in parent.sent[3]][-2:] == ["assistant", "tool"]  # no monitor message
+
+
+async def test_monitor_agent_reports_and_refuses(tmp_path: Path) -> None:
+    """Without conditions monitor_agent only reports; a percentage without a known window, an
+    unreachable agent and await_monitor with nothing armed are tool errors.
+    """
+    other_h = Harness(reply("unrelated"), provider="o")
+    async with make_runtime(tmp_path, other_h) as rt:
+        other, _ = await run_to_rest(rt, defn(model="o:m"))
+    parent = Harness(reply(None, call("run_agent_async", agentSwarmUri="helper", prompt="work")),
+                     lambda req: reply(None,
+                                       call("monitor_agent", agentId=last_result(req)["instanceId"]),
+                                       call("monitor_agent", agentId=last_result(req)["instanceId"], contextAt="80%"),
+                                       call("monitor_agent", agentId=other.instance_id, onFinish=True),
+                                       call("await_monitor", timeout=1)),
+                     lambda req: reply(json.dumps(tool_results(req))), provider="p")
+    child = Harness(reply("done"), provider="c")
+    path = helper_file(tmp_path / "agents")
+    async with make_runtime(tmp_path, parent, child, other_h, capabilities=SPAWN,
+                            agent_definitions={"helper": str(path)}) as rt:
+        _, result = await run_to_rest(rt, defn(model="p:m", tools=("run_agent_async", "monitor_agent",
+                                                                     "await_monitor")))
+        status, percent, unrelated, nothing = json.loads(result.text or "")
+        assert status[1] == "success"
+        assert status[2]["monitor"] is None
+        assert status[2]["status"]["name"] == "helper"
+        assert percent[1] == "tool_error"
+        assert "context window" in percent[2]
+        assert unrelated[1] == "tool_error"
+        assert "not one this agent started" in unrelated[2]
+        assert nothing[1] == "tool_error"
+        assert "no monitor is armed" in nothing[2]
+
+
+def test_context_at_accepts_counts_units_and_percentages() -> None:
+    """contextAt: 12000, "400k", "1.5m", "80%" of a known window; anything else is a ToolError."""
+    from loopwright._agents import parse_context_at  # noqa: PLC0415
+    from loopwright.errors import ToolError  # noqa: PLC0415
+
+    assert parse_context_at(12000, None) == 12000
+    assert parse_context_at("400k", None) == 400_000
+    assert parse_context_at("1.5m", None) == 1_500_000
+    assert parse_context_at("80%", 200_000) == 160_000
+    for bad in ("80%", "lots", "-5k", True, 0, "150%"):
+        with pytest.raises(ToolError):
+            parse_context_at(bad, None if bad == "80%" else 1000)

@@ -108,6 +108,8 @@ class Instance:
     transcript: Transcript = attrs.field(factory=Transcript)
     grants: Capabilities = attrs.field(factory=Capabilities)
     turn: int = 0
+    #: Input tokens of its latest model call: how full its context is (``None`` before any).
+    context_tokens: int | None = None
     usage: Usage = attrs.field(factory=Usage)
     cost: Cost = attrs.field(factory=Cost)
     children_cost: Cost = attrs.field(factory=Cost)
@@ -169,6 +171,8 @@ class Instance:
         self.header["usage"] = _usage_unstructure(self.usage)
         self.header["cost"] = self.cost.amount
         self.header["turns"] = self.turn
+        if self.context_tokens is not None:
+            self.header["contextTokens"] = self.context_tokens
 
 
 class _Replay:
@@ -179,6 +183,7 @@ class _Replay:
         self.usage = Usage()
         self.cost = Cost()
         self.turn = 0
+        self.context_tokens: int | None = None
         self.seg_iter = self.seg_tools = self.seg_tokens = 0
         self.seg_cost: float | None = 0.0
         self.started: set[str] = set()
@@ -206,6 +211,8 @@ class _Replay:
         if "turn" in entry:
             self.turn = max(self.turn, int(spent.get("n", self.turn + 1)))
             self.seg_iter += 1
+            if not u.unreported_requests:
+                self.context_tokens = u.input_tokens
 
     def segment(self) -> None:
         self.begun = True
@@ -234,6 +241,7 @@ def rebuild(instance: Instance, entries: Sequence[Mapping[str, Any]]) -> None:
     instance.usage = r.usage
     instance.cost = r.cost
     instance.turn = r.turn
+    instance.context_tokens = r.context_tokens
     instance.seg_iterations = r.seg_iter
     instance.seg_tool_calls = r.seg_tools
     instance.seg_tokens = r.seg_tokens

@@ -426,6 +426,8 @@ class Loop:
         spname, smodel = self.rt.split_model(served)
         cost = self.rt.price(usage, spname, smodel)
         inst.turn = turn
+        if not usage.unreported_requests:
+            inst.context_tokens = usage.input_tokens
         inst.usage += usage
         inst.cost += cost
         inst.seg_iterations += 1

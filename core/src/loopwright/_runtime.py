@@ -272,6 +272,8 @@ class Runtime:
         self._plans: dict[int, _DefinitionPlan] = {}
         # Runs are kept only while something holds them: a running segment's task, or a caller.
         self._runs: weakref.WeakValueDictionary[str, AgentRun] = weakref.WeakValueDictionary()
+        #: The monitors armed by instances run here (built when the runtime is entered).
+        self.monitors: Any = None
         self._records: dict[str, list[dict[str, Any]]] = {}
         self._sinks: list[RecordSink] = []
         self._tg: TaskGroup | None = None
@@ -332,6 +334,10 @@ class Runtime:
         self._tg_cm = anyio.create_task_group()
         self._tg = await self._tg_cm.__aenter__()
         self._tg.start_soon(self._watch_for_cancel)
+        from loopwright._agents import Monitors  # noqa: PLC0415 - agents are optional per run
+
+        self.monitors = Monitors(self)
+        self._tg.start_soon(self.monitors.watch)
         return self
 
     async def __aexit__(
@@ -832,6 +838,8 @@ class Runtime:
         rebuild(inst, entries)
         run = AgentRun(self, inst)
         self._runs[instance_id] = run
+        if header.get("monitors") and self.monitors is not None:
+            self.monitors.load(header)
         return run
 
     def _definition_from_header(self, instance_id: str, header: Mapping[str, Any]) -> Definition:

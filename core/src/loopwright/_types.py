@@ -459,7 +459,8 @@ class Event:
             streamed answer starts over), ``tool_call_start`` (``id``, ``name``: streamed),
             ``usage`` (``usage``, ``cost``, ``model``), ``tool_call`` (``id``, ``name``,
             ``arguments``: a call starts running), ``tool_result`` (``id``, ``name``, ``status``,
-            ``content``) and ``approval`` (``toolCallId``, ``tool``, ``reason``).
+            ``content``), ``approval`` (``toolCallId``, ``tool``, ``reason``) and ``monitor``
+            (``instanceId``, ``reason``, ``monitor``: a monitor this instance armed fired).
         instance_id: The instance it concerns.
         turn: The turn number within the instance, when it belongs to one.
         data: The kind's fields, listed above.

@@ -10,6 +10,9 @@
   ``run_agent_async``.
 * ``list_agent_instances {name?, state?, swarm?}`` lists the instances the caller may reach.
 * ``query_agent {agentId, query}`` searches an instance's messages.
+* ``monitor_agent {agentId, contextAt?, turns?, onFinish?, elapsed?}`` arms a monitor on an agent
+  (or just reports its status); ``await_monitor {timeout?}`` waits for one to fire. See
+  :class:`loopwright._agents.Monitors`.
 
 A definition gets them only by listing them in ``tools:``, and starting agents also needs the
 ``agents.spawn`` grant. The rules they enforce (grants, tools, files, reach, depth) are in
@@ -24,7 +27,16 @@ from typing import Any
 from loopwright._tools import Tool, ToolContext, tool
 from loopwright.errors import ToolError
 
-__all__ = ["AGENT_TOOLS", "await_agent", "list_agent_instances", "message_agent", "query_agent", "run_agent_async"]
+__all__ = [
+    "AGENT_TOOLS",
+    "await_agent",
+    "await_monitor",
+    "list_agent_instances",
+    "message_agent",
+    "monitor_agent",
+    "query_agent",
+    "run_agent_async",
+]
 
 #: How long ``await_agent`` may wait in one call (it reports and returns a second before).
 AWAIT_TIMEOUT = 1800.0
@@ -123,6 +135,42 @@ async def _query_agent(ctx: ToolContext, agentId: str, query: str) -> dict[str, 
 
 query_agent: Tool = tool(name="query_agent", idempotent=True)(_query_agent)
 
+async def _monitor_agent(  # noqa: D417, PLR0917 - the seed's input properties
+    ctx: ToolContext, agentId: str, contextAt: int | str | None = None, turns: int | None = None,  # noqa: N803
+    onFinish: bool = False, elapsed: str | float | None = None,  # noqa: N803
+) -> dict[str, Any]:
+    """Watch an agent you started: be told once when any of the conditions holds. With no condition, report its status.
+
+    The first condition to hold fires the monitor once and disarms it; arming again on the same
+    agent replaces it. The alert arrives as a message, or as the result of await_monitor if you
+    are waiting there. elapsed only reports; it never stops the agent.
+
+    Args:
+        agentId: The instance id of the agent to watch.
+        contextAt: Fire when its context reaches this many tokens (such as 400k) or this share of its window (80%).
+        turns: Fire after this many more model turns of it.
+        onFinish: Fire when it rests (finishes, waits or fails).
+        elapsed: Fire after this long (such as 30m or 2h).
+    """
+    return await _agents(ctx).monitor(  # type: ignore[no-any-return]
+        agentId, context_at=contextAt, turns=turns, on_finish=onFinish, elapsed=elapsed)
+
+
+monitor_agent: Tool = tool(name="monitor_agent")(_monitor_agent)
+
+
+async def _await_monitor(ctx: ToolContext, timeout: float | None = None) -> dict[str, Any]:  # noqa: ASYNC109, D417
+    """Wait until one of the monitors you armed fires, and get its alert instead of a message.
+
+    Args:
+        timeout: The longest to wait, in seconds.
+    """
+    return await _agents(ctx).await_monitor(timeout)  # type: ignore[no-any-return]
+
+
+await_monitor: Tool = tool(name="await_monitor", idempotent=True, timeout=AWAIT_TIMEOUT)(_await_monitor)
+
 #: Every agent tool, in the order they are registered.
-AGENT_TOOLS: tuple[Tool, ...] = (run_agent_async, await_agent, message_agent, list_agent_instances, query_agent)
+AGENT_TOOLS: tuple[Tool, ...] = (run_agent_async, await_agent, message_agent, list_agent_instances, query_agent,
+                                 monitor_agent, await_monitor)
 
