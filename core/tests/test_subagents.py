@@ -10,6 +10,7 @@ import anyio
 import pytest
 from helpers import Harness, call, defn, make_runtime, records_of, reply, run_to_rest
 
+import loopwright
 from loopwright import Capabilities, ModelRequest, ToolStatus, Usage
 from loopwright._definition import FileGrants
 
@@ -442,3 +443,79 @@ def test_context_at_accepts_counts_units_and_percentages() -> None:
     for bad in ("80%", "lots", "-5k", True, 0, "150%"):
         with pytest.raises(ToolError):
             parse_context_at(bad, None if bad == "80%" else 1000)
+
+
+# -- budgets -------------------------------------------------------------------------------------
+
+
+def _spend(tokens: int) -> Usage:
+    return Usage(input_tokens=tokens, output_tokens=0, total_tokens=tokens, requests=1)
+
+
+async def test_a_child_gets_what_remains_of_its_callers_limits(tmp_path: Path) -> None:
+    """The child's budget is the caller's remaining tokens; it stops with limit_exceeded when it
+    has spent them, although its own definition sets no limit.
+    """
+    parent = Harness(reply(None, call("run_agent_async", agentSwarmUri="helper", prompt="work"), usage=_spend(300)),
+                     lambda req: reply(None, call("await_agent", ids=[last_result(req)["instanceId"]]),
+                                       usage=_spend(10)),
+                     lambda req: reply(json.dumps(last_result(req)), usage=_spend(10)), provider="p")
+    child = Harness(reply(None, call("list_agent_instances"), usage=_spend(400)),
+                    reply(None, call("list_agent_instances"), usage=_spend(400)),
+                    reply("never reached", usage=_spend(1)), provider="c")
+    path = helper_file(tmp_path / "agents", tools="[list_agent_instances]")
+    limits = loopwright.Limits(tokens=2000)
+    async with make_runtime(tmp_path, parent, child, capabilities=SPAWN, limits=limits,
+                            agent_definitions={"helper": str(path)}) as rt:
+        _, result = await run_to_rest(rt, defn(model="p:m", tools=parent_tools()))
+        (agent,) = json.loads(result.text or "")["agents"]
+        header = await rt.store.read_header(agent["instanceId"])
+        assert header["budget"] == {"tokens": 1700, "toolCalls": 199}  # the default toolCalls limit is 200
+        assert (agent["state"], agent["stopReason"]) == ("waiting", "waiting")
+    parent2 = Harness(reply(None, call("run_agent_async", agentSwarmUri="helper", prompt="work"), usage=_spend(300)),
+                      lambda req: reply(None, call("await_agent", ids=[last_result(req)["instanceId"]]),
+                                        usage=_spend(10)),
+                      lambda req: reply(json.dumps(last_result(req)), usage=_spend(10)), provider="p")
+    child.replies[:] = [reply(None, call("list_agent_instances"), usage=_spend(400)),
+                        reply(None, call("list_agent_instances"), usage=_spend(400)),
+                        reply("never reached", usage=_spend(1))]
+    async with make_runtime(tmp_path, parent2, child, capabilities=SPAWN, limits=loopwright.Limits(tokens=1000),
+                            agent_definitions={"helper": str(path)}) as rt:
+        run, result = await run_to_rest(rt, defn(model="p:m", tools=parent_tools()))
+        (child_id,) = (await rt.store.read_header(run.instance_id))["children"]
+        header = await rt.store.read_header(child_id)
+        assert header["budget"] == {"tokens": 700, "toolCalls": 199}
+        assert (header["state"], header["stopReason"], header["limit"]) == ("error", "limit_exceeded", "tokens")
+        assert len(child.replies) == 1  # the third call never happened
+        # The caller's own limit counts the child's 800 tokens: it stops too.
+        assert (result.stop_reason.value, result.limit) == ("limit_exceeded", "tokens")
+
+
+async def test_what_a_child_spends_counts_toward_its_callers_limit(tmp_path: Path) -> None:
+    """The caller's tokens limit counts its children's spending: it stops once both together reach it."""
+    parent = Harness(reply(None, call("run_agent_async", agentSwarmUri="helper", prompt="work"), usage=_spend(100)),
+                     lambda req: reply(None, call("await_agent", ids=[last_result(req)["instanceId"]]),
+                                       usage=_spend(100)),
+                     reply("never reached", usage=_spend(1)), provider="p")
+    child = Harness(reply("spent a lot", usage=_spend(850)), provider="c")
+    path = helper_file(tmp_path / "agents")
+    async with make_runtime(tmp_path, parent, child, capabilities=SPAWN, limits=loopwright.Limits(tokens=1000),
+                            agent_definitions={"helper": str(path)}) as rt:
+        _, result = await run_to_rest(rt, defn(model="p:m", tools=parent_tools()))
+        assert (result.state.value, result.stop_reason.value, result.limit) == ("error", "limit_exceeded", "tokens")
+        assert "1050 tokens used" in (result.error or "")
+        assert len(parent.replies) == 1
+
+
+async def test_no_agent_starts_without_budget_left(tmp_path: Path) -> None:
+    """A caller whose toolCalls limit is used up by this very call cannot give a child any: tool_error."""
+    parent = Harness(reply(None, call("run_agent_async", agentSwarmUri="helper", prompt="work")),
+                     lambda req: reply(json.dumps(tool_results(req))), provider="p")
+    path = helper_file(tmp_path / "agents")
+    async with make_runtime(tmp_path, parent, capabilities=SPAWN, limits=loopwright.Limits(tool_calls=1),
+                            agent_definitions={"helper": str(path)}) as rt:
+        _, result = await run_to_rest(rt, defn(model="p:m", tools=parent_tools()))
+        ((_, status, content),) = json.loads(result.text or "")
+        assert status == "tool_error"
+        assert "toolCalls limit is used up" in content
+        assert len(await rt.list_instances()) == 1

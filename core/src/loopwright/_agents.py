@@ -14,6 +14,9 @@ An :class:`Agents` object is handed to the agent tools (``run_agent_async``, ``a
   symlinks are resolved.
 * **Reach.** The tools reach the caller's descendants (found by following
   ``spawnerInstanceId``, live or saved), unless the assembly sets ``agentsMayReachAnyInstance``.
+* **Budgets.** A child's limits are at most what remains of its caller's (``tokens``, ``cost``,
+  ``toolCalls``, ``elapsed``), saved as its ``budget``; and what it spends counts toward its
+  caller's ``tokens`` and ``cost`` limits for the rest of the caller's segment.
 * **Cost.** A child's id is kept in its caller's header (``children``), so the caller's subtree
   cost includes it (:meth:`loopwright.Runtime.subtree_cost`).
 
@@ -91,20 +94,51 @@ class Agents:
         if depth + 1 > limit:
             raise ToolError(f"agent depth limit ({limit}) reached: this agent is at depth {depth}")
         defn = self._definition(swarm_uri)
+        links: dict[str, Any] = {
+            "spawnerInstanceId": caller.id, "callerInstanceId": caller.id, "callerToolCallId": self.tool_call_id,
+            "delegationPrompt": prompt, "depth": depth + 1, "agentSwarmUri": swarm_uri,
+        }
+        budget = self._budget()
+        if budget:
+            links["budget"] = budget
         try:
-            run = await rt.create_run(defn, None, prompt, grants=grants, links={
-                "spawnerInstanceId": caller.id, "callerInstanceId": caller.id,
-                "callerToolCallId": self.tool_call_id, "delegationPrompt": prompt, "depth": depth + 1,
-                "agentSwarmUri": swarm_uri,
-            })
+            run = await rt.create_run(defn, None, prompt, grants=grants, links=links)
         except ConfigError as exc:
             raise ToolError(f"cannot start {swarm_uri!r}: {exc}") from exc
+        caller.spawned.append(run)
         child = run.instance_id
         caller.header.setdefault("children", []).append(child)
         await rt.write_header(caller)
         rt.queue_record(caller.id, "agent", {"action": "start", "instanceId": child, "definition": defn.name,
                                              "toolCallId": self.tool_call_id})
         return {"instanceId": child, "name": defn.name, "state": run.inst.state.value}
+
+    def _budget(self) -> dict[str, Any]:
+        """Return what remains of the caller's limits in this segment: the child's budget.
+
+        :raises ToolError: If nothing remains of one of them.
+        """
+        from loopwright._loop import spent_in_segment  # noqa: PLC0415
+
+        caller = self.caller
+        limits = self._rt.limits_of(caller)
+        tokens, cost = spent_in_segment(caller)
+        budget: dict[str, Any] = {}
+        if limits.tokens is not None:
+            budget["tokens"] = limits.tokens - tokens
+        if limits.cost is not None:
+            if cost is None:
+                raise ToolError("cannot give an agent a cost budget: the price of a model used here is unknown")
+            budget["cost"] = limits.cost - cost
+        if limits.tool_calls is not None:
+            budget["toolCalls"] = limits.tool_calls - caller.seg_tool_calls
+        if limits.elapsed is not None:
+            started = float(caller.header.get("segmentStartedAt") or time.time())
+            budget["elapsed"] = limits.elapsed - (time.time() - started)
+        spent = [key for key, left in budget.items() if left <= 0]
+        if spent:
+            raise ToolError(f"no budget left to give an agent: this agent's {', '.join(spent)} limit is used up")
+        return budget
 
     def _definition(self, swarm_uri: str) -> Any:
         rt, caller = self._rt, self.caller

@@ -129,6 +129,9 @@ class Instance:
     task_given: bool = True
     #: The index of the last initial prompt saved (``ip`` marks), -1 for none.
     last_initial: int = -1
+    #: The runs of the agents it started in the current segment: their spending counts toward
+    #: its ``tokens`` and ``cost`` limits (kept in memory: a restart forgets it).
+    spawned: list[Any] = attrs.Factory(list)
 
     # -- header fields ---------------------------------------------------------------------
 

@@ -227,6 +227,7 @@ class Loop:
         inst = run.inst
         if new_segment:
             inst.seg_iterations = inst.seg_tool_calls = inst.seg_tokens = 0
+            inst.spawned = []
             inst.seg_cost = 0.0
             inst.completion_attempts = inst.output_attempts = 0
             inst.header["segmentStartedAt"] = time.time()
@@ -246,7 +247,7 @@ class Loop:
     async def _turns(self, run: AgentRun) -> None:
         inst = run.inst
         defn = inst.definition
-        limits = self.rt.limits_for(defn)
+        limits = self.rt.limits_of(inst)
         while True:
             await self._drain_inbox(run)
             self._check_limits(inst, limits)
@@ -266,19 +267,22 @@ class Loop:
             await self.run_calls(run, calls, limits)
 
     def _check_limits(self, inst: Instance, limits: Limits) -> None:
+        """Raise SegmentEnd for a limit reached; tokens and cost include what agents it started spent."""
         if limits.max_iterations is not None and inst.seg_iterations >= limits.max_iterations:
             raise SegmentEnd(State.ERROR, StopReason.MAX_ITERATIONS,
                              error=f"max iterations ({limits.max_iterations}) reached", limit="maxIterations")
-        if limits.tokens is not None and inst.seg_tokens >= limits.tokens:
-            raise SegmentEnd(State.ERROR, StopReason.LIMIT_EXCEEDED, limit="tokens",
-                             error=f"token limit ({limits.tokens}) reached: {inst.seg_tokens} tokens used")
-        if limits.cost is not None:
-            if inst.seg_cost is None:
-                raise SegmentEnd(State.ERROR, StopReason.LIMIT_EXCEEDED, limit="cost",
-                                 error="cost limit set but the price of a model used is unknown")
-            if inst.seg_cost >= limits.cost:
-                raise SegmentEnd(State.ERROR, StopReason.LIMIT_EXCEEDED, limit="cost",
-                                 error=f"cost limit ({limits.cost}) reached: {inst.seg_cost:.6f} spent")
+        if limits.tokens is not None or limits.cost is not None:
+            tokens, cost = spent_in_segment(inst)
+            if limits.tokens is not None and tokens >= limits.tokens:
+                raise SegmentEnd(State.ERROR, StopReason.LIMIT_EXCEEDED, limit="tokens",
+                                 error=f"token limit ({limits.tokens}) reached: {tokens} tokens used")
+            if limits.cost is not None:
+                if cost is None:
+                    raise SegmentEnd(State.ERROR, StopReason.LIMIT_EXCEEDED, limit="cost",
+                                     error="cost limit set but the price of a model used is unknown")
+                if cost >= limits.cost:
+                    raise SegmentEnd(State.ERROR, StopReason.LIMIT_EXCEEDED, limit="cost",
+                                     error=f"cost limit ({limits.cost}) reached: {cost:.6f} spent")
         if limits.elapsed is not None:
             started = float(inst.header.get("segmentStartedAt") or time.time())
             if time.time() - started >= limits.elapsed:
@@ -825,7 +829,7 @@ class Loop:
         _assistant, unanswered = unanswered_calls(inst.transcript)
         by_id = {p.tool_call_id: p for p in pending}
         items: list[_Call] = []
-        limits = self.rt.limits_for(inst.definition)
+        limits = self.rt.limits_of(inst)
         exceeded = False
         for index, call in enumerate(unanswered):
             p = by_id.get(call.id)
@@ -922,7 +926,7 @@ class Loop:
         if not messages:
             return
         last = messages[-1]
-        limits = self.rt.limits_for(inst.definition)
+        limits = self.rt.limits_of(inst)
         if last.role == "assistant" and not last.tool_calls:
             if inst.definition.output is not None and await self._output_rejected(run, last):
                 return
@@ -997,6 +1001,29 @@ def _position(order: Mapping[str, int], message: Message) -> int:
     if message.role == "tool":
         return order.get(message.tool_call_id or "", 1 << 30)
     return 1 << 31
+
+
+def spent_in_segment(inst: Instance) -> tuple[int, float | None]:
+    """Return the tokens and cost of the instance's current segment, its children's included.
+
+    The agents it started in this segment count with all they spent (and their own children); the
+    cost is ``None`` when any part is unknown.
+    """
+    tokens, cost = inst.seg_tokens, inst.seg_cost
+    for child in inst.spawned:
+        below_tokens, below_cost = _spent_by(child.inst)
+        tokens += below_tokens
+        cost = None if cost is None or below_cost is None else cost + below_cost
+    return tokens, cost
+
+
+def _spent_by(inst: Instance) -> tuple[int, float | None]:
+    tokens, cost = inst.usage.input_tokens + inst.usage.output_tokens, inst.cost.amount
+    for child in inst.spawned:
+        below_tokens, below_cost = _spent_by(child.inst)
+        tokens += below_tokens
+        cost = None if cost is None or below_cost is None else cost + below_cost
+    return tokens, cost
 
 
 def _one_request(usage: Usage) -> Usage:

@@ -545,6 +545,22 @@ class Runtime:
         """Return the effective limits: defaults, then the assembly's, then the definition's."""
         return self._plan(definition).limits
 
+    def limits_of(self, inst: Instance) -> Limits:
+        """Return an instance's limits: its definition's, capped by the ``budget`` its caller gave it.
+
+        A budget (``tokens``, ``cost``, ``toolCalls``, ``elapsed`` seconds) is what remained of the
+        caller's limits when it started the instance; each applies to every segment.
+        """
+        limits = self._plan(inst.definition).limits
+        budget = inst.header.get("budget")
+        if not budget:
+            return limits
+        return attrs.evolve(
+            limits, tokens=_smaller(limits.tokens, budget.get("tokens")),
+            cost=_smaller(limits.cost, budget.get("cost")),
+            tool_calls=_smaller(limits.tool_calls, budget.get("toolCalls")),
+            elapsed=_smaller(limits.elapsed, budget.get("elapsed")))
+
     def context_strategy(self, definition: Definition) -> ContextStrategy | None:
         """Return the definition's context strategy, built once."""
         return self._plan(definition).strategy
@@ -713,7 +729,7 @@ class Runtime:
             queue(Message(role="assistant", content=content, tool_calls=calls, injected=True), ip=n)
             await flush()
             try:
-                await loop.run_calls(run, calls, self.limits_for(defn))
+                await loop.run_calls(run, calls, self.limits_of(inst))
             except SegmentEnd as end:
                 if end.reason in (StopReason.WAITING_FOR_APPROVAL, StopReason.WAITING):
                     self._defer_task(inst)
@@ -1253,6 +1269,13 @@ def _guardrail_impl(ref: str, fn: Callable[..., Any]) -> tuple[str, Callable[...
         return Block(str(verdict))
 
     return (f"guardrail {ref}", impl, ("call", "tool", "instance", "turn"))
+
+
+def _smaller(a: Any, b: Any) -> Any:
+    """Return the smaller of two optional limits (``None`` is no limit)."""
+    if a is None:
+        return b
+    return a if b is None else min(a, b)
 
 
 def _new_id() -> str:
