@@ -979,6 +979,11 @@ class Runtime:
         if run.inst.state is not State.RUNNING:
             lease.release()
             return run
+        await self._start_resumed(run, lease)
+        return run
+
+    async def _start_resumed(self, run: AgentRun, lease: Lease) -> None:
+        """Start the segment that continues an instance a dead runner left ``running`` (lease held)."""
         loop = self.loop
         inst = run.inst
 
@@ -998,7 +1003,58 @@ class Runtime:
 
         # A crash before the first segment saved anything: that segment starts over.
         await self._start_segment(run, new_segment=not inst.begun, prelude=prelude, lease=lease)
-        return run
+
+    async def pick_up(  # noqa: PLR0911 - one return per kind of work, or none
+        self, instance_id: str,
+    ) -> tuple[AgentRun, Literal["resume", "approval", "message"]] | None:
+        """Start the work another process left for an instance, if it has any (``loopwright worker``).
+
+        Under the instance's lease, on a fresh copy of it: an instance left ``running`` (its
+        runner died) is resumed as by :meth:`resume`; one waiting for approval whose held calls
+        are all decided goes on as after the last :meth:`AgentRun.approve`; a resting one with
+        a message in its mailbox starts a segment as :meth:`AgentRun.message` does.
+
+        :return: The run (its segment started in the background) and which of the three it
+            was, or ``None``: nothing to do, or another runner holds the instance.
+        """
+        run = await self.get_agent(instance_id)
+        if run.running:
+            return None
+        try:
+            lease = await self.store.acquire(instance_id, self.owner)
+        except InstanceLockedError:
+            return None
+        try:
+            await self._refresh(run)
+            inst = run.inst
+            pending = inst.pending_approvals
+            if inst.state is State.RUNNING:
+                await self._start_resumed(run, lease)
+                return run, "resume"
+            if inst.state is State.WAITING_FOR_APPROVAL:
+                if not pending or any(p.decision is None for p in pending):
+                    lease.release()
+                    return None
+                loop = self.loop
+
+                async def decided() -> None:
+                    await loop.continue_after_decisions(run)
+
+                await self._start_segment(run, new_segment=False, prelude=decided, lease=lease)
+                return run, "approval"
+            if not await self.loop.has_mail(run):
+                lease.release()
+                return None
+        except BaseException:
+            lease.release()
+            raise
+        loop = self.loop
+
+        async def repair() -> None:
+            await loop.repair_interrupted(run)
+
+        await self._start_segment(run, new_segment=True, prelude=repair, lease=lease)
+        return run, "message"
 
     async def decide(
         self, run: AgentRun, tool_call_id: str | None, decision: Literal["approved", "denied"], reason: str | None,
