@@ -39,6 +39,7 @@ __all__ = [
     "run",
     "show",
     "validate",
+    "worker",
 ]
 
 
@@ -233,6 +234,14 @@ async def records(settings: CliSettings, instance_id: str, kinds: Sequence[str])
             if not wanted or record.get("kind") in wanted:
                 click.echo(json.dumps(record, ensure_ascii=False, separators=(",", ":"), default=str))
         return EXIT_OK
+
+
+@_sync
+async def worker(settings: CliSettings, poll: float, max_concurrent: int, once: bool, grace: float) -> int:
+    """``loopwright worker``: run the work other processes leave in the store until stopped."""
+    from loopwright.cli._worker import worker as serve  # noqa: PLC0415
+
+    return await serve(settings, poll, max_concurrent, once, grace)
 
 
 # ---------------------------------------------------------------------------------------------

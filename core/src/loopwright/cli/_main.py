@@ -314,6 +314,46 @@ def validate_command(settings: CliSettings, files: tuple[str, ...], kind: str | 
     return _invoke("validate", settings, files, kind)
 
 
+class _Duration(click.ParamType):  # type: ignore[type-arg]
+    """Seconds, or a string with a unit: ``500ms``, ``1s``, ``2m``, ``1h``."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, (int, float)):
+            return float(value)
+        from loopwright._config import parse_duration  # noqa: PLC0415 - only when the option is given
+        from loopwright.errors import ConfigError  # noqa: PLC0415
+
+        try:
+            return parse_duration(value)
+        except (ConfigError, ValueError) as exc:
+            self.fail(str(exc), param, ctx)
+
+
+@_command("worker")
+@click.option("--poll", type=_Duration(), default="1s", show_default=True, metavar="DURATION",
+              help="How often to look for work in the store (500ms, 1s, 2m ...).")
+@click.option("--max-concurrent", type=click.IntRange(min=1), default=8, show_default=True, metavar="N",
+              help="The most instances run at once.")
+@click.option("--once", is_flag=True, help="Run the work there is, wait for it to rest, then exit.")
+@click.option("--grace", type=_Duration(), default="30s", show_default=True, metavar="DURATION",
+              help="After SIGTERM or Ctrl-C, how long running segments may take to rest before they are "
+                   "left running for another worker.")
+@_pass_settings
+def worker_command(settings: CliSettings, poll: float, max_concurrent: int, once: bool, grace: float) -> int:
+    """Run the work other processes leave in the store, until SIGTERM or Ctrl-C.
+
+    Resumes instances whose runner died, continues instances whose held calls were decided
+    elsewhere, and answers messages posted to resting instances. Any number of workers may
+    share a store: each instance runs in one of them at a time. Prints one line per instance
+    picked up and one when it rests (JSON lines with --json).
+    """
+    if poll <= 0:
+        raise click.BadParameter("must be above 0", param_hint="'--poll'")
+    return _invoke("worker", settings, poll, max_concurrent, once, grace)
+
+
 # ---------------------------------------------------------------------------------------------
 # Inputs
 # ---------------------------------------------------------------------------------------------

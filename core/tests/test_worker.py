@@ -1,0 +1,212 @@
+"""``loopwright worker`` on the file store, run as a subprocess: resumes, mail, approvals, --once, signals.
+
+Each test works in a fresh folder with an assembly (a file store in ``./store``) and the
+``script:NAME`` models and tools of ``worker_plugin.py``. Instances are made by ``loopwright
+run`` in other processes, and work is left for the worker the way other processes leave it:
+a runner SIGKILLed mid-run, a message or a decision written to the store directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from loopwright.abc import StoreSettings
+from loopwright.builtins.file_store import FileStore
+
+PLUGIN = Path(__file__).with_name("worker_plugin.py")
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPWRIGHT_")}
+    env["LOOPWRIGHT_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    return env
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A folder with a file-store assembly, the worker plugin and one definition per script."""
+    shutil.copy(PLUGIN, tmp_path / "worker_plugin.py")
+    (tmp_path / "loopwright.yaml").write_text("store: {kind: file, path: ./store}\nplugins: [worker_plugin.py]\n")
+    for name, tools in (("chat", "[]"), ("slow", "[nap]"), ("approve", "[delete]"), ("nap", "[nap]"),
+                        ("long", "[nap]")):
+        (tmp_path / f"{name}.yaml").write_text(f"name: {name}\nmodel: script:{name}\ntools: {tools}\n")
+    return tmp_path
+
+
+def lw(project: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "loopwright.cli", *args], cwd=project, env=_env(),
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def start(project: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "loopwright.cli", *args], cwd=project, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def run_json(project: Path, *args: str) -> dict[str, Any]:
+    done = lw(project, "run", "--json", *args)
+    assert done.returncode in (0, 3), done.stderr
+    data: dict[str, Any] = json.loads(done.stdout)
+    return data
+
+
+def events(out: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, f"{path.name} never appeared"
+        time.sleep(0.02)
+
+
+def store_call(project: Path, fn: Any) -> Any:
+    """Run ``await fn(store)`` on the project's file store, from this (another) process."""
+    async def main() -> Any:
+        async with FileStore(StoreSettings(kind="file", base_dir=project, options={"path": "./store"})) as store:
+            return await fn(store)
+    return anyio.run(main)
+
+
+def post_message(project: Path, iid: str, text: str) -> None:
+    store_call(project, lambda store: store.post(
+        iid, {"type": "message", "text": text, "source": "api", "at": "2026-01-01T00:00:00Z"}))
+
+
+def header(project: Path, iid: str) -> dict[str, Any]:
+    return store_call(project, lambda store: store.read_header(iid))  # type: ignore[no-any-return]
+
+
+def kill_mid_run(project: Path) -> str:
+    """Start the slow agent, SIGKILL its process in the middle of the tool call, return the instance id."""
+    marker = project / "slow.started"
+    proc = start(project, "run", "slow.yaml")
+    try:
+        wait_for(marker, proc)
+    finally:
+        proc.kill()
+        proc.communicate()
+    marker.unlink()
+    (running,) = json.loads(lw(project, "ls", "--state", "running", "--json").stdout)
+    return str(running["instanceId"])
+
+
+def test_once_with_nothing_to_do_exits_0_quietly(project: Path) -> None:
+    """--once on a store with only resting instances (and on an empty one) exits 0 and prints nothing."""
+    empty = lw(project, "worker", "--once", "--json")
+    assert (empty.returncode, empty.stdout, empty.stderr) == (0, "", "")
+    run_json(project, "chat.yaml", "-p", "hi")
+    done = lw(project, "worker", "--once")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ""
+    assert "worker: serving FileStore" in done.stderr
+
+
+def test_a_runner_killed_mid_run_is_resumed_by_the_worker(project: Path) -> None:
+    """An instance left running by a SIGKILLed process is resumed: its interrupted call is repaired, it rests."""
+    iid = kill_mid_run(project)
+    done = lw(project, "worker", "--once", "--json")
+    assert done.returncode == 0, done.stderr
+    picked, finished = events(done.stdout)
+    assert (picked["event"], picked["instanceId"], picked["reason"]) == ("pickedUp", iid, "resume")
+    assert (finished["event"], finished["instanceId"], finished["state"]) == ("finished", iid, "waiting")
+    assert finished["text"].startswith("after slow: the call was interrupted")
+    assert header(project, iid)["state"] == "waiting"
+    # Nothing is left: a second pass finds no work.
+    again = lw(project, "worker", "--once", "--json")
+    assert (again.returncode, again.stdout) == (0, "")
+
+
+def test_a_message_posted_to_a_resting_instance_is_answered(project: Path) -> None:
+    """A message written to the mailbox of a waiting instance by another process is read and answered."""
+    iid = run_json(project, "chat.yaml", "-p", "first")["instanceId"]
+    post_message(project, iid, "from elsewhere")
+    done = lw(project, "worker", "--once")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == f"picked up {iid}: message"
+    assert lines[1].startswith(f"finished {iid}: waiting, 2 turns, 30 tokens")
+    shown = json.loads(lw(project, "show", iid, "--json").stdout)
+    assert shown["state"] == "waiting"
+    texts = json.loads(lw(project, "message", iid, "third", "--json").stdout)
+    assert texts["text"] == "answer to: third"
+    turns = [json.loads(r) for r in lw(project, "records", iid, "--kind", "message").stdout.splitlines()]
+    assert len(turns) == 2  # "from elsewhere" and "third", each delivered once
+
+
+def test_an_approval_decided_elsewhere_continues_in_the_worker(project: Path) -> None:
+    """A decision written to the header of a waiting_for_approval instance makes the worker continue it."""
+    iid = run_json(project, "approve.yaml")["instanceId"]
+    undecided = lw(project, "worker", "--once", "--json")
+    assert (undecided.returncode, undecided.stdout) == (0, "")  # a call still waits: no work
+
+    async def decide(store: FileStore) -> None:
+        h = await store.read_header(iid)
+        h["pendingApprovals"] = [{**p, "decision": "approved"} for p in h["pendingApprovals"]]
+        await store.write_header(iid, h)
+
+    store_call(project, decide)
+    done = lw(project, "worker", "--once", "--json")
+    assert done.returncode == 0, done.stderr
+    picked, finished = events(done.stdout)
+    assert (picked["instanceId"], picked["reason"]) == (iid, "approval")
+    assert (finished["state"], finished["text"]) == ("waiting", "result: deleted x")
+    calls = [json.loads(r)["data"] for r in lw(project, "records", iid, "--kind", "tool_call").stdout.splitlines()]
+    assert [(c["tool"], c["status"]) for c in calls] == [("delete", "success")]
+
+
+def test_sigterm_lets_a_running_segment_rest_then_exits_0(project: Path) -> None:
+    """SIGTERM while the worker runs a tool call: the segment finishes and rests, the worker exits 0."""
+    iid = run_json(project, "nap.yaml")["instanceId"]
+    worker = start(project, "worker", "--poll", "50ms", "--json")
+    try:
+        post_message(project, iid, "go")
+        wait_for(project / "nap.started", worker)
+        worker.send_signal(signal.SIGTERM)
+        out, err = worker.communicate(timeout=30)
+    finally:
+        worker.kill()
+    assert worker.returncode == 0, err
+    assert "Traceback" not in err
+    kinds = [(e["event"], e["instanceId"]) for e in events(out)]
+    assert kinds == [("pickedUp", iid), ("finished", iid)]
+    assert events(out)[1]["text"] == "after nap: napped"
+    h = header(project, iid)
+    assert (h["state"], h.get("cancelled")) == ("waiting", False)
+
+
+def test_ctrl_c_after_the_grace_leaves_the_instance_for_another_worker(project: Path) -> None:
+    """SIGINT with --grace 0 mid-tool: exit 130 at once, the instance stays running, lease free; a worker resumes it."""
+    iid = run_json(project, "long.yaml")["instanceId"]
+    worker = start(project, "worker", "--poll", "50ms", "--grace", "0")
+    try:
+        post_message(project, iid, "go")
+        wait_for(project / "long.started", worker)
+        began = time.monotonic()
+        worker.send_signal(signal.SIGINT)
+        out, err = worker.communicate(timeout=30)
+    finally:
+        worker.kill()
+    assert worker.returncode == 130, err
+    assert time.monotonic() - began < 10  # did not wait for the minute-long call
+    assert "Traceback" not in err
+    assert out.splitlines() == [f"picked up {iid}: message", f"left running {iid}: another worker resumes it"]
+    assert header(project, iid)["state"] == "running"
+    done = lw(project, "worker", "--once", "--json")
+    assert done.returncode == 0, done.stderr
+    picked, finished = events(done.stdout)
+    assert (picked["instanceId"], picked["reason"]) == (iid, "resume")
+    assert finished["text"].startswith("after long: the call was interrupted")
