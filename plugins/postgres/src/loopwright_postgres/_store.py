@@ -64,6 +64,15 @@ _ID_RE: Final = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}")
 # Lower case only: the name then needs no quoting in psql or anywhere else.
 _SCHEMA_RE: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _TABLES: Final = ("instances", "entries", "records", "posts")
+# Instances that may have work for a worker (see find_work): the predicate of the partial index
+# instances_work, repeated word for word in the query so that the planner uses that index. The
+# columns are copies of header keys, written with the header (json operators cannot read every
+# header: they refuse a string holding U+0000).
+_WORK: Final = ("(state = 'running' OR (state = 'waiting_for_approval' AND decided) "
+                "OR (state IN ('waiting', 'stopped', 'error') AND last_post > inbox_cursor))")
+#: Columns added to ``instances`` for find_work, with their types (added to older tables too).
+_WORK_COLUMNS: Final = (("state", "text"), ("inbox_cursor", "bigint NOT NULL DEFAULT 0"),
+                        ("decided", "boolean NOT NULL DEFAULT false"), ("last_post", "bigint NOT NULL DEFAULT 0"))
 _PG14: Final = 140000  # idle_session_timeout appeared in PostgreSQL 14
 # How many released lease connections are kept open for the next acquire (saves a connect).
 _IDLE_LOCK_CONNECTIONS: Final = 8
@@ -116,6 +125,29 @@ def _lock_key(schema: str, instance_id: str) -> int:
     """Return the advisory-lock key of an instance: 64 bits of a hash of schema and id, signed."""
     digest = hashlib.blake2b(f"loopwright\0{schema}\0{instance_id}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big", signed=True)
+
+
+def _loads(text: str) -> object:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _work_columns(header: object) -> tuple[str | None, int, bool]:
+    """Return the ``state``, ``inbox_cursor`` and ``decided`` columns for a header (see find_work).
+
+    ``decided``: the instance holds calls for approval and every one of them is decided.
+    """
+    if not isinstance(header, Mapping):
+        return None, 0, False
+    state = header.get("state")
+    cursor = header.get("inboxCursor")
+    pending = header.get("pendingApprovals")
+    decided = bool(pending) and isinstance(pending, list) and all(
+        isinstance(p, Mapping) and p.get("decision") is not None for p in pending)
+    return (state if isinstance(state, str) else None,
+            cursor if type(cursor) is int and -(1 << 63) <= cursor < 1 << 63 else 0, decided)
 
 
 def _runner_of(header: object) -> str | None:
@@ -275,8 +307,10 @@ class PostgresStore(Store):
         """Build every statement once, with the schema quoted in."""
         s = sql.Identifier(schema)
         texts = {
-            "create": "INSERT INTO {s}.instances (id, header) VALUES (%s, %s::json)",
-            "write_header": "UPDATE {s}.instances SET header = %s::json, updated_at = now() WHERE id = %s",
+            "create": ("INSERT INTO {s}.instances (id, header, state, inbox_cursor, decided) "
+                       "VALUES (%s, %s::json, %s, %s, %s)"),
+            "write_header": ("UPDATE {s}.instances SET header = %s::json, updated_at = now(), state = %s, "
+                             "inbox_cursor = %s, decided = %s WHERE id = %s"),
             "read_header": "SELECT header::text FROM {s}.instances WHERE id = %s",
             "exists": "SELECT 1 FROM {s}.instances WHERE id = %s",
             "list": ("SELECT header::text FROM {s}.instances ORDER BY CASE json_typeof(header->'createdAt') "
@@ -284,6 +318,13 @@ class PostgresStore(Store):
             "lock": ("SELECT header::text, pg_try_advisory_lock(%s) FROM {s}.instances WHERE id = %s"),
             "post_lock": "SELECT pg_advisory_xact_lock(%s)",
             "read_mailbox": "SELECT seq, data::text FROM {s}.posts WHERE instance_id = %s AND seq > %s ORDER BY seq",
+            "post": ("WITH p AS (INSERT INTO {s}.posts (instance_id, data) VALUES (%s, %s::json) RETURNING seq) "
+                     "UPDATE {s}.instances SET last_post = p.seq FROM p WHERE id = %s"),
+            "held_leases": ("SELECT (classid::bigint << 32) | objid::bigint FROM pg_locks WHERE locktype = 'advisory' "
+                            "AND objsubid = 1 AND granted AND database = "
+                            "(SELECT oid FROM pg_database WHERE datname = current_database())"),
+            "find_work": ("SELECT id FROM {s}.instances WHERE " + _WORK  # noqa: S608 - constant text
+                          + " ORDER BY state = 'running', updated_at, id LIMIT %s"),
         }
         for table in ("entries", "records", "posts"):
             texts[f"append_{table}"] = "INSERT INTO {s}.{t} (instance_id, data) VALUES (%s, %s::json)"
@@ -334,9 +375,9 @@ class PostgresStore(Store):
         s = sql.Identifier(self.schema)
         present = conn.execute(
             "SELECT count(to_regclass(format('%%I.%%I', %s::text, t))) FROM unnest(%s::text[]) AS t",
-            (self.schema, list(_TABLES)),
+            (self.schema, [*_TABLES, "instances_work"]),
         ).fetchone()
-        if present is not None and present[0] == len(_TABLES):
+        if present is not None and present[0] == len(_TABLES) + 1:
             return
         with conn.transaction():
             # Many processes may start at once: concurrent CREATE ... IF NOT EXISTS can still
@@ -356,6 +397,32 @@ class PostgresStore(Store):
                     " seq bigint GENERATED ALWAYS AS IDENTITY,"
                     " data json NOT NULL,"
                     " PRIMARY KEY (instance_id, seq))").format(s=s, t=sql.Identifier(table)))
+            # Copies of the header keys find_work looks at, and the seq of the latest post, so
+            # that finding work reads one small partial index; added to tables made before them.
+            have = {row[0] for row in conn.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_schema = %s "
+                "AND table_name = 'instances'", (self.schema,)).fetchall()}
+            missing = [(name, kind) for name, kind in _WORK_COLUMNS if name not in have]
+            for name, kind in missing:
+                conn.execute(sql.SQL("ALTER TABLE {s}.instances ADD COLUMN {c} " + kind)
+                             .format(s=s, c=sql.Identifier(name)))
+            if missing:
+                self._fill_work_columns(conn)
+            conn.execute(sql.SQL("CREATE INDEX IF NOT EXISTS instances_work ON {s}.instances (updated_at) WHERE "
+                                 + _WORK).format(s=s))
+
+    def _fill_work_columns(self, conn: psycopg.Connection[Any]) -> None:
+        """Set the find_work columns of rows written before they existed (once, while setting up)."""
+        s = sql.Identifier(self.schema)
+        rows = conn.execute(sql.SQL("SELECT id, header::text FROM {s}.instances").format(s=s)).fetchall()
+        update = sql.SQL("UPDATE {s}.instances SET state = %s, inbox_cursor = %s, decided = %s WHERE id = %s"
+                         ).format(s=s)
+        with conn.cursor() as cur:
+            cur.executemany(update, [(*_work_columns(_loads(text)), iid) for iid, text in rows])
+        conn.execute(sql.SQL(
+            "UPDATE {s}.instances AS i SET last_post = m.seq FROM "
+            "(SELECT instance_id, max(seq) AS seq FROM {s}.posts GROUP BY instance_id) AS m "
+            "WHERE i.id = m.instance_id").format(s=s))
 
     def _call(self, instance_id: str | None, what: str, fn: Callable[[psycopg.Connection[Any]], _T]) -> _T:
         """Run ``fn`` on a pooled connection (in the worker thread); wrap database errors in StoreError."""
@@ -389,10 +456,11 @@ class PostgresStore(Store):
         """
         _check_id(instance_id)
         data = self._header_text(instance_id, header)
+        columns = _work_columns(header)
 
         def create(conn: psycopg.Connection[Any]) -> None:
             try:
-                conn.execute(self._sql["create"], (instance_id, data))
+                conn.execute(self._sql["create"], (instance_id, data, *columns))
             except psycopg.errors.UniqueViolation:
                 raise StoreError(f"already exists (schema {self.schema})", instance_id=instance_id) from None
 
@@ -406,9 +474,10 @@ class PostgresStore(Store):
         """
         _check_id(instance_id)
         data = self._header_text(instance_id, header)
+        columns = _work_columns(header)
 
         def write(conn: psycopg.Connection[Any]) -> int:
-            return conn.execute(self._sql["write_header"], (data, instance_id)).rowcount
+            return conn.execute(self._sql["write_header"], (data, *columns, instance_id)).rowcount
 
         if await self._run(instance_id, "write the header", write) == 0:
             raise InstanceNotFoundError(instance_id)
@@ -513,7 +582,7 @@ class PostgresStore(Store):
         def post(conn: psycopg.Connection[Any]) -> None:
             with conn.transaction():
                 conn.execute(self._sql["post_lock"], (key,))
-                conn.execute(self._sql["append_posts"], (instance_id, line))
+                conn.execute(self._sql["post"], (instance_id, line, instance_id))
 
         await self._run(instance_id, "post", post)
 
@@ -543,6 +612,32 @@ class PostgresStore(Store):
             obj = self._decode(instance_id, "a post", text)
             items.append(obj)
         return items, int(rows[-1][0])
+
+    async def find_work(self, *, limit: int) -> list[str]:
+        """Return up to ``limit`` ids of instances a worker may have to run, in one round trip.
+
+        Those ``waiting_for_approval`` with every held call decided, and resting ones
+        (``waiting``, ``stopped``, ``error``) whose latest post (``last_post``, set by
+        :meth:`post`) is after the header's ``inboxCursor``, come first; then instances left
+        ``running``, least recently updated first. ``state``, ``inbox_cursor`` and ``decided``
+        are columns written with each header. Instances whose lease someone holds (a live
+        runner anywhere, read from ``pg_locks``) are left out, so a dead runner's instance is
+        found without trying live ones' leases. The query reads only the rows of the partial
+        index ``instances_work`` (running, waiting for approval, or with unread posts), not the
+        whole table.
+        """
+        limit = max(int(limit), 0)
+        if limit == 0:
+            return []
+        schema = self.schema
+
+        def find(conn: psycopg.Connection[Any]) -> list[str]:
+            held = {key for (key,) in conn.execute(self._sql["held_leases"]).fetchall()}
+            held = {key - (1 << 64) if key >= 1 << 63 else key for key in held}
+            rows = conn.execute(self._sql["find_work"], (limit + len(held),)).fetchall()
+            return [iid for (iid,) in rows if _lock_key(schema, iid) not in held]
+
+        return (await self._run(None, "find work", find))[:limit]
 
     # -- leases ----------------------------------------------------------------------------------
 
