@@ -36,7 +36,8 @@ def project(tmp_path: Path, pg_dsn: str, pg_schema: str) -> Path:
     """A folder with an assembly on the test schema, the worker plugin and a definition per script."""
     shutil.copy(PLUGIN, tmp_path / "worker_plugin.py")
     (tmp_path / "loopwright.yaml").write_text(
-        f"store:\n  kind: postgres\n  dsnEnv: LW_WORKER_DSN\n  schema: {pg_schema}\nplugins: [loopwright_postgres, worker_plugin.py]\n")
+        f"store:\n  kind: postgres\n  dsnEnv: LW_WORKER_DSN\n  schema: {pg_schema}\n"
+        "plugins: [loopwright_postgres, worker_plugin.py]\n")
     for name, tools in (("chat", "[]"), ("slow", "[nap]"), ("approve", "[delete]"), ("brief", "[nap]")):
         (tmp_path / f"{name}.yaml").write_text(f"name: {name}\nmodel: script:{name}\ntools: {tools}\n")
     return tmp_path
@@ -175,7 +176,7 @@ async def test_find_work_leaves_out_rest_and_held_leases_and_uses_its_index(
 
     store = store_factory()
     try:
-        headers = {
+        headers: dict[str, dict[str, Any]] = {
             "resting": {"state": "waiting"},
             "mail": {"state": "stopped", "inboxCursor": 0},
             "read": {"state": "waiting"},
