@@ -16,10 +16,14 @@ Entries, one JSON object each, with ``t`` naming the type:
     with this entry and no result may have had its effect; one without it never ran.
 ``{"t": "turn", "n": N, "model": "PROVIDER:MODEL", "usage": USAGE, "cost": AMOUNT}``
     Model call N was answered (written together with the assistant message).
-``{"t": "spend", "toolCallId": ID, "usage": USAGE, "cost": AMOUNT}``
-    A tool reported what its own work used (it returned a ``ToolOutput``).
-``{"t": "reset", "messages": [MESSAGE, ...]}``
-    A context strategy replaced the transcript.
+``{"t": "spend", "usage": USAGE, "cost": AMOUNT, "model"?: ...}``
+    Model calls outside a turn used this: a context strategy's summary calls, when the
+    strategy failed after making some (it counts toward usage, cost and the segment's limits).
+``{"t": "reset", "messages": [MESSAGE, ...], "spend"?: {"usage", "cost", "model"}}``
+    A context strategy replaced the transcript; ``spend`` is what its summary call used, on
+    the same line, so a crash before this line is written loses the call and its spending
+    together and the transcript stays as it was. The context size (``contextTokens``) is
+    unknown again until the next model call.
 
 Nothing is rewritten: saving a turn costs the same at turn 10,000 as at turn 1.
 """
@@ -205,17 +209,22 @@ class _Replay:
         if spent is None:
             return
         # What a model call (turn) or a tool's own work (spend) used, on the message's line.
-        u = _usage_structure(spent.get("usage") or {}, Usage)
-        amount = spent.get("cost")
-        self.usage += u
-        self.cost += Cost(amount=amount)
-        self.seg_tokens += u.input_tokens + u.output_tokens
-        self.seg_cost = None if self.seg_cost is None or amount is None else self.seg_cost + amount
+        u = self.spend(spent)
         if "turn" in entry:
             self.turn = max(self.turn, int(spent.get("n", self.turn + 1)))
             self.seg_iter += 1
             if not u.unreported_requests:
                 self.context_tokens = u.input_tokens
+
+    def spend(self, spent: Mapping[str, Any]) -> Usage:
+        """Count what one spending used (a turn, a tool's own work, a context strategy's calls)."""
+        u: Usage = _usage_structure(spent.get("usage") or {}, Usage)
+        amount = spent.get("cost")
+        self.usage += u
+        self.cost += Cost(amount=amount)
+        self.seg_tokens += u.input_tokens + u.output_tokens
+        self.seg_cost = None if self.seg_cost is None or amount is None else self.seg_cost + amount
+        return u
 
     def segment(self) -> None:
         self.begun = True
@@ -240,6 +249,11 @@ def rebuild(instance: Instance, entries: Sequence[Mapping[str, Any]]) -> None:
             r.segment()
         elif t == "reset":
             r.messages = [message_from_json(m) for m in entry["messages"]]
+            r.context_tokens = None
+            if entry.get("spend"):
+                r.spend(entry["spend"])
+        elif t == "spend":
+            r.spend(entry)
     instance.transcript = Transcript(_call_order(r.messages))
     instance.usage = r.usage
     instance.cost = r.cost

@@ -52,6 +52,7 @@ from loopwright._types import (
     ToolStatus,
     Usage,
 )
+from loopwright.abc import CompactionContext
 from loopwright.builtins.tools import AwaitUser
 from loopwright.errors import HookBlockedError, ProviderError, RunError, ToolCallDenied, ToolError
 
@@ -59,6 +60,7 @@ if TYPE_CHECKING:
     from loopwright._definition import Limits
     from loopwright._runtime import AgentRun, Runtime
     from loopwright._tools import Tool
+    from loopwright.abc import ContextStrategy
 
 __all__ = [
     "MAX_CALLS_PER_REPLY", "MAX_CONCURRENT_CALLS", "MAX_INVALID_OUTPUTS", "MAX_RESULT_CHARS", "Loop", "SegmentEnd",
@@ -112,6 +114,35 @@ class _Call:
     result: ToolResult | None = None
     held: str | None = None          # approval reason when held
     awaiting_user: bool = False
+
+
+class _Spent:
+    """What the model calls of one context-strategy run used."""
+
+    __slots__ = ("cost", "models", "usage")
+
+    def __init__(self) -> None:
+        self.usage: Usage | None = None
+        self.cost = Cost(amount=0.0)
+        self.models: list[str] = []
+
+    def add(self, usage: Usage, cost: Cost, model: str) -> None:
+        self.usage = usage if self.usage is None else self.usage + usage
+        self.cost += cost
+        if model not in self.models:
+            self.models.append(model)
+
+    def charge(self, inst: Instance) -> dict[str, Any] | None:
+        """Count it toward the instance's usage, cost and limits; return its ``spend`` data (``None``: nothing)."""
+        usage = self.usage
+        if usage is None:
+            return None
+        amount = self.cost.amount
+        inst.usage += usage
+        inst.cost += self.cost
+        inst.seg_tokens += usage.input_tokens + usage.output_tokens
+        inst.seg_cost = None if inst.seg_cost is None or amount is None else inst.seg_cost + amount
+        return {"usage": _usage_unstructure(usage), "cost": amount, "model": ", ".join(self.models)}
 
 
 class Loop:
@@ -252,8 +283,8 @@ class Loop:
             await self._drain_inbox(run)
             self._check_limits(inst, limits)
             strategy = self.rt.context_strategy(defn)
-            if strategy is not None:
-                await self._compact(run, strategy)
+            if strategy is not None and await self._compact(run, strategy):
+                self._check_limits(inst, limits)  # what the summary cost may have used a limit up
             response, message = await self._infer(run)
             calls = message.tool_calls
             if response.finish_reason == "content_filter" and not calls:
@@ -368,7 +399,7 @@ class Loop:
 
     # ------------------------------------------------------------------ inference
 
-    async def _infer(  # noqa: C901, PLR0915 - one model turn, top to bottom
+    async def _infer(  # noqa: C901, PLR0912, PLR0915 - one model turn, top to bottom
         self, run: AgentRun,
     ) -> tuple[ModelResponse, Message]:
         """Make one model call; return the response and the assistant message as the transcript keeps it."""
@@ -377,10 +408,14 @@ class Loop:
         turn = inst.turn + 1
         ref = self.rt.model_ref(defn)
         pname, model_id = self.rt.split_model(ref)
+        managed = None
+        if defn.context_strategy is not None:  # providerNative: the provider manages the context
+            strategy = self.rt.context_strategy(defn)
+            managed = strategy.context_management if strategy is not None else None
         request = ModelRequest(
             model=model_id, provider=pname, messages=inst.transcript, tools=self.rt.tool_specs(defn, inst.grants),
             settings=defn.model_settings, output_schema=defn.output,
-            stream=run.stream or self.rt.provider_streams(pname))
+            stream=run.stream or self.rt.provider_streams(pname), context_management=managed)
         response: ModelResponse | None = None
         impls = self.rt.hook_impls(inst.definition, "loopwright_before_inference")
         if impls:
@@ -559,10 +594,21 @@ class Loop:
 
     # ------------------------------------------------------------------ context strategy
 
-    async def _compact(self, run: AgentRun, strategy: Any) -> None:
+    async def _compact(self, run: AgentRun, strategy: ContextStrategy) -> bool:
+        """Run the context strategy if its trigger holds; return whether it spent anything.
+
+        The trigger sees the input tokens of the latest model call (``None`` before any, and
+        after a compaction until the next call). A ``before_compaction`` Block skips the run. The
+        new transcript is saved as one ``reset`` entry that carries what the strategy's model
+        calls spent (``spend``): a crash before it is written loses those calls and leaves the
+        transcript as it was, and a rebuild counts the spending with the transcript it bought.
+        A summary call that fails (after its retries and fallbacks) is recorded and the
+        transcript stays as it was; the run goes on.
+        """
         inst = run.inst
-        if not strategy.should_apply(inst.transcript, last_usage=None, context_window=None):
-            return
+        last = None if inst.context_tokens is None else Usage(input_tokens=inst.context_tokens)
+        if not strategy.should_apply(inst.transcript, last_usage=last, context_window=None):
+            return False
         impls = self.rt.hook_impls(inst.definition, "loopwright_before_compaction")
         if impls:
             outcome = await intercept(
@@ -570,13 +616,80 @@ class Loop:
                 hook="before_compaction", allowed=(Block,), modify={})
             self._hook_records(inst, "before_compaction", outcome.decisions, inst.turn)
             if outcome.stop is not None:
-                return
+                return False
+        spent = _Spent()
+        context = CompactionContext(model=self.rt.model_ref(inst.definition), turn=inst.turn,
+                                    summarize=functools.partial(self._summarize, run, spent))
         before = len(inst.transcript)
-        kept = list(await strategy.apply(inst.transcript))
+        data: dict[str, Any] = {"strategy": strategy.kind, "turn": inst.turn, "before": before}
+        failure: ProviderError | None = None
+        try:
+            kept = list(await strategy.run(inst.transcript, context))
+        except ProviderError as exc:
+            failure = exc
+        spend = spent.charge(inst)
+        data.update(context.details)
+        if spend is not None:
+            data.update(spend)
+        if failure is not None:
+            if spend is not None:  # a strategy that made more than one call spent before failing
+                await self.save(inst, [{"t": "spend", **spend}])
+            data.update(after=before, error=str(failure))
+            self.record(inst, "compaction", data)
+            return spend is not None
         inst.transcript.replace(kept)
-        await self.save(inst, [{"t": "reset", "messages": [message_to_json(m) for m in kept]}])
-        self.record(inst, "compaction", {"strategy": strategy.kind, "before": before, "after": len(kept),
-                                         "turn": inst.turn})
+        inst.context_tokens = None  # the latest call's count measured the old transcript
+        entry: dict[str, Any] = {"t": "reset", "messages": [message_to_json(m) for m in kept]}
+        if spend is not None:
+            entry["spend"] = spend
+        await self.save(inst, [entry])
+        data["after"] = len(kept)
+        self.record(inst, "compaction", data)
+        return spend is not None
+
+    async def _summarize(self, run: AgentRun, spent: _Spent, messages: Sequence[Message], instruction: str,
+                         model: str | None) -> str:
+        """One summary call for a context strategy (``CompactionContext.summarize``)."""
+        from loopwright._retry import retry_transient  # noqa: PLC0415 - keeps import order simple
+        from loopwright.builtins.context import render_transcript  # noqa: PLC0415
+
+        inst = run.inst
+        defn = inst.definition
+        own = self.rt.model_ref(defn)
+        refs = (model,) if model else (own, *defn.fallback_models)
+        sent = (Message(role="system", content=instruction),
+                Message(role="user", content=render_transcript(messages)))
+        retries = self.rt.assembly.agent_retry.max_retries
+        failure: ProviderError | None = None
+        for candidate in refs:
+            pname, model_id = self.rt.split_model(candidate)
+            try:
+                provider = self.rt.provider(pname)
+            except Exception as exc:  # noqa: BLE001 - a misconfigured model is one more failure
+                failure = ProviderError(str(exc), provider=pname, model=model_id)
+                self.record(inst, "error", {"model": candidate, "message": str(failure), "compaction": True})
+                continue
+            # The agent's own model keeps its settings, but no tool is offered to it here.
+            settings = {k: v for k, v in defn.model_settings.items() if k != "toolChoice"} if candidate == own else {}
+            request = ModelRequest(model=model_id, provider=pname, messages=sent, settings=settings)
+            call = functools.partial(provider.complete, request)
+            try:
+                response = await (retry_transient(call, max_retries=retries) if retries else call())
+            except ProviderError as exc:
+                failure = exc
+                self.record(inst, "error", {"model": candidate, "message": str(exc), "status": exc.status,
+                                            "transient": exc.transient, "compaction": True})
+                continue
+            usage = response.usage if response.usage.requests else _one_request(response.usage)
+            cost = self.rt.price(usage, pname, model_id)
+            spent.add(usage, cost, candidate)
+            await self.observe(inst, "loopwright_on_cost", turn=inst.turn, usage=usage, cost=cost, model=candidate)
+            text = (response.message.content or "").strip()
+            if not text:
+                raise ProviderError("the summary call answered with no text", provider=pname, model=model_id)
+            return text
+        assert failure is not None  # noqa: S101 - refs is never empty
+        raise failure
 
     # ------------------------------------------------------------------ tool calls
 

@@ -302,6 +302,10 @@ class ModelRequest:
         settings: The definition's ``modelSettings`` (camelCase keys, extras passed through).
         output_schema: A JSON Schema the answer must follow, when the definition has ``output``.
         stream: Whether to stream the answer.
+        context_management: Set when the definition's ``contextStrategy`` is ``providerNative``:
+            the provider should manage the context itself (its options, without ``kind``; may
+            be empty). A provider that can honour it maps it to its own request fields; one
+            that cannot raises :class:`~loopwright.errors.ConfigError` rather than ignore it.
     """
 
     model: str
@@ -311,6 +315,7 @@ class ModelRequest:
     settings: Mapping[str, Any] = attrs.field(factory=dict)
     output_schema: Mapping[str, Any] | None = None
     stream: bool = False
+    context_management: Mapping[str, Any] | None = None
 
 
 @attrs.frozen(kw_only=True)

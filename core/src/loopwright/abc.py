@@ -9,7 +9,7 @@ assembly's settings and closes them when it closes.
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from loopwright._types import Message, ModelRequest, ModelResponse, Record, StreamDelta, Usage
 
 __all__ = [
+    "CompactionContext",
     "ContextStrategy",
     "Lease",
     "Provider",
@@ -268,26 +269,81 @@ class Lease:
         """Give the lease back."""
 
 
+@attrs.define(kw_only=True)
+class CompactionContext:
+    """What the runtime gives one run of a context strategy (:meth:`ContextStrategy.run`).
+
+    Built by the loop for each run, so a strategy object (shared by every instance of its
+    definition) keeps no per-run state of its own.
+
+    Attributes:
+        model: The agent's model, ``PROVIDER:MODEL``: what :meth:`summarize` uses by default.
+        turn: The model calls the instance has made so far.
+        details: Keys the strategy adds to the run's ``compaction`` record (camelCase, JSON-ready).
+    """
+
+    model: str
+    turn: int
+    details: dict[str, Any] = attrs.Factory(dict)
+    _summarize: Callable[[Sequence[Message], str, str | None], Awaitable[str]]
+
+    async def summarize(self, messages: Sequence[Message], *, instruction: str, model: str | None = None) -> str:
+        """Ask a model for a summary of ``messages``, following ``instruction``; return its text.
+
+        The call goes through the runtime's provider machinery (the provider lookup, its retries
+        and the definition's fallback models when ``model`` is not given) and is priced; its
+        usage and cost count toward the instance's (and its limits), are saved with the run and
+        written in its ``compaction`` record.
+
+        :param messages: The conversation to summarise (sent as text: tool calls and results
+            are written out, so no tool needs to be declared).
+        :param instruction: What to write, sent as the system prompt of the call.
+        :param model: ``PROVIDER:MODEL`` to use instead of the agent's model.
+        :raises ~loopwright.errors.ProviderError: The call failed after its retries and
+            fallbacks; the loop records it and leaves the transcript as it was.
+        """
+        return await self._summarize(messages, instruction, model)
+
+
 class ContextStrategy(abc.ABC):
     """Shrinks a transcript before a model call when it grows too large.
 
     Attributes:
         kind: The registered kind, for records.
+        context_management: What every model request asks the provider to do about the
+            context itself (``ModelRequest.context_management``), or ``None``; set by strategies
+            the provider carries out (``providerNative``).
     """
 
     kind: str = "?"
+    context_management: Mapping[str, Any] | None = None
 
     @abc.abstractmethod
     def should_apply(
         self, messages: Sequence[Message], *, last_usage: Usage | None, context_window: int | None,
     ) -> bool:
-        """Return whether to run before the next model call (the trigger)."""
+        """Return whether to run before the next model call (the trigger).
+
+        :param last_usage: The instance's latest model call, whose ``input_tokens`` is how
+            full the context really is; ``None`` before any call and right after a compaction
+            (estimate from ``messages`` then).
+        :param context_window: The model's context window when the runtime knows it, else ``None``.
+        """
         raise NotImplementedError
 
     @abc.abstractmethod
     async def apply(self, messages: Sequence[Message]) -> Sequence[Message]:
         """Return the messages to keep instead. The system prompt must stay first."""
         raise NotImplementedError
+
+    async def run(self, messages: Sequence[Message], context: CompactionContext) -> Sequence[Message]:
+        """Return the messages to keep instead; the loop calls this when the trigger holds.
+
+        The default returns :meth:`apply`. Override it to ask a model for a summary
+        (``context.summarize``) or to add keys to the ``compaction`` record (``context.details``).
+        """
+        del context
+        return await self.apply(messages)
 
 
 class RecordSink(_AsyncClosing, abc.ABC):
