@@ -13,6 +13,7 @@ import httpx
 
 from loopwright._types import StreamDelta
 from loopwright.abc import Provider, ProviderSettings
+from loopwright.errors import ConfigError
 from loopwright.http import (
     Endpoint,
     HTTPOptions,
@@ -28,13 +29,15 @@ if TYPE_CHECKING:
     from loopwright._types import ModelRequest, ModelResponse
     from loopwright.errors import ProviderError
 
-__all__ = ["API_VERSION", "DEFAULT_BASE_URL", "AnthropicProvider"]
+__all__ = ["API_VERSION", "CONTEXT_MANAGEMENT_BETA", "DEFAULT_BASE_URL", "AnthropicProvider"]
 
 #: The base URL used when the assembly sets no ``baseUrl``.
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 
 #: The ``anthropic-version`` header sent unless ``anthropicVersion`` says otherwise.
 API_VERSION = "2023-06-01"
+#: The ``anthropic-beta`` feature that ``contextStrategy: {kind: providerNative}`` (context editing) needs.
+CONTEXT_MANAGEMENT_BETA = "context-management-2025-06-27"
 
 # Error types of a stream's ``error`` event that a retry may fix.
 _TRANSIENT_ERROR_TYPES = frozenset({"api_error", "overloaded_error", "rate_limit_error", "timeout_error"})
@@ -175,6 +178,10 @@ class AnthropicProvider(Provider):
     Durations are seconds or strings such as ``500ms``, ``30s``, ``2m``. Bad options raise
     :class:`~loopwright.errors.ConfigError` when the provider is built.
 
+    ``contextStrategy: {kind: providerNative, edits?: [...]}`` sends ``context_management:
+    {edits}`` (default one ``clear_tool_uses_20250919`` edit with the API's defaults). It is a
+    beta: without :data:`CONTEXT_MANAGEMENT_BETA` in ``beta`` a request raises ``ConfigError``.
+
     :meth:`complete` retries transient failures (HTTP 408, 409, 429, 5xx including 529
     ``overloaded_error``, timeouts, connection errors; an ``x-should-retry`` header overrides)
     with :func:`~loopwright._retry.retry_transient`, honouring ``retry-after-ms`` and
@@ -214,6 +221,11 @@ class AnthropicProvider(Provider):
 
     def _body(self, request: ModelRequest, *, stream: bool) -> tuple[bytes, _wire.OutputTool | None]:
         options = self._options
+        if request.context_management is not None and not any(
+                b.startswith("context-management") for b in options.beta):
+            raise ConfigError(
+                f"provider {self.settings.name!r}: contextStrategy providerNative uses Anthropic's context "
+                f"editing, a beta: add 'beta: {CONTEXT_MANAGEMENT_BETA}' to the provider's options")
         return _wire.build_body(
             request, encoder=self._encoder, tools_cache=self._tools,
             default_max_tokens=options.default_max_tokens, caching=options.caching,

@@ -23,7 +23,11 @@ Wire facts this module relies on (Anthropic's Messages API reference, version ``
   ``output_tokens``; ``stop_reason`` is ``end_turn``, ``stop_sequence``, ``tool_use``,
   ``max_tokens``, ``refusal``, ``pause_turn`` (or ``model_context_window_exceeded``);
 - with extended thinking, ``thinking`` / ``redacted_thinking`` blocks precede the text and must
-  be sent back unchanged in the assistant turn that called tools.
+  be sent back unchanged in the assistant turn that called tools;
+- context editing (beta ``context-management-2025-06-27``) is the top-level
+  ``context_management: {edits: [{type: clear_tool_uses_20250919, trigger?, keep?, clear_at_least?,
+  exclude_tools?, clear_tool_inputs?}, ...]}``, applied by the API before the prompt reaches the
+  model (the client keeps the whole history).
 
 Performance contract: a request body is built without re-serialising the history. Each message
 becomes JSON text once (one text per content block, cached on the
@@ -48,6 +52,7 @@ from loopwright.http import ToolsCache, parse_tool_arguments
 
 __all__ = [
     "CACHE_KEY",
+    "DEFAULT_CONTEXT_EDITS",
     "OUTPUT_TOOL",
     "START_TEXT",
     "CachePlan",
@@ -80,6 +85,9 @@ OUTPUT_TOOL = "final_output"
 #: The text of the user turn put first when a transcript would start with the assistant (the API
 #: requires the first turn to be the user's).
 START_TEXT = "(The conversation starts here.)"
+#: The ``context_management.edits`` sent for ``contextStrategy: {kind: providerNative}`` without ``edits``:
+#: clear old tool results with the API's defaults (from 100,000 input tokens, keeping the last 3 tool uses).
+DEFAULT_CONTEXT_EDITS: tuple[Mapping[str, Any], ...] = ({"type": "clear_tool_uses_20250919"},)
 
 #: ``modelSettings`` keys (camelCase, as in YAML) and their wire names. ``toolChoice`` and
 #: ``parallelToolCalls`` are handled separately; any key not listed passes through unchanged.
@@ -427,6 +435,9 @@ def build_body(  # noqa: C901, PLR0912, PLR0915 - one pass over the body's parts
         wire_choice = encode_tool_choice(choice, parallel=parallel)
         if wire_choice is not None:
             head["tool_choice"] = wire_choice
+    if request.context_management is not None:  # contextStrategy providerNative: server-side context editing
+        edits = request.context_management.get("edits") or DEFAULT_CONTEXT_EDITS
+        head["context_management"] = {"edits": [dict(e) for e in edits]}
     if stream:
         head["stream"] = True
     if system and caching.system:

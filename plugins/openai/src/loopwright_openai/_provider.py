@@ -18,6 +18,7 @@ import httpx
 
 from loopwright._types import StreamDelta
 from loopwright.abc import Provider, ProviderSettings
+from loopwright.errors import ConfigError
 from loopwright.http import (
     Endpoint,
     HTTPOptions,
@@ -196,6 +197,10 @@ class OpenAIProvider(Provider):
     Durations are seconds or strings such as ``500ms``, ``30s``, ``2m``. Bad options raise
     :class:`~loopwright.errors.ConfigError` when the provider is built.
 
+    ``contextStrategy: {kind: providerNative}`` sends ``truncation: auto`` (or the strategy's
+    ``truncation``) to the Responses API. Chat Completions has nothing like it: a request
+    asking for it raises :class:`~loopwright.errors.ConfigError` instead of ignoring it.
+
     :meth:`complete` retries transient failures (HTTP 408, 409, 429, 5xx, timeouts, connection
     errors; an ``x-should-retry`` header overrides) with :func:`~loopwright._retry.retry_transient`,
     honouring ``retry-after-ms`` and ``Retry-After``, and raises
@@ -252,6 +257,11 @@ class OpenAIProvider(Provider):
         tools_json = self._tools.get(tools) if tools else None
         if self._responses_api:
             return _responses.build_body(request, tools_json=tools_json, stream=stream)
+        if request.context_management is not None:
+            raise ConfigError(
+                f"provider {self.settings.name!r}: contextStrategy providerNative asks the API to manage the "
+                "context, and the Chat Completions API cannot; set 'api: responses' on the provider "
+                "(it sends truncation: auto) or use the compact or clearToolResults strategy")
         quirks = self.quirks
         return _wire.build_body(
             request, tools_json=tools_json, max_tokens_field=self._options.max_tokens_field,

@@ -15,6 +15,7 @@ tools                                  ``{"type": "function", "name", "descripti
 ``toolChoice: NAME``                   ``{"type": "function", "name": NAME}``
 ``reasoningEffort``                    ``reasoning: {effort}``
 output schema                          ``text: {format: {type: json_schema, name: output, ...}}``
+``context_management`` (providerNative) ``truncation: auto`` (or the strategy's ``truncation``)
 =====================================  =========================================================
 
 Answers: ``message`` items give the text (``output_text`` and ``refusal`` parts), ``function_call``
@@ -170,6 +171,8 @@ def build_body(request: ModelRequest, *, tools_json: str | None = None, stream: 
         head["instructions"] = instructions
     if request.settings:
         head.update(encode_settings(request.settings, has_tools=tools_json is not None))
+    if request.context_management is not None:  # contextStrategy providerNative; modelSettings win
+        head.setdefault("truncation", request.context_management.get("truncation") or "auto")
     if request.output_schema is not None:
         head["text"] = {"format": {"type": "json_schema", "name": "output", "schema": request.output_schema,
                                    "strict": False}}
