@@ -194,16 +194,17 @@ def _is_object_line(line: bytes) -> bool:
 
 @attrs.define(eq=False)
 class Lease(BaseLease):
-    """An exclusive hold on one instance, from :meth:`FileStore.acquire` until :meth:`release`.
+    """An exclusive hold on one instance, from a store's ``acquire`` until :meth:`release`.
 
-    Also a context manager that releases on exit. A lease is an ``flock`` on the instance's
-    folder: while it is held, no other process (and no other :meth:`~FileStore.acquire` in this
-    one) can take it, and the kernel releases it when the holding process dies.
+    Also a context manager that releases on exit. A lease is an ``flock`` on an open file or
+    folder (the instance's folder for :class:`FileStore`, its lock file for the sqlite store):
+    while it is held, no other process (and no other ``acquire`` in this one) can take it, and
+    the kernel releases it when the holding process dies.
 
     Attributes:
         instance_id: The instance held.
-        owner: The owner given to :meth:`~FileStore.acquire`.
-        path: The folder locked.
+        owner: The owner given to ``acquire``.
+        path: The folder or file locked.
         previous_holder: The ``runner`` of a header left ``running`` by another owner: a process
             that died mid-run (so the instance may hold an interrupted step), else ``None``.
     """
@@ -226,7 +227,7 @@ class Lease(BaseLease):
         return self._fd is None
 
     def release(self) -> None:
-        """Unlock the folder. Calling it again does nothing."""
+        """Unlock. Calling it again does nothing."""
         fd, self._fd = self._fd, None
         if fd is None:
             return

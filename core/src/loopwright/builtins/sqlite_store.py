@@ -69,15 +69,13 @@ import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import anyio
-import attrs
 
 from loopwright._plugins import hookimpl
-from loopwright.abc import Lease as BaseLease
 from loopwright.abc import Store, StoreSettings
-from loopwright.builtins.file_store import _check_id, _encode_line
+from loopwright.builtins.file_store import Lease, _check_id, _encode_line
 from loopwright.errors import (
     ConfigError,
     ConfigProblem,
@@ -88,7 +86,6 @@ from loopwright.errors import (
 
 if TYPE_CHECKING:
     import sqlite3  # noqa: TC004 - imported at run time by _import_sqlite3(), on first use
-    from types import TracebackType
 
 __all__ = ["Lease", "SqliteStore", "loopwright_register_stores"]
 
@@ -140,60 +137,6 @@ def _encode(instance_id: str, item: object, what: str) -> str:
         return _encode_line(item)
     except (TypeError, ValueError) as exc:
         raise StoreError(f"cannot write to {what}: {exc}", instance_id=instance_id) from exc
-
-
-@attrs.define(eq=False)
-class Lease(BaseLease):
-    """An exclusive hold on one instance, from :meth:`SqliteStore.acquire` until :meth:`release`.
-
-    Also a context manager that releases on exit. A lease is an ``flock`` on the instance's lock
-    file: while it is held, no other process (and no other :meth:`~SqliteStore.acquire` in this
-    one) can take it, and the kernel releases it when the holding process dies.
-
-    Attributes:
-        instance_id: The instance held.
-        owner: The owner given to :meth:`~SqliteStore.acquire`.
-        path: The lock file.
-    """
-
-    instance_id: str
-    owner: str
-    path: Path
-    _fd: int | None = attrs.field(default=None, repr=False, alias="fd")
-    _on_release: Callable[[Lease], None] | None = attrs.field(default=None, repr=False, alias="on_release")
-    _find_previous: Callable[[], str | None] | None = attrs.field(default=None, repr=False, alias="find_previous")
-
-    @functools.cached_property
-    def previous_holder(self) -> str | None:
-        """The ``runner`` of a header left ``running`` by another owner: a process that died mid-run."""
-        return self._find_previous() if self._find_previous is not None else None
-
-    @property
-    def released(self) -> bool:
-        """Whether :meth:`release` was called."""
-        return self._fd is None
-
-    def release(self) -> None:
-        """Unlock. Calling it again does nothing."""
-        fd, self._fd = self._fd, None
-        if fd is None:
-            return
-        try:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            os.close(fd)
-            if self._on_release is not None:
-                self._on_release(self)
-
-    def __enter__(self) -> Self:
-        """Return the lease itself."""
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None,
-    ) -> None:
-        """Release the lease."""
-        self.release()
 
 
 class SqliteStore(Store):
