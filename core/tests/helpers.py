@@ -9,11 +9,14 @@ from __future__ import annotations
 import inspect
 import itertools
 import json
+import signal
+import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 
 import loopwright
 from loopwright import Message, ModelRequest, ModelResponse, ToolCall, Usage, hookimpl
@@ -184,3 +187,23 @@ def records_of(records: Sequence[Mapping[str, Any]], kind: str) -> list[Mapping[
 def dumps(value: Any) -> str:
     """Compact JSON, for comparing saved data."""
     return json.dumps(value, sort_keys=True)
+
+
+def read_line(proc: subprocess.Popen[str]) -> str:
+    """Return the next line a helper process printed; fail the test (with its stderr) if it exited."""
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        proc.wait(5)
+        assert proc.stderr is not None
+        pytest.fail(f"helper exited early ({proc.returncode}): {proc.stderr.read()}")
+    return line.strip()
+
+
+def kill(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL a helper process, reap it and close its pipes."""
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()

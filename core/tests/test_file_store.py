@@ -6,7 +6,6 @@ import gc
 import json
 import logging
 import os
-import signal
 import stat
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from pathlib import Path
 from statistics import fmean
 
 import pytest
+from helpers import kill, read_line
 
 from loopwright import _plugins
 from loopwright.abc import StoreSettings
@@ -49,24 +49,6 @@ def spawn(mode: str, store: FileStore, instance_id: str) -> subprocess.Popen[str
         [sys.executable, str(CRASH_WRITER), mode, str(store.root), instance_id],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
-
-
-def read_line(proc: subprocess.Popen[str]) -> str:
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line:
-        proc.wait(5)
-        assert proc.stderr is not None
-        pytest.fail(f"helper exited early ({proc.returncode}): {proc.stderr.read()}")
-    return line.strip()
-
-
-def kill(proc: subprocess.Popen[str]) -> None:
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(10)
-    for pipe in (proc.stdout, proc.stderr):
-        if pipe is not None:
-            pipe.close()
 
 
 # -- plugin and options ---------------------------------------------------------------------------

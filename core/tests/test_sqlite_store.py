@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import sqlite3
 import stat
 import subprocess
@@ -21,7 +20,7 @@ from typing import Any
 
 import anyio
 import pytest
-from helpers import Harness, call, defn, reply, run_to_rest
+from helpers import Harness, call, defn, kill, read_line, reply, run_to_rest
 
 import loopwright
 from loopwright import Capabilities, FileGrants, State, _plugins
@@ -82,24 +81,6 @@ HELPER = textwrap.dedent("""
 def spawn(mode: str, store: SqliteStore, instance_id: str) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-c", HELPER, mode, str(store.path), instance_id],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def read_line(proc: subprocess.Popen[str]) -> str:
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line:
-        proc.wait(5)
-        assert proc.stderr is not None
-        pytest.fail(f"helper exited early ({proc.returncode}): {proc.stderr.read()}")
-    return line.strip()
-
-
-def kill(proc: subprocess.Popen[str]) -> None:
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(10)
-    for pipe in (proc.stdout, proc.stderr):
-        if pipe is not None:
-            pipe.close()
 
 
 # -- plugin, options, files -----------------------------------------------------------------------
