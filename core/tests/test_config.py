@@ -294,6 +294,31 @@ def test_api_key_and_api_key_env_are_exclusive() -> None:
     assert "not both" in problem.message
 
 
+def test_plugin_settings_load_as_plain_mappings() -> None:
+    """``pluginSettings`` entries, known (``mcp``) or not, reach the Assembly as plain dicts."""
+    asm = load_assembly(EXAMPLES / "assembly" / "valid" / "full.yaml")
+    assert asm.plugin_settings["my_plugin"] == {"colour": "blue"}
+    files = asm.plugin_settings["mcp"]["servers"]["files"]
+    assert type(files) is dict
+    assert files["args"][-1] == "./docs"
+    assert load_assembly({}).plugin_settings == {}
+
+
+def test_plugin_settings_problems_carry_file_line_and_column(tmp_path: Path) -> None:
+    """A bad ``pluginSettings`` entry fails loading with the file, line, column and JSON path."""
+    path = write(tmp_path, "loopwright.yaml",
+                 "pluginSettings:\n  mcp:\n    servers:\n      a__b: {command: x}\n      ok: {comand: x}\n")
+    with pytest.raises(ConfigError) as info:
+        load_assembly(path)
+    got = [(p.file, p.line, p.column, p.path) for p in info.value.problems]
+    assert got == [
+        (str(path.resolve()), 4, 7, "$.pluginSettings.mcp.servers.a__b"),
+        (str(path.resolve()), 5, 12, "$.pluginSettings.mcp.servers.ok.comand"),
+    ]
+    assert "without `__`" in info.value.problems[0].message
+    assert "did you mean 'command'" in info.value.problems[1].message
+
+
 # ---------------------------------------------------------------------------------------------
 # Snapshots
 # ---------------------------------------------------------------------------------------------

@@ -281,6 +281,8 @@ class Assembly:
         pricing: Price overrides per ``PROVIDER:MODEL`` (USD per million tokens:
             ``input``, ``output``, ``cacheRead``, ``cacheWrite``).
         agent_retry: Runtime-level retries.
+        plugin_settings: Settings for plugins, by plugin name (``mcp`` ...); registration hooks
+            receive the whole mapping as ``settings``.
         path: The file it was read from, if any.
     """
 
@@ -296,6 +298,7 @@ class Assembly:
     records: tuple[PluginSpec, ...] = ()
     pricing: Mapping[str, Mapping[str, float]] = attrs.field(factory=dict)
     agent_retry: AgentRetry = attrs.field(factory=AgentRetry)
+    plugin_settings: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
     path: Path | None = None
 
     @property
