@@ -994,3 +994,125 @@ async def test_definition_hooks_may_not_name_files(tmp_path: Path) -> None:
         for bad in (defn(hooks=(str(tmp_path / "evil.py"),)), defn(guardrails=(f"{tmp_path}/evil.py:f",))):
             with pytest.raises(loopwright.errors.ConfigError):
                 await rt.start_agent(bad, None, "go")
+
+
+# ------------------------------------------------------------------------------------------
+# Plugin settings and the runtime's close
+# ------------------------------------------------------------------------------------------
+
+
+class SettingsReader:
+    """Registers a tool named after its ``pluginSettings`` entry, and notes what it was given."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[Any, Any]] = []
+
+    @hookimpl
+    def loopwright_register_tools(self, register: Any, settings: Any, runtime: Any) -> None:
+        self.seen.append((settings, runtime))
+        name = settings.get("reader", {}).get("toolName")
+        if name:
+            @loopwright.tool(name=name)
+            def configured() -> str:
+                """Named by the assembly."""
+                return "configured"
+
+            register(configured)
+
+    @hookimpl
+    def loopwright_register_providers(self, settings: Any) -> None:
+        self.seen.append((settings, "providers"))
+
+
+async def test_plugin_settings_reach_registration_hooks(tmp_path: Path) -> None:
+    """The assembly's pluginSettings and the runtime reach every registration hook that takes them."""
+    reader = SettingsReader()
+    settings = {"reader": {"toolName": "from_yaml"}, "other": {"x": 1}}
+    h = Harness(reply(None, call("from_yaml", "c")), reply("done"))
+    async with make_runtime(tmp_path, reader, h, plugin_settings=settings) as rt:
+        assert "from_yaml" in rt.plugins.tools
+        run, _ = await run_to_rest(rt, defn(tools=["from_yaml"]))
+        assert result_for(run.inst.transcript, "c").content == "configured"
+    assert reader.seen == [(settings, "providers"), (settings, rt)]
+
+
+async def test_registration_hooks_without_settings_still_work(tmp_path: Path) -> None:
+    """A registration hook taking only register (or nothing) is called as before; a runtime with no
+    pluginSettings gives an empty mapping."""
+    reader = SettingsReader()
+    calls: list[str] = []
+
+    class Bare:
+        @hookimpl
+        def loopwright_register_tools(self, register: Any) -> None:
+            calls.append("register")
+            register(make_add())
+
+        @hookimpl
+        def loopwright_register_stores(self) -> None:
+            calls.append("nothing")
+
+    h = Harness(reply(None, call("add", "c", a=2, b=3)), reply("done"))
+    async with make_runtime(tmp_path, Bare(), reader, h) as rt:
+        run, _ = await run_to_rest(rt, defn(tools=["add"]))
+        assert result_for(run.inst.transcript, "c").content == "5"
+    assert sorted(calls) == ["nothing", "register"]
+    assert reader.seen == [({}, "providers"), ({}, rt)]
+
+
+def test_a_plugin_host_without_a_runtime_passes_none() -> None:
+    """A PluginHost used on its own passes runtime=None and the settings it was given."""
+    from loopwright._plugins import PluginHost  # noqa: PLC0415
+
+    reader = SettingsReader()
+    host = PluginHost(settings={"reader": {"toolName": "alone"}})
+    host.register(reader, "reader")
+    assert "alone" in host.tools
+    assert reader.seen[-1] == ({"reader": {"toolName": "alone"}}, None)
+
+
+class CloseRecorder:
+    def __init__(self, log: list[Any], *, fail: bool = False) -> None:
+        self.log = log
+        self.fail = fail
+
+    @hookimpl
+    async def loopwright_on_runtime_close(self, runtime: Any) -> None:
+        await anyio.sleep(0)
+        self.log.append(("closed", runtime, runtime.store is not None))
+        if self.fail:
+            raise RuntimeError("cannot let go")
+
+
+async def test_runtime_close_hook_is_called_once_per_close(tmp_path: Path) -> None:
+    """on_runtime_close runs once when async with ends (awaited, with the store still there), never before."""
+    log: list[Any] = []
+    rt = make_runtime(tmp_path, CloseRecorder(log), Harness(reply("done")))
+    async with rt:
+        await run_to_rest(rt, defn())
+        assert log == []
+    assert log == [("closed", rt, True)]
+
+
+async def test_a_failing_close_hook_does_not_stop_the_close(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An exception in on_runtime_close is logged; later implementations and the store's close still run."""
+    log: list[Any] = []
+    closed: list[str] = []
+    rt = make_runtime(tmp_path, CloseRecorder(log, fail=True), CloseRecorder(log), Harness())
+
+    with caplog.at_level("WARNING", logger="loopwright"):
+        async with rt:
+            original = rt.store.aclose
+
+            async def aclose() -> None:
+                closed.append("store")
+                await original()
+
+            rt.store.aclose = aclose  # type: ignore[method-assign]
+    assert [entry[0] for entry in log] == ["closed", "closed"]
+    assert closed == ["store"]
+    failures = [r for r in caplog.records if "loopwright_on_runtime_close" in r.getMessage()]
+    assert len(failures) == 1
+    assert "cannot let go" in failures[0].getMessage()

@@ -11,7 +11,8 @@ Loading order (so that hooks run in this order too):
 4. plugins a host registers later with :meth:`PluginHost.register`.
 
 Then ``check_pending()`` rejects hook implementations that match no spec (a misspelled hook), and
-the registration hooks fill the component registries.
+the registration hooks fill the component registries. Each is called with the arguments it takes
+of ``register``, ``settings`` (the assembly's ``pluginSettings``) and ``runtime``.
 """
 
 from __future__ import annotations
@@ -118,9 +119,16 @@ class PluginHost:
         context_strategies: Strategy kinds → factories.
         record_sinks: Sink kinds → factories.
         commands: CLI command names → click commands.
+        settings: The assembly's ``pluginSettings``, passed to registration hooks as ``settings``.
+        runtime: The runtime that owns this host, passed to registration hooks as ``runtime``.
+
+    :param settings: See ``settings`` above (default: none).
+    :param runtime: See ``runtime`` above (default: ``None``, a host used on its own).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, settings: Mapping[str, Any] | None = None, runtime: Any = None) -> None:
+        self.settings: Mapping[str, Any] = settings if settings is not None else {}
+        self.runtime = runtime
         self.pm = _Manager()
         self.providers = Registry("provider")
         self.tools = Registry("tool")
@@ -258,8 +266,8 @@ class PluginHost:
             fn = getattr(plugin, hook_name, None)
             if fn is None:
                 continue
-            argnames = _argnames(fn)
-            fn(**({"register": registrar} if "register" in argnames else {}))
+            values = {"register": registrar, "settings": self.settings, "runtime": self.runtime}
+            fn(**{a: values[a] for a in _argnames(fn) if a in values})
 
     # -- calling ----------------------------------------------------------------------------
 

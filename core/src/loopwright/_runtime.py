@@ -10,6 +10,7 @@ stops them (an interrupted instance stays ``running`` in the store and ``resume`
 from __future__ import annotations
 
 import collections
+import logging
 import math
 import os
 import secrets
@@ -57,6 +58,8 @@ if TYPE_CHECKING:
     from loopwright.abc import ContextStrategy, Lease, Provider, RecordSink, Store
 
 __all__ = ["AgentRun", "Runtime", "all_todos_done", "result_to_json", "summary", "usage_to_json"]
+
+_log = logging.getLogger("loopwright")
 
 _EVENT_HISTORY = 10_000
 #: Seconds between looks at the mailbox for a cancel request while a segment runs.
@@ -265,7 +268,7 @@ class Runtime:
         self._given_store = store
         self._http_client = http_client
         self.shell_approver = shell_approver
-        self.plugins = PluginHost()
+        self.plugins = PluginHost(settings=self.assembly.plugin_settings, runtime=self)
         self.store: Store = store  # type: ignore[assignment]
         self.prices = PriceTable(self.assembly.pricing)
         self._providers: dict[str, Provider] = {}
@@ -350,12 +353,26 @@ class Runtime:
         finally:
             self._tg = None
             with anyio.CancelScope(shield=True):
+                await self._notify_close()
                 for provider in self._providers.values():
                     await provider.aclose()
                 for sink in self._sinks:
                     await sink.aclose()
                 if self._given_store is None and self.store is not None:
                     await self.store.aclose()
+
+    async def _notify_close(self) -> None:
+        """Call ``loopwright_on_runtime_close``; an exception is logged and the close goes on."""
+        impls = self.plugins.impls("loopwright_on_runtime_close")
+        if not impls:
+            return
+        from loopwright._hooks import notify  # noqa: PLC0415
+
+        def on_error(plugin: str, exc: BaseException) -> None:
+            _log.warning("plugin %r failed in loopwright_on_runtime_close: %s: %s",
+                         plugin, type(exc).__name__, exc, exc_info=exc)
+
+        await notify(impls, {"runtime": self}, on_error=on_error)
 
     @property
     def loop(self) -> Loop:

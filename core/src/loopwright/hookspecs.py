@@ -14,7 +14,9 @@ Rules that hold for every hook here:
 * Observers (``on_*``) return nothing. They **fail open**: an exception is recorded and the run
   goes on.
 * Registration hooks receive a ``register`` callable. Registering a name that another plugin
-  registered already raises :class:`~loopwright.errors.RegistrationError` naming both.
+  registered already raises :class:`~loopwright.errors.RegistrationError` naming both. They
+  also receive ``settings`` (the assembly's ``pluginSettings``) and ``runtime`` (the runtime
+  loading them), for plugins configured from ``loopwright.yaml``.
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Mapping, Sequence
+    from typing import Any
 
     from loopwright._decisions import Decision
+    from loopwright._runtime import Runtime
     from loopwright._tools import Tool
     from loopwright._types import (
         Cost,
@@ -70,13 +74,18 @@ hookspec = pluggy.HookspecMarker(PROJECT)
 
 
 @hookspec
-def loopwright_register_providers(register: Callable[..., None]) -> None:
+def loopwright_register_providers(
+    register: Callable[..., None], settings: Mapping[str, Any], runtime: Runtime | None,
+) -> None:
     """Register provider kinds.
 
     Call ``register(kind, factory)``, where ``factory(settings)`` takes a
     :class:`~loopwright.ProviderSettings` and returns a :class:`~loopwright.abc.Provider`.
 
     :param register: The registrar.
+    :param settings: The assembly's ``pluginSettings`` (plugin name → its settings mapping).
+    :param runtime: The runtime loading the plugins (not open yet), or ``None`` for a plugin host
+        used on its own.
 
     Return value ignored. ``async def`` is not allowed.
 
@@ -85,13 +94,18 @@ def loopwright_register_providers(register: Callable[..., None]) -> None:
 
 
 @hookspec
-def loopwright_register_tools(register: Callable[..., None]) -> None:
+def loopwright_register_tools(
+    register: Callable[..., None], settings: Mapping[str, Any], runtime: Runtime | None,
+) -> None:
     """Register tools.
 
     Call ``register(tool)`` with a function decorated by :func:`loopwright.tool` (or a plain
     function, which is wrapped with the defaults) or a :class:`~loopwright.Tool`.
 
     :param register: The registrar.
+    :param settings: The assembly's ``pluginSettings`` (plugin name → its settings mapping).
+    :param runtime: The runtime loading the plugins (not open yet), or ``None`` for a plugin host
+        used on its own.
 
     Return value ignored. ``async def`` is not allowed.
 
@@ -100,13 +114,18 @@ def loopwright_register_tools(register: Callable[..., None]) -> None:
 
 
 @hookspec
-def loopwright_register_stores(register: Callable[..., None]) -> None:
+def loopwright_register_stores(
+    register: Callable[..., None], settings: Mapping[str, Any], runtime: Runtime | None,
+) -> None:
     """Register store kinds.
 
     Call ``register(kind, factory)``, where ``factory(settings)`` takes a
     :class:`~loopwright.StoreSettings` and returns a :class:`~loopwright.abc.Store`.
 
     :param register: The registrar.
+    :param settings: The assembly's ``pluginSettings`` (plugin name → its settings mapping).
+    :param runtime: The runtime loading the plugins (not open yet), or ``None`` for a plugin host
+        used on its own.
 
     Return value ignored. ``async def`` is not allowed.
 
@@ -115,13 +134,18 @@ def loopwright_register_stores(register: Callable[..., None]) -> None:
 
 
 @hookspec
-def loopwright_register_context_strategies(register: Callable[..., None]) -> None:
+def loopwright_register_context_strategies(
+    register: Callable[..., None], settings: Mapping[str, Any], runtime: Runtime | None,
+) -> None:
     """Register context strategy kinds.
 
     Call ``register(kind, factory)``, where ``factory(options)`` takes the strategy's YAML
     mapping (without ``kind``) and returns a :class:`~loopwright.abc.ContextStrategy`.
 
     :param register: The registrar.
+    :param settings: The assembly's ``pluginSettings`` (plugin name → its settings mapping).
+    :param runtime: The runtime loading the plugins (not open yet), or ``None`` for a plugin host
+        used on its own.
 
     Return value ignored. ``async def`` is not allowed.
 
@@ -130,13 +154,18 @@ def loopwright_register_context_strategies(register: Callable[..., None]) -> Non
 
 
 @hookspec
-def loopwright_register_record_sinks(register: Callable[..., None]) -> None:
+def loopwright_register_record_sinks(
+    register: Callable[..., None], settings: Mapping[str, Any], runtime: Runtime | None,
+) -> None:
     """Register record sink kinds.
 
     Call ``register(kind, factory)``, where ``factory(options)`` takes the sink's YAML mapping
     (without ``kind``) and returns a :class:`~loopwright.abc.RecordSink`.
 
     :param register: The registrar.
+    :param settings: The assembly's ``pluginSettings`` (plugin name → its settings mapping).
+    :param runtime: The runtime loading the plugins (not open yet), or ``None`` for a plugin host
+        used on its own.
 
     Return value ignored. ``async def`` is not allowed.
 
@@ -145,13 +174,18 @@ def loopwright_register_record_sinks(register: Callable[..., None]) -> None:
 
 
 @hookspec
-def loopwright_register_commands(register: Callable[..., None]) -> None:
+def loopwright_register_commands(
+    register: Callable[..., None], settings: Mapping[str, Any], runtime: Runtime | None,
+) -> None:
     """Register CLI subcommands.
 
     Call ``register(command)`` with a :class:`click.Command`. It is added to the ``loopwright``
     group; a name that is taken is an error naming both plugins.
 
     :param register: The registrar.
+    :param settings: The assembly's ``pluginSettings`` (plugin name → its settings mapping).
+    :param runtime: The runtime loading the plugins (not open yet), or ``None`` for a plugin host
+        used on its own.
 
     Return value ignored. ``async def`` is not allowed.
 
@@ -342,6 +376,23 @@ def loopwright_on_record(record: Record) -> None:
     """
 
 
+@hookspec
+def loopwright_on_runtime_close(runtime: Runtime) -> None:
+    """Called once when a runtime closes (``async with`` ends).
+
+    It runs after the runtime's runs were stopped and before its providers, record sinks and
+    store are closed. Release what a plugin opened for this runtime (connections, server processes). Called for
+    the runtime's plugins only, never for a definition's ``hooks:``.
+
+    :param runtime: The runtime being closed.
+
+    Return value ignored. ``async def`` is allowed. An exception is logged (logger
+    ``loopwright``) and the close goes on.
+
+    .. versionadded:: 0.1
+    """
+
+
 INTERCEPTORS: tuple[str, ...] = (
     "loopwright_before_inference",
     "loopwright_after_inference",
@@ -355,6 +406,7 @@ OBSERVERS: tuple[str, ...] = (
     "loopwright_on_cost",
     "loopwright_on_stream_event",
     "loopwright_on_record",
+    "loopwright_on_runtime_close",
 )
 REGISTRATIONS: tuple[str, ...] = (
     "loopwright_register_providers",
