@@ -220,19 +220,19 @@ def test_the_entry_point_reads_the_file_named_by_the_environment(
     """LOOPWRIGHT_MCP_CONFIG names a {mcpServers: ...} file; without it the entry point registers nothing."""
     registered: list[Any] = []
     monkeypatch.delenv(loopwright_mcp.CONFIG_ENV, raising=False)
-    loopwright_mcp.loopwright_register_tools(registered.extend)
+    loopwright_mcp.loopwright_register_tools(registered.extend, settings={}, runtime=None)
     assert registered == []
     config = tmp_path / "mcp.json"
     config.write_text(json.dumps({"mcpServers": {"envsrv": stdio_server(tools=["echo"]),
                                                  "off": {"command": "nowhere", "disabled": True}}}))
     monkeypatch.setenv(loopwright_mcp.CONFIG_ENV, str(config))
     try:
-        loopwright_mcp.loopwright_register_tools(lambda *tools: registered.extend(tools))
+        loopwright_mcp.loopwright_register_tools(lambda *tools: registered.extend(tools), settings={}, runtime=None)
         assert [t.name for t in registered] == ["envsrv__echo"]
     finally:
-        for servers in loopwright_mcp._from_env.values():
+        for servers in loopwright_mcp._shared.values():
             servers.close()
-        loopwright_mcp._from_env.clear()
+        loopwright_mcp._shared.clear()
 
 
 def test_importing_the_plugin_does_not_import_mcp() -> None:
