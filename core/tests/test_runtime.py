@@ -464,3 +464,24 @@ async def test_tool_paths_resolve_by_their_last_segment(tmp_path: Path) -> None:
         await run_to_rest(rt, defn(tools=["/agent-tools/os/note"]))
         assert log == [5]
         assert [t.name for t in h.requests[0].tools] == ["note"]
+
+
+@pytest.mark.anyio
+async def test_a_runtime_that_fails_to_open_still_runs_the_close_hooks(tmp_path: Path) -> None:
+    """An error while opening (here an unknown store kind) closes what was opened: the
+    loopwright_on_runtime_close hooks run once, so plugins release what they started.
+    """
+    from loopwright._definition import Assembly, StoreConfig  # noqa: PLC0415
+
+    closed: list[object] = []
+
+    class Closer:
+        @loopwright.hookimpl
+        def loopwright_on_runtime_close(self, runtime: object) -> None:
+            closed.append(runtime)
+
+    rt = loopwright.Runtime(Assembly(store=StoreConfig(kind="no-such-store")), plugins=[Closer()], autoload=False)
+    with pytest.raises(loopwright.errors.ConfigError, match="unknown store kind"):
+        async with rt:
+            pass
+    assert closed == [rt]

@@ -316,6 +316,15 @@ class Runtime:
         self._loaded = True
 
     async def __aenter__(self) -> Self:
+        try:
+            return await self._open()
+        except BaseException as exc:
+            # Whatever was opened so far (plugins' resources, a store, sinks) is closed again.
+            with anyio.CancelScope(shield=True):
+                await self.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+
+    async def _open(self) -> Self:
         self.load_plugins()
         if self.store is None:
             cfg = self.assembly.store
