@@ -519,3 +519,70 @@ async def test_no_agent_starts_without_budget_left(tmp_path: Path) -> None:
         assert status == "tool_error"
         assert "toolCalls limit is used up" in content
         assert len(await rt.list_instances()) == 1
+
+
+_CLI_PLUGIN = """
+import anyio, json
+import loopwright
+from loopwright import Message, ModelResponse, ToolCall, Usage
+from loopwright.abc import Provider
+
+
+def answer(content=None, *calls):
+    return ModelResponse(message=Message(role="assistant", content=content, tool_calls=calls),
+                         usage=Usage(input_tokens=1, output_tokens=1, total_tokens=2, requests=1))
+
+
+class Parent(Provider):
+    free = True
+
+    def __init__(self, settings):
+        self.settings = settings
+
+    async def complete(self, request):
+        if not any(m.role == "tool" for m in request.messages):
+            return answer(None, ToolCall(id="s", name="run_agent_async",
+                                         arguments={"agentSwarmUri": "helper", "prompt": "work"}))
+        return answer("started it")
+
+
+class Child(Provider):
+    free = True
+
+    def __init__(self, settings):
+        self.settings = settings
+
+    async def complete(self, request):
+        await anyio.sleep(1.0)
+        return answer("child done")
+
+
+@loopwright.hookimpl
+def loopwright_register_providers(register):
+    register("p", Parent)
+    register("c", Child)
+"""
+
+
+def test_loopwright_run_waits_for_the_agents_it_started(tmp_path: Path) -> None:
+    """`loopwright run` prints the agent's result, then waits for the agents it started to rest,
+    so leaving the command does not interrupt them; the exit code is the agent's.
+    """
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    (tmp_path / "plugin.py").write_text(_CLI_PLUGIN)
+    (tmp_path / "parent.yaml").write_text("name: parent\nmodel: p:m\ntools: [run_agent_async]\n")
+    (tmp_path / "helper.yaml").write_text("name: helper\nmodel: c:m\ntools: [task_complete]\n")
+    (tmp_path / "loopwright.yaml").write_text(
+        "store: {kind: file, path: store}\nplugins: [plugin.py]\n"
+        "capabilities: {agents: {spawn: true}}\nagentDefinitions: {helper: helper.yaml}\n")
+    proc = subprocess.run([sys.executable, "-m", "loopwright.cli", "run", "parent.yaml", "-p", "go"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "started it" in proc.stdout
+    assert "waiting for 1 agent(s) it started" in proc.stderr
+    (folder,) = [p for p in (tmp_path / "store").iterdir()
+                 if json.loads((p / "instance.json").read_text())["name"] == "helper"]
+    child = json.loads((folder / "instance.json").read_text())
+    assert (child["state"], child["text"]) == ("waiting", "child done")

@@ -117,6 +117,11 @@ class AgentRun:
         #: When (``time.monotonic()``) the loop last read the mailbox at a turn boundary.
         self.mail_read_at = 0.0
 
+    @property
+    def runtime(self) -> Runtime:
+        """The runtime this run belongs to."""
+        return self._rt
+
     def __repr__(self) -> str:
         return f"AgentRun({self.instance_id!r}, state={self.inst.state.value!r})"
 
@@ -862,6 +867,18 @@ class Runtime:
                     continue
                 if await self.loop.cancel_posted(run):
                     run.request_cancel()
+
+    def running(self) -> list[AgentRun]:
+        """Return the runs with a segment running in this runtime now."""
+        return [run for run in list(self._runs.values()) if run.running]
+
+    async def wait_idle(self) -> None:
+        """Wait until no segment runs in this runtime, those of agents started by agents included."""
+        while True:
+            running = self.running()
+            if not running:
+                return
+            await running[0].wait()
 
     async def get_agent(self, instance_id: str) -> AgentRun:
         """Return the run of an instance, loading it from the store if it is not live here.

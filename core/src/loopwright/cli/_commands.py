@@ -94,12 +94,23 @@ def _not_found(rt: Runtime, instance_id: str) -> str:
 
 
 async def _follow(settings: CliSettings, agent: AgentRun) -> int:
-    """Follow ``agent`` until it rests, then print its result as ``run`` does."""
+    """Follow ``agent`` until it rests, then print its result as ``run`` does.
+
+    Agents it started that still run are then waited for, so that leaving the command does not
+    interrupt them (Ctrl-C leaves them ``running``, to be resumed); the exit code is ``agent``'s.
+    """
     settings.instance_id = agent.instance_id
     progress = make_progress(settings)
-    result, _interrupted = await follow(agent, progress)
+    result, interrupted = await follow(agent, progress)
     settings.streamed_text = progress.streamed_answer()
-    return report(result, settings, turns=agent.inst.turn)
+    code = report(result, settings, turns=agent.inst.turn)
+    others = agent.runtime.running()
+    if others and not interrupted:
+        if not settings.json:
+            click.echo(f"waiting for {len(others)} agent(s) it started to rest "
+                       "(Ctrl-C leaves them running, to resume later)", err=True)
+        await agent.runtime.wait_idle()
+    return code
 
 
 # ---------------------------------------------------------------------------------------------
