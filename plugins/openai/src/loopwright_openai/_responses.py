@@ -36,12 +36,11 @@ from loopwright._types import Message, ModelRequest, ModelResponse, StreamDelta,
 from loopwright_openai._wire import (
     APIReportedError,
     MalformedResponseError,
-    _count,
-    _detail,
     _dumps,
     error_message,
     new_call_id,
     parse_arguments,
+    usage_from,
 )
 
 __all__ = [
@@ -194,22 +193,7 @@ def decode_usage(usage: Any) -> Usage:
     Without ``usage``, or with neither ``input_tokens`` nor ``output_tokens``, the request counts
     as one ``unreported_requests`` (its cost is unknown).
     """
-    if not isinstance(usage, dict):
-        return Usage(requests=1, unreported_requests=1)
-    given_prompt, given_completion = _count(usage.get("input_tokens")), _count(usage.get("output_tokens"))
-    if given_prompt is None and given_completion is None:
-        return Usage(requests=1, unreported_requests=1)
-    prompt = given_prompt or 0
-    completion = given_completion or 0
-    total = _count(usage.get("total_tokens"))
-    return Usage(
-        input_tokens=prompt,
-        output_tokens=completion,
-        total_tokens=prompt + completion if total is None else total,
-        cache_read_tokens=_detail(usage, "input_tokens_details", "cached_tokens"),
-        reasoning_tokens=_detail(usage, "output_tokens_details", "reasoning_tokens"),
-        requests=1,
-    )
+    return usage_from(usage, inputs="input_tokens", outputs="output_tokens")
 
 
 def _item_call_id(item: Mapping[str, Any]) -> str:

@@ -59,6 +59,7 @@ __all__ = [  # noqa: RUF022 - plainly sorted(), as test_all_is_sorted checks
     "reported_error",
     "short_call_id",
     "split_tool_calls",
+    "usage_from",
 ]
 
 #: The :meth:`Transcript.encoded` key. The cached entries are JSON *text*, one per message.
@@ -461,9 +462,19 @@ def decode_usage(usage: Any) -> Usage:
     neither ``prompt_tokens`` nor ``completion_tokens`` (some compatible servers; a stream asked
     without ``include_usage``), counts as one ``unreported_requests``: its cost is unknown.
     """
+    return usage_from(usage, inputs="prompt_tokens", outputs="completion_tokens")
+
+
+def usage_from(usage: Any, *, inputs: str, outputs: str) -> Usage:
+    """Decode an OpenAI-style usage object for one request, its counts named ``inputs`` and ``outputs``.
+
+    ``prompt_tokens``/``completion_tokens`` for Chat Completions, ``input_tokens``/``output_tokens``
+    for the Responses API; cached and reasoning tokens come from ``INPUTS_details`` and
+    ``OUTPUTS_details``. Neither count given means one ``unreported_requests``.
+    """
     if not isinstance(usage, dict):
         return Usage(requests=1, unreported_requests=1)
-    given_prompt, given_completion = _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
+    given_prompt, given_completion = _count(usage.get(inputs)), _count(usage.get(outputs))
     if given_prompt is None and given_completion is None:
         return Usage(requests=1, unreported_requests=1)
     prompt = given_prompt or 0
@@ -473,8 +484,8 @@ def decode_usage(usage: Any) -> Usage:
         input_tokens=prompt,
         output_tokens=completion,
         total_tokens=prompt + completion if total is None else total,
-        cache_read_tokens=_detail(usage, "prompt_tokens_details", "cached_tokens"),
-        reasoning_tokens=_detail(usage, "completion_tokens_details", "reasoning_tokens"),
+        cache_read_tokens=_detail(usage, f"{inputs}_details", "cached_tokens"),
+        reasoning_tokens=_detail(usage, f"{outputs}_details", "reasoning_tokens"),
         requests=1,
     )
 
