@@ -1078,12 +1078,7 @@ class Runtime:
                 if not pending or any(p.decision is None for p in pending):
                     lease.release()
                     return None
-                loop = self.loop
-
-                async def decided() -> None:
-                    await loop.continue_after_decisions(run)
-
-                await self._start_segment(run, new_segment=False, prelude=decided, lease=lease)
+                await self._continue_decided(run, lease)
                 return run, "approval"
             if not await self.loop.has_mail(run):
                 lease.release()
@@ -1091,12 +1086,7 @@ class Runtime:
         except BaseException:
             lease.release()
             raise
-        loop = self.loop
-
-        async def repair() -> None:
-            await loop.repair_interrupted(run)
-
-        await self._start_segment(run, new_segment=True, prelude=repair, lease=lease)
+        await self._start_for_mail(run, lease)
         return run, "message"
 
     async def decide(
@@ -1136,12 +1126,25 @@ class Runtime:
         if not all(p.decision is not None for p in decided):
             lease.release()
             return
+        await self._continue_decided(run, lease)
+
+    async def _continue_decided(self, run: AgentRun, lease: Lease) -> None:
+        """Go on with a segment whose held calls are all decided (the lease is handed over)."""
         loop = self.loop
 
         async def prelude() -> None:
             await loop.continue_after_decisions(run)
 
         await self._start_segment(run, new_segment=False, prelude=prelude, lease=lease)
+
+    async def _start_for_mail(self, run: AgentRun, lease: Lease) -> None:
+        """Start a new segment of a resting instance to read its mail (the lease is handed over)."""
+        loop = self.loop
+
+        async def prelude() -> None:
+            await loop.repair_interrupted(run)
+
+        await self._start_segment(run, new_segment=True, prelude=prelude, lease=lease)
 
     async def deliver(self, run: AgentRun, text: str, source: str) -> None:
         """Deliver a message (see :meth:`AgentRun.message`) through the instance's mailbox.
@@ -1153,7 +1156,6 @@ class Runtime:
         await self.store.post(run.instance_id, {"type": "message", "text": text, "source": source, "at": now_iso()})
         if run.running or run.inst.state is State.WAITING_FOR_APPROVAL:
             return
-        loop = self.loop
         try:
             lease = await self.store.acquire(run.instance_id, self.owner)
         except InstanceLockedError:
@@ -1166,11 +1168,7 @@ class Runtime:
         if run.inst.header.get("state") == State.WAITING_FOR_APPROVAL.value:  # refreshed just now
             lease.release()  # another process held a call meanwhile: read once it is decided
             return
-
-        async def prelude() -> None:
-            await loop.repair_interrupted(run)
-
-        await self._start_segment(run, new_segment=True, prelude=prelude, lease=lease)
+        await self._start_for_mail(run, lease)
 
     async def cancel_run(self, run: AgentRun, *, timeout: float = 30.0) -> None:  # noqa: ASYNC109
         """Cancel a run (see :meth:`AgentRun.cancel` and :meth:`cancel`)."""
