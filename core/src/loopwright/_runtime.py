@@ -953,22 +953,20 @@ class Runtime:
         children = await self.children_cost(header)
         return None if own is None or children is None else own + children
 
-    async def children_cost(self, header: Mapping[str, Any], _seen: set[str] | None = None) -> float | None:
+    async def children_cost(self, header: Mapping[str, Any]) -> float | None:
         """Return the summed subtree cost of the agents ``header``'s instance started (``None`` if unknown)."""
-        seen = _seen if _seen is not None else {str(header.get("instanceId"))}
-        total: float | None = 0.0
-        for child in header.get("children") or []:
-            if child in seen:
+        by_id: dict[Any, Mapping[str, Any]] = {}
+        pending = list(header.get("children") or [])
+        while pending:  # read the descendants' headers once each, then sum as list_instances does
+            child = pending.pop()
+            if child in by_id or child == header.get("instanceId"):
                 continue
-            seen.add(child)
             try:
-                child_header = await self.store.read_header(child)
+                by_id[child] = await self.store.read_header(child)
             except InstanceNotFoundError:
                 continue
-            own = child_header.get("cost", 0.0)
-            below = await self.children_cost(child_header, seen)
-            total = None if total is None or own is None or below is None else total + own + below
-        return total
+            pending.extend(by_id[child].get("children") or [])
+        return _children_in(header, by_id, {header.get("instanceId")})
 
     async def records(self, instance_id: str) -> list[dict[str, Any]]:
         """Return the instance's record log."""
@@ -1204,7 +1202,13 @@ class Runtime:
 
 def _subtree_in(header: Mapping[str, Any], by_id: Mapping[Any, Mapping[str, Any]], seen: set[Any]) -> float | None:
     """Return the subtree cost of ``header``'s instance from headers already read (``by_id``)."""
-    total: float | None = header.get("cost", 0.0)
+    own, below = header.get("cost", 0.0), _children_in(header, by_id, seen)
+    return None if own is None or below is None else own + below
+
+
+def _children_in(header: Mapping[str, Any], by_id: Mapping[Any, Mapping[str, Any]], seen: set[Any]) -> float | None:
+    """Return the summed subtree costs of ``header``'s children found in ``by_id`` (``None`` if unknown)."""
+    total: float | None = 0.0
     for child in header.get("children") or []:
         if child in seen or child not in by_id:
             continue
