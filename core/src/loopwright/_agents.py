@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from loopwright._capabilities import is_within
+from loopwright._instance import now_iso
 from loopwright._types import State
 from loopwright.errors import ConfigError, InstanceLockedError, InstanceNotFoundError, ToolError
 
@@ -46,6 +47,8 @@ __all__ = ["Agents", "Monitors", "parse_context_at"]
 _RESTING = frozenset({State.WAITING.value, State.WAITING_FOR_APPROVAL.value, State.STOPPED.value,
                       State.ERROR.value})
 _POLL = 0.05
+#: How often the runtime checks the armed monitors, in seconds.
+_CHECK_EVERY = 0.25
 _MAX_POLL = 0.5
 _MAX_MATCHES = 20
 _EXCERPT = 120
@@ -319,7 +322,7 @@ class Agents:
             "turnsAt": int(header.get("turns") or 0) + turns if turns is not None else None,
             "onFinish": bool(on_finish),
             "elapsedAt": time.time() + seconds if seconds else None,
-            "armedAt": _now(),
+            "armedAt": now_iso(),
         }
         await monitors.arm(self.caller, spec)
         self._rt.queue_record(self.caller.id, "agent", {"action": "monitor", "instanceId": agent_id,
@@ -397,12 +400,6 @@ def _context_window(run: AgentRun) -> int | None:
     strategy = run.inst.definition.context_strategy
     window = strategy.options.get("contextWindow") if strategy is not None else None
     return int(window) if isinstance(window, (int, float)) and not isinstance(window, bool) else None
-
-
-def _now() -> str:
-    from loopwright._instance import now_iso  # noqa: PLC0415
-
-    return now_iso()
 
 
 def _descends(header: Mapping[str, Any], ancestor: str, by_id: Mapping[Any, Mapping[str, Any]]) -> bool:
@@ -587,5 +584,3 @@ class Monitors:
             lease.release()
         return True
 
-
-_CHECK_EVERY = 0.25
