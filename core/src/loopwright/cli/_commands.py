@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
-import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +21,7 @@ from loopwright._types import State
 from loopwright.cli._main import EXIT_OK, EXIT_USAGE, CliError
 from loopwright.cli._output import echo_json, print_instance, print_instances, print_plugins, report
 from loopwright.cli._progress import follow, make_progress, terminal_approver
+from loopwright.display import safe_json, safe_text
 from loopwright.errors import InstanceNotFoundError, LoopwrightError, StoreError
 
 if TYPE_CHECKING:
@@ -237,13 +237,13 @@ async def ls(settings: CliSettings, state: str | None) -> int:
 
 @_sync
 async def records(settings: CliSettings, instance_id: str, kinds: Sequence[str]) -> int:
-    """``loopwright records``: the record log as JSON lines (``--json`` changes nothing)."""
+    """``loopwright records``: the record log as JSON lines (``--json`` changes nothing), safe to show."""
     async with _runtime(settings) as rt:
         await _header(rt, instance_id)
         wanted = set(kinds)
         for record in await rt.records(instance_id):
             if not wanted or record.get("kind") in wanted:
-                click.echo(json.dumps(record, ensure_ascii=False, separators=(",", ":"), default=str))
+                click.echo(safe_json(record, separators=(",", ":")))
         return EXIT_OK
 
 
@@ -324,7 +324,7 @@ def validate(settings: CliSettings, files: Sequence[str], kind: str | None) -> i
         if not settings.json:
             if problems:
                 for p in problems:
-                    click.echo(str(p))
+                    click.echo(safe_text(p, multiline=True))
             else:
                 click.echo(f"{file}: valid {found or ''}".rstrip())
     if settings.json:

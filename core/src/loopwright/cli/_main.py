@@ -61,8 +61,10 @@ class CliError(click.ClickException):
         self.exit_code = exit_code  # type: ignore[misc]  # click declares it a ClassVar
 
     def show(self, file: Any = None) -> None:
-        """Print ``error: MESSAGE`` to stderr (or ``file``)."""
-        click.echo(f"error: {self.format_message()}", err=file is None, file=file)
+        """Print ``error: MESSAGE`` to stderr (or ``file``), made safe to show (it may quote model output)."""
+        from loopwright.display import safe_text  # noqa: PLC0415 - keeps this module to click and the stdlib
+
+        click.echo(f"error: {safe_text(self.format_message(), multiline=True)}", err=file is None, file=file)
 
 
 class CliSettings:
@@ -428,7 +430,9 @@ def _run(args: Sequence[str] | None) -> int:  # noqa: PLR0911 - one return per w
         if debug:
             raise
         code, message = describe_error(leaf)
-        click.echo(f"error: {message}", err=True)
+        from loopwright.display import safe_text  # noqa: PLC0415 - keeps this module to click and the stdlib
+
+        click.echo(f"error: {safe_text(message, multiline=True)}", err=True)
         return code
     except KeyboardInterrupt:
         _interrupted(settings)

@@ -1,14 +1,19 @@
-"""What the CLI prints: results, status lines, instance tables, plugin lists, JSON.
+r"""What the CLI prints: results, status lines, instance tables, plugin lists, JSON.
 
 Text goes through :func:`click.echo`. Tables use :mod:`rich` only when stdout is a terminal;
 piped output is plain text without ANSI escapes, stable enough to ``grep`` and ``cut``. Results
 go to stdout and diagnostics (status lines, errors, hints) to stderr, so ``loopwright run x.yaml
 > answer.txt`` keeps only the answer.
+
+Whatever came from a model or a tool (calls, arguments, ids, names, reasons, errors, and the
+answer when stdout is a terminal) is shown through :func:`loopwright.display.safe_text`, and JSON
+through :func:`loopwright.display.safe_json`: a control character, an ANSI escape or a bidi
+override in it is shown as a visible escape (``ESC`` as ``\x1b``, ``CR`` as ``\r``) and never acts
+on the screen. A piped answer is printed exactly as the model wrote it.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -17,6 +22,7 @@ import click
 
 from loopwright._types import State, StopReason
 from loopwright.cli._main import EXIT_APPROVAL, EXIT_CANCELLED, EXIT_ERROR, EXIT_OK
+from loopwright.display import safe_json, safe_text
 
 if TYPE_CHECKING:
     from loopwright._types import AgentResult
@@ -45,8 +51,8 @@ def is_terminal() -> bool:
 
 
 def echo_json(data: Any) -> None:
-    """Print ``data`` as indented JSON on stdout."""
-    click.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+    """Print ``data`` as indented JSON on stdout, with every hidden character escaped (the same value)."""
+    click.echo(safe_json(data, indent=2))
 
 
 def exit_code(result: AgentResult) -> int:
@@ -118,7 +124,8 @@ def status_line(result: AgentResult, turns: int | None) -> str:
 
 
 def _arguments(arguments: Mapping[str, Any]) -> str:
-    return json.dumps(dict(arguments), ensure_ascii=False, default=str)
+    """Return a call's arguments as one line of JSON, safe to show."""
+    return safe_json(dict(arguments))
 
 
 def _print_pending(result: AgentResult) -> None:
@@ -126,9 +133,9 @@ def _print_pending(result: AgentResult) -> None:
     click.echo(f"instance {result.instance_id} is waiting for approval of {len(waiting)} "
                f"call{'' if len(waiting) == 1 else 's'}:")
     for p in waiting:
-        click.echo(f"  {p.tool_call_id}  {p.tool} {_arguments(p.arguments)}")
+        click.echo(f"  {safe_text(p.tool_call_id)}  {safe_text(p.tool)} {_arguments(p.arguments)}")
         if p.reason:
-            click.echo(f"      {p.reason}")
+            click.echo(f"      {safe_text(p.reason)}")
     more = " [--call CALL_ID]" if len(waiting) > 1 else ""
     click.echo(f"approve with: loopwright approve {result.instance_id}{more}")
     click.echo(f"deny with:    loopwright deny {result.instance_id}{more} --reason TEXT")
@@ -160,14 +167,14 @@ def report(result: AgentResult, settings: CliSettings, *, turns: int | None, can
             if result.text is not None and result.text == settings.streamed_text:
                 click.echo()  # the answer is on the screen already: it streamed there
             elif result.text is not None:
-                click.echo(result.text)
+                click.echo(safe_text(result.text, multiline=True) if is_terminal() else result.text)
             elif result.output is not None:
                 echo_json(result.output)
-        click.echo(status_line(result, turns), err=True)
+        click.echo(safe_text(status_line(result, turns)), err=True)
     if code == EXIT_ERROR:
         reason = result.error or _state_text(result.state.value, result.stop_reason.value
                                              if result.stop_reason else None)
-        click.echo(f"error: {reason}", err=True)
+        click.echo(f"error: {safe_text(reason, multiline=True)}", err=True)
     if cancel_command:
         return EXIT_OK
     if code == EXIT_CANCELLED:
@@ -180,7 +187,16 @@ def report(result: AgentResult, settings: CliSettings, *, turns: int | None, can
 # ---------------------------------------------------------------------------------------------
 
 
-def _instance_rows(summary: Mapping[str, Any], header: Mapping[str, Any]) -> list[tuple[str, str]]:  # noqa: C901
+#: The rows of ``show`` that hold prose: their line breaks are kept.
+_PROSE_ROWS = frozenset({"delegation prompt", "error", "text"})
+
+
+def _instance_rows(summary: Mapping[str, Any], header: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Return the ``show`` rows, each value made safe to show."""
+    return [(key, safe_text(value, multiline=key in _PROSE_ROWS)) for key, value in _raw_rows(summary, header)]
+
+
+def _raw_rows(summary: Mapping[str, Any], header: Mapping[str, Any]) -> list[tuple[str, str]]:  # noqa: C901
     rows = [
         ("instance", str(summary.get("instanceId"))),
         ("name", str(summary.get("name") or "")),
@@ -223,12 +239,13 @@ def print_instance(summary: Mapping[str, Any], header: Mapping[str, Any]) -> Non
         from rich import box  # noqa: PLC0415 - rich only for terminals
         from rich.console import Console  # noqa: PLC0415
         from rich.table import Table  # noqa: PLC0415
+        from rich.text import Text  # noqa: PLC0415
 
         table = Table(show_header=False, box=box.SIMPLE)
         table.add_column(style="bold")
         table.add_column(overflow="fold")
         for key, value in rows:
-            table.add_row(key, value)
+            table.add_row(key, Text(value))  # Text: a value's [brackets] are not rich markup
         Console().print(table)
         return
     width = max(len(k) for k, _v in rows)
@@ -251,8 +268,9 @@ def print_instances(summaries: Sequence[Mapping[str, Any]]) -> None:
         state = _state_text(s.get("state"), s.get("stopReason"))
         if s.get("cancelled") and s.get("stopReason") != "cancelled":
             state += ", cancelled"
-        rows.append((str(s.get("instanceId")), str(s.get("name") or ""), state, f"{int(total):,}",
-                     format_cost(s.get("cost")), _when(s.get("updatedAt"))))
+        row = (str(s.get("instanceId")), str(s.get("name") or ""), state, f"{int(total):,}",
+               format_cost(s.get("cost")), _when(s.get("updatedAt")))
+        rows.append(tuple(safe_text(value) for value in row))
     if not rows:
         click.echo("no instances", err=True)
         return
@@ -260,13 +278,14 @@ def print_instances(summaries: Sequence[Mapping[str, Any]]) -> None:
         from rich import box  # noqa: PLC0415
         from rich.console import Console  # noqa: PLC0415
         from rich.table import Table  # noqa: PLC0415
+        from rich.text import Text  # noqa: PLC0415
 
         table = Table(box=box.SIMPLE_HEAD)
         for name in _LS_COLUMNS:
             table.add_column(name, justify="right" if name in {"TOKENS", "COST"} else "left",
                              no_wrap=name != "NAME", overflow="ellipsis")
         for row in rows:
-            table.add_row(*row)
+            table.add_row(*(Text(value) for value in row))  # no rich markup from a name
         Console().print(table)
         return
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(_LS_COLUMNS)]

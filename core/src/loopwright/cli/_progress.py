@@ -10,6 +10,12 @@ to a progress display:
   ANSI escapes and no spinner;
 * :class:`Progress` (silent) under ``--json``.
 
+Everything shown that came from a model or a tool (call names, arguments, results, reasons, the
+model's words, streamed text, the command in the shell-approval question) goes through
+:func:`loopwright.display.safe_text` or :func:`~loopwright.display.safe_json` first, so that a
+control character or an ANSI escape in it shows as a visible escape instead of acting on the
+terminal: what the person approves is what runs.
+
 The first SIGINT cancels the run: the instance is saved ``stopped`` with ``cancelled: true``
 and the partial turn kept. A second one exits at once with 130, leaving the instance
 ``running`` for ``loopwright resume``.
@@ -18,7 +24,6 @@ and the partial turn kept. A second one exits at once with 130, leaving the inst
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import sys
@@ -26,6 +31,8 @@ from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Self, TextIO
 
 import anyio
+
+from loopwright.display import safe_json, safe_text
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -41,12 +48,13 @@ _TEXT_WIDTH = 200
 
 
 def _short(text: str, width: int) -> str:
-    text = " ".join(text.split())
+    """Return ``text`` on one line (runs of white space as one space), cut to ``width``, safe to show."""
+    text = safe_text(" ".join(text.split()))
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def _args(arguments: Mapping[str, Any] | None) -> str:
-    return _short(json.dumps(dict(arguments or {}), ensure_ascii=False, default=str), _ARGS_WIDTH)
+    return _short(safe_json(dict(arguments or {})), _ARGS_WIDTH)
 
 
 class Progress:
@@ -155,14 +163,16 @@ class PlainProgress(Progress):
         """Write a line for ``tool_call``, ``tool_result`` and ``approval`` events."""
         data = event.data
         at = f"turn {event.turn}: " if event.turn is not None else ""
+        name = safe_text(data.get("name"))
         if event.kind == "tool_call":
-            self._line(f"{at}{data.get('name')} {_args(data.get('arguments'))}")
+            self._line(f"{at}{name} {_args(data.get('arguments'))}")
         elif event.kind == "tool_result":
-            status = data.get("status")
+            status = safe_text(data.get("status"))
             detail = "" if status == "success" else f": {_short(str(data.get('content') or ''), _TEXT_WIDTH)}"
-            self._line(f"{at}{data.get('name')} -> {status}{detail}")
+            self._line(f"{at}{name} -> {status}{detail}")
         elif event.kind == "approval":
-            self._line(f"{at}{data.get('tool')} waits for approval: {data.get('reason') or ''}".rstrip())
+            self._line(f"{at}{safe_text(data.get('tool'))} waits for approval: "
+                       f"{safe_text(data.get('reason') or '')}".rstrip())
 
     def show_text(self, turn: int | None, text: str) -> None:
         """Write the model's words before its tool calls, shortened."""
@@ -214,9 +224,9 @@ class LiveProgress(Progress):
             self._live_on = True
 
     def show_delta(self, text: str) -> None:
-        """Print streamed text on stdout as it arrives; the spinner stops for the rest of the run."""
+        """Print streamed text on stdout as it arrives, made safe to show; the spinner stops for the rest of the run."""
         self.pause()
-        sys.stdout.write(text)
+        sys.stdout.write(safe_text(text, multiline=True))
         sys.stdout.flush()
 
     def show_reset(self) -> None:
@@ -247,20 +257,20 @@ class LiveProgress(Progress):
         from rich.markup import escape  # noqa: PLC0415
 
         data = event.data
+        name = escape(safe_text(data.get("name")))
         if event.kind == "tool_call":
-            self._console.print(f"[cyan]→ {escape(str(data.get('name')))}[/] "
-                                f"[dim]{escape(_args(data.get('arguments')))}[/]", highlight=False)
+            self._console.print(f"[cyan]→ {name}[/] [dim]{escape(_args(data.get('arguments')))}[/]",
+                                highlight=False)
         elif event.kind == "tool_result":
-            name = escape(str(data.get("name")))
             if data.get("status") == "success":
                 self._console.print(f"  [green]✓ {name}[/]", highlight=False)
             else:
                 detail = escape(_short(str(data.get("content") or ""), _TEXT_WIDTH))
-                self._console.print(f"  [red]✗ {name} {escape(str(data.get('status')))}[/]: {detail}",
+                self._console.print(f"  [red]✗ {name} {escape(safe_text(data.get('status')))}[/]: {detail}",
                                     highlight=False)
         elif event.kind == "approval":
-            self._console.print(f"[yellow]⏸ {escape(str(data.get('tool')))} waits for approval[/]: "
-                                f"{escape(str(data.get('reason') or ''))}", highlight=False)
+            self._console.print(f"[yellow]⏸ {escape(safe_text(data.get('tool')))} waits for approval[/]: "
+                                f"{escape(safe_text(data.get('reason') or ''))}", highlight=False)
 
     def show_text(self, turn: int | None, text: str) -> None:  # noqa: ARG002 - the spinner shows the turn
         """Print the model's words before its tool calls, dimmed and shortened."""
@@ -272,7 +282,7 @@ class LiveProgress(Progress):
         """Print ``text`` above the spinner."""
         from rich.markup import escape  # noqa: PLC0415
 
-        self._console.print(f"[yellow]{escape(text)}[/]", highlight=False)
+        self._console.print(f"[yellow]{escape(safe_text(text, multiline=True))}[/]", highlight=False)
 
 
 def make_progress(settings: CliSettings) -> Progress:
@@ -327,10 +337,12 @@ _prompt_lock: anyio.Lock | None = None
 
 
 async def terminal_approver(command: str, context: Any) -> bool | str:
-    """Ask at the terminal whether to run a shell command (``shell: approval`` grants).
+    r"""Ask at the terminal whether to run a shell command (``shell: approval`` grants).
 
     The live display pauses while the question is on screen. Parallel calls ask one at a time.
-    Returns ``True`` for yes, otherwise the reason the model sees.
+    The command is shown through :func:`loopwright.display.safe_text`: a carriage return, an
+    ANSI escape or a line break in it is shown as ``\r``, ``\x1b``, ``\n``, so the line on
+    screen is the command that runs. Returns ``True`` for yes, otherwise the reason the model sees.
     """
     global _prompt_lock  # noqa: PLW0603 - one prompt at a time in this process
     if _prompt_lock is None:
@@ -340,8 +352,8 @@ async def terminal_approver(command: str, context: Any) -> bool | str:
         if isinstance(display, LiveProgress):
             display.pause()
         try:
-            who = getattr(context, "instance_id", "?")
-            question = f"\ninstance {who} wants to run:\n  {command}\nRun this command? [y/N] "
+            who = safe_text(getattr(context, "instance_id", "?"))
+            question = f"\ninstance {who} wants to run:\n  {safe_text(command)}\nRun this command? [y/N] "
             answer = await anyio.to_thread.run_sync(_ask_terminal, question)
         finally:
             if isinstance(display, LiveProgress):

@@ -28,6 +28,7 @@ from loopwright._instance import now_iso
 from loopwright._runtime import Runtime, result_to_json
 from loopwright.cli._main import EXIT_CANCELLED, EXIT_ERROR, EXIT_OK
 from loopwright.cli._output import status_line
+from loopwright.display import safe_json, safe_text
 from loopwright.errors import InstanceLockedError, InstanceNotFoundError, LoopwrightError
 
 if TYPE_CHECKING:
@@ -75,12 +76,11 @@ class Worker:
     # -- output -----------------------------------------------------------------------------------
 
     def _line(self, data: dict[str, Any], text: str) -> None:
+        """Print a line of the worker's log: ``data`` as JSON under ``--json``, else ``text``; both safe to show."""
         if self._json:
-            import json  # noqa: PLC0415
-
-            click.echo(json.dumps(data, ensure_ascii=False, separators=(",", ":"), default=str))
+            click.echo(safe_json(data, separators=(",", ":")))
         else:
-            click.echo(text)
+            click.echo(safe_text(text))
 
     def _note(self, text: str) -> None:
         """Print a diagnostic on stderr (not under ``--json``)."""
@@ -92,7 +92,7 @@ class Worker:
         message = text if isinstance(exc, LoopwrightError) and text else (
             f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
         where = f"instance {instance_id}: " if instance_id else ""
-        click.echo(f"error: {where}{message}", err=True)
+        click.echo(f"error: {where}{safe_text(message, multiline=True)}", err=True)
         if self._json:
             self._line({"event": "error", "instanceId": instance_id, "error": message, "at": now_iso()}, "")
 

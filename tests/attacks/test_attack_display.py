@@ -1,0 +1,166 @@
+"""Attacks on what a person is shown, and on what the agent tools tell a model (issue 8, attacks 4 and 8).
+
+**What a person approves is what runs.** A malicious model asks for a shell command that holds a
+carriage return and an ANSI escape (``... #\r\x1b[2Kls``): drawn raw on a terminal, the line is
+erased and only ``ls`` is left to approve. Every place the CLI shows a call must show such
+characters as visible escapes, and what ``approve`` runs must be exactly the call shown.
+
+**No probing of ids.** The agent tools must answer a made-up instance id exactly as they answer
+the real id of an instance the caller may not reach (a sibling's, a stranger's), so that a model
+cannot learn which ids exist.
+
+Each test plays the model with the ``scripted`` provider (replies in a YAML file the test
+rewrites between CLI processes) and runs ``python -m loopwright.cli`` as a user would, piped or
+under a pseudo-terminal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+#: A command a person must not see as ``ls``: it saves its own argv (the exact command the shell
+#: got), removes ~/x, and hides all that behind a carriage return and "erase line".
+ATTACK = 'cat /proc/$$/cmdline > "$HOME/ran.bin"; rm -rf "$HOME/x" #\r\x1b[2Kls'
+#: The raw parts that must never reach a screen from the argument.
+RAW = ("#\r", "\x1b[2Kls")
+#: How the argument looks escaped (in JSON-shaped argument lists and in plain text alike).
+ESCAPED_JSON = "#\\r\\u001b[2Kls"
+ESCAPED_TEXT = "#\\r\\x1b[2Kls"
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="reads /proc/PID/cmdline")
+
+
+def _env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPWRIGHT_")}
+    env["LOOPWRIGHT_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    env["HOME"] = str(home)
+    env["COLUMNS"] = "250"
+    return env
+
+
+def lw(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``loopwright ARGS`` in ``project``, piped; the output is decoded as it is (a CR stays a CR)."""
+    done = subprocess.run([sys.executable, "-m", "loopwright.cli", *args], cwd=project, capture_output=True,
+                          env=_env(project / "home"), timeout=120, check=False)
+    return subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode(), done.stderr.decode())
+
+
+def script(project: Path, name: str, replies: list[Any]) -> None:
+    """Write what the model ``name`` answers in the next CLI process (JSON is YAML)."""
+    (project / f"{name}.yaml").write_text(json.dumps(replies))
+
+
+def run_in_pty(project: Path, args: list[str], answer: bytes, timeout: float = 120.0) -> tuple[int, str]:
+    """Run the CLI on a pseudo-terminal, answer its question with ``answer``; return (exit code, screen)."""
+    pid, fd = pty.fork()
+    if pid == 0:  # the child becomes the CLI
+        os.chdir(project)
+        os.execve(sys.executable, [sys.executable, "-m", "loopwright.cli", *args],  # noqa: S606
+                  _env(project / "home"))
+    out = b""
+    answered = False
+    deadline = time.monotonic() + timeout  # a hang guard only
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.1)
+        if not ready:
+            continue
+        try:
+            data = os.read(fd, 4096)
+        except OSError:
+            break
+        if not data:
+            break
+        out += data
+        if not answered and b"[y/N]" in out:
+            os.write(fd, answer)
+            answered = True
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), out.decode(errors="replace")
+
+
+@pytest.fixture
+def shell_project(tmp_path: Path) -> Path:
+    """An assembly granting ``shell: approval``, a definition with the shell tool, a home with ~/x."""
+    project = tmp_path / "p"
+    (project / "home" / "x").mkdir(parents=True)
+    (project / "loopwright.yaml").write_text(
+        "store: {kind: file, path: ./store}\n"
+        "plugins: [os, testing]\n"
+        "providers: {model: {kind: scripted, file: model.yaml}}\n"
+        "capabilities: {shell: approval}\n")
+    (project / "shell.yaml").write_text("name: shell\nmodel: model:any\ntools: [execute_terminal_command]\n")
+    script(project, "model", [{"toolCalls": [{"name": "execute_terminal_command", "id": "call_1",
+                                              "arguments": {"command": ATTACK}}]}])
+    return project
+
+
+def _no_raw(screen: str) -> None:
+    for raw in RAW:
+        assert raw not in screen, f"raw {raw!r} from the argument reached the screen: {screen!r}"
+
+
+def _ran(project: Path) -> str:
+    """The command the shell got, as it saved it: /bin/sh -c COMMAND."""
+    argv = (project / "home" / "ran.bin").read_bytes().split(b"\0")
+    assert argv[1] == b"-c", argv
+    return argv[2].decode()
+
+
+def test_held_shell_command_is_shown_escaped_and_approve_runs_exactly_it(shell_project: Path) -> None:
+    """Piped, the held call's listing, the progress lines and ``show`` escape it; ``approve`` runs what was shown."""
+    project = shell_project
+    run = lw(project, "run", "shell.yaml", "-p", "go")
+    assert run.returncode == 3, run  # waiting for approval
+    _no_raw(run.stdout + run.stderr)
+    assert ESCAPED_JSON in run.stdout, run.stdout  # the call, as JSON arguments
+    assert ESCAPED_TEXT in run.stdout, run.stdout  # the reason "run shell command: ..."
+    assert ESCAPED_TEXT in run.stderr, run.stderr  # "waits for approval: ..."
+    instance = run.stdout.split()[1]
+
+    shown = lw(project, "show", instance)
+    assert shown.returncode == 0, shown
+    _no_raw(shown.stdout)
+    assert ESCAPED_JSON in shown.stdout, shown.stdout
+    listed = lw(project, "ls")
+    _no_raw(listed.stdout)
+
+    exact = lw(project, "show", instance, "--json")
+    pending = json.loads(exact.stdout)["pendingApprovals"]
+    assert [p["arguments"] for p in pending] == [{"command": ATTACK}]  # JSON keeps the exact value
+
+    script(project, "model", ["done"])
+    approved = lw(project, "approve", instance)
+    assert approved.returncode == 0, approved
+    _no_raw(approved.stdout + approved.stderr)
+    assert _ran(project) == pending[0]["arguments"]["command"]
+    assert not (project / "home" / "x").exists()
+    records = lw(project, "records", instance, "--kind", "tool_call")
+    calls = [json.loads(line)["data"] for line in records.stdout.splitlines()]
+    assert [(c["toolCallId"], c["tool"], c["status"]) for c in calls] == [
+        (pending[0]["toolCallId"], "execute_terminal_command", "success")]
+
+
+def test_terminal_approval_prompt_and_live_view_show_the_command_escaped(shell_project: Path) -> None:
+    """On a terminal the live view and the approval question escape the command; 'y' runs exactly it."""
+    project = shell_project
+    script(project, "model", [
+        {"toolCalls": [{"name": "execute_terminal_command", "arguments": {"command": ATTACK}}]}, "done"])
+    code, screen = run_in_pty(project, ["run", "shell.yaml", "-p", "go"], b"y\n")
+    assert code == 0, screen
+    question = screen.split("[y/N]", 1)[0]
+    assert "Run this command?" in question, screen
+    _no_raw(screen)
+    assert ESCAPED_TEXT in question, question  # the question shows the command as text
+    assert ESCAPED_JSON in question, question  # the live view's call line shows its arguments
+    assert _ran(project) == ATTACK
+
