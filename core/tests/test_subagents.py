@@ -199,7 +199,7 @@ async def test_agent_tools_reach_only_the_callers_descendants(tmp_path: Path) ->
             (msg, query, listing) = json.loads(result.text or "")
             if not reach:
                 assert msg[1] == query[1] == "tool_error"
-                assert "not one this agent started" in msg[2]
+                assert "not one this agent can reach" in msg[2]
                 assert listing[2] == []
             else:
                 assert msg[1] == query[1] == "success"
@@ -426,7 +426,7 @@ async def test_monitor_agent_reports_and_refuses(tmp_path: Path) -> None:
         assert percent[1] == "tool_error"
         assert "context window" in percent[2]
         assert unrelated[1] == "tool_error"
-        assert "not one this agent started" in unrelated[2]
+        assert "not one this agent can reach" in unrelated[2]
         assert nothing[1] == "tool_error"
         assert "no monitor is armed" in nothing[2]
 

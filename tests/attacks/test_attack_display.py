@@ -164,3 +164,108 @@ def test_terminal_approval_prompt_and_live_view_show_the_command_escaped(shell_p
     assert ESCAPED_JSON in question, question  # the live view's call line shows its arguments
     assert _ran(project) == ATTACK
 
+
+# ---------------------------------------------------------------------------------------------
+# Attack 8: an agent probes which instance ids exist
+# ---------------------------------------------------------------------------------------------
+
+#: A well-formed id no instance has.
+MADE_UP = "20260101-000000-0badc0de"
+
+
+@pytest.fixture
+def agents_project(tmp_path: Path) -> Path:
+    """A parent that starts agents, a child definition, a stranger and a probing agent, all scripted."""
+    project = tmp_path / "p"
+    (project / "agents").mkdir(parents=True)
+    (project / "home").mkdir()
+    (project / "loopwright.yaml").write_text(
+        "store: {kind: file, path: ./store}\n"
+        "plugins: [testing]\n"
+        "providers:\n"
+        "  parent: {kind: scripted, file: parent.yaml}\n"
+        "  child: {kind: scripted, file: child.yaml}\n"
+        "  probe: {kind: scripted, file: probe.yaml}\n"
+        "capabilities: {agents: {spawn: true}}\n"
+        "agentDefinitions: {child: agents/child.yaml, probe: agents/probe.yaml}\n")
+    (project / "agents" / "parent.yaml").write_text(
+        "name: parent\nmodel: parent:any\ntools: [run_agent_async, await_agent]\n")
+    (project / "agents" / "child.yaml").write_text("name: child\nmodel: child:any\n")
+    (project / "agents" / "stranger.yaml").write_text("name: stranger\nmodel: child:any\n")
+    (project / "agents" / "probe.yaml").write_text(
+        "name: probe\nmodel: probe:any\n"
+        "tools: [run_agent_async, message_agent, await_agent, monitor_agent, query_agent, list_agent_instances]\n")
+    return project
+
+
+def _probes(label: str, target: str, name: str) -> list[dict[str, Any]]:
+    """Every agent tool pointed at ``target`` (and a list filtered by its definition ``name``)."""
+    return [
+        {"id": f"message_{label}", "name": "message_agent", "arguments": {"agentId": target, "prompt": "hi"}},
+        {"id": f"run_{label}", "name": "run_agent_async", "arguments": {"agentId": target, "prompt": "hi"}},
+        {"id": f"await_{label}", "name": "await_agent", "arguments": {"ids": [target]}},
+        {"id": f"monitor_{label}", "name": "monitor_agent", "arguments": {"agentId": target}},
+        {"id": f"arm_{label}", "name": "monitor_agent", "arguments": {"agentId": target, "onFinish": True}},
+        {"id": f"query_{label}", "name": "query_agent", "arguments": {"agentId": target, "query": "done"}},
+        {"id": f"list_{label}", "name": "list_agent_instances", "arguments": {"name": name}},
+        {"id": f"swarm_{label}", "name": "list_agent_instances", "arguments": {"swarm": name}},
+    ]
+
+
+def _tool_results(project: Path, instance_id: str) -> dict[str, tuple[str, str]]:
+    """Read the instance's transcript: call id -> (status, content) of each tool result."""
+    import anyio  # noqa: PLC0415 - only this test reads a store in-process
+
+    from loopwright import Runtime  # noqa: PLC0415
+
+    async def read() -> dict[str, tuple[str, str]]:
+        async with Runtime.from_file(project / "loopwright.yaml") as rt:
+            run = await rt.get_agent(instance_id)
+            return {str(m.tool_call_id): (str(m.status.value if m.status else None), str(m.content))
+                    for m in run.inst.transcript if m.role == "tool"}
+
+    return anyio.run(read)
+
+
+def test_agent_tools_answer_a_made_up_id_as_they_answer_an_unreachable_one(
+    agents_project: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stranger's, a sibling's and the parent's real ids get the answers a made-up id gets, apart from the id."""
+    project = agents_project
+    script(project, "child", ["stranger done"])
+    stranger = json.loads(lw(project, "--json", "run", "agents/stranger.yaml", "-p", "x").stdout)["instanceId"]
+    script(project, "parent", [
+        {"toolCalls": [{"name": "run_agent_async", "arguments": {"agentSwarmUri": "child", "prompt": "x"}}]},
+        "started"])
+    script(project, "child", ["sibling done"])
+    started = lw(project, "--json", "run", "agents/parent.yaml", "-p", "x")
+    assert started.returncode == 0, started
+    parent = json.loads(started.stdout)["instanceId"]
+    everyone = json.loads(lw(project, "--json", "ls").stdout)
+    sibling = next(s["instanceId"] for s in everyone if s["spawnerInstanceId"] == parent)
+
+    targets = {"madeup": (MADE_UP, "nobody"), "stranger": (stranger, "stranger"),
+               "sibling": (sibling, "child"), "parent": (parent, "parent")}
+    script(project, "probe", [
+        {"toolCalls": [c for label, (iid, name) in targets.items() for c in _probes(label, iid, name)]}, "probed"])
+    script(project, "parent", [
+        {"toolCalls": [{"name": "run_agent_async", "arguments": {"agentSwarmUri": "probe", "prompt": "x"}}]},
+        "started"])
+    again = lw(project, "message", parent, "again")
+    assert again.returncode == 0, again
+    everyone = json.loads(lw(project, "--json", "ls").stdout)
+    probe = next(s["instanceId"] for s in everyone if s["name"] == "probe")
+
+    monkeypatch.setenv("LOOPWRIGHT_DISABLE_PLUGIN_AUTOLOAD", "1")
+    results = _tool_results(project, probe)
+    for call in _probes("madeup", MADE_UP, "nobody"):
+        tool = call["id"].removesuffix("_madeup")
+        answers = {label: (results[f"{tool}_{label}"][0], results[f"{tool}_{label}"][1].replace(iid, "ID"))
+                   for label, (iid, _name) in targets.items()}
+        assert len(set(answers.values())) == 1, f"{call['name']} tells ids apart: {answers}"
+        status, content = answers["madeup"]
+        if call["name"] == "list_agent_instances":
+            assert (status, json.loads(content)) == ("success", [])
+        else:
+            assert status == "tool_error", answers  # refused, and alike
+            assert "ID" in content, content  # the answer names the id it refuses

@@ -177,14 +177,30 @@ class Agents:
 
     # -- reaching -------------------------------------------------------------------------------
 
+    def _unreachable(self, instance_id: str) -> ToolError:
+        """Return the one refusal for an id the caller may not reach, whether or not such an instance exists.
+
+        A made-up id and a stranger's real id get the same words, so that an agent cannot learn
+        from the agent tools which ids exist.
+        """
+        return ToolError(f"instance {instance_id!r} is not one this agent can reach: agent tools reach the "
+                         "agents this agent started and theirs")
+
     async def _header(self, instance_id: str) -> dict[str, Any]:
         try:
             return await self._rt.store.read_header(instance_id)
         except InstanceNotFoundError:
-            raise ToolError(f"there is no instance {instance_id!r}") from None
+            if self._rt.assembly.agents_may_reach_any_instance:
+                # Every instance is reachable (and listed): there is nothing to hide.
+                raise ToolError(f"there is no instance {instance_id!r}") from None
+            raise self._unreachable(instance_id) from None
 
     async def reachable(self, instance_id: str) -> dict[str, Any]:
-        """Return the header of ``instance_id`` if the caller may reach it; raise ToolError if not."""
+        """Return the header of ``instance_id`` if the caller may reach it; raise ToolError if not.
+
+        An id of no instance is refused exactly as an instance the caller may not reach is
+        (unless the assembly sets ``agentsMayReachAnyInstance``).
+        """
         if not isinstance(instance_id, str) or not instance_id:
             raise ToolError("an agent id is required")
         header = await self._header(instance_id)
@@ -197,14 +213,12 @@ class Agents:
             if spawner == self.caller.id:
                 return header
             if not spawner or spawner in seen:
-                raise ToolError(
-                    f"instance {instance_id!r} is not one this agent started: agent tools reach the agents "
-                    "the caller started and theirs")
+                raise self._unreachable(instance_id)
             seen.add(spawner)
             try:
                 current = await self._rt.store.read_header(spawner)
             except InstanceNotFoundError:
-                raise ToolError(f"instance {instance_id!r} is not one this agent started") from None
+                raise self._unreachable(instance_id) from None
 
     async def message(self, agent_id: str, prompt: str) -> dict[str, Any]:
         """Deliver ``prompt`` to a reachable instance, as a message from an agent (source ``agent``)."""
