@@ -23,19 +23,23 @@ import select
 import subprocess
 import sys
 import time
+import unicodedata
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 #: A command a person must not see as ``ls``: it saves its own argv (the exact command the shell
-#: got), removes ~/x, and hides all that behind a carriage return and "erase line".
-ATTACK = 'cat /proc/$$/cmdline > "$HOME/ran.bin"; rm -rf "$HOME/x" #\r\x1b[2Kls'
+#: got), removes ~/x, and hides all that behind a carriage return and "erase line" (and a bidi
+#: override for good measure).
+ATTACK = 'cat /proc/$$/cmdline > "$HOME/ran.bin"; rm -rf "$HOME/x" #\r\x1b[2Kls \u202eexe.txt'
 #: The raw parts that must never reach a screen from the argument.
-RAW = ("#\r", "\x1b[2Kls")
-#: How the argument looks escaped (in JSON-shaped argument lists and in plain text alike).
-ESCAPED_JSON = "#\\r\\u001b[2Kls"
-ESCAPED_TEXT = "#\\r\\x1b[2Kls"
+RAW = ("#\r", "\x1b[2Kls", "\u202e")
+#: How the argument looks escaped (in JSON-shaped argument lists, and in plain text).
+ESCAPED_JSON = "#\\r\\u001b[2Kls \\u202eexe.txt"
+ESCAPED_TEXT = "#\\r\\x1b[2Kls \\u202eexe.txt"
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="reads /proc/PID/cmdline")
 
@@ -135,6 +139,7 @@ def test_held_shell_command_is_shown_escaped_and_approve_runs_exactly_it(shell_p
     _no_raw(listed.stdout)
 
     exact = lw(project, "show", instance, "--json")
+    _no_raw(exact.stdout)  # escaped by JSON, and still the exact value:
     pending = json.loads(exact.stdout)["pendingApprovals"]
     assert [p["arguments"] for p in pending] == [{"command": ATTACK}]  # JSON keeps the exact value
 
@@ -163,6 +168,32 @@ def test_terminal_approval_prompt_and_live_view_show_the_command_escaped(shell_p
     assert ESCAPED_TEXT in question, question  # the question shows the command as text
     assert ESCAPED_JSON in question, question  # the live view's call line shows its arguments
     assert _ran(project) == ATTACK
+
+
+
+#: Characters that must never be shown raw: C0 and C1 controls, DEL, bidi embeddings, overrides
+#: and isolates, marks, zero-width characters, line and paragraph separators, a tag character.
+HIDDEN = ("\x00\x07\x08\t\n\x0b\x0c\r\x1b\x7f\x85\x9b\u061c\u200b\u200c\u200d\u200e\u200f"
+          "\u202a\u202b\u202c\u202d\u202e\u2060\u2066\u2067\u2068\u2069\u2028\u2029\ufeff\U000e0041")
+
+
+#: The Unicode categories of characters that act on a screen or draw nothing.
+HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
+
+
+@given(st.lists(st.one_of(st.sampled_from(HIDDEN), st.characters()), max_size=40).map("".join))
+def test_the_display_helper_shows_every_hidden_character_as_an_escape(text: str) -> None:
+    """safe_text leaves no hidden character and keeps text without one as it is; safe_json parses back exactly."""
+    from loopwright.display import is_hidden, safe_json, safe_text  # noqa: PLC0415
+
+    assert all(is_hidden(c) for c in HIDDEN)
+    for shown, kept in ((safe_text(text), ""), (safe_text(text, multiline=True), "\n\t")):
+        assert not any(unicodedata.category(c) in HIDDEN_CATEGORIES and c not in kept for c in shown), repr(shown)
+    if not any(is_hidden(c) for c in text):
+        assert safe_text(text) == text
+    encoded = safe_json({"command": text}, indent=2)
+    assert json.loads(encoded) == {"command": text}
+    assert not any(unicodedata.category(c) in HIDDEN_CATEGORIES and c != "\n" for c in encoded), repr(encoded)
 
 
 # ---------------------------------------------------------------------------------------------
