@@ -1,0 +1,256 @@
+"""Attacks on file paths: relative roots, folder races, hard links and record sinks inside a root.
+
+Each test plays the malicious model with the ``scripted`` provider (``loopwright-testing``), through
+the CLI as a subprocess (``python -m loopwright.cli``), as a user would, and fails if the attack
+succeeds. A scripted provider replays its script from the start in every process, so before each
+command the test writes the replies that process's model gives (``replies.json``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from loopwright.abc import StoreSettings
+from loopwright.builtins.file_store import FileStore
+
+THEIRS = "other-folder-THEIRS"
+MINE = "assembly-folder-own"
+
+PLUGIN = '''
+"""Tools for the attack tests: ping (held for approval by the definition) and a slow nap."""
+import time
+from pathlib import Path
+
+import loopwright
+
+
+@loopwright.tool
+def ping() -> str:
+    """Answer pong."""
+    return "pong"
+
+
+@loopwright.tool
+def nap(marker: str) -> str:
+    """Write a marker file, then sleep a minute.
+
+    Args:
+        marker: The file written when the tool starts.
+    """
+    Path(marker).write_text("started")
+    time.sleep(60)
+    return "rested"
+
+
+@loopwright.hookimpl
+def loopwright_register_tools(register):
+    register(ping, nap)
+'''
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPWRIGHT_")}
+    env["LOOPWRIGHT_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    return env
+
+
+def lw(cwd: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run ``loopwright ARGS`` in ``cwd`` (the timeout is a hang guard only)."""
+    return subprocess.run([sys.executable, "-m", "loopwright.cli", *args], cwd=cwd, env=_env(),
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def script(project: Path, *replies: Any) -> None:
+    """Write what the model says in the next process."""
+    (project / "replies.json").write_text(json.dumps(list(replies)))
+
+
+def calls(*pairs: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+    return {"toolCalls": [{"name": name, "arguments": args} for name, args in pairs]}
+
+
+def store_call(project: Path, fn: Any) -> Any:
+    """Run ``await fn(store)`` on the project's file store, from this (another) process."""
+    async def main() -> Any:
+        async with FileStore(StoreSettings(kind="file", base_dir=project, options={"path": "./store"})) as store:
+            return await fn(store)
+    return anyio.run(main)
+
+
+def results(project: Path, iid: str) -> list[dict[str, Any]]:
+    """Return the tool results (tool messages) saved in the instance's entry log."""
+    entries = store_call(project, lambda store: store.read_entries(iid))
+    return [e["m"] for e in entries if e.get("t") == "msg" and e["m"].get("role") == "tool"]
+
+
+# ------------------------------------------------------------------------------------------
+# Attack 3: relative roots are the assembly's folder, whatever the working folder
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def folders(tmp_path: Path) -> tuple[Path, Path]:
+    """``project/`` (the assembly, granting ``write: [./work]``) and ``elsewhere/`` with its own ``work/``."""
+    project = tmp_path / "project"
+    (project / "work").mkdir(parents=True)
+    (project / "work" / "own.txt").write_text(MINE)
+    (project / "roots_plugin.py").write_text(PLUGIN)
+    (project / "loopwright.yaml").write_text(
+        "store: {kind: file, path: ./store}\n"
+        "plugins: [loopwright_os, loopwright_testing, roots_plugin.py]\n"
+        f"providers: {{model: {{kind: scripted, file: {json.dumps(str(project / 'replies.json'))}}}}}\n"
+        "capabilities:\n  files: {write: [./work]}\n  agents: {spawn: true}\n")
+    (project / "agent.yaml").write_text(
+        "name: roots\nmodel: model:any\n"
+        "tools: [read-file, write-file, list-directory, ping, nap, run_agent_async]\n"
+        "requiresApproval: [ping]\n")
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "work").mkdir(parents=True)
+    (elsewhere / "work" / "secret.txt").write_text(THEIRS)
+    (elsewhere / "work" / "evil.yaml").write_text("name: evil\nmodel: test:any\n")
+    return project.resolve(), elsewhere.resolve()
+
+
+def attack(project: Path, elsewhere: Path, step: str) -> dict[str, Any]:
+    """The model's reach for the other folder's ``work/`` (and for its own), as one turn of calls."""
+    return calls(
+        ("read-file", {"path": "secret.txt"}),
+        ("read-file", {"path": str(elsewhere / "work" / "secret.txt")}),
+        ("list-directory", {"path": str(elsewhere / "work")}),
+        ("write-file", {"path": f"{step}.txt", "content": step}),
+        ("write-file", {"path": str(elsewhere / "work" / f"abs-{step}.txt"), "content": step}),
+        ("run_agent_async", {"prompt": "go", "agentSwarmUri": str(elsewhere / "work" / "evil.yaml")}),
+        ("read-file", {"path": "own.txt"}),
+        ("read-file", {"path": str(project / "work" / "own.txt")}),
+    )
+
+
+def assert_confined(project: Path, elsewhere: Path, iid: str, step: str) -> None:
+    """Nothing of ``elsewhere/work`` was reached in ``step``; the agent's own root still was."""
+    assert sorted(p.name for p in (elsewhere / "work").iterdir()) == ["evil.yaml", "secret.txt"]
+    assert (project / "work" / f"{step}.txt").read_text() == step
+    done = results(project, iid)
+    assert not any(THEIRS in json.dumps(r) for r in done), "the other folder's secret was read"
+    assert not any(r["name"] == "run_agent_async" and r["status"] == "success" for r in done), \
+        "a definition in the other folder was started"
+    own = [r for r in done if MINE in json.dumps(r)]
+    assert len(own) >= 2, "the agent's own root was not readable"
+
+
+def test_relative_roots_do_not_follow_the_working_folder(folders: tuple[Path, Path]) -> None:
+    """Grants ``write: [./work]`` saved at ``run`` in the assembly's folder mean that folder's ``work/``
+    on ``approve``, ``message``, ``worker`` and ``resume`` run from a folder with its own ``work/``."""
+    project, elsewhere = folders
+    config = str(project / "loopwright.yaml")
+    script(project, calls(("ping", {})))
+    started = lw(project, "run", "--json", "agent.yaml", "-p", "go")
+    assert started.returncode == 3, started.stderr
+    iid = json.loads(started.stdout)["instanceId"]
+    header = store_call(project, lambda store: store.read_header(iid))
+    assert header["capabilities"]["files"]["write"] == [str(project / "work")]
+
+    script(project, attack(project, elsewhere, "approve"), {"text": "done"})
+    done = lw(elsewhere, "-c", config, "approve", iid)
+    assert done.returncode == 0, done.stderr
+    assert_confined(project, elsewhere, iid, "approve")
+
+    script(project, attack(project, elsewhere, "message"), {"text": "done"})
+    done = lw(elsewhere, "-c", config, "message", iid, "again")
+    assert done.returncode == 0, done.stderr
+    assert_confined(project, elsewhere, iid, "message")
+
+    script(project, attack(project, elsewhere, "worker"), {"text": "done"})
+    store_call(project, lambda store: store.post(
+        iid, {"type": "message", "text": "from elsewhere", "source": "api", "at": "2026-01-01T00:00:00Z"}))
+    done = lw(elsewhere, "-c", config, "worker", "--once")
+    assert done.returncode == 0, done.stderr
+    assert_confined(project, elsewhere, iid, "worker")
+
+    marker = project / "nap.started"
+    script(project, calls(("nap", {"marker": str(marker)})))
+    proc = subprocess.Popen([sys.executable, "-m", "loopwright.cli", "-c", config, "message", iid, "nap"],
+                            cwd=project, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(6000):  # a hang guard of about a minute
+            if marker.exists() or proc.poll() is not None:
+                break
+            anyio.run(anyio.sleep, 0.01)
+        assert marker.exists(), proc.communicate()
+    finally:
+        proc.kill()
+        proc.communicate()
+    script(project, attack(project, elsewhere, "resume"), {"text": "done"})
+    done = lw(elsewhere, "-c", config, "resume", iid)
+    assert done.returncode == 0, done.stderr
+    assert_confined(project, elsewhere, iid, "resume")
+
+
+HOST = """
+import sys
+
+import anyio
+
+from loopwright import Capabilities, FileGrants, Runtime
+
+
+async def main(project):
+    async with Runtime.from_file(project + "/loopwright.yaml") as rt:
+        run = await rt.start_agent(project + "/agent.yaml", prompt="go",
+                                   capabilities=Capabilities(files=FileGrants(write=("./work",))))
+        await run.result()
+        print(run.instance_id)
+
+
+anyio.run(main, sys.argv[1])
+"""
+
+
+def test_relative_roots_a_host_asks_for_are_the_assemblys_folder(folders: tuple[Path, Path]) -> None:
+    """``start_agent(capabilities=write: [./work])`` from a host script run in another folder grants
+    the assembly's ``work/``, not the working folder's."""
+    project, elsewhere = folders
+    (elsewhere / "host.py").write_text(HOST)
+    script(project, attack(project, elsewhere, "host"), {"text": "done"})
+    done = subprocess.run([sys.executable, "host.py", str(project)], cwd=elsewhere, env=_env(),
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    iid = done.stdout.strip()
+    (elsewhere / "host.py").unlink()
+    assert_confined(project, elsewhere, iid, "host")
+    header = store_call(project, lambda store: store.read_header(iid))
+    assert header["capabilities"]["files"]["write"] == [str(project / "work")]
+
+
+def test_a_saved_relative_root_fails_closed(folders: tuple[Path, Path]) -> None:
+    """A header whose saved root is relative (an old or tampered one) is refused from any folder:
+    it is never resolved against the working folder."""
+    project, elsewhere = folders
+    config = str(project / "loopwright.yaml")
+    script(project, {"text": "hi"})
+    started = lw(project, "run", "--json", "agent.yaml", "-p", "go")
+    assert started.returncode == 0, started.stderr
+    iid = json.loads(started.stdout)["instanceId"]
+
+    async def relative(store: FileStore) -> None:
+        header = await store.read_header(iid)
+        header["capabilities"]["files"]["write"] = ["./work"]
+        await store.write_header(iid, header)
+
+    store_call(project, relative)
+    script(project, attack(project, elsewhere, "tampered"), {"text": "done"})
+    for cwd in (elsewhere, project):
+        done = lw(cwd, "-c", config, "message", iid, "again")
+        assert done.returncode != 0, done.stdout
+        assert "'./work' is not absolute" in done.stderr
+        assert iid in done.stderr
+    assert sorted(p.name for p in (elsewhere / "work").iterdir()) == ["evil.yaml", "secret.txt"]
+    assert not (project / "work" / "tampered.txt").exists()
+    assert not any(r["name"] == "read-file" for r in results(project, iid))
