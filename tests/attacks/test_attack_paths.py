@@ -254,3 +254,86 @@ def test_a_saved_relative_root_fails_closed(folders: tuple[Path, Path]) -> None:
     assert sorted(p.name for p in (elsewhere / "work").iterdir()) == ["evil.yaml", "secret.txt"]
     assert not (project / "work" / "tampered.txt").exists()
     assert not any(r["name"] == "read-file" for r in results(project, iid))
+
+
+# ------------------------------------------------------------------------------------------
+# Attack 8: a record sink inside a granted root
+# ------------------------------------------------------------------------------------------
+
+SINK_PLUGIN = '''
+"""A third-party record sink that reports the file it writes."""
+from pathlib import Path
+
+import loopwright
+from loopwright.abc import RecordSink
+
+
+class Audit(RecordSink):
+    def __init__(self, options):
+        self.path = Path(options["path"]).resolve()
+
+    async def write(self, record):
+        with self.path.open("a") as f:
+            f.write(record.kind + "\\\\n")
+
+    def locations(self):
+        return (self.path,)
+
+
+@loopwright.hookimpl
+def loopwright_register_record_sinks(register):
+    register("audit", Audit)
+'''
+
+
+@pytest.mark.parametrize(("grant", "sink"), [
+    ("write: [./work]", "{kind: jsonl, path: work/audit.jsonl}"),
+    ("read: [./work]", "{kind: jsonl, path: work/audit.jsonl}"),
+    ("write: [./work/logs/audit.jsonl]", "{kind: jsonl, path: work/logs/audit.jsonl}"),
+    ("write: [./work/logs]", "{kind: jsonl, path: work/link/audit.jsonl}"),
+    ("write: [./work]", "{kind: audit, path: work/audit.log}"),
+], ids=["write-root", "read-root", "the-file-itself", "through-a-symlink", "third-party-sink"])
+def test_a_record_sink_inside_a_granted_root_is_refused(tmp_path: Path, grant: str, sink: str) -> None:
+    """The audit log may not lie where an agent reaches: the runtime refuses to open (exit 2), before
+    any model call, and the log the agent meant to overwrite is untouched."""
+    project = tmp_path
+    (project / "work" / "logs").mkdir(parents=True)
+    (project / "work" / "link").symlink_to(project / "work" / "logs")
+    for log in ("audit.jsonl", "audit.log", "logs/audit.jsonl"):
+        (project / "work" / log).write_text("original\n")
+    (project / "sink_plugin.py").write_text(SINK_PLUGIN)
+    (project / "loopwright.yaml").write_text(
+        "store: {kind: file, path: ./store}\n"
+        "plugins: [loopwright_os, loopwright_testing, sink_plugin.py]\n"
+        f"providers: {{model: {{kind: scripted, file: {json.dumps(str(project / 'replies.json'))}}}}}\n"
+        f"capabilities:\n  files: {{{grant}}}\n"
+        f"records: [{sink}]\n")
+    (project / "agent.yaml").write_text("name: forger\nmodel: model:any\ntools: [write-file]\n")
+    script(project, calls(*(("write-file", {"path": str(project / "work" / log), "content": "forged\n"})
+                            for log in ("audit.jsonl", "audit.log", "logs/audit.jsonl"))), {"text": "done"})
+    done = lw(project, "run", "agent.yaml", "-p", "go")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "record sink" in done.stderr
+    assert "lies within the granted file root" in done.stderr
+    for log in ("audit.jsonl", "audit.log", "logs/audit.jsonl"):
+        assert (project / "work" / log).read_text() == "original\n"
+
+
+def test_a_record_sink_outside_the_roots_records(tmp_path: Path) -> None:
+    """A sink beside the granted root opens and records; the agent cannot write it."""
+    project = tmp_path
+    (project / "work").mkdir()
+    (project / "loopwright.yaml").write_text(
+        "store: {kind: file, path: ./store}\n"
+        "plugins: [loopwright_os, loopwright_testing]\n"
+        f"providers: {{model: {{kind: scripted, file: {json.dumps(str(project / 'replies.json'))}}}}}\n"
+        "capabilities:\n  files: {write: [./work]}\n"
+        "records: [{kind: jsonl, path: audit.jsonl}]\n")
+    (project / "agent.yaml").write_text("name: forger\nmodel: model:any\ntools: [write-file]\n")
+    script(project, calls(("write-file", {"path": str(project / "audit.jsonl"), "content": "forged\n"})),
+           {"text": "done"})
+    done = lw(project, "run", "--json", "agent.yaml", "-p", "go")
+    assert done.returncode == 0, done.stderr
+    lines = (project / "audit.jsonl").read_text().splitlines()
+    assert "forged" not in lines
+    assert any(json.loads(line)["kind"] == "tool_call" for line in lines)

@@ -1,13 +1,15 @@
 """Built-in plugin: the ``jsonl`` record sink.
 
 ``records: [{kind: jsonl, path: records.jsonl}]`` appends every record of every instance to one
-JSON-lines file (relative paths are taken from the working directory), flushed per record.
+JSON-lines file (relative paths are taken from the working directory), flushed per record. The
+file is the audit trail, so it obeys the store's rule: it must lie outside every granted file
+root (:meth:`JsonlSink.locations`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -44,6 +46,10 @@ class JsonlSink(RecordSink):
         if self._file is not None:
             self._file.close()
             self._file = None
+
+    def locations(self) -> Sequence[Path]:
+        """Return the file, resolved: no agent may be granted a root that holds it."""
+        return (self.path.resolve(),)
 
 
 @hookimpl
