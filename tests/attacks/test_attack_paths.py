@@ -8,6 +8,7 @@ command the test writes the replies that process's model gives (``replies.json``
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -337,3 +338,85 @@ def test_a_record_sink_outside_the_roots_records(tmp_path: Path) -> None:
     lines = (project / "audit.jsonl").read_text().splitlines()
     assert "forged" not in lines
     assert any(json.loads(line)["kind"] == "tool_call" for line in lines)
+
+
+# ------------------------------------------------------------------------------------------
+# Attack 8: write-file's folders under a flipping symlink; reading a planted hard link
+# ------------------------------------------------------------------------------------------
+
+
+def os_project(project: Path, settings: str = "") -> Path:
+    """An assembly granting ``write: [./work]``, with ``outside/`` (a secret) next to the root."""
+    (project / "work").mkdir()
+    (project / "outside").mkdir()
+    (project / "outside" / "secret.txt").write_text(THEIRS)
+    (project / "loopwright.yaml").write_text(
+        "store: {kind: file, path: ./store}\n"
+        "plugins: [loopwright_os, loopwright_testing]\n"
+        f"providers: {{model: {{kind: scripted, file: {json.dumps(str(project / 'replies.json'))}}}}}\n"
+        f"capabilities:\n  files: {{write: [./work]}}\n{settings}")
+    (project / "agent.yaml").write_text(
+        "name: racer\nmodel: model:any\ntools: [write-file, read-file]\nlimits: {toolCalls: 1000}\n")
+    return project
+
+
+def test_a_symlink_flipped_during_write_file_makes_nothing_outside(tmp_path: Path) -> None:
+    """While a thread flips ``work/dd`` between a folder and a link to ``outside/``, 600 calls of
+    ``write-file dd/newN/x.txt`` make no folder or file outside the root."""
+    import threading  # noqa: PLC0415 - only this test races
+
+    project = os_project(tmp_path)
+    work, outside = project / "work", project / "outside"
+    turns = [calls(*(("write-file", {"path": f"dd/new{t}-{n}/x.txt", "content": "x"}) for n in range(200)))
+             for t in range(3)]
+    script(project, *turns, {"text": "done"})
+    stop = threading.Event()
+
+    def flip() -> None:
+        aside = 0
+        while not stop.is_set():
+            dd = work / "dd"
+            if dd.is_dir() and not dd.is_symlink():
+                aside += 1
+                dd.rename(work / f"dd-{aside}")  # the real folder stays inside the root
+            with contextlib.suppress(OSError):
+                dd.symlink_to(outside)
+            with contextlib.suppress(OSError):
+                dd.unlink()
+
+    flipper = threading.Thread(target=flip, daemon=True)
+    flipper.start()
+    try:
+        done = lw(project, "run", "--json", "agent.yaml", "-p", "go", timeout=600)
+    finally:
+        stop.set()
+        flipper.join()
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in outside.iterdir()) == ["secret.txt"], "write-file made something outside"
+    assert (outside / "secret.txt").read_text() == THEIRS
+    written = list(work.glob("*/*/x.txt"))
+    assert written, "no write succeeded: the race was not run"
+
+
+@pytest.mark.parametrize("allowed", [False, True], ids=["default", "allowHardLinks"])
+def test_a_planted_hard_link_to_an_outside_file_is_not_read(tmp_path: Path, allowed: bool) -> None:
+    """``work/hard``, a hard link to ``outside/secret.txt``, is refused by read-file (and write-file)
+    unless the assembly sets ``pluginSettings: {os: {allowHardLinks: true}}``; then only reads work."""
+    project = os_project(tmp_path, "pluginSettings: {os: {allowHardLinks: true}}\n" if allowed else "")
+    os.link(project / "outside" / "secret.txt", project / "work" / "hard")
+    (project / "work" / "plain.txt").write_text(MINE)
+    script(project, calls(("read-file", {"path": "hard"}), ("read-file", {"path": "plain.txt"}),
+                          ("write-file", {"path": "hard", "content": "pwned"})), {"text": "done"})
+    done = lw(project, "run", "--json", "agent.yaml", "-p", "go")
+    assert done.returncode == 0, done.stderr
+    hard, plain, write = results(project, json.loads(done.stdout)["instanceId"])
+    assert (plain["status"], plain["content"]) == ("success", MINE)
+    assert write["status"] == "tool_error"
+    assert "has other hard links" in write["content"]
+    assert (project / "outside" / "secret.txt").read_text() == THEIRS
+    if allowed:
+        assert (hard["status"], hard["content"]) == ("success", THEIRS)
+    else:
+        assert hard["status"] == "tool_error"
+        assert "has other hard links" in hard["content"]
+        assert THEIRS not in hard["content"]
