@@ -321,9 +321,12 @@ def test_a_record_sink_inside_a_granted_root_is_refused(tmp_path: Path, grant: s
 
 
 def test_a_record_sink_outside_the_roots_records(tmp_path: Path) -> None:
-    """A sink beside the granted root opens and records; the agent cannot write it."""
-    project = tmp_path
-    (project / "work").mkdir()
+    """A sink beside the granted root opens and records, its relative path taken from the assembly's
+    folder whatever the working folder; the agent cannot write it."""
+    project = tmp_path / "project"
+    (project / "work").mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
     (project / "loopwright.yaml").write_text(
         "store: {kind: file, path: ./store}\n"
         "plugins: [loopwright_os, loopwright_testing]\n"
@@ -333,8 +336,10 @@ def test_a_record_sink_outside_the_roots_records(tmp_path: Path) -> None:
     (project / "agent.yaml").write_text("name: forger\nmodel: model:any\ntools: [write-file]\n")
     script(project, calls(("write-file", {"path": str(project / "audit.jsonl"), "content": "forged\n"})),
            {"text": "done"})
-    done = lw(project, "run", "--json", "agent.yaml", "-p", "go")
+    done = lw(elsewhere, "-c", str(project / "loopwright.yaml"), "run", "--json", str(project / "agent.yaml"),
+              "-p", "go")
     assert done.returncode == 0, done.stderr
+    assert list(elsewhere.iterdir()) == []
     lines = (project / "audit.jsonl").read_text().splitlines()
     assert "forged" not in lines
     assert any(json.loads(line)["kind"] == "tool_call" for line in lines)
