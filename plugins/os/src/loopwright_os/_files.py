@@ -255,8 +255,9 @@ def _open_folder(roots: _Roots, target: Path, shown: str) -> int:
     swapped for a link is refused). Return the folder's descriptor.
     """
     root = roots.root_of(target)
+    parts: tuple[str, ...] = ()
     if target == root:  # the root is the file itself
-        root, parts = target.parent, ()
+        root = target.parent
     else:
         parts = target.relative_to(root).parts[:-1]
     fd = _open(root, shown, os.O_RDONLY | _DIRECTORY)
