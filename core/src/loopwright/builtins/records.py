@@ -2,9 +2,8 @@
 
 ``records: [{kind: jsonl, path: records.jsonl}]`` appends every record of every instance to one
 JSON-lines file (a relative path is taken from the assembly's folder, as the store's is), flushed
-per record. The
-file is the audit trail, so it obeys the store's rule: it must lie outside every granted file
-root (:meth:`JsonlSink.locations`).
+per record. The file is the audit trail, so it obeys the store's rule: it must lie outside every
+granted file root (:meth:`JsonlSink.locations`).
 """
 
 from __future__ import annotations
