@@ -261,12 +261,16 @@ def _open_folder(roots: _Roots, target: Path, shown: str) -> int:
     else:
         parts = target.relative_to(root).parts[:-1]
     fd = _open(root, shown, os.O_RDONLY | _DIRECTORY)
+    real = _fd_path(fd)
+    if real is not None and real != root:  # the root's own path changed since it was resolved
+        os.close(fd)
+        raise ToolError(f"{shown}: the folder {root} changed while it was opened; not written")
     try:
         for part in parts:
             try:
                 os.mkdir(part, 0o777, dir_fd=fd)
             except FileExistsError:
-                pass  # a folder already, or something open_dir refuses below
+                pass  # a folder already, or something the open below refuses
             except OSError as exc:
                 raise ToolError(f"{shown}: cannot make its folder {part!r} ({exc.strerror})") from None
             try:
