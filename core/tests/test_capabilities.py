@@ -293,3 +293,38 @@ async def test_store_beside_a_granted_root_is_fine(tmp_path: Path) -> None:
     async with make_runtime(tmp_path, Harness(reply("hi")), capabilities=grant) as rt:
         _, result = await run_to_rest(rt, defn())
         assert result.text == "hi"
+
+
+# ------------------------------------------------------------------------------------------
+# Relative roots: the assembly's folder, never the working folder
+# ------------------------------------------------------------------------------------------
+
+
+def test_a_relative_root_lies_within_nothing(tree: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """is_within and intersect never resolve a relative root against the working folder."""
+    monkeypatch.chdir(tree["root"])
+    assert not is_within("granted/sub", tree["granted"])
+    assert not is_within(tree["granted"] / "sub", "granted")
+    assert intersect(caps(read=("granted",)), caps(read=(str(tree["granted"]),))).files.read == ()
+    assert intersect(caps(read=(str(tree["granted"]),)), caps(read=("granted",))).files.read == ()
+
+
+def test_saved_relative_roots_are_malformed() -> None:
+    """A saved entry with a relative root is refused (the runtime then fails closed)."""
+    with pytest.raises(ValueError, match="is not absolute"):
+        capabilities_from_dict({"files": {"write": ["./work"]}})
+
+
+def test_the_runtime_resolves_relative_roots_against_the_assembly_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Roots of an assembly file are taken from its folder, whatever the working folder."""
+    from loopwright import Runtime  # noqa: PLC0415
+    from loopwright._config import load_assembly  # noqa: PLC0415
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "loopwright.yaml").write_text("capabilities: {files: {read: [./x], write: [../y]}}\n")
+    monkeypatch.chdir(tmp_path / "b")
+    rt = Runtime(load_assembly(tmp_path / "a" / "loopwright.yaml"))
+    got = rt.assembly.capabilities.files
+    assert (got.read, got.write) == ((str(tmp_path / "a" / "x"),), (str(tmp_path / "y"),))

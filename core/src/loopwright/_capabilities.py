@@ -1,7 +1,10 @@
 """Grants: what an instance may touch, and :func:`intersect`, which never widens them.
 
 Paths are compared after symlinks are resolved (``Path.resolve``), so a link inside a granted
-root that points outside it grants nothing outside it.
+root that points outside it grants nothing outside it. Relative roots are never resolved against
+the working folder: the runtime resolves the assembly's roots (and those a host asks for) against
+the assembly's folder once, when it is built (:func:`resolve_roots`); a relative root or path
+left anywhere else lies within nothing, and a saved grant with one is malformed.
 """
 
 from __future__ import annotations
@@ -9,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import attrs
 
 from loopwright._definition import Capabilities, FileGrants
 from loopwright.errors import CapabilityError
@@ -20,6 +25,7 @@ __all__ = [
     "check_store_outside",
     "intersect",
     "is_within",
+    "resolve_roots",
 ]
 
 _SHELL_ORDER = {"none": 0, "loopApproval": 1, "approval": 2, "allow": 3}
@@ -29,24 +35,44 @@ _SHELL_BY_RANK = {v: k for k, v in _SHELL_ORDER.items()}
 NO_GRANTS = Capabilities(agents_max_depth=0)
 
 
-def _resolve(path: str | Path, base: Path | None = None) -> Path:
+def _resolve(path: str | Path, base: Path) -> Path:
     p = Path(path).expanduser()
-    if not p.is_absolute():
-        p = (base or Path.cwd()) / p
-    return p.resolve()
+    return (p if p.is_absolute() else base / p).resolve()
+
+
+def _absolute(path: str | Path) -> Path | None:
+    """Return ``path`` with symlinks resolved, or ``None`` if it is relative (it names no place)."""
+    p = Path(path).expanduser()
+    return p.resolve() if p.is_absolute() else None
 
 
 def is_within(path: str | Path, root: str | Path) -> bool:
-    """Return whether ``path`` is ``root`` or lies under it, both with symlinks resolved."""
-    p, r = _resolve(path), _resolve(root)
-    return p == r or r in p.parents
+    """Return whether ``path`` is ``root`` or lies under it, both with symlinks resolved.
+
+    A relative ``path`` or ``root`` is never resolved against the working folder: it lies within
+    nothing, and nothing lies within it.
+    """
+    p, r = _absolute(path), _absolute(root)
+    return p is not None and r is not None and (p == r or r in p.parents)
+
+
+def resolve_roots(caps: Capabilities, base: Path) -> Capabilities:
+    """Return ``caps`` with every file root made absolute against ``base`` and its symlinks resolved.
+
+    The runtime calls this once, when it is built, for the assembly's grants (``base`` is the
+    assembly's folder) and for grants a host asks for in ``start_agent``, so what is saved in a
+    header means the same folder in every process, whatever its working folder.
+    """
+    files = FileGrants(read=tuple(str(_resolve(r, base)) for r in caps.files.read),
+                       write=tuple(str(_resolve(r, base)) for r in caps.files.write))
+    return attrs.evolve(caps, files=files)
 
 
 def _narrow(requested: Iterable[str], allowed: Sequence[str]) -> tuple[str, ...]:
     out = []
     for req in requested:
-        resolved = _resolve(req)
-        if any(is_within(resolved, root) for root in allowed):
+        resolved = _absolute(req)
+        if resolved is not None and any(is_within(resolved, root) for root in allowed):
             out.append(str(resolved))
     return tuple(out)
 
@@ -55,7 +81,8 @@ def intersect(parent: Capabilities, requested: Capabilities | None) -> Capabilit
     """Return what ``requested`` asks for, narrowed to what ``parent`` holds.
 
     A requested file root survives only if it lies within one of the parent's roots (read roots
-    may lie within read or write roots; write roots only within write roots). Shell access
+    may lie within read or write roots; write roots only within write roots); a relative root,
+    on either side, grants nothing (see :func:`resolve_roots`). Shell access
     takes the stricter mode (``none`` < ``loopApproval`` < ``approval`` < ``allow``), network
     and spawning need both, and the depth is the smaller. ``requested=None`` means "all the
     parent holds".
@@ -88,7 +115,11 @@ def capabilities_to_dict(caps: Capabilities) -> dict[str, Any]:
 
 
 def capabilities_from_dict(data: Any) -> Capabilities:
-    """Parse a saved ``capabilities`` entry. Raise ValueError unless it is well formed."""
+    """Parse a saved ``capabilities`` entry. Raise ValueError unless it is well formed.
+
+    File roots must be absolute (the runtime saves them resolved): a relative one would mean a
+    different folder in a process with another working folder, so it makes the entry malformed.
+    """
     if not isinstance(data, Mapping) or set(data) - {"files", "shell", "network", "agents"}:
         raise ValueError("capabilities must be a mapping of files, shell, network and agents")
     files = data.get("files", {})
@@ -98,6 +129,9 @@ def capabilities_from_dict(data: Any) -> Capabilities:
     read, write = files.get("read", []), files.get("write", [])
     if not all(isinstance(x, list) and all(isinstance(s, str) for s in x) for x in (read, write)):
         raise ValueError("file roots must be lists of strings")
+    relative = [r for r in (*read, *write) if not Path(r).is_absolute()]
+    if relative:
+        raise ValueError(f"file root {relative[0]!r} is not absolute (saved roots are resolved when granted)")
     shell = data.get("shell", "none")
     if shell not in _SHELL_ORDER:
         raise ValueError(f"unknown shell mode {shell!r}")
@@ -109,13 +143,18 @@ def capabilities_from_dict(data: Any) -> Capabilities:
                         network=network, agents_spawn=spawn, agents_max_depth=depth)
 
 
-def check_store_outside(store_locations: Iterable[Path], caps: Capabilities, *, base: Path) -> None:
-    """Raise :class:`CapabilityError` if any granted file root overlaps a store location."""
+def check_store_outside(store_locations: Iterable[Path], caps: Capabilities, *, base: Path,
+                        what: str = "the store") -> None:
+    """Raise :class:`CapabilityError` if any granted file root overlaps a store location.
+
+    Record sinks obey the same rule (``what`` names them in the message): an agent that could
+    write there could rewrite its transcript, grants or audit trail.
+    """
     for loc in store_locations:
         store = _resolve(loc, base)
         for root in caps.files.read + caps.files.write:
             r = _resolve(root, base)
             if store == r or r in store.parents or store in r.parents:
                 raise CapabilityError(
-                    f"the store at {store} lies within the granted file root {r} (or contains it); "
-                    "agents must never reach the store: move the store or narrow the grant")
+                    f"{what} at {store} lies within the granted file root {r} (or contains it); "
+                    f"agents must never reach {what}: move it or narrow the grant")

@@ -29,6 +29,7 @@ from loopwright._capabilities import (
     capabilities_to_dict,
     check_store_outside,
     intersect,
+    resolve_roots,
 )
 from loopwright._definition import DEFAULT_LIMITS, Assembly, Capabilities, Definition, Limits
 from loopwright._instance import Instance, message_to_json, now_iso, rebuild
@@ -266,8 +267,14 @@ class Runtime:
         self, assembly: Assembly | None = None, *, plugins: Sequence[object] = (), autoload: bool | None = None,
         store: Store | None = None, http_client: Any = None, shell_approver: Callable[..., Any] | None = None,
     ) -> None:
-        """Describe a runtime; nothing is loaded until ``async with``."""
-        self.assembly = assembly or Assembly()
+        """Describe a runtime; nothing is loaded until ``async with``.
+
+        Relative file roots in the assembly's grants are resolved here, once, against the
+        assembly's folder (:func:`~loopwright._capabilities.resolve_roots`), so every instance's
+        saved grants name absolute folders.
+        """
+        assembly = assembly or Assembly()
+        self.assembly = attrs.evolve(assembly, capabilities=resolve_roots(assembly.capabilities, assembly.base_dir))
         self._extra_plugins = tuple(plugins)
         self._autoload = autoload
         self._given_store = store
@@ -339,13 +346,13 @@ class Runtime:
                 raise ConfigError(f"unknown store kind {cfg.kind!r}; registered: "
                                   f"{', '.join(self.plugins.stores.names())}") from None
             self.store = factory(StoreSettings(kind=cfg.kind, base_dir=self.assembly.base_dir, options=cfg.options))
-        check_store_outside(self.store.locations(), self.assembly.capabilities, base=self.assembly.base_dir)
         for spec in self.assembly.records:
             try:
                 factory = self.plugins.record_sinks.get(spec.kind)
             except KeyError:
                 raise ConfigError(f"unknown record sink kind {spec.kind!r}") from None
             self._sinks.append(factory(dict(spec.options)))
+        self._check_out_of_reach(self.assembly.capabilities)
         self._verifiers["allTodosDone"] = all_todos_done
         self._loop = Loop(self)
         self._tg_cm = anyio.create_task_group()
@@ -657,15 +664,27 @@ class Runtime:
             mapping or a :class:`Definition`.
         :param inputs: Values for the definition's ``inputs`` (templated into its prompts).
         :param prompt: The task prompt, added after the initial prompts.
-        :param capabilities: Grants to ask for; narrowed to the runtime's (never widened).
+        :param capabilities: Grants to ask for; narrowed to the runtime's (never widened). Relative
+            roots are resolved against the assembly's folder, never the working folder.
         :param stream: Ask providers to stream.
         :param instance_id: An id to use instead of a generated one.
         :return: The run; ``await run.result()`` waits for it to rest.
         :raises ConfigError: The definition or inputs are invalid, or it names unknown tools.
+        :raises CapabilityError: A granted root would reach the store or a record sink.
         """
         defn = self.load_definition(definition)
+        if capabilities is not None:
+            capabilities = resolve_roots(capabilities, self.assembly.base_dir)
         grants = intersect(self.assembly.capabilities, capabilities)
+        self._check_out_of_reach(grants)
         return await self.create_run(defn, inputs, prompt, grants=grants, stream=stream, instance_id=instance_id)
+
+    def _check_out_of_reach(self, grants: Capabilities) -> None:
+        """Raise CapabilityError if a granted root overlaps the store or a record sink's locations."""
+        base = self.assembly.base_dir
+        check_store_outside(self.store.locations(), grants, base=base)
+        for sink, spec in zip(self._sinks, self.assembly.records, strict=False):
+            check_store_outside(sink.locations(), grants, base=base, what=f"the record sink {spec.kind!r}")
 
     async def create_run(
         self, defn: Definition, inputs: Mapping[str, Any] | None, prompt: str | None, *, grants: Capabilities,

@@ -349,6 +349,16 @@ class ContextStrategy(abc.ABC):
 class RecordSink(_AsyncClosing, abc.ABC):
     """Receives every record, for example to ship it to a log service."""
 
+    def locations(self) -> Sequence[Path]:
+        """Return the files and folders this sink writes to.
+
+        The store's rule holds for them: the runtime refuses to open (``CapabilityError``) when
+        any of them lies within a granted file root (read or write) or contains one, and refuses
+        to start an instance whose grants would reach one. A sink that writes no local file
+        returns ``()`` (the default).
+        """
+        return ()
+
     @abc.abstractmethod
     async def write(self, record: Record) -> None:
         """Take one record. Exceptions are caught, recorded and the run goes on (fail open)."""

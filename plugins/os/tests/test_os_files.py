@@ -177,18 +177,23 @@ def test_paths_in_the_store_are_refused_even_inside_a_root(tmp_path: Path) -> No
 
 
 def test_a_symlink_swapped_in_after_the_check_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The real path of the opened file is checked again, and a file created outside is removed."""
+    """A folder on the path swapped for a link leading out after the check reaches nothing outside.
+
+    write-file opens each folder relative to the one before, without following links: a link
+    swapped in before its folder is opened is refused; one swapped in after is not on the way any
+    more (the file lands in the real folder, inside the root).
+    """
     (tmp_path / "root").mkdir()
     (tmp_path / "outside").mkdir()
     (tmp_path / "outside" / "secret.txt").write_text(OUTSIDE_TEXT)
     ctx = ToolContext(instance_id="i", tool_call_id="c", grants=grants(write=[tmp_path / "root"]),
                       base_dir=tmp_path)
     real_open = os.open
-    armed: list[bool] = []
+    armed: list[str] = []
 
     def racing_open(path: str | os.PathLike[str], flags: int, mode: int = 0o777, **kw: object) -> int:
-        # Between the check and the open, a folder on the path turns into a link leading out.
-        if armed and Path(path).parent == tmp_path / "root" / "d":
+        # Just before the open of ``armed``, the folder d turns into a link leading out.
+        if armed and str(path) == armed[0]:
             armed.clear()
             (tmp_path / "root" / "d").rename(tmp_path / "root" / "d-old")
             (tmp_path / "root" / "d").symlink_to(tmp_path / "outside")
@@ -196,12 +201,18 @@ def test_a_symlink_swapped_in_after_the_check_is_caught(tmp_path: Path, monkeypa
 
     monkeypatch.setattr(files_module.os, "open", racing_open)
     for name in ("secret.txt", "created.txt"):  # an existing file outside, then a new one
-        (tmp_path / "root" / "d").mkdir()
-        armed.append(True)
-        with pytest.raises(ToolError, match="not within a writable file root"):
-            write_file.function(path=f"d/{name}", content="pwned", context=ctx)
-        assert not armed  # the swap happened
-        (tmp_path / "root" / "d").unlink()
-        (tmp_path / "root" / "d-old").rmdir()
+        for when in ("d", name):  # before the folder is opened, then before the file is
+            (tmp_path / "root" / "d").mkdir()
+            armed.append(when)
+            if when == "d":
+                with pytest.raises(ToolError, match="is a symlink"):
+                    write_file.function(path=f"d/{name}", content="pwned", context=ctx)
+            else:
+                write_file.function(path=f"d/{name}", content="pwned", context=ctx)
+                assert (tmp_path / "root" / "d-old" / name).read_text() == "pwned"
+                (tmp_path / "root" / "d-old" / name).unlink()
+            assert not armed  # the swap happened
+            (tmp_path / "root" / "d").unlink()
+            (tmp_path / "root" / "d-old").rmdir()
     assert (tmp_path / "outside" / "secret.txt").read_text() == OUTSIDE_TEXT
     assert not (tmp_path / "outside" / "created.txt").exists()

@@ -1,13 +1,16 @@
 """Built-in plugin: the ``jsonl`` record sink.
 
 ``records: [{kind: jsonl, path: records.jsonl}]`` appends every record of every instance to one
-JSON-lines file (relative paths are taken from the working directory), flushed per record.
+JSON-lines file (a relative path is taken from the assembly's folder, as the store's is), flushed
+per record. The file is the audit trail, so it obeys the store's rule: it must lie outside every
+granted file root (:meth:`JsonlSink.locations`).
 """
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -22,11 +25,15 @@ __all__ = ["JsonlSink"]
 class JsonlSink(RecordSink):
     """Appends records as JSON lines to ``path``."""
 
-    def __init__(self, options: Mapping[str, Any]) -> None:
-        """Open ``options["path"]`` for appending (created with its folder if needed)."""
+    def __init__(self, options: Mapping[str, Any], *, base_dir: Path | None = None) -> None:
+        """Open ``options["path"]`` for appending (created with its folder if needed).
+
+        A relative path is taken from ``base_dir`` (the assembly's folder; default: the working folder).
+        """
         if "path" not in options:
             raise ConfigError("record sink jsonl needs a path")
-        self.path = Path(options["path"])
+        path = Path(options["path"]).expanduser()
+        self.path = path if path.is_absolute() or base_dir is None else base_dir / path
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file: IO[str] | None = self.path.open("a", encoding="utf-8")
 
@@ -45,8 +52,13 @@ class JsonlSink(RecordSink):
             self._file.close()
             self._file = None
 
+    def locations(self) -> Sequence[Path]:
+        """Return the file, resolved: no agent may be granted a root that holds it."""
+        return (self.path.resolve(),)
+
 
 @hookimpl
-def loopwright_register_record_sinks(register: Any) -> None:
-    """Register ``jsonl``."""
-    register("jsonl", JsonlSink)
+def loopwright_register_record_sinks(register: Any, runtime: Any) -> None:
+    """Register ``jsonl``, its relative paths taken from the runtime's assembly's folder."""
+    base_dir = runtime.assembly.base_dir if runtime is not None else None
+    register("jsonl", functools.partial(JsonlSink, base_dir=base_dir))

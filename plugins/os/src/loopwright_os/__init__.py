@@ -10,26 +10,31 @@ names the tools it wants, by name or by path (a path resolves by its last segmen
   ``Runtime(shell_approver=...)`` with ``approval`` (the loop's approval gate when the runtime
   has no approver); is held for ``approve``/``deny`` with ``loopApproval``.
 * ``read-file {path, offset?}``, ``write-file {path, content}`` and ``list-directory {path?}``
-  work under the ``files`` grants, with every path checked after symlinks are resolved.
+  work under the ``files`` grants, with every path checked after symlinks are resolved. The
+  assembly's ``pluginSettings: {os: {allowHardLinks: true}}`` lets ``read-file`` read files that
+  have other hard links (refused by default).
 
 The rules and what the tests prove are in ``docs/tools/os.md``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from loopwright import hookimpl
-from loopwright_os._files import list_directory, read_file, write_file
+from loopwright_os._files import list_directory, read_file, read_file_tool, write_file
 from loopwright_os._shell import execute_terminal_command
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
 __all__ = ["execute_terminal_command", "list_directory", "loopwright_register_tools", "read_file", "write_file"]
 
 
 @hookimpl
-def loopwright_register_tools(register: Callable[..., None]) -> None:
-    """Register ``execute_terminal_command``, ``read-file``, ``write-file`` and ``list-directory``."""
-    register(execute_terminal_command, read_file, write_file, list_directory)
+def loopwright_register_tools(register: Callable[..., None], settings: Mapping[str, Any]) -> None:
+    """Register ``execute_terminal_command``, ``read-file``, ``write-file`` and ``list-directory``.
+
+    ``read-file`` follows the ``os`` entry of the assembly's ``pluginSettings`` (``allowHardLinks``).
+    """
+    register(execute_terminal_command, read_file_tool(settings.get("os")), write_file, list_directory)

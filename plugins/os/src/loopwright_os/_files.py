@@ -11,6 +11,14 @@ assemblies; this is defence in depth).
 After opening, the file's real path is read back from the descriptor (``/proc/self/fd`` on Linux,
 ``F_GETPATH`` on macOS) and checked again, so a symlink swapped in between the check and the
 open is caught; a written file is truncated only after that check.
+
+``write-file`` makes missing folders and opens the file relative to directory descriptors, one
+path component at a time from the granted root, none followed if it is a symlink (``O_NOFOLLOW``,
+``mkdir(dir_fd=...)``), so no race can make a folder or a file outside the root.
+
+A regular file with more than one hard link may be the same file as one outside the roots:
+``write-file`` never writes one, and ``read-file`` reads one only when the assembly allows it
+(``pluginSettings: {os: {allowHardLinks: true}}``). Both check the opened descriptor (``fstat``).
 """
 
 from __future__ import annotations
@@ -20,16 +28,18 @@ import os
 import stat
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from loopwright import ToolContext, tool
 from loopwright._capabilities import is_within
 from loopwright.errors import ToolError
 
 if TYPE_CHECKING:
-    from loopwright import Capabilities
+    from collections.abc import Mapping
 
-__all__ = ["MAX_ENTRIES", "MAX_READ_BYTES", "list_directory", "read_file", "write_file"]
+    from loopwright import Capabilities, Tool
+
+__all__ = ["MAX_ENTRIES", "MAX_READ_BYTES", "list_directory", "read_file", "read_file_tool", "write_file"]
 
 #: Bytes ``read-file`` returns per call; a longer file ends with a marker giving the next offset.
 MAX_READ_BYTES = 64 * 1024
@@ -39,6 +49,7 @@ MAX_ENTRIES = 1000
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # opening a FIFO must not hang the call
+_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 
 
 def _readable(grants: Capabilities) -> bool:
@@ -69,6 +80,10 @@ class _Roots:
                             f"roots are: {roots}")
         if any(is_within(path, store) for store in self.store):
             raise ToolError(f"{shown}: lies in the runtime's instance store, which agents may not touch")
+
+    def root_of(self, resolved: Path) -> Path:
+        """Return the writable root ``resolved`` (checked) lies in: the deepest, so the fewest steps."""
+        return max((r for r in self.write if is_within(resolved, r)), key=lambda r: len(r.parts))
 
     def target(self, path: str, *, write: bool) -> Path:
         """Return ``path`` made absolute and resolved, after checking it."""
@@ -135,15 +150,29 @@ def _open(path: Path, shown: str, flags: int, mode: int = 0o666) -> int:
         raise ToolError(f"{shown}: cannot open it ({exc.strerror})") from None
 
 
-@tool(name="read-file", idempotent=True, available=_readable)
-def read_file(path: str, offset: int = 0, *, context: ToolContext) -> str:
-    """Read a text file from a readable file root.
+def read_file_tool(settings: Mapping[str, Any] | None = None) -> Tool:
+    """Return ``read-file`` as the assembly's ``pluginSettings.os`` configure it.
 
-    Args:
-        path: The file; a relative path is taken from the working folder.
-        offset: The byte to start at (a long file is returned in parts, each ending with the next offset).
-        context: The calling instance's grants, filled in by the loop (not an argument of the model's).
+    :param settings: The ``os`` entry of ``pluginSettings``; ``allowHardLinks: true`` lets it read
+        regular files that have other hard links (refused by default).
     """
+    allow_hard_links = bool((settings or {}).get("allowHardLinks", False))
+
+    @tool(name="read-file", idempotent=True, available=_readable)
+    def read_file(path: str, offset: int = 0, *, context: ToolContext) -> str:
+        """Read a text file from a readable file root.
+
+        Args:
+            path: The file; a relative path is taken from the working folder.
+            offset: The byte to start at (a long file is returned in parts, each ending with the next offset).
+            context: The calling instance's grants, filled in by the loop (not an argument of the model's).
+        """
+        return _read_file(path, offset, context, allow_hard_links=allow_hard_links)
+
+    return read_file
+
+
+def _read_file(path: str, offset: int, context: ToolContext, *, allow_hard_links: bool) -> str:
     roots = _Roots(context)
     target = roots.target(path, write=False)
     if offset < 0:
@@ -156,6 +185,8 @@ def read_file(path: str, offset: int = 0, *, context: ToolContext) -> str:
             raise ToolError(f"{path}: is a folder; use list-directory")
         if not stat.S_ISREG(info.st_mode):
             raise ToolError(f"{path}: is not a regular file")
+        if info.st_nlink > 1 and not allow_hard_links:
+            raise ToolError(f"{path}: has other hard links (the same file may lie outside the roots); not read")
         os.lseek(fd, offset, os.SEEK_SET)
         data = _read(fd, MAX_READ_BYTES)
     finally:
@@ -171,6 +202,10 @@ def read_file(path: str, offset: int = 0, *, context: ToolContext) -> str:
     return text
 
 
+#: ``read-file`` with the default settings (files with other hard links are refused).
+read_file = read_file_tool()
+
+
 @tool(name="write-file", parallel_safe=False, idempotent=True, available=_writable)
 def write_file(path: str, content: str, *, context: ToolContext) -> str:
     """Write a text file (UTF-8) in a writable file root, replacing it if it exists; missing folders are made.
@@ -184,23 +219,16 @@ def write_file(path: str, content: str, *, context: ToolContext) -> str:
     target = roots.target(path, write=True)
     if target.is_dir():
         raise ToolError(f"{path}: is a folder")
+    folder = _open_folder(roots, target, path)
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ToolError(f"{path}: cannot make its folder ({exc.strerror})") from None
-    created = True
-    try:
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC | _NONBLOCK, 0o666)
-    except FileExistsError:
-        created = False
-        fd = _open(target, path, os.O_WRONLY)
-    except OSError as exc:
-        raise ToolError(f"{path}: cannot create it ({exc.strerror})") from None
+        created, fd = _create(folder, target.name, path)
+    finally:
+        os.close(folder)
     try:
         try:
             roots.check_open(fd, path, write=True)
         except ToolError:
-            if created:  # undo the empty file just made outside the roots
+            if created:  # undo the empty file just made outside the roots (defence in depth)
                 with contextlib.suppress(OSError):
                     os.unlink(_fd_path(fd) or target)  # noqa: PTH108
             raise
@@ -217,6 +245,62 @@ def write_file(path: str, content: str, *, context: ToolContext) -> str:
     finally:
         os.close(fd)
     return f"wrote {len(data):,} bytes to {target}"
+
+
+def _open_folder(roots: _Roots, target: Path, shown: str) -> int:
+    """Open ``target``'s folder, making missing ones, one component at a time from its write root.
+
+    Each step is relative to the descriptor of the folder before it, and none follows a symlink,
+    so what is made or opened lies in the root even if the path is changed meanwhile (a folder
+    swapped for a link is refused). Return the folder's descriptor.
+    """
+    root = roots.root_of(target)
+    parts: tuple[str, ...] = ()
+    if target == root:  # the root is the file itself
+        root = target.parent
+    else:
+        parts = target.relative_to(root).parts[:-1]
+    fd = _open(root, shown, os.O_RDONLY | _DIRECTORY)
+    real = _fd_path(fd)
+    if real is not None and real != root:  # the root's own path changed since it was resolved
+        os.close(fd)
+        raise ToolError(f"{shown}: the folder {root} changed while it was opened; not written")
+    try:
+        for part in parts:
+            try:
+                os.mkdir(part, 0o777, dir_fd=fd)
+            except FileExistsError:
+                pass  # a folder already, or something the open below refuses
+            except OSError as exc:
+                raise ToolError(f"{shown}: cannot make its folder {part!r} ({exc.strerror})") from None
+            try:
+                step = os.open(part, os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC, dir_fd=fd)
+            except OSError as exc:
+                raise ToolError(f"{shown}: {part!r} on its path is not a folder (or is a symlink, "
+                                f"which is not followed here: {exc.strerror})") from None
+            os.close(fd)
+            fd = step
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _create(folder: int, name: str, shown: str) -> tuple[bool, int]:
+    """Open ``name`` in ``folder`` for writing without following a link: ``(created, fd)``."""
+    flags = os.O_WRONLY | _NOFOLLOW | _CLOEXEC | _NONBLOCK
+    try:
+        return True, os.open(name, flags | os.O_CREAT | os.O_EXCL, 0o666, dir_fd=folder)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise ToolError(f"{shown}: cannot create it ({exc.strerror})") from None
+    try:
+        return False, os.open(name, flags, dir_fd=folder)
+    except IsADirectoryError:
+        raise ToolError(f"{shown}: is a folder") from None
+    except OSError as exc:
+        raise ToolError(f"{shown}: cannot open it ({exc.strerror})") from None
 
 
 @tool(name="list-directory", idempotent=True, available=_readable)
