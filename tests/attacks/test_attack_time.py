@@ -156,6 +156,48 @@ def test_elapsed_bounds_a_model_call_in_progress(tmp_path: Path, server: _Server
     assert server.requests >= 1
 
 
+def test_elapsed_bounds_a_compaction_summary_call(tmp_path: Path, server: _Server) -> None:
+    """A ``compact`` strategy whose summary model never answers: ``elapsed`` ends the segment in the summary call."""
+    server.mode = "silent"
+    port = server.server_address[1]
+    root = _project(tmp_path, f"""\
+        srv: {{kind: openai, baseUrl: "http://127.0.0.1:{port}/v1"}}
+        script:
+          kind: scripted
+          replies:
+            - toolCalls: [{{name: ping, arguments: {{}}}}]
+            - toolCalls: [{{name: ping, arguments: {{}}}}]
+            - text: "never reached: the summary call comes first"
+        """, """\
+        name: compacting
+        model: script:any
+        tools: [ping]
+        contextStrategy: {kind: compact, trigger: 1, keepLast: 1, model: "srv:summarizer"}
+        limits: {elapsed: 2s}
+        """, """\
+        import loopwright
+
+
+        @loopwright.tool
+        def ping() -> str:
+            \"\"\"Answer pong.\"\"\"
+            return "pong"
+
+
+        @loopwright.hookimpl
+        def loopwright_register_tools(register):
+            register(ping)
+        """)
+    done = _cli(root, "--json", "run", "agent.yaml", "-p", "ping")
+    assert done.returncode == 1, done.stderr
+    result = json.loads(done.stdout)
+    assert (result["state"], result["stopReason"], result["limit"]) == ("error", "limit_exceeded", "elapsed"), result
+    assert server.requests == 1  # the summary call was made, and cut off
+    records = _cli(root, "records", "--json", result["instanceId"])
+    kinds = [json.loads(line)["kind"] for line in records.stdout.splitlines()]
+    assert "compaction" in kinds, records.stdout
+
+
 # ---------------------------------------------------------------------------------------------
 # an abandoned sync tool thread does not keep the process alive
 # ---------------------------------------------------------------------------------------------
