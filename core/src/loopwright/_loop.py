@@ -12,7 +12,6 @@ implementations and skips all hook work, the :class:`InstanceInfo` included, whe
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import time
@@ -535,8 +534,8 @@ class Loop:
             # A retry or a fallback after text was already shown: followers start the answer over.
             await self.emit(run, "stream_reset", turn)
         run.streamed_turn = turn
-        # Closed here, also when a deadline or a cancel ends the stream early (not later by the GC).
-        async with contextlib.aclosing(provider.stream(request)) as deltas:
+        deltas = provider.stream(request)
+        try:
             async for delta in deltas:
                 kind = delta.kind
                 if kind == "text":
@@ -546,6 +545,11 @@ class Loop:
                     await self.emit(run, "tool_call_start", turn, id=delta.tool_call_id, name=delta.name)
                 elif kind == "done":
                     response = delta.response
+        finally:
+            # Closed here, also when a deadline or a cancel ends the stream early (not later by the GC).
+            aclose = getattr(deltas, "aclose", None)
+            if aclose is not None:
+                await aclose()
         if response is None:
             raise ProviderError("the stream ended without its final answer", provider=request.provider,
                                 model=request.model, transient=True)
