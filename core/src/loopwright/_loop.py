@@ -438,10 +438,12 @@ class Loop:
         if response is None:
             limits = self.rt.limits_of(inst)
             # The call, its stream, retries and fallbacks included, ends when the elapsed limit does.
-            with _elapsed_scope(inst, limits) as scope:
-                response, served = await self._call_model(run, request, ref)
-            if scope.cancelled_caught:
+            called: tuple[ModelResponse, str] | None = None
+            with _elapsed_scope(inst, limits):
+                called = await self._call_model(run, request, ref)
+            if called is None:  # the deadline cut the call off
                 raise _elapsed_reached(limits)
+            response, served = called
             if not response.usage.requests:  # the provider left Usage() as it was
                 response = attrs.evolve(response, usage=_one_request(response.usage))
         latency = time.perf_counter() - t0
