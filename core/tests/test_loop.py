@@ -704,6 +704,46 @@ async def test_elapsed_limit(tmp_path: Path) -> None:
         assert len(h.requests) == 1
 
 
+async def test_elapsed_limit_ends_a_model_call_in_progress(tmp_path: Path) -> None:
+    """A model call still running when Limits.elapsed runs out is cut off: the segment ends limit elapsed."""
+
+    async def never(request: loopwright.ModelRequest) -> loopwright.ModelResponse:
+        del request
+        await anyio.sleep_forever()
+        raise AssertionError  # never reached
+
+    h = Harness(never)
+    async with make_runtime(tmp_path, h) as rt:
+        _run, result = await run_to_rest(rt, defn(limits=Limits(elapsed=0.2)))
+        assert (result.state, result.stop_reason, result.limit) == (State.ERROR, StopReason.LIMIT_EXCEEDED, "elapsed")
+        assert len(h.requests) == 1
+
+
+async def test_a_sync_tool_that_times_out_is_left_on_a_daemon_thread(tmp_path: Path) -> None:
+    """A plain tool past its timeout gets ``timeout``; its abandoned thread is a daemon (it keeps no process alive)."""
+    release = threading.Event()
+    seen: list[threading.Thread] = []
+
+    @loopwright.tool(timeout=0.1)
+    def stuck() -> str:
+        """Block until released."""
+        seen.append(threading.current_thread())
+        release.wait(30)
+        return "released"
+
+    h = Harness(reply(None, call("stuck")), reply("done"), tools=[stuck])
+    try:
+        async with make_runtime(tmp_path, h) as rt:
+            run, result = await run_to_rest(rt, defn(tools=[stuck]))
+            assert result.text == "done"
+            assert [m.status for m in run.inst.transcript if m.role == "tool"] == [ToolStatus.TIMEOUT]
+            assert len(seen) == 1
+            assert seen[0].daemon
+            assert seen[0].is_alive()
+    finally:
+        release.set()
+
+
 async def test_assembly_limits_apply_and_the_definition_overrides_them(tmp_path: Path) -> None:
     """The assembly's limits apply to every definition; a definition's own limit wins."""
     note = make_note_tool([])

@@ -35,7 +35,7 @@ from loopwright._decisions import (
 )
 from loopwright._hooks import intercept, notify
 from loopwright._instance import Instance, message_to_json, now_iso, unanswered_calls
-from loopwright._tools import ToolContext
+from loopwright._tools import ToolContext, run_in_daemon_thread
 from loopwright._types import (
     Cost,
     Event,
@@ -436,7 +436,14 @@ class Loop:
         served = ref
         t0 = time.perf_counter()
         if response is None:
-            response, served = await self._call_model(run, request, ref)
+            limits = self.rt.limits_of(inst)
+            # The call, its stream, retries and fallbacks included, ends when the elapsed limit does.
+            called: tuple[ModelResponse, str] | None = None
+            with _elapsed_scope(inst, limits):
+                called = await self._call_model(run, request, ref)
+            if called is None:  # the deadline cut the call off
+                raise _elapsed_reached(limits)
+            response, served = called
             if not response.usage.requests:  # the provider left Usage() as it was
                 response = attrs.evolve(response, usage=_one_request(response.usage))
         latency = time.perf_counter() - t0
@@ -529,15 +536,22 @@ class Loop:
             # A retry or a fallback after text was already shown: followers start the answer over.
             await self.emit(run, "stream_reset", turn)
         run.streamed_turn = turn
-        async for delta in provider.stream(request):
-            kind = delta.kind
-            if kind == "text":
-                if delta.text:
-                    await self.emit(run, "text_delta", turn, delta=delta.text)
-            elif kind == "tool_call":
-                await self.emit(run, "tool_call_start", turn, id=delta.tool_call_id, name=delta.name)
-            elif kind == "done":
-                response = delta.response
+        deltas = provider.stream(request)
+        try:
+            async for delta in deltas:
+                kind = delta.kind
+                if kind == "text":
+                    if delta.text:
+                        await self.emit(run, "text_delta", turn, delta=delta.text)
+                elif kind == "tool_call":
+                    await self.emit(run, "tool_call_start", turn, id=delta.tool_call_id, name=delta.name)
+                elif kind == "done":
+                    response = delta.response
+        finally:
+            # Closed here, also when a deadline or a cancel ends the stream early (not later by the GC).
+            aclose = getattr(deltas, "aclose", None)
+            if aclose is not None:
+                await aclose()
         if response is None:
             raise ProviderError("the stream ended without its final answer", provider=request.provider,
                                 model=request.model, transient=True)
@@ -623,19 +637,24 @@ class Loop:
         before = len(inst.transcript)
         data: dict[str, Any] = {"strategy": strategy.kind, "turn": inst.turn, "before": before}
         failure: ProviderError | None = None
-        try:
-            kept = list(await strategy.run(inst.transcript, context))
-        except ProviderError as exc:
-            failure = exc
+        kept: list[Message] = []
+        limits = self.rt.limits_of(inst)
+        with _elapsed_scope(inst, limits) as scope:  # its summary calls end when the elapsed limit does
+            try:
+                kept = list(await strategy.run(inst.transcript, context))
+            except ProviderError as exc:
+                failure = exc
         spend = spent.charge(inst)
         data.update(context.details)
         if spend is not None:
             data.update(spend)
-        if failure is not None:
+        if failure is not None or scope.cancelled_caught:
             if spend is not None:  # a strategy that made more than one call spent before failing
                 await self.save(inst, [{"t": "spend", **spend}])
-            data.update(after=before, error=str(failure))
+            data.update(after=before, error=str(failure) if failure is not None else "elapsed-time limit reached")
             self.record(inst, "compaction", data)
+            if scope.cancelled_caught:
+                raise _elapsed_reached(limits)
             return spend is not None
         inst.transcript.replace(kept)
         inst.context_tokens = None  # the latest call's count measured the old transcript
@@ -865,8 +884,8 @@ class Loop:
                 if tool.is_async:
                     value = await tool.function(**arguments)
                 else:
-                    value = await anyio.to_thread.run_sync(
-                        functools.partial(tool.function, **arguments), abandon_on_cancel=True)
+                    # A daemon thread, abandoned when the call times out or the run is cancelled.
+                    value = await run_in_daemon_thread(functools.partial(tool.function, **arguments))
             if scope.cancelled_caught:  # only the deadline cancels this scope
                 raise TimeoutError  # noqa: TRY301 - handled with the tool's own TimeoutError below
         except TimeoutError:
@@ -1068,6 +1087,24 @@ class Loop:
             items.append(item)
         run.awaiting_after_repair = set()
         await self._end_of_turn(run, items, exceeded=False, limits=limits)
+
+
+def _elapsed_scope(inst: Instance, limits: Limits) -> anyio.CancelScope:
+    """Return a cancel scope whose deadline is the end of the segment's ``elapsed`` limit (none without one).
+
+    The segment's clock starts at ``segmentStartedAt``; the waits for approval are left out of it
+    (:meth:`Loop.continue_after_decisions` moves that start on by them).
+    """
+    if limits.elapsed is None:
+        return anyio.CancelScope()
+    started = float(inst.header.get("segmentStartedAt") or time.time())
+    return anyio.CancelScope(deadline=anyio.current_time() + started + limits.elapsed - time.time())
+
+
+def _elapsed_reached(limits: Limits) -> SegmentEnd:
+    """Return the end of a segment whose ``elapsed`` limit ran out (the same as ``_check_limits`` raises)."""
+    return SegmentEnd(State.ERROR, StopReason.LIMIT_EXCEEDED, limit="elapsed",
+                      error=f"elapsed-time limit ({limits.elapsed:g} s) reached")
 
 
 def _restore_call_order(inst: Instance) -> None:

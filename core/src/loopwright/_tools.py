@@ -8,15 +8,21 @@ made, never per call.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import enum
 import inspect
 import re
+import threading
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar, overload
 
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
 import attrs
 import fastjsonschema
 import jsonschema
@@ -24,9 +30,10 @@ import jsonschema
 from loopwright._definition import Capabilities
 from loopwright._types import ToolSpec
 
-__all__ = ["Tool", "ToolContext", "schema_for_function", "tool"]
+__all__ = ["Tool", "ToolContext", "run_in_daemon_thread", "schema_for_function", "tool"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -209,6 +216,38 @@ def tool(
     if func is not None:
         return make(func)
     return make
+
+
+async def run_in_daemon_thread(func: Callable[[], T]) -> T:
+    """Run ``func`` on a new daemon thread; return what it returned, or raise what it raised.
+
+    This is how the loop runs a plain (sync) tool. Cancelling the caller (the call's timeout, a
+    cancel of the run, the end of the event loop) ends the wait at once and abandons the thread:
+    Python cannot stop a thread, so it runs on to its end, but being a daemon it never keeps the
+    process from exiting (``anyio.to_thread`` threads do: the interpreter joins them at exit).
+    What an abandoned thread returns or raises is dropped. ``func`` runs in a copy of the
+    caller's context variables, as with ``anyio.to_thread.run_sync``.
+    """
+    token = anyio.lowlevel.current_token()
+    context = contextvars.copy_context()
+    done = anyio.Event()
+    outcome: list[tuple[bool, Any]] = []
+
+    def target() -> None:
+        try:
+            outcome.append((True, context.run(func)))
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting task, which raises it
+            outcome.append((False, exc))
+        # When the event loop has ended, nobody waits for this thread any more.
+        with contextlib.suppress(anyio.RunFinishedError):
+            anyio.from_thread.run_sync(done.set, token=token)
+
+    threading.Thread(target=target, name="loopwright sync tool", daemon=True).start()
+    await done.wait()
+    ok, value = outcome[0]
+    if ok:
+        return value  # type: ignore[no-any-return]
+    raise value
 
 
 def as_tool(obj: Any) -> Tool:

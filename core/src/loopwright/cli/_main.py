@@ -11,7 +11,9 @@ definition, unknown instance); 130 cancelled, Ctrl-C included.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -402,7 +404,13 @@ def main(args: Sequence[str] | None = None) -> NoReturn:
 
     Errors print one ``error: ...`` line (no traceback unless ``LOOPWRIGHT_DEBUG=1``).
     """
-    sys.exit(_run(args))
+    code = _run(args)
+    if code == EXIT_CANCELLED:
+        # The cancelled run is saved: a Ctrl-C pressed again while the interpreter ends has nothing
+        # left to stop, and must not kill the process by the signal (an exit status other than 130).
+        with contextlib.suppress(ValueError):
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(code)
 
 
 def _run(args: Sequence[str] | None) -> int:  # noqa: PLR0911 - one return per way out

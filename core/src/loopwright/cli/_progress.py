@@ -17,8 +17,10 @@ control character or an ANSI escape in it shows as a visible escape instead of a
 terminal: what the person approves is what runs.
 
 The first SIGINT cancels the run: the instance is saved ``stopped`` with ``cancelled: true``
-and the partial turn kept. A second one exits at once with 130, leaving the instance
-``running`` for ``loopwright resume``.
+and the partial turn kept, at once (a sync tool's thread is abandoned, not waited for). A
+second one gives the cancel up to :data:`_CANCEL_GRACE` seconds to be saved, then exits 130,
+leaving an instance whose cancel was not saved ``running`` for ``loopwright resume``. Once a
+cancelled run has rested, a further SIGINT while the process ends exits 130 at once, quietly.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ if TYPE_CHECKING:
 __all__ = ["LiveProgress", "PlainProgress", "Progress", "follow", "make_progress", "terminal_approver"]
 
 _ARGS_WIDTH = 120
+#: Seconds a second Ctrl-C waits for the cancel of the first to be saved before it quits anyway.
+_CANCEL_GRACE = 2.0
 _TEXT_WIDTH = 200
 
 
@@ -311,7 +315,13 @@ async def follow(run: AgentRun, progress: Progress) -> tuple[AgentResult, bool]:
         nonlocal interrupted
         async for _ in signals:
             if interrupted:
-                _exit_now(run.instance_id)
+                # The cancel is saved within moments (nothing waits for a tool's thread): let it
+                # finish, so a quick double Ctrl-C still leaves the instance stopped, not running.
+                with anyio.move_on_after(_CANCEL_GRACE):
+                    await run.wait()
+                if run.running:
+                    _exit_now(run.instance_id)
+                continue
             interrupted = True
             progress.note("cancelling (Ctrl-C again to quit at once) ...")
             tg.start_soon(run.cancel)
@@ -329,6 +339,8 @@ async def follow(run: AgentRun, progress: Progress) -> tuple[AgentResult, bool]:
                 tg.cancel_scope.cancel()
     finally:
         _current = None
+        if interrupted:
+            _quit_on_interrupt()
     return result, interrupted
 
 
@@ -388,6 +400,24 @@ def _interrupts() -> Iterator[AsyncIterator[int] | None]:
         yield signals
     finally:
         receiver.__exit__(None, None, None)
+
+
+def _quit_on_interrupt() -> None:
+    """From now on, SIGINT exits 130 at once and quietly (the run it cancelled has rested and is saved).
+
+    Without this, a Ctrl-C pressed again while the process ends would raise KeyboardInterrupt
+    wherever the main thread is (a traceback), or kill it by the signal once the interpreter
+    finalizes.
+    """
+    def handler(signum: int, frame: Any) -> None:
+        del signum, frame
+        with contextlib.suppress(Exception):  # a flush interrupted mid-write is reentrant
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(130)
+
+    with contextlib.suppress(ValueError):  # not the main thread: Ctrl-C stays as it is
+        signal.signal(signal.SIGINT, handler)
 
 
 def _exit_now(instance_id: str) -> None:
