@@ -515,15 +515,20 @@ def test_inheritance_survives_a_new_process(project: Project) -> None:
     assert again.returncode == 3, (again.returncode, again.stdout, again.stderr)
 
 
-def test_tampered_inherited_gates_fail_closed(project: Project) -> None:
-    """A malformed inheritedGates entry refuses to run the instance, naming it; nothing runs."""
+@pytest.mark.parametrize("tamper", ["malformed", "removed"])
+def test_tampered_inherited_gates_fail_closed(project: Project, tamper: str) -> None:
+    """A malformed or missing inheritedGates entry refuses to run the child, naming it; nothing runs."""
     _touching_child(project)
     project.assembly(parent=[start_child(), "started"], child=["ready"])
     done = project.cli("run", spawner(project, requiresApproval=["touch"]), "-p", "go")
     assert done.returncode == 0, done.stderr
     child = project.header("child")
     header_file = project.root / "store" / child["instanceId"] / "instance.json"
-    child["inheritedGates"] = {"requiresApproval": "touch"}
+    if tamper == "removed":
+        del child["inheritedGates"]
+        child["definition"]["requiresApproval"] = []
+    else:
+        child["inheritedGates"] = {"requiresApproval": "touch"}
     header_file.write_text(json.dumps(child))
     project.assembly(child=[calls(call("touch", name="child")), "done"])
     again = project.cli("message", child["instanceId"], "now touch")

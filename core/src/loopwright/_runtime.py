@@ -1008,6 +1008,9 @@ class Runtime:
         else:
             raise StoreError("the header holds no definition", instance_id=instance_id)
         if "inheritedGates" not in header:
+            if header.get("spawnerInstanceId"):
+                raise GrantsError("it was started by an agent but its header has no inheritedGates (its caller's "
+                                  "gates); refusing to run it", instance_id=instance_id)
             return defn
         # The caller's gates, saved at spawn: applied again, so the child never runs without them.
         try:

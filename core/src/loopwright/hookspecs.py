@@ -218,7 +218,7 @@ def loopwright_register_guardrails(
 
     Return value ignored. ``async def`` is not allowed.
 
-    .. versionadded:: 0.2
+    .. versionadded:: 0.1
     """
 
 
@@ -240,7 +240,7 @@ def loopwright_register_verifiers(
 
     Return value ignored. ``async def`` is not allowed.
 
-    .. versionadded:: 0.2
+    .. versionadded:: 0.1
     """
 
 
@@ -263,7 +263,7 @@ def loopwright_register_hooks(
 
     Return value ignored. ``async def`` is not allowed.
 
-    .. versionadded:: 0.2
+    .. versionadded:: 0.1
     """
 
 
