@@ -403,7 +403,9 @@ def test_a_wrong_signature_is_a_load_error(project: Project, kind: str) -> None:
     done = project.cli("run", "agents/solo.yaml", "-p", "go")
     assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
     assert "badsig.py" in done.stderr
-    assert "nonsense" in done.stderr or "bad" in done.stderr
+    assert f"{kind} 'bad" in done.stderr.replace("hook set 'bad", "hook 'bad"), done.stderr
+    assert "nonsense" in done.stderr or kind == "verifier", done.stderr
+    assert "loopwright_before_tool_call" in done.stderr or kind != "hook", done.stderr
     assert "Traceback" not in done.stderr
 
 
