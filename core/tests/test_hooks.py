@@ -1139,3 +1139,12 @@ async def test_a_failing_close_hook_does_not_stop_the_close(
     failures = [r for r in caplog.records if "loopwright_on_runtime_close" in r.getMessage()]
     assert len(failures) == 1
     assert "cannot let go" in failures[0].getMessage()
+
+
+async def test_add_verifier_checks_the_signature(tmp_path: Path) -> None:
+    """A host's verifier that cannot take the messages is refused when it is added, not when it runs."""
+    async with make_runtime(tmp_path, Harness()) as rt:
+        with pytest.raises(loopwright.errors.PluginError, match="verifier 'bad'"):
+            rt.add_verifier("bad", lambda: (True, ""))  # type: ignore[arg-type, return-value]
+        rt.add_verifier("good", lambda messages: (True, ""))
+        assert rt.verifier("good")([]) == (True, "")

@@ -335,8 +335,11 @@ def hook_set(plugin: object, label: str, *, plugin_name: str | None = None) -> d
     :param label: How its implementations are named in records (``plugin`` of a ``hook`` record).
     :param plugin_name: The plugin that offers the set, for errors (default: ``label``).
     :return: ``{hook_name: ((label, function, argnames), ...)}`` for the hooks it implements.
-    :raises PluginError: A hook matches no spec, takes an argument its spec does not offer, is a
-        registration hook, or the object cannot be registered; the error names the plugin and hook.
+    Its registration hooks and ``loopwright_on_runtime_close`` are left out: they are never
+    called for a definition.
+
+    :raises PluginError: A hook matches no spec, takes an argument its spec does not offer, or
+        the object cannot be registered; the error names the plugin and the hook.
     """
     manager = _Manager()
     try:
@@ -344,10 +347,6 @@ def hook_set(plugin: object, label: str, *, plugin_name: str | None = None) -> d
         manager.check_pending()
     except (ValueError, pluggy.PluginValidationError) as exc:
         raise PluginError(f"hook set {label!r}: {exc}", plugin_name=plugin_name or label) from exc
-    for hook_name in (*hookspecs.REGISTRATIONS, "loopwright_on_runtime_close"):
-        if getattr(manager.hook, hook_name).get_hookimpls():
-            raise PluginError(f"hook set {label!r}: {hook_name} is not a hook a definition may use",
-                              plugin_name=plugin_name or label)
     out: dict[str, tuple[Any, ...]] = {}
     for hook_name in _DEFINITION_HOOKS:
         impls = getattr(manager.hook, hook_name).get_hookimpls()
