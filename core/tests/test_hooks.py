@@ -928,7 +928,7 @@ GUARDRAIL_MODULE = textwrap.dedent("""
 
 @pytest.fixture
 def guardrail_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """An importable module ``lw_guard_mod`` with a guardrail function and definition hooks."""
+    """A module ``lw_guard_mod`` with a guardrail function and definition hooks."""
     (tmp_path / "lw_guard_mod.py").write_text(GUARDRAIL_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "lw_guard_mod", raising=False)
@@ -937,13 +937,28 @@ def guardrail_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     return lw_guard_mod
 
 
+class Named:
+    """A host plugin registering the module's guardrail and hooks by name (what definitions name)."""
+
+    def __init__(self, module: Any) -> None:
+        self.module = module
+
+    @hookimpl
+    def loopwright_register_guardrails(self, register: Any) -> None:
+        register("no_big_numbers", self.module.no_big_numbers)
+
+    @hookimpl
+    def loopwright_register_hooks(self, register: Any) -> None:
+        register("guard_hooks", self.module)
+
+
 async def test_definition_guardrail_blocks_with_its_reason(tmp_path: Path, guardrail_module: Any) -> None:
     """A guardrail named by the definition permits 'allow' and blocks any other string, with it as the reason."""
     add = make_add()
     h = Harness(reply(None, call("add", "ok", a=1, b=2), call("add", "big", a=500, b=1)), reply("done"),
                 tools=[add])
-    async with make_runtime(tmp_path, h) as rt:
-        run, _ = await run_to_rest(rt, defn(tools=[add], guardrails=("lw_guard_mod:no_big_numbers",)))
+    async with make_runtime(tmp_path, h, Named(guardrail_module)) as rt:
+        run, _ = await run_to_rest(rt, defn(tools=[add], guardrails=("no_big_numbers",)))
         assert result_for(run.inst.transcript, "ok").content == "3"
         big = result_for(run.inst.transcript, "big")
         assert big.status is ToolStatus.BLOCKED
@@ -957,11 +972,11 @@ async def test_definition_guardrail_blocks_with_its_reason(tmp_path: Path, guard
 async def test_guardrail_still_applies_after_a_restart(tmp_path: Path, guardrail_module: Any) -> None:
     """A saved instance resumed by a new runtime keeps its definition's guardrails."""
     add = make_add()
-    definition = defn(tools=[add], guardrails=("lw_guard_mod:no_big_numbers",))
-    async with make_runtime(tmp_path, Harness(reply("first"), tools=[add])) as rt:
+    definition = defn(tools=[add], guardrails=("no_big_numbers",))
+    async with make_runtime(tmp_path, Harness(reply("first"), tools=[add]), Named(guardrail_module)) as rt:
         run, _ = await run_to_rest(rt, definition)
     h2 = Harness(reply(None, call("add", "big", a=500, b=1)), reply("done"), tools=[add])
-    async with make_runtime(tmp_path, h2) as rt2:
+    async with make_runtime(tmp_path, h2, Named(guardrail_module)) as rt2:
         run2 = await rt2.message(run.instance_id, "add big numbers")
         await run2.result()
         assert result_for(run2.inst.transcript, "big").status is ToolStatus.BLOCKED
@@ -982,8 +997,8 @@ async def test_host_hooks_wrap_definition_hooks(tmp_path: Path, guardrail_module
 
     add = make_add()
     h = Harness(reply(None, call("add", "c", a=1, b=1)), reply("done"), tools=[add])
-    async with make_runtime(tmp_path, h, Host()) as rt:
-        await run_to_rest(rt, defn(tools=[add], hooks=("lw_guard_mod",)))
+    async with make_runtime(tmp_path, h, Host(), Named(guardrail_module)) as rt:
+        await run_to_rest(rt, defn(tools=[add], hooks=("guard_hooks",)))
     assert log == [("host-before", "c"), ("hook", "c"), ("after", "c"), ("host-after", "c")]
 
 
@@ -993,6 +1008,14 @@ async def test_definition_hooks_may_not_name_files(tmp_path: Path) -> None:
     async with make_runtime(tmp_path, Harness()) as rt:
         for bad in (defn(hooks=(str(tmp_path / "evil.py"),)), defn(guardrails=(f"{tmp_path}/evil.py:f",))):
             with pytest.raises(loopwright.errors.ConfigError):
+                await rt.start_agent(bad, None, "go")
+
+
+async def test_definition_hooks_import_nothing_from_sys_path(tmp_path: Path, guardrail_module: Any) -> None:
+    """An importable module that no plugin registers is never used by a definition, even a host's."""
+    async with make_runtime(tmp_path, Harness()) as rt:
+        for bad in (defn(hooks=("lw_guard_mod",)), defn(guardrails=("lw_guard_mod:no_big_numbers",))):
+            with pytest.raises(loopwright.errors.ConfigError, match="lw_guard_mod"):
                 await rt.start_agent(bad, None, "go")
 
 
@@ -1116,3 +1139,12 @@ async def test_a_failing_close_hook_does_not_stop_the_close(
     failures = [r for r in caplog.records if "loopwright_on_runtime_close" in r.getMessage()]
     assert len(failures) == 1
     assert "cannot let go" in failures[0].getMessage()
+
+
+async def test_add_verifier_checks_the_signature(tmp_path: Path) -> None:
+    """A host's verifier that cannot take the messages is refused when it is added, not when it runs."""
+    async with make_runtime(tmp_path, Harness()) as rt:
+        with pytest.raises(loopwright.errors.PluginError, match="verifier 'bad'"):
+            rt.add_verifier("bad", lambda: (True, ""))  # type: ignore[arg-type, return-value]
+        rt.add_verifier("good", lambda messages: (True, ""))
+        assert rt.verifier("good")([]) == (True, "")

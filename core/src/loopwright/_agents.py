@@ -12,6 +12,12 @@ An :class:`Agents` object is handed to the agent tools (``run_agent_async``, ``a
   registered in the assembly's ``agentDefinitions`` chooses its own tools.
 * **Files.** A definition file is read only from under the caller's file roots, compared after
   symlinks are resolved.
+* **No code.** A definition file names hooks, guardrails and its completion verifier only by
+  registered name (:meth:`loopwright.Runtime.check_untrusted`): nothing in it is imported.
+* **Gates.** A child runs under its caller's gates as well as its own: the held tools
+  (``requiresApproval``), the stricter ``approvalPolicy``, the guardrails and the hooks, all the
+  way down. They are saved in the child's header (``inheritedGates``) and applied again by
+  every process that loads it; a malformed entry refuses to run it.
 * **Reach.** The tools reach the caller's descendants (found by following
   ``spawnerInstanceId``, live or saved), unless the assembly sets ``agentsMayReachAnyInstance``.
 * **Budgets.** A child's limits are at most what remains of its caller's (``tokens``, ``cost``,
@@ -34,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from loopwright._capabilities import is_within
+from loopwright._definition import gates_of, with_gates
 from loopwright._instance import now_iso
 from loopwright._types import State
 from loopwright.errors import ConfigError, InstanceLockedError, InstanceNotFoundError, ToolError
@@ -96,10 +103,12 @@ class Agents:
             limit = min(limit, defined)
         if depth + 1 > limit:
             raise ToolError(f"agent depth limit ({limit}) reached: this agent is at depth {depth}")
-        defn = self._definition(swarm_uri)
+        # The child runs under its caller's gates as well as its own; saved so every process applies them.
+        inherited = gates_of(caller.definition)
+        defn = with_gates(self._definition(swarm_uri), inherited)
         links: dict[str, Any] = {
             "spawnerInstanceId": caller.id, "callerInstanceId": caller.id, "callerToolCallId": self.tool_call_id,
-            "delegationPrompt": prompt, "depth": depth + 1, "agentSwarmUri": swarm_uri,
+            "delegationPrompt": prompt, "depth": depth + 1, "agentSwarmUri": swarm_uri, "inheritedGates": inherited,
         }
         budget = self._budget()
         if budget:
@@ -167,6 +176,10 @@ class Agents:
             defn = load_definition(path)
         except (ConfigError, OSError) as exc:
             raise ToolError(f"cannot read the definition {swarm_uri!r}: {exc}") from exc
+        try:
+            rt.check_untrusted(defn)
+        except ConfigError as exc:
+            raise ToolError(f"the definition {swarm_uri!r} cannot be started: {exc}") from exc
         held = set(rt.tool_names(caller.definition, caller.grants)) | {"task_complete"}
         for name in defn.tool_names:
             if name not in held:

@@ -27,6 +27,9 @@ __all__ = [
     "PluginSpec",
     "ProviderConfig",
     "StoreConfig",
+    "gates_from_json",
+    "gates_of",
+    "with_gates",
 ]
 
 
@@ -156,8 +159,10 @@ class Definition:
         approval_policy: ``perCall`` (only held calls wait) or ``holdTurn`` (seed 002).
         completion: A completion gate.
         output: A JSON Schema for structured output.
-        hooks: Plugin references whose hooks apply to this agent only.
-        guardrails: Plugin references whose before_tool_call hooks apply to this agent only.
+        hooks: Names of hook sets (registered by name) whose hooks apply to this agent only; a
+            host's definition may also name a module of the assembly's plugins or an entry point.
+        guardrails: Names of registered guardrails, called before each tool call of this agent;
+            a host's definition may also name ``module:function`` of the assembly's plugins.
         fallback_models: Models to try, in order, when the model fails for good.
         source: The file it was read from, if any.
     """
@@ -186,6 +191,55 @@ class Definition:
     def tool_names(self) -> tuple[str, ...]:
         """The tool names, each path reduced to its last segment."""
         return tuple(t.rstrip("/").rsplit("/", 1)[-1] for t in self.tools)
+
+
+#: The keys of a saved ``inheritedGates`` entry (see :func:`gates_of`).
+_GATE_LISTS = ("requiresApproval", "guardrails", "hooks")
+
+
+def gates_of(defn: Definition) -> dict[str, Any]:
+    """Return the gates an instance of ``defn`` runs under, as saved in a child's ``inheritedGates``.
+
+    ``{requiresApproval, approvalPolicy, guardrails, hooks}``: what a child started by such an
+    instance runs under as well as its own gates.
+    """
+    return {"requiresApproval": list(defn.requires_approval), "approvalPolicy": defn.approval_policy,
+            "guardrails": list(defn.guardrails), "hooks": list(defn.hooks)}
+
+
+def gates_from_json(raw: Any) -> dict[str, Any]:
+    """Check a saved ``inheritedGates`` entry and return it.
+
+    :raises ValueError: It is not a mapping of exactly the keys of :func:`gates_of`, each
+        list holding only non-empty strings and ``approvalPolicy`` one of the two policies.
+    """
+    if not isinstance(raw, Mapping) or set(raw) != {*_GATE_LISTS, "approvalPolicy"}:
+        raise ValueError(f"inheritedGates must be a mapping of {', '.join(sorted((*_GATE_LISTS, 'approvalPolicy')))}")
+    for key in _GATE_LISTS:
+        value = raw[key]
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            raise ValueError(f"inheritedGates.{key} must be a list of names")
+    if raw["approvalPolicy"] not in ("perCall", "holdTurn"):
+        raise ValueError("inheritedGates.approvalPolicy must be perCall or holdTurn")
+    return {key: list(raw[key]) if key in _GATE_LISTS else raw[key] for key in raw}
+
+
+def with_gates(defn: Definition, gates: Mapping[str, Any]) -> Definition:
+    """Return ``defn`` running under ``gates`` (from :func:`gates_of`) as well as its own gates.
+
+    The held tools, guardrails and hooks are the union (the inherited ones first, so a caller's
+    hooks run before the child's own); the approval policy is the stricter, ``holdTurn`` over
+    ``perCall``. ``defn`` itself is returned when the gates add nothing.
+    """
+
+    def union(own: tuple[str, ...], key: str) -> tuple[str, ...]:
+        return tuple(dict.fromkeys([*gates.get(key, ()), *own]))
+
+    policy = "holdTurn" if "holdTurn" in (defn.approval_policy, gates.get("approvalPolicy")) else "perCall"
+    merged = attrs.evolve(defn, requires_approval=union(defn.requires_approval, "requiresApproval"),
+                          approval_policy=policy, guardrails=union(defn.guardrails, "guardrails"),
+                          hooks=union(defn.hooks, "hooks"))
+    return defn if merged == defn else merged
 
 
 @attrs.frozen(kw_only=True)

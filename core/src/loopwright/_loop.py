@@ -592,9 +592,16 @@ class Loop:
         if completion is None:
             return False
         inst.completion_attempts += 1
-        verifier = self.rt.verifier(completion.verify)
-        ok, reason = verifier(inst.transcript)
-        self.record(inst, "completion", {"attempt": inst.completion_attempts, "ok": ok, "reason": reason})
+        check: dict[str, Any] = {"attempt": inst.completion_attempts}
+        try:  # a verifier that raises, or answers anything but (ok, reason), fails the check (fails closed)
+            ok, reason = self.rt.verifier(completion.verify)(inst.transcript)
+            if not isinstance(ok, bool):
+                raise TypeError(f"it returned {ok!r} for ok, not True or False")  # noqa: TRY301
+            reason = str(reason)
+        except Exception as exc:  # noqa: BLE001
+            ok, reason = False, f"the verifier {completion.verify!r} failed: {type(exc).__name__}: {exc}"
+            check["error"] = f"{type(exc).__name__}: {exc}"
+        self.record(inst, "completion", {**check, "ok": ok, "reason": reason})
         if ok:
             return False
         if inst.completion_attempts >= completion.max_attempts:

@@ -33,7 +33,10 @@ from loopwright import hookspecs
 from loopwright._tools import as_tool
 from loopwright.errors import PluginError, RegistrationError
 
-__all__ = ["BUILTIN_PLUGINS", "ENTRY_POINT_GROUP", "PluginHost", "Registry", "hookimpl"]
+__all__ = [
+    "BUILTIN_PLUGINS", "ENTRY_POINT_GROUP", "GUARDRAIL_ARGS", "PluginHost", "Registry", "checked_guardrail",
+    "checked_verifier", "hook_set", "hookimpl",
+]
 
 ENTRY_POINT_GROUP = "loopwright"
 
@@ -50,6 +53,12 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
 hookimpl = pluggy.HookimplMarker(hookspecs.PROJECT)
 
 _SYNC_ONLY = frozenset(hookspecs.REGISTRATIONS)
+
+#: The arguments a guardrail may declare (those of ``loopwright_before_tool_call``).
+GUARDRAIL_ARGS: tuple[str, ...] = ("call", "tool", "instance", "turn")
+#: The hooks a definition's hook set may implement (never registration hooks or the runtime's close).
+_DEFINITION_HOOKS: tuple[str, ...] = (
+    *hookspecs.INTERCEPTORS, *(h for h in hookspecs.OBSERVERS if h != "loopwright_on_runtime_close"))
 
 
 class _Manager(pluggy.PluginManager):
@@ -119,6 +128,10 @@ class PluginHost:
         context_strategies: Strategy kinds → factories.
         record_sinks: Sink kinds → factories.
         commands: CLI command names → click commands.
+        guardrails: Guardrail names → policy functions (see ``loopwright_register_guardrails``).
+        verifiers: Completion verifier names → ``verify(messages)`` functions.
+        hook_sets: Hook set names → ``{hook_name: ((label, function, argnames), ...)}``, checked
+            against the hookspecs when registered (see :func:`hook_set`).
         settings: The assembly's ``pluginSettings``, passed to registration hooks as ``settings``.
         runtime: The runtime that owns this host, passed to registration hooks as ``runtime``.
 
@@ -136,6 +149,9 @@ class PluginHost:
         self.context_strategies = Registry("context strategy")
         self.record_sinks = Registry("record sink")
         self.commands = Registry("command")
+        self.guardrails = Registry("guardrail")
+        self.verifiers = Registry("verifier")
+        self.hook_sets = Registry("hook set")
         self._registered_order: list[str] = []
         self._impl_cache: dict[str, tuple[int, tuple[Any, ...]]] = {}
 
@@ -207,6 +223,10 @@ class PluginHost:
             name = self.pm.get_name(plugin) if plugin is not None else None
             raise PluginError(str(exc), plugin_name=name) from exc
 
+    def installed(self, name: str) -> importlib.metadata.EntryPoint | None:
+        """Return the installed entry point ``name`` of group ``loopwright``, if there is one (not loaded)."""
+        return _entry_points().get(name)
+
     def plugin_names(self) -> list[str]:
         """Return the loaded plugins' names in registration order."""
         return list(self._registered_order)
@@ -222,7 +242,7 @@ class PluginHost:
 
     def _registries(self) -> tuple[Registry, ...]:
         return (self.providers, self.tools, self.stores, self.context_strategies,
-                self.record_sinks, self.commands)
+                self.record_sinks, self.commands, self.guardrails, self.verifiers, self.hook_sets)
 
     def _register_checked(self, plugin: object, name: str) -> None:
         for hook_name in _SYNC_ONLY:
@@ -237,7 +257,7 @@ class PluginHost:
             raise PluginError(str(exc), plugin_name=name) from exc
         self._registered_order.append(name)
 
-    def _call_registrations(self, name: str) -> None:
+    def _call_registrations(self, name: str) -> None:  # noqa: C901 - one registrar per kind
         plugin = self.pm.get_plugin(name)
 
         def keyed(reg: Registry) -> Callable[..., None]:
@@ -254,7 +274,20 @@ class PluginHost:
             for c in commands:
                 self.commands.add(c.name, c, name)
 
+        def register_guardrail(guardrail: str, policy: Callable[..., Any]) -> None:
+            self.guardrails.add(guardrail, checked_guardrail(guardrail, policy, name), name)
+
+        def register_verifier(verifier: str, verify: Callable[..., Any]) -> None:
+            self.verifiers.add(verifier, checked_verifier(verifier, verify, name), name)
+
+        def register_hooks(set_name: str, hooks: object) -> None:
+            self.hook_sets.add(set_name, hook_set(hooks, f"{set_name} (hook set of {name})", plugin_name=name),
+                               name)
+
         calls: Mapping[str, Callable[..., None]] = {
+            "loopwright_register_guardrails": register_guardrail,
+            "loopwright_register_verifiers": register_verifier,
+            "loopwright_register_hooks": register_hooks,
             "loopwright_register_providers": keyed(self.providers),
             "loopwright_register_tools": register_tools,
             "loopwright_register_stores": keyed(self.stores),
@@ -293,6 +326,58 @@ class PluginHost:
 
 def _argnames(fn: Callable[..., Any]) -> tuple[str, ...]:
     return tuple(inspect.signature(fn).parameters)
+
+
+def hook_set(plugin: object, label: str, *, plugin_name: str | None = None) -> dict[str, tuple[Any, ...]]:
+    """Check a definition's hook set as host plugins are checked, and return its implementations.
+
+    :param plugin: An object or module with ``loopwright_*`` interceptor and observer hooks.
+    :param label: How its implementations are named in records (``plugin`` of a ``hook`` record).
+    :param plugin_name: The plugin that offers the set, for errors (default: ``label``).
+    :return: ``{hook_name: ((label, function, argnames), ...)}`` for the hooks it implements.
+    Its registration hooks and ``loopwright_on_runtime_close`` are left out: they are never
+    called for a definition.
+
+    :raises PluginError: A hook matches no spec, takes an argument its spec does not offer, or
+        the object cannot be registered; the error names the plugin and the hook.
+    """
+    manager = _Manager()
+    try:
+        manager.register(plugin, label)
+        manager.check_pending()
+    except (ValueError, pluggy.PluginValidationError) as exc:
+        raise PluginError(f"hook set {label!r}: {exc}", plugin_name=plugin_name or label) from exc
+    out: dict[str, tuple[Any, ...]] = {}
+    for hook_name in _DEFINITION_HOOKS:
+        impls = getattr(manager.hook, hook_name).get_hookimpls()
+        if impls:
+            out[hook_name] = tuple((label, h.function, tuple(h.argnames) + tuple(h.kwargnames)) for h in impls)
+    return out
+
+
+def checked_guardrail(name: str, policy: Callable[..., Any], plugin: str | None) -> Callable[..., Any]:
+    """Return ``policy`` if it declares only guardrail arguments; raise PluginError naming both if not."""
+    if not callable(policy):
+        raise PluginError(f"guardrail {name!r} is not callable: {policy!r}", plugin_name=plugin)
+    try:
+        params = inspect.signature(policy).parameters
+    except (TypeError, ValueError) as exc:
+        raise PluginError(f"guardrail {name!r}: cannot read its signature: {exc}", plugin_name=plugin) from exc
+    unknown = [p for p in params if p not in GUARDRAIL_ARGS]
+    if unknown:
+        raise PluginError(f"guardrail {name!r} takes {', '.join(unknown)}, not among the arguments it is "
+                          f"called with ({', '.join(GUARDRAIL_ARGS)})", plugin_name=plugin)
+    return policy
+
+
+def checked_verifier(name: str, verify: Callable[..., Any], plugin: str | None) -> Callable[..., Any]:
+    """Return ``verify`` if it can be called with one argument (the messages); raise PluginError if not."""
+    try:
+        inspect.signature(verify).bind(())
+    except (TypeError, ValueError) as exc:
+        raise PluginError(f"verifier {name!r} must take one argument, the messages ({exc})",
+                          plugin_name=plugin) from exc
+    return verify
 
 
 def _default_name(plugin: object) -> str:

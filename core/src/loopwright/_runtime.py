@@ -31,7 +31,15 @@ from loopwright._capabilities import (
     intersect,
     resolve_roots,
 )
-from loopwright._definition import DEFAULT_LIMITS, Assembly, Capabilities, Definition, Limits
+from loopwright._definition import (
+    DEFAULT_LIMITS,
+    Assembly,
+    Capabilities,
+    Definition,
+    Limits,
+    gates_from_json,
+    with_gates,
+)
 from loopwright._instance import Instance, message_to_json, now_iso, rebuild
 from loopwright._loop import Loop
 from loopwright._plugins import PluginHost
@@ -294,7 +302,7 @@ class Runtime:
         self._tg: TaskGroup | None = None
         self._tg_cm: Any = None
         self._loop: Loop | None = None
-        self._verifiers: dict[str, Callable[[Sequence[Message]], tuple[bool, str]]] = {}
+        self._verifiers: dict[str, Callable[[Sequence[Message]], tuple[bool, str]]] = {"allTodosDone": all_todos_done}
         self._loaded = False
         #: Who runs instances here, as saved in their headers' ``runner`` key.
         self.owner = f"loopwright (host {socket.gethostname()}, pid {os.getpid()})"
@@ -353,7 +361,6 @@ class Runtime:
                 raise ConfigError(f"unknown record sink kind {spec.kind!r}") from None
             self._sinks.append(factory(dict(spec.options)))
         self._check_out_of_reach(self.assembly.capabilities)
-        self._verifiers["allTodosDone"] = all_todos_done
         self._loop = Loop(self)
         self._tg_cm = anyio.create_task_group()
         self._tg = await self._tg_cm.__aenter__()
@@ -417,16 +424,46 @@ class Runtime:
         self._plans.clear()
 
     def add_verifier(self, name: str, verify: Callable[[Sequence[Message]], tuple[bool, str]]) -> None:
-        """Add a completion verifier: ``verify(messages) -> (ok, reason)``."""
-        self._verifiers[name] = verify
+        """Add a completion verifier by name: ``verify(messages) -> (ok, reason)``.
+
+        :raises PluginError: ``verify`` cannot be called with one argument.
+        """
+        from loopwright._plugins import checked_verifier  # noqa: PLC0415 - a host call, not on the hot path
+
+        self._verifiers[name] = checked_verifier(name, verify, None)
+
+    def _verifier_names(self) -> list[str]:
+        return sorted({*self._verifiers, *self.plugins.verifiers.names()})
 
     def verifier(self, name: str) -> Callable[[Sequence[Message]], tuple[bool, str]]:
-        """Return the completion verifier ``name``."""
-        try:
-            return self._verifiers[name]
-        except KeyError:
-            raise ConfigError(f"unknown completion verifier {name!r}; known: {', '.join(sorted(self._verifiers))}",
-                              ) from None
+        """Return the completion verifier registered as ``name`` (by :meth:`add_verifier` or a plugin)."""
+        found = self._verifiers.get(name)
+        if found is not None:
+            return found
+        if name in self.plugins.verifiers:
+            return self.plugins.verifiers.get(name)
+        raise ConfigError(f"unknown completion verifier {name!r}; registered: {', '.join(self._verifier_names())}")
+
+    def check_untrusted(self, definition: Definition) -> None:
+        """Check that a definition an agent may have written names code only by registered name.
+
+        Its ``hooks`` must be registered hook sets, its ``guardrails`` registered guardrails and
+        its ``completion.verify`` a registered verifier: nothing it names is ever imported.
+
+        :raises ConfigError: Naming the first entry that is not registered.
+        """
+        rule = "a definition an agent may have written names code only by registered name, never a module or file"
+        for key, refs, registry in (("hooks", definition.hooks, self.plugins.hook_sets),
+                                    ("guardrails", definition.guardrails, self.plugins.guardrails)):
+            for ref in refs:
+                if ref not in registry:
+                    raise ConfigError(f"{key}: {ref!r} is not a registered {registry.kind} (registered: "
+                                      f"{', '.join(registry.names()) or 'none'}); {rule}")
+        if definition.completion is not None:
+            try:
+                self.verifier(definition.completion.verify)
+            except ConfigError as exc:
+                raise ConfigError(f"completion.verify: {exc}; {rule}") from None
 
     def split_model(self, ref: str) -> tuple[str, str]:
         """Split ``PROVIDER:MODEL`` into its two parts."""
@@ -509,9 +546,12 @@ class Runtime:
                 raise ConfigError(f"unknown context strategy {spec.kind!r}; registered: "
                                   f"{', '.join(self.plugins.context_strategies.names())}") from None
             strategy = factory(dict(spec.options))
+        if definition.completion is not None:
+            self.verifier(definition.completion.verify)  # an unknown verifier fails the start, not the run
         plan = _DefinitionPlan(definition=definition, tools=tools, specs=tuple(t.spec for t in tools.values()),
                                limits=limits, model_ref=self.model_ref(definition), strategy=strategy,
-                               hooks=definition_hooks(definition) if definition.hooks or definition.guardrails else {},
+                               hooks=self._definition_hooks(definition)
+                               if definition.hooks or definition.guardrails else {},
                                gated=any(t.available is not None for t in tools.values()))
         self._plans[id(definition)] = plan
         return plan
@@ -541,6 +581,59 @@ class Runtime:
         if hit is None or hit[0] != gen:
             hit = plan.combined[hook] = (gen, own + host if hook.startswith("loopwright_after_") else host + own)
         return hit[1]
+
+    def _definition_hooks(self, definition: Definition) -> dict[str, tuple[Any, ...]]:
+        """Return the hook implementations a definition names (``hooks:`` and ``guardrails:``), per hook.
+
+        Nothing is imported from a name a definition gives. A ``hooks:`` entry is a hook set
+        registered by name; else the name of a plugin this runtime loaded (the assembly's
+        ``plugins:``, entry points, a host's), whose hooks already apply to every agent, so the
+        entry adds nothing; else an installed entry point of group ``loopwright``, checked as a
+        hook set. A ``guardrails:`` entry is a registered guardrail, else ``PLUGIN:FUNCTION``, a
+        function of a loaded plugin. (A definition an agent wrote was limited to registered names
+        by :meth:`check_untrusted` before it started.)
+
+        :raises ConfigError: An entry names none of these.
+        :raises PluginError: An entry point's hooks do not match their specs.
+        """
+        from loopwright._plugins import checked_guardrail, hook_set  # noqa: PLC0415 - only definitions with hooks
+
+        host = self.plugins
+        loaded = set(host.plugin_names())
+        found: dict[str, list[Any]] = {}
+        for ref in definition.hooks:
+            if ref in host.hook_sets:
+                impls = host.hook_sets.get(ref)
+            elif ref in loaded:
+                continue
+            elif (entry_point := host.installed(ref)) is not None:
+                try:
+                    plugin = entry_point.load()
+                except Exception as exc:
+                    raise ConfigError(f"definition {definition.name!r}: cannot load the entry point {ref!r}: "
+                                      f"{exc}") from exc
+                impls = hook_set(plugin, f"{ref} (definition)")
+            else:
+                raise ConfigError(
+                    f"definition {definition.name!r}: hooks: {ref!r} is neither a registered hook set "
+                    f"(registered: {', '.join(host.hook_sets.names()) or 'none'}) nor a plugin of the assembly "
+                    "or an installed entry point; a definition's hooks are never imported from a path")
+            for name, impl in impls.items():
+                found.setdefault(name, []).extend(impl)
+        for ref in definition.guardrails:
+            if ref in host.guardrails:
+                policy = host.guardrails.get(ref)
+            else:
+                plugin_name, sep, attr = ref.rpartition(":")
+                plugin = host.pm.get_plugin(plugin_name) if sep and plugin_name in loaded else None
+                if plugin is None or not callable(getattr(plugin, attr, None)):
+                    raise ConfigError(
+                        f"definition {definition.name!r}: guardrails: {ref!r} is neither a registered guardrail "
+                        f"(registered: {', '.join(host.guardrails.names()) or 'none'}) nor PLUGIN:FUNCTION of a "
+                        "plugin the assembly loads; a guardrail is never imported from a path")
+                policy = checked_guardrail(ref, getattr(plugin, attr), plugin_name)
+            found.setdefault("loopwright_before_tool_call", []).append(_guardrail_impl(ref, policy))
+        return {k: tuple(v) for k, v in found.items()}
 
     def output_problems(self, definition: Definition, text: str | None) -> Any:
         """Check a final answer against the definition's ``output`` schema (see ``_loop.parse_output``)."""
@@ -926,13 +1019,24 @@ class Runtime:
             from loopwright._config import definition_from_dict  # noqa: PLC0415
 
             try:
-                return definition_from_dict(snapshot)
+                defn = definition_from_dict(snapshot)
             except ConfigError as exc:
                 raise StoreError(f"saved definition is invalid: {exc}", instance_id=instance_id) from exc
-        path = header.get("definitionPath")
-        if path:
-            return self.load_definition(path)
-        raise StoreError("the header holds no definition", instance_id=instance_id)
+        elif header.get("definitionPath"):
+            defn = self.load_definition(header["definitionPath"])
+        else:
+            raise StoreError("the header holds no definition", instance_id=instance_id)
+        if "inheritedGates" not in header:
+            if header.get("spawnerInstanceId"):
+                raise GrantsError("it was started by an agent but its header has no inheritedGates (its caller's "
+                                  "gates); refusing to run it", instance_id=instance_id)
+            return defn
+        # The caller's gates, saved at spawn: applied again, so the child never runs without them.
+        try:
+            return with_gates(defn, gates_from_json(header["inheritedGates"]))
+        except ValueError as exc:
+            raise GrantsError(f"saved inheritedGates are malformed ({exc}); refusing to run it",
+                              instance_id=instance_id) from exc
 
     def _saved_grants(self, instance_id: str, header: Mapping[str, Any]) -> Capabilities:
         """Return the saved grants intersected with this runtime's; fail closed on a bad marker."""
@@ -1327,50 +1431,8 @@ def all_todos_done(messages: Sequence[Message]) -> tuple[bool, str]:
     return True, ""
 
 
-def definition_hooks(definition: Definition) -> dict[str, tuple[Any, ...]]:
-    """Load the hook implementations a definition names.
-
-    ``hooks:`` entries are entry-point names or dotted module paths of *installed* plugins whose
-    interceptor and observer implementations then apply to this definition only. ``guardrails:``
-    entries are ``module:function`` references to policy functions called as before_tool_call
-    hooks: ``None`` or ``"allow"`` permits the call, any other string blocks it with that reason,
-    and a decision is used as it is. A definition may be written by a model, so ``.py`` file paths
-    are refused (they would let it run code of its own) and registration hooks are ignored.
-    """
-    import importlib  # noqa: PLC0415
-    import inspect  # noqa: PLC0415
-
-    from loopwright import hookspecs  # noqa: PLC0415
-    from loopwright._plugins import _entry_points  # noqa: PLC0415
-
-    allowed = set(hookspecs.INTERCEPTORS) | set(hookspecs.OBSERVERS)
-    found: dict[str, list[Any]] = {}
-    eps = _entry_points()
-    for ref in definition.hooks:
-        if ref.endswith(".py") or "/" in ref:
-            raise ConfigError(f"definition {definition.name!r}: hooks must name installed plugins, not files: {ref!r}")
-        try:
-            module = eps[ref].load() if ref in eps else importlib.import_module(ref)
-        except Exception as exc:
-            raise ConfigError(f"definition {definition.name!r}: cannot load hooks {ref!r}: {exc}") from exc
-        for name in sorted(allowed):
-            fn = getattr(module, name, None)
-            if fn is not None and hasattr(fn, "loopwright_impl"):
-                params = tuple(inspect.signature(fn).parameters)
-                found.setdefault(name, []).append((f"{ref} (definition)", fn, params))
-    for ref in definition.guardrails:
-        module_name, sep, attr = ref.partition(":")
-        if not sep or module_name.endswith(".py") or "/" in module_name:
-            raise ConfigError(f"definition {definition.name!r}: a guardrail is 'module:function', not {ref!r}")
-        try:
-            fn = getattr(importlib.import_module(module_name), attr)
-        except Exception as exc:
-            raise ConfigError(f"definition {definition.name!r}: cannot load guardrail {ref!r}: {exc}") from exc
-        found.setdefault("loopwright_before_tool_call", []).append(_guardrail_impl(ref, fn))
-    return {k: tuple(v) for k, v in found.items()}
-
-
 def _guardrail_impl(ref: str, fn: Callable[..., Any]) -> tuple[str, Callable[..., Any], tuple[str, ...]]:
+    """Return a guardrail as a before_tool_call implementation (it raises: the walk blocks the call)."""
     import inspect  # noqa: PLC0415
 
     from loopwright._decisions import Block, Decision  # noqa: PLC0415
@@ -1379,7 +1441,7 @@ def _guardrail_impl(ref: str, fn: Callable[..., Any]) -> tuple[str, Callable[...
 
     async def impl(call: Any, tool: Any, instance: Any, turn: int) -> Any:
         values = {"call": call, "tool": tool, "instance": instance, "turn": turn}
-        verdict = fn(*[values[a] for a in argnames])
+        verdict = fn(**{a: values[a] for a in argnames})
         if inspect.isawaitable(verdict):
             verdict = await verdict
         if verdict is None or verdict == "allow":

@@ -59,10 +59,13 @@ __all__ = [
     "loopwright_on_stream_event",
     "loopwright_register_commands",
     "loopwright_register_context_strategies",
+    "loopwright_register_guardrails",
+    "loopwright_register_hooks",
     "loopwright_register_providers",
     "loopwright_register_record_sinks",
     "loopwright_register_stores",
     "loopwright_register_tools",
+    "loopwright_register_verifiers",
 ]
 
 PROJECT = "loopwright"
@@ -186,6 +189,77 @@ def loopwright_register_commands(
     :param settings: The assembly's ``pluginSettings`` (plugin name → its settings mapping).
     :param runtime: The runtime loading the plugins (not open yet), or ``None`` for a plugin host
         used on its own.
+
+    Return value ignored. ``async def`` is not allowed.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def loopwright_register_guardrails(
+    register: Callable[..., None], settings: Mapping[str, Any], runtime: Runtime | None,
+) -> None:
+    """Register guardrails by name, for definitions to name in ``guardrails:``.
+
+    Call ``register(name, policy)``. ``policy`` is called before each tool call of an agent
+    whose definition names it (or whose caller's does), with any of ``call``, ``tool``,
+    ``instance`` and ``turn`` it declares; it may be ``async def``. It returns ``None`` or
+    ``"allow"`` to let the call run, any other string to block it with that reason, or a
+    decision. A parameter outside those four is an error at registration. A policy that raises
+    blocks the call (fail closed), with a ``hook`` record.
+
+    A definition file an agent wrote may name only guardrails registered this way: nothing in
+    it is ever imported.
+
+    :param register: The registrar.
+    :param settings: The assembly's ``pluginSettings`` (plugin name → its settings mapping).
+    :param runtime: The runtime loading the plugins (not open yet), or ``None``.
+
+    Return value ignored. ``async def`` is not allowed.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def loopwright_register_verifiers(
+    register: Callable[..., None], settings: Mapping[str, Any], runtime: Runtime | None,
+) -> None:
+    """Register completion verifiers by name, for definitions to name in ``completion.verify``.
+
+    Call ``register(name, verify)``, where ``verify(messages)`` takes the transcript and returns
+    ``(ok, reason)``. A function that cannot be called with one argument is an error at
+    registration. A verifier that raises, or returns something else, fails the check (fail
+    closed), with the error in the ``completion`` record. ``allTodosDone`` is built in;
+    :meth:`Runtime.add_verifier <loopwright.Runtime.add_verifier>` adds one from a host.
+
+    :param register: The registrar.
+    :param settings: The assembly's ``pluginSettings`` (plugin name → its settings mapping).
+    :param runtime: The runtime loading the plugins (not open yet), or ``None``.
+
+    Return value ignored. ``async def`` is not allowed.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def loopwright_register_hooks(
+    register: Callable[..., None], settings: Mapping[str, Any], runtime: Runtime | None,
+) -> None:
+    """Register hook sets by name, for definitions to name in ``hooks:``.
+
+    Call ``register(name, plugin)``, where ``plugin`` is an object or module with interceptor and
+    observer implementations (``loopwright_before_tool_call`` ...). They apply only to agents
+    whose definition names the set (or whose caller's does), wrapped by the host's hooks. They
+    are checked as host plugins are: a hook that matches no spec, or takes an argument its spec
+    does not offer, is an error at registration naming the plugin and the hook. The set's
+    registration hooks are not called.
+
+    :param register: The registrar.
+    :param settings: The assembly's ``pluginSettings`` (plugin name → its settings mapping).
+    :param runtime: The runtime loading the plugins (not open yet), or ``None``.
 
     Return value ignored. ``async def`` is not allowed.
 
@@ -415,4 +489,7 @@ REGISTRATIONS: tuple[str, ...] = (
     "loopwright_register_context_strategies",
     "loopwright_register_record_sinks",
     "loopwright_register_commands",
+    "loopwright_register_guardrails",
+    "loopwright_register_verifiers",
+    "loopwright_register_hooks",
 )
