@@ -104,6 +104,14 @@ class Instance:
         seg_tool_calls: Tool calls in the current run segment.
         seg_tokens: Tokens in the current run segment.
         seg_cost: Cost in the current run segment (``None`` once unknown).
+        spawner: The live instance that started it, in this runtime (``None`` for a top-level
+            agent, or while its spawner is not loaded): what it spends is charged to it and its
+            ancestors, whose limits it is held to (the tree's one budget).
+        tree_tokens: Tokens its descendants spent since its current segment started.
+        tree_cost: Their cost in that time (``None`` once unknown).
+        tree_tool_calls: Tool calls they started in that time.
+        descendants: Agents started in its tree over its whole life, finished ones included
+            (bounded by ``agents.maxAgents``).
     """
 
     id: str
@@ -133,9 +141,42 @@ class Instance:
     task_given: bool = True
     #: The index of the last initial prompt saved (``ip`` marks), -1 for none.
     last_initial: int = -1
-    #: The runs of the agents it started in the current segment: their spending counts toward
-    #: its ``tokens`` and ``cost`` limits (kept in memory: a restart forgets it).
-    spawned: list[Any] = attrs.Factory(list)
+    spawner: Instance | None = attrs.field(default=None, repr=False, eq=False)
+    tree_tokens: int = 0
+    tree_cost: float | None = 0.0
+    tree_tool_calls: int = 0
+    descendants: int = 0
+
+    # -- the tree's budget -----------------------------------------------------------------
+
+    def ancestors(self) -> list[Instance]:
+        """Return the live chain of spawners, nearest first (cut where a tampered link loops)."""
+        out: list[Instance] = []
+        seen = {id(self)}
+        current = self.spawner
+        while current is not None and id(current) not in seen:
+            seen.add(id(current))
+            out.append(current)
+            current = current.spawner
+        return out
+
+    def spend(self, usage: Usage, cost: Cost) -> None:
+        """Count a spending toward its totals and segment, and toward every ancestor's tree."""
+        tokens, amount = usage.input_tokens + usage.output_tokens, cost.amount
+        self.usage += usage
+        self.cost += cost
+        self.seg_tokens += tokens
+        self.seg_cost = None if self.seg_cost is None or amount is None else self.seg_cost + amount
+        if self.spawner is None:
+            return
+        for above in self.ancestors():
+            above.tree_tokens += tokens
+            above.tree_cost = None if above.tree_cost is None or amount is None else above.tree_cost + amount
+
+    def spent(self) -> tuple[int, float | None, int]:
+        """Return the tokens, cost and tool calls of its current segment, its descendants' included."""
+        cost = None if self.seg_cost is None or self.tree_cost is None else self.seg_cost + self.tree_cost
+        return self.seg_tokens + self.tree_tokens, cost, self.seg_tool_calls + self.tree_tool_calls
 
     # -- header fields ---------------------------------------------------------------------
 

@@ -289,6 +289,8 @@ class Runtime:
         self._loop: Loop | None = None
         self._verifiers: dict[str, Callable[[Sequence[Message]], tuple[bool, str]]] = {}
         self._loaded = False
+        #: Instances whose tree counters (descendants, their spending) are known here: created here or counted.
+        self._counted: set[str] = set()
         #: Who runs instances here, as saved in their headers' ``runner`` key.
         self.owner = f"loopwright (host {socket.gethostname()}, pid {os.getpid()})"
 
@@ -670,12 +672,14 @@ class Runtime:
     async def create_run(
         self, defn: Definition, inputs: Mapping[str, Any] | None, prompt: str | None, *, grants: Capabilities,
         stream: bool = False, instance_id: str | None = None, links: Mapping[str, Any] | None = None,
+        spawner: Instance | None = None,
     ) -> AgentRun:
         """Create an instance of ``defn`` with exactly ``grants`` and start it (see :meth:`start_agent`).
 
         :param grants: The instance's grants, already narrowed by the caller (never widened here).
         :param links: Header keys linking a child to its spawner (``spawnerInstanceId``,
             ``callerInstanceId``, ``callerToolCallId``, ``delegationPrompt``, ``depth``).
+        :param spawner: The live instance that started it: it draws from that instance's tree budget.
         """
         from loopwright._template import resolve_inputs  # noqa: PLC0415
 
@@ -697,7 +701,9 @@ class Runtime:
         if links:
             header.update(links)
         await self.store.create(iid, header)
-        inst = Instance(id=iid, definition=defn, header=header, grants=grants, task_given=not prompt)
+        inst = Instance(id=iid, definition=defn, header=header, grants=grants, task_given=not prompt,
+                        spawner=spawner)
+        self._counted.add(iid)
         run = AgentRun(self, inst)
         run.stream = stream
         self._runs[iid] = run
@@ -801,6 +807,7 @@ class Runtime:
             if not fresh:
                 await self._refresh(run)
                 await self.loop.absorb_mail(run, running=False)  # drops cancel requests that came too late
+                await self._join_tree(run.inst)
         except BaseException:
             lease.release()
             raise
@@ -819,6 +826,53 @@ class Runtime:
         inst.header = header
         inst.grants = self._saved_grants(run.instance_id, header)
         rebuild(inst, entries)
+
+    async def _join_tree(self, inst: Instance) -> None:
+        """Make an instance loaded from the store draw from its tree's one budget.
+
+        Each instance on the way up is counted once per runtime (:meth:`_count_tree`), and linked
+        to its spawner's live instance, loading the spawner if it is not live here. A spawner
+        that cannot be loaded ends the chain (the saved ``budget`` still caps the instance); a
+        tampered link that would make a loop is not followed.
+        """
+        current = inst
+        while True:
+            await self._count_tree(current)
+            spawner_id = current.header.get("spawnerInstanceId")
+            if current.spawner is not None or not isinstance(spawner_id, str) or not spawner_id:
+                return
+            try:
+                parent = (await self.get_agent(spawner_id)).inst
+            except LoopwrightError:
+                return
+            if any(above is current for above in (parent, *parent.ancestors())):
+                return
+            current.spawner = parent
+            current = parent
+
+    async def _count_tree(self, inst: Instance) -> None:
+        """Set a loaded instance's tree counters from its descendants' saved headers (once per runtime).
+
+        ``descendants`` counts them all; the tokens and cost are those of the descendants created
+        since its current segment started (their whole spending: more than their share, never less).
+        """
+        if inst.id in self._counted:
+            return
+        self._counted.add(inst.id)
+        headers = await self._descendant_headers(inst.header)
+        started = inst.header.get("segmentStartedAt")
+        since = _iso(float(started)) if isinstance(started, (int, float)) else ""
+        tokens, cost = 0, 0.0
+        for h in headers.values():
+            if str(h.get("createdAt") or "") < since:
+                continue
+            usage = h.get("usage") or {}
+            tokens += int(usage.get("inputTokens") or 0) + int(usage.get("outputTokens") or 0)
+            amount = h.get("cost", 0.0)
+            cost = None if cost is None or not isinstance(amount, (int, float)) else cost + amount
+        inst.descendants = max(inst.descendants, len(headers))
+        inst.tree_tokens += tokens
+        inst.tree_cost = None if inst.tree_cost is None or cost is None else inst.tree_cost + cost
 
     async def _drive(self, run: AgentRun, new_segment: bool, prelude: Any, lease: Lease) -> None:
         loop = self.loop
@@ -955,6 +1009,11 @@ class Runtime:
 
     async def children_cost(self, header: Mapping[str, Any]) -> float | None:
         """Return the summed subtree cost of the agents ``header``'s instance started (``None`` if unknown)."""
+        by_id = await self._descendant_headers(header)
+        return _children_in(header, by_id, {header.get("instanceId")})
+
+    async def _descendant_headers(self, header: Mapping[str, Any]) -> dict[Any, Mapping[str, Any]]:
+        """Return the saved headers of the agents ``header``'s instance started, directly or not, by id."""
         by_id: dict[Any, Mapping[str, Any]] = {}
         pending = list(header.get("children") or [])
         while pending:  # read the descendants' headers once each, then sum as list_instances does
@@ -966,7 +1025,7 @@ class Runtime:
             except InstanceNotFoundError:
                 continue
             pending.extend(by_id[child].get("children") or [])
-        return _children_in(header, by_id, {header.get("instanceId")})
+        return by_id
 
     async def records(self, instance_id: str) -> list[dict[str, Any]]:
         """Return the instance's record log."""
@@ -1377,6 +1436,12 @@ def _smaller(a: Any, b: Any) -> Any:
     if a is None:
         return b
     return a if b is None else min(a, b)
+
+
+def _iso(seconds: float) -> str:
+    """Return ``seconds`` since the epoch in the form of ``now_iso`` (so the two compare as text)."""
+    whole = int(seconds)
+    return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(whole))}.{int((seconds - whole) * 1000):03d}Z"
 
 
 def _new_id() -> str:
