@@ -9,8 +9,9 @@ per instance of the tree, and no tool call at all (tool calls are counted as the
 
 from __future__ import annotations
 
+import inspect
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,8 @@ class Bomber(Provider):
         plugin = self.plugin
         plugin.calls += 1
         message = plugin.answer(request) if plugin.answer else None
+        if inspect.isawaitable(message):
+            message = await message
         if message is None:
             plugin.ids += 1
             calls = tuple(ToolCall(id=f"b{plugin.ids}_{k}", name="run_agent_async",
@@ -57,7 +60,8 @@ class Bomber(Provider):
 class BomberPlugin:
     """Registers the ``bomber`` provider kind."""
 
-    def __init__(self, fan_out: int, answer: Callable[[ModelRequest], Message | None] | None = None) -> None:
+    def __init__(self, fan_out: int,
+                 answer: Callable[[ModelRequest], Message | Awaitable[Message | None] | None] | None = None) -> None:
         self.fan_out = fan_out
         self.answer = answer
         self.calls = 0
@@ -223,3 +227,48 @@ async def test_a_message_gives_a_child_no_fresh_budget(tmp_path: Path) -> None:
     assert state["child_calls"] == 1, "the woken child called its model after the root's time ran out"
     assert (child["stopReason"], child["limit"]) == ("limit_exceeded", "elapsed")
     assert f"of agent {tree['root']}" in child["error"]
+
+
+async def test_a_restart_gives_no_fresh_budget(tmp_path: Path) -> None:
+    """Children left ``running`` by a stopped runtime, resumed one by one in a new one, draw from the root's
+    budget as saved (its own spending, and its descendants' headers): not each a fresh copy of what remained.
+    """
+    assembly = write_assembly(tmp_path, agents="{spawn: true, maxDepth: 2, maxAgents: 4}", limits="{tokens: 1000}")
+    blocked = {"n": 0}
+    all_blocked = anyio.Event()
+
+    async def first_life(request: ModelRequest) -> Message | None:
+        task = next((m.content for m in request.messages if m.role == "user"), "")
+        answered = [m for m in request.messages if m.role == "tool"]
+        if task == "go":  # the root: four copies, then rest
+            if answered:
+                return Message(role="assistant", content="resting")
+            return Message(role="assistant", tool_calls=tuple(ToolCall(
+                id=f"s{k}", name="run_agent_async", arguments={"agentSwarmUri": "bomb", "prompt": "do it again"})
+                for k in range(4)))
+        if not answered:
+            return None  # a copy: try to start another (the tree is full), then hang until the runtime stops
+        blocked["n"] += 1
+        if blocked["n"] == 4:
+            all_blocked.set()
+        await anyio.sleep_forever()
+        return None
+
+    plugin = BomberPlugin(fan_out=1, answer=first_life)
+    async with loopwright.Runtime.from_file(assembly, plugins=[plugin], autoload=False) as rt:
+        with anyio.fail_after(HANG_GUARD):
+            root = await rt.start_agent("bomb", None, "go")
+            await root.wait()
+            await all_blocked.wait()
+        children = (await rt.store.read_header(root.instance_id))["children"]
+    async with loopwright.Runtime.from_file(assembly, plugins=[BomberPlugin(fan_out=1)], autoload=False) as rt:
+        assert [(await rt.store.read_header(c))["state"] for c in children] == ["running"] * 4
+        with anyio.fail_after(HANG_GUARD):
+            for child in children:
+                await (await rt.resume(child)).wait()
+            await rt.wait_idle()
+        headers = await rt.store.list_headers()
+    tokens = sum((h.get("usage") or {}).get("inputTokens", 0) for h in headers)
+    assert len(headers) == 5
+    assert tokens <= 1000 + len(headers) * CALL_TOKENS, tokens
+    assert all(f"of agent {root.instance_id}" in h["error"] for h in headers if h["instanceId"] in children[1:])

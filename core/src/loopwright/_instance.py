@@ -112,6 +112,8 @@ class Instance:
         tree_tool_calls: Tool calls they started in that time.
         descendants: Agents started in its tree over its whole life, finished ones included
             (bounded by ``agents.maxAgents``).
+        tree_counted: Whether the ``tree_*`` counters and ``descendants`` are known (it was created
+            here, or they were read from its descendants' saved headers).
     """
 
     id: str
@@ -146,6 +148,7 @@ class Instance:
     tree_cost: float | None = 0.0
     tree_tool_calls: int = 0
     descendants: int = 0
+    tree_counted: bool = False
 
     # -- the tree's budget -----------------------------------------------------------------
 

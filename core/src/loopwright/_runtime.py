@@ -289,8 +289,9 @@ class Runtime:
         self._loop: Loop | None = None
         self._verifiers: dict[str, Callable[[Sequence[Message]], tuple[bool, str]]] = {}
         self._loaded = False
-        #: Instances whose tree counters (descendants, their spending) are known here: created here or counted.
-        self._counted: set[str] = set()
+        #: Live instances, by id, while anything holds them (a run, or a child whose spawner they are):
+        #: one object per instance, so the whole tree charges the same ledger.
+        self._instances: weakref.WeakValueDictionary[str, Instance] = weakref.WeakValueDictionary()
         #: Who runs instances here, as saved in their headers' ``runner`` key.
         self.owner = f"loopwright (host {socket.gethostname()}, pid {os.getpid()})"
 
@@ -702,8 +703,8 @@ class Runtime:
             header.update(links)
         await self.store.create(iid, header)
         inst = Instance(id=iid, definition=defn, header=header, grants=grants, task_given=not prompt,
-                        spawner=spawner)
-        self._counted.add(iid)
+                        spawner=spawner, tree_counted=True)
+        self._instances[iid] = inst
         run = AgentRun(self, inst)
         run.stream = stream
         self._runs[iid] = run
@@ -856,9 +857,9 @@ class Runtime:
         ``descendants`` counts them all; the tokens and cost are those of the descendants created
         since its current segment started (their whole spending: more than their share, never less).
         """
-        if inst.id in self._counted:
+        if inst.tree_counted:
             return
-        self._counted.add(inst.id)
+        inst.tree_counted = True
         headers = await self._descendant_headers(inst.header)
         started = inst.header.get("segmentStartedAt")
         since = _iso(float(started)) if isinstance(started, (int, float)) else ""
@@ -943,12 +944,19 @@ class Runtime:
         run = self._runs.get(instance_id)
         if run is not None:
             return run
+        inst = self._instances.get(instance_id)  # a spawner whose run was let go: the same ledger
+        if inst is not None:
+            run = AgentRun(self, inst)
+            await self._refresh(run)  # as loading would: what another process saved since wins
+            self._runs[instance_id] = run
+            return run
         header = await self.store.read_header(instance_id)
         entries = await self.store.read_entries(instance_id)
         defn = self._definition_from_header(instance_id, header)
         grants = self._saved_grants(instance_id, header)
         inst = Instance(id=instance_id, definition=defn, header=header, grants=grants)
         rebuild(inst, entries)
+        self._instances[instance_id] = inst
         run = AgentRun(self, inst)
         self._runs[instance_id] = run
         if header.get("monitors") and self.monitors is not None:
