@@ -142,7 +142,8 @@ async def test_a_fan_out_bomb_ends_with_a_bounded_tree(tmp_path: Path) -> None:
     assembly = write_assembly(tmp_path, agents="{spawn: true, maxDepth: 3}", limits="{maxIterations: 1}")
     result, tree = await run_tree(assembly, BomberPlugin(fan_out=10))
     assert tree["instances"] <= 64 + 1, tree["instances"]
-    assert (result.state.value, result.stop_reason.value) == ("error", "max_iterations")
+    # Its one turn ends it (max_iterations), unless the tree's default toolCalls (200) ran out first.
+    assert (result.state.value, result.limit) in (("error", "maxIterations"), ("error", "toolCalls"))
     refused = 0
     async with loopwright.Runtime.from_file(assembly, plugins=[BomberPlugin(0)], autoload=False) as rt:
         for h in tree["headers"]:
