@@ -580,10 +580,11 @@ class Runtime:
         return self._plan(definition).limits
 
     def limits_of(self, inst: Instance) -> Limits:
-        """Return an instance's limits: its definition's, capped by the ``budget`` its caller gave it.
+        """Return an instance's own limits: its definition's, capped by the ``budget`` its caller gave it.
 
         A budget (``tokens``, ``cost``, ``toolCalls``, ``elapsed`` seconds) is what remained of the
-        caller's limits when it started the instance; each applies to every segment.
+        tree's budget when the instance started; each applies to every segment. While it runs, the
+        loop also holds it to each live ancestor's limits (:meth:`loopwright._loop.Loop.budgets`).
         """
         limits = self._plan(inst.definition).limits
         budget = inst.header.get("budget")
