@@ -868,10 +868,12 @@ class Runtime:
         for h in headers.values():
             if str(h.get("createdAt") or "") < since:
                 continue
-            usage = h.get("usage") or {}
-            tokens += int(usage.get("inputTokens") or 0) + int(usage.get("outputTokens") or 0)
+            usage = h.get("usage")
+            if isinstance(usage, Mapping):
+                tokens += sum(n for n in (usage.get("inputTokens"), usage.get("outputTokens"))
+                              if isinstance(n, int) and not isinstance(n, bool) and n > 0)
             amount = h.get("cost", 0.0)
-            cost = None if cost is None or not isinstance(amount, (int, float)) else cost + amount
+            cost = None if cost is None or not isinstance(amount, (int, float)) else cost + max(amount, 0.0)
         inst.descendants = max(inst.descendants, len(headers))
         inst.tree_tokens += tokens
         inst.tree_cost = None if inst.tree_cost is None or cost is None else inst.tree_cost + cost
