@@ -50,7 +50,7 @@ from loopwright._types import (
     Usage,
 )
 
-__all__ = ["Instance", "now_iso", "rebuild"]
+__all__ = ["Instance", "log_totals", "now_iso", "rebuild"]
 
 _message_unstructure = converter.get_unstructure_hook(Message)
 _message_structure = converter.get_structure_hook(Message)
@@ -102,6 +102,7 @@ class Instance:
         children_cost: Cost rolled up from descendants.
         seg_iterations: Model calls in the current run segment.
         seg_tool_calls: Tool calls in the current run segment.
+        tool_calls: Tool calls started over its whole life.
         seg_tokens: Tokens in the current run segment.
         seg_cost: Cost in the current run segment (``None`` once unknown).
         spawner: The live instance that started it, in this runtime (``None`` for a top-level
@@ -129,6 +130,7 @@ class Instance:
     children_cost: Cost = attrs.field(factory=Cost)
     seg_iterations: int = 0
     seg_tool_calls: int = 0
+    tool_calls: int = 0
     seg_tokens: int = 0
     seg_cost: float | None = 0.0
     completion_attempts: int = 0
@@ -222,6 +224,7 @@ class Instance:
         self.header["usage"] = _usage_unstructure(self.usage)
         self.header["cost"] = self.cost.amount
         self.header["turns"] = self.turn
+        self.header["toolCallsStarted"] = self.tool_calls
         if self.context_tokens is not None:
             self.header["contextTokens"] = self.context_tokens
 
@@ -235,7 +238,7 @@ class _Replay:
         self.cost = Cost()
         self.turn = 0
         self.context_tokens: int | None = None
-        self.seg_iter = self.seg_tools = self.seg_tokens = 0
+        self.seg_iter = self.seg_tools = self.seg_tokens = self.tools = 0
         self.seg_cost: float | None = 0.0
         self.started: set[str] = set()
         self.begun = self.task_given = False
@@ -281,6 +284,24 @@ def rebuild(instance: Instance, entries: Sequence[Mapping[str, Any]]) -> None:
 
     Tool results of one assistant message are put back in call order.
     """
+    r = _replay(entries)
+    instance.transcript = Transcript(_call_order(r.messages))
+    instance.usage = r.usage
+    instance.cost = r.cost
+    instance.turn = r.turn
+    instance.context_tokens = r.context_tokens
+    instance.seg_iterations = r.seg_iter
+    instance.seg_tool_calls = r.seg_tools
+    instance.tool_calls = r.tools
+    instance.seg_tokens = r.seg_tokens
+    instance.seg_cost = r.seg_cost
+    instance.started_calls = r.started
+    instance.begun = r.begun
+    instance.task_given = r.task_given
+    instance.last_initial = r.last_initial
+
+
+def _replay(entries: Sequence[Mapping[str, Any]]) -> _Replay:
     r = _Replay()
     for entry in entries:
         t = entry.get("t")
@@ -289,6 +310,7 @@ def rebuild(instance: Instance, entries: Sequence[Mapping[str, Any]]) -> None:
         elif t == "start":
             r.started.add(entry.get("id", ""))
             r.seg_tools += 1
+            r.tools += 1
         elif t == "seg":
             r.segment()
         elif t == "reset":
@@ -298,19 +320,13 @@ def rebuild(instance: Instance, entries: Sequence[Mapping[str, Any]]) -> None:
                 r.spend(entry["spend"])
         elif t == "spend":
             r.spend(entry)
-    instance.transcript = Transcript(_call_order(r.messages))
-    instance.usage = r.usage
-    instance.cost = r.cost
-    instance.turn = r.turn
-    instance.context_tokens = r.context_tokens
-    instance.seg_iterations = r.seg_iter
-    instance.seg_tool_calls = r.seg_tools
-    instance.seg_tokens = r.seg_tokens
-    instance.seg_cost = r.seg_cost
-    instance.started_calls = r.started
-    instance.begun = r.begun
-    instance.task_given = r.task_given
-    instance.last_initial = r.last_initial
+    return r
+
+
+def log_totals(entries: Sequence[Mapping[str, Any]]) -> tuple[Usage, Cost, int]:
+    """Return the usage, the cost and the tool calls started that an entry log holds, over the whole life."""
+    r = _replay(entries)
+    return r.usage, r.cost, r.tools
 
 
 def _call_order(messages: list[Message]) -> list[Message]:

@@ -854,6 +854,7 @@ class Loop:
         if room is not None and room <= 0:
             return which
         inst.seg_tool_calls += 1
+        inst.tool_calls += 1
         if inst.spawner is not None:
             for above in inst.ancestors():
                 above.tree_tool_calls += 1

@@ -31,7 +31,7 @@ from loopwright._capabilities import (
     intersect,
 )
 from loopwright._definition import DEFAULT_LIMITS, Assembly, Capabilities, Definition, Limits
-from loopwright._instance import Instance, message_to_json, now_iso, rebuild
+from loopwright._instance import Instance, log_totals, message_to_json, now_iso, rebuild
 from loopwright._loop import Loop
 from loopwright._plugins import PluginHost
 from loopwright._pricing import PriceTable
@@ -855,8 +855,10 @@ class Runtime:
     async def _count_tree(self, inst: Instance) -> None:
         """Set a loaded instance's tree counters from its descendants' saved headers (once per runtime).
 
-        ``descendants`` counts them all; the tokens and cost are those of the descendants created
-        since its current segment started (their whole spending: more than their share, never less).
+        ``descendants`` counts them all; the tokens, cost and tool calls are those of the descendants
+        created since its current segment started (their whole spending: more than their share,
+        never less), from the totals in their headers, or from the entry log of one a crash left
+        ``running`` (its header's totals are those of its last state change).
         """
         if inst.tree_counted:
             return
@@ -864,18 +866,27 @@ class Runtime:
         headers = await self._descendant_headers(inst.header)
         started = inst.header.get("segmentStartedAt")
         since = _iso(float(started)) if isinstance(started, (int, float)) else ""
-        tokens, cost = 0, 0.0
-        for h in headers.values():
+        tokens, calls, cost = 0, 0, 0.0
+        for iid, h in headers.items():
             if str(h.get("createdAt") or "") < since:
                 continue
-            usage = h.get("usage")
-            if isinstance(usage, Mapping):
-                tokens += sum(n for n in (usage.get("inputTokens"), usage.get("outputTokens"))
+            if h.get("state") == State.RUNNING.value:  # its totals were saved at its last state change: replay its log
+                usage, spent, ran = log_totals(await self.store.read_entries(iid))
+                tokens += usage.input_tokens + usage.output_tokens
+                calls += ran
+                cost = None if cost is None or spent.amount is None else cost + spent.amount
+                continue
+            ran = h.get("toolCallsStarted")
+            calls += ran if isinstance(ran, int) and not isinstance(ran, bool) and ran > 0 else 0
+            saved = h.get("usage")
+            if isinstance(saved, Mapping):
+                tokens += sum(n for n in (saved.get("inputTokens"), saved.get("outputTokens"))
                               if isinstance(n, int) and not isinstance(n, bool) and n > 0)
             amount = h.get("cost", 0.0)
             cost = None if cost is None or not isinstance(amount, (int, float)) else cost + max(amount, 0.0)
         inst.descendants = max(inst.descendants, len(headers))
         inst.tree_tokens += tokens
+        inst.tree_tool_calls += calls
         inst.tree_cost = None if inst.tree_cost is None or cost is None else inst.tree_cost + cost
 
     async def _drive(self, run: AgentRun, new_segment: bool, prelude: Any, lease: Lease) -> None:
