@@ -269,7 +269,7 @@ def test_load_assembly_maps_providers_store_capabilities_and_records() -> None:
     assert asm.store == StoreConfig(kind="file", options={"path": ".loopwright/instances"})
     assert asm.capabilities == Capabilities(  # noqa: S604 - `shell` is a grant, not subprocess's flag
         files=FileGrants(read=(".", "/usr/share/dict"), write=("./out",)), shell="loopApproval",
-        network=True, agents_spawn=True, agents_max_depth=3)
+        network=True, agents_spawn=True, agents_max_depth=3, agents_max_agents=20)
     assert asm.records[1] == PluginSpec(kind="otel", options={"endpoint": "http://localhost:4318"})
     assert asm.limits.tool_timeout == 120.0
     assert asm.pricing["openai:gpt-4o-mini"]["cacheRead"] == 0.075

@@ -145,7 +145,7 @@ _PAIRS: list[tuple[type, str, str, dict[str, str], set[str], set[str]]] = [
     (_D.AgentRetry, "assembly", "/properties/agentRetry", {}, set(), set()),
     (_D.FileGrants, "assembly", "/$defs/capabilities/properties/files", {}, set(), set()),
     (_D.Capabilities, "assembly", "/$defs/capabilities",
-     {"agents_spawn": "agents", "agents_max_depth": "agents"}, set(), set()),
+     {"agents_spawn": "agents", "agents_max_depth": "agents", "agents_max_agents": "agents"}, set(), set()),
     (_types.PendingApproval, "instance", "/$defs/pendingApproval", {}, set(), set()),
     (_types.Usage, "instance", "/$defs/usage", {}, set(), set()),
     (_types.Record, "record", "", {}, set(), set()),
@@ -172,10 +172,10 @@ def test_schema_keys_match_class_fields(
 
 
 def test_capabilities_agents_keys_match_class_fields() -> None:
-    """``capabilities.agents`` has exactly the keys behind ``agents_spawn`` and ``agents_max_depth``."""
+    """``capabilities.agents`` has exactly the keys behind the ``agents_*`` fields of Capabilities."""
     agents = _at("assembly", "/$defs/capabilities/properties/agents")
-    assert set(agents["properties"]) == {"spawn", "maxDepth"}
-    assert {f.name for f in attrs.fields(_D.Capabilities)} >= {"agents_spawn", "agents_max_depth"}
+    assert set(agents["properties"]) == {"spawn", "maxDepth", "maxAgents"}
+    assert {f.name for f in attrs.fields(_D.Capabilities)} >= {"agents_spawn", "agents_max_depth", "agents_max_agents"}
 
 
 @pytest.mark.parametrize(("pointer", "enum"), [

@@ -482,6 +482,7 @@ async def test_a_child_gets_what_remains_of_its_callers_limits(tmp_path: Path) -
     async with make_runtime(tmp_path, parent2, child, capabilities=SPAWN, limits=loopwright.Limits(tokens=1000),
                             agent_definitions={"helper": str(path)}) as rt:
         run, result = await run_to_rest(rt, defn(model="p:m", tools=parent_tools()))
+        await rt.wait_idle()  # the caller may stop (its limit counts the child's spending) before the child does
         (child_id,) = (await rt.store.read_header(run.instance_id))["children"]
         header = await rt.store.read_header(child_id)
         assert header["budget"] == {"tokens": 700, "toolCalls": 199}

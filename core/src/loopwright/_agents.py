@@ -20,9 +20,11 @@ An :class:`Agents` object is handed to the agent tools (``run_agent_async``, ``a
   every process that loads it; a malformed entry refuses to run it.
 * **Reach.** The tools reach the caller's descendants (found by following
   ``spawnerInstanceId``, live or saved), unless the assembly sets ``agentsMayReachAnyInstance``.
-* **Budgets.** A child's limits are at most what remains of its caller's (``tokens``, ``cost``,
-  ``toolCalls``, ``elapsed``), saved as its ``budget``; and what it spends counts toward its
-  caller's ``tokens`` and ``cost`` limits for the rest of the caller's segment.
+* **Budgets.** A tree has one budget: what a child spends (tokens, cost, tool calls) is charged
+  to its caller and every ancestor as it spends, and it stops when its own limits or any
+  ancestor's are used up (:meth:`loopwright._loop.Loop.budgets`). What remained when it started
+  is saved as its ``budget``, a ceiling that also holds after a restart. ``agents.maxAgents``
+  bounds the agents started in a tree (each ancestor's count, finished ones included).
 * **Cost.** A child's id is kept in its caller's header (``children``), so the caller's subtree
   cost includes it (:meth:`loopwright.Runtime.subtree_cost`).
 
@@ -106,18 +108,24 @@ class Agents:
         # The child runs under its caller's gates as well as its own; saved so every process applies them.
         inherited = gates_of(caller.definition)
         defn = with_gates(self._definition(swarm_uri), inherited)
+        lineage = [caller, *caller.ancestors()]
+        _check_agent_room(lineage)
         links: dict[str, Any] = {
             "spawnerInstanceId": caller.id, "callerInstanceId": caller.id, "callerToolCallId": self.tool_call_id,
             "delegationPrompt": prompt, "depth": depth + 1, "agentSwarmUri": swarm_uri, "inheritedGates": inherited,
         }
-        budget = self._budget()
+        budget = self._budget(lineage)
         if budget:
             links["budget"] = budget
+        _count_agent(lineage, 1)  # before the first await: agents started in parallel cannot all pass the check
         try:
-            run = await rt.create_run(defn, None, prompt, grants=grants, links=links)
+            run = await rt.create_run(defn, None, prompt, grants=grants, links=links, spawner=caller)
         except ConfigError as exc:
+            _count_agent(lineage, -1)
             raise ToolError(f"cannot start {swarm_uri!r}: {exc}") from exc
-        caller.spawned.append(run)
+        except BaseException:
+            _count_agent(lineage, -1)
+            raise
         child = run.instance_id
         caller.header.setdefault("children", []).append(child)
         await rt.write_header(caller)
@@ -125,28 +133,30 @@ class Agents:
                                              "toolCallId": self.tool_call_id})
         return {"instanceId": child, "name": defn.name, "state": run.inst.state.value}
 
-    def _budget(self) -> dict[str, Any]:
-        """Return what remains of the caller's limits in this segment: the child's budget.
+    def _budget(self, lineage: Sequence[Instance]) -> dict[str, Any]:
+        """Return what remains of the tree's budget (the caller's limits and each ancestor's): the child's ceiling.
 
         :raises ToolError: If nothing remains of one of them.
         """
-        from loopwright._loop import spent_in_segment  # noqa: PLC0415
-
-        caller = self.caller
-        limits = self._rt.limits_of(caller)
-        tokens, cost = spent_in_segment(caller)
         budget: dict[str, Any] = {}
-        if limits.tokens is not None:
-            budget["tokens"] = limits.tokens - tokens
-        if limits.cost is not None:
-            if cost is None:
-                raise ToolError("cannot give an agent a cost budget: the price of a model used here is unknown")
-            budget["cost"] = limits.cost - cost
-        if limits.tool_calls is not None:
-            budget["toolCalls"] = limits.tool_calls - caller.seg_tool_calls
-        if limits.elapsed is not None:
-            started = float(caller.header.get("segmentStartedAt") or time.time())
-            budget["elapsed"] = limits.elapsed - (time.time() - started)
+
+        def cap(key: str, left: float) -> None:
+            budget[key] = left if key not in budget else min(budget[key], left)
+
+        for owner in lineage:
+            limits = self._rt.limits_of(owner)
+            tokens, cost, calls = owner.spent()
+            if limits.tokens is not None:
+                cap("tokens", limits.tokens - tokens)
+            if limits.cost is not None:
+                if cost is None:
+                    raise ToolError("cannot give an agent a cost budget: the price of a model used here is unknown")
+                cap("cost", limits.cost - cost)
+            if limits.tool_calls is not None:
+                cap("toolCalls", limits.tool_calls - calls)
+            if limits.elapsed is not None:
+                started = float(owner.header.get("segmentStartedAt") or time.time())
+                cap("elapsed", limits.elapsed - (time.time() - started))
         spent = [key for key, left in budget.items() if left <= 0]
         if spent:
             raise ToolError(f"no budget left to give an agent: this agent's {', '.join(spent)} limit is used up")
@@ -420,6 +430,21 @@ class Agents:
             if len(matches) >= _MAX_MATCHES:
                 break
         return {"instanceId": agent_id, "matches": matches, "messages": len(run.inst.transcript)}
+
+
+def _check_agent_room(lineage: Sequence[Instance]) -> None:
+    """Raise ToolError if the tree of the caller (``lineage[0]``) or of an ancestor has no room for another agent."""
+    for owner in lineage:
+        cap = owner.grants.agents_max_agents
+        if owner.descendants >= cap:
+            whose = "this agent's tree" if owner is lineage[0] else f"the tree of agent {owner.id}, which started it,"
+            raise ToolError(f"agent limit (agents.maxAgents {cap}) reached: {whose} has started "
+                            f"{owner.descendants} agents")
+
+
+def _count_agent(lineage: Sequence[Instance], n: int) -> None:
+    for owner in lineage:
+        owner.descendants += n
 
 
 def _context_window(run: AgentRun) -> int | None:

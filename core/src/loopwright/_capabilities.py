@@ -32,7 +32,7 @@ _SHELL_ORDER = {"none": 0, "loopApproval": 1, "approval": 2, "allow": 3}
 _SHELL_BY_RANK = {v: k for k, v in _SHELL_ORDER.items()}
 
 #: Grants that allow nothing; what a malformed saved grant fails closed to.
-NO_GRANTS = Capabilities(agents_max_depth=0)
+NO_GRANTS = Capabilities(agents_max_depth=0, agents_max_agents=0)
 
 
 def _resolve(path: str | Path, base: Path) -> Path:
@@ -84,7 +84,8 @@ def intersect(parent: Capabilities, requested: Capabilities | None) -> Capabilit
     may lie within read or write roots; write roots only within write roots); a relative root,
     on either side, grants nothing (see :func:`resolve_roots`). Shell access
     takes the stricter mode (``none`` < ``loopApproval`` < ``approval`` < ``allow``), network
-    and spawning need both, and the depth is the smaller. ``requested=None`` means "all the
+    and spawning need both, and the depth and the number of agents (``maxAgents``) are the
+    smaller. ``requested=None`` means "all the
     parent holds".
     """
     if requested is None:
@@ -101,6 +102,7 @@ def intersect(parent: Capabilities, requested: Capabilities | None) -> Capabilit
         network=parent.network and requested.network,
         agents_spawn=parent.agents_spawn and requested.agents_spawn,
         agents_max_depth=min(parent.agents_max_depth, requested.agents_max_depth),
+        agents_max_agents=min(parent.agents_max_agents, requested.agents_max_agents),
     )
 
 
@@ -110,7 +112,8 @@ def capabilities_to_dict(caps: Capabilities) -> dict[str, Any]:
         "files": {"read": list(caps.files.read), "write": list(caps.files.write)},
         "shell": caps.shell,
         "network": caps.network,
-        "agents": {"spawn": caps.agents_spawn, "maxDepth": caps.agents_max_depth},
+        "agents": {"spawn": caps.agents_spawn, "maxDepth": caps.agents_max_depth,
+                   "maxAgents": caps.agents_max_agents},
     }
 
 
@@ -136,11 +139,17 @@ def capabilities_from_dict(data: Any) -> Capabilities:
     if shell not in _SHELL_ORDER:
         raise ValueError(f"unknown shell mode {shell!r}")
     network, spawn = data.get("network", False), agents.get("spawn", False)
+    if set(agents) - {"spawn", "maxDepth", "maxAgents"}:
+        raise ValueError("agents must be a mapping of spawn, maxDepth and maxAgents")
     depth = agents.get("maxDepth", 8)
-    if not isinstance(network, bool) or not isinstance(spawn, bool) or not isinstance(depth, int):
-        raise ValueError("network and agents.spawn must be booleans, agents.maxDepth an integer")  # noqa: TRY004
+    # A header saved before maxAgents existed gets the default; a present one must be a count.
+    count = agents.get("maxAgents", Capabilities().agents_max_agents)
+    if not isinstance(network, bool) or not isinstance(spawn, bool) or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in (depth, count)):
+        raise ValueError(
+            "network and agents.spawn must be booleans, agents.maxDepth and agents.maxAgents whole numbers (0 or more)")
     return Capabilities(files=FileGrants(read=tuple(read), write=tuple(write)), shell=shell,
-                        network=network, agents_spawn=spawn, agents_max_depth=depth)
+                        network=network, agents_spawn=spawn, agents_max_depth=depth, agents_max_agents=count)
 
 
 def check_store_outside(store_locations: Iterable[Path], caps: Capabilities, *, base: Path,

@@ -648,6 +648,7 @@ def _structure_capabilities(data: Mapping[str, Any], _t: type) -> Capabilities:
         network=bool(data.get("network", defaults.network)),
         agents_spawn=bool(agents.get("spawn", defaults.agents_spawn)),
         agents_max_depth=int(agents.get("maxDepth", defaults.agents_max_depth)),
+        agents_max_agents=int(agents.get("maxAgents", defaults.agents_max_agents)),
     )
 
 
@@ -657,7 +658,8 @@ def _capabilities_to_dict(capabilities: Capabilities) -> dict[str, Any]:
         "files": {"read": list(capabilities.files.read), "write": list(capabilities.files.write)},
         "shell": capabilities.shell,
         "network": capabilities.network,
-        "agents": {"spawn": capabilities.agents_spawn, "maxDepth": capabilities.agents_max_depth},
+        "agents": {"spawn": capabilities.agents_spawn, "maxDepth": capabilities.agents_max_depth,
+                   "maxAgents": capabilities.agents_max_agents},
     }
 
 

@@ -265,6 +265,7 @@ class Capabilities:
         network: Whether tools may reach the network.
         agents_spawn: Whether it may start agents.
         agents_max_depth: How deep agents it starts may nest.
+        agents_max_agents: How many agents its whole tree may start (descendants, finished ones included).
     """
 
     files: FileGrants = attrs.field(factory=FileGrants)
@@ -272,6 +273,7 @@ class Capabilities:
     network: bool = False
     agents_spawn: bool = False
     agents_max_depth: int = 8
+    agents_max_agents: int = 64
 
 
 @attrs.frozen(kw_only=True)

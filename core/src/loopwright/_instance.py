@@ -50,7 +50,7 @@ from loopwright._types import (
     Usage,
 )
 
-__all__ = ["Instance", "now_iso", "rebuild"]
+__all__ = ["Instance", "log_totals", "now_iso", "rebuild"]
 
 _message_unstructure = converter.get_unstructure_hook(Message)
 _message_structure = converter.get_structure_hook(Message)
@@ -102,8 +102,19 @@ class Instance:
         children_cost: Cost rolled up from descendants.
         seg_iterations: Model calls in the current run segment.
         seg_tool_calls: Tool calls in the current run segment.
+        tool_calls: Tool calls started over its whole life.
         seg_tokens: Tokens in the current run segment.
         seg_cost: Cost in the current run segment (``None`` once unknown).
+        spawner: The live instance that started it, in this runtime (``None`` for a top-level
+            agent, or while its spawner is not loaded): what it spends is charged to it and its
+            ancestors, whose limits it is held to (the tree's one budget).
+        tree_tokens: Tokens its descendants spent since its current segment started.
+        tree_cost: Their cost in that time (``None`` once unknown).
+        tree_tool_calls: Tool calls they started in that time.
+        descendants: Agents started in its tree over its whole life, finished ones included
+            (bounded by ``agents.maxAgents``).
+        tree_counted: Whether the ``tree_*`` counters and ``descendants`` are known (it was created
+            here, or they were read from its descendants' saved headers).
     """
 
     id: str
@@ -119,6 +130,7 @@ class Instance:
     children_cost: Cost = attrs.field(factory=Cost)
     seg_iterations: int = 0
     seg_tool_calls: int = 0
+    tool_calls: int = 0
     seg_tokens: int = 0
     seg_cost: float | None = 0.0
     completion_attempts: int = 0
@@ -133,9 +145,43 @@ class Instance:
     task_given: bool = True
     #: The index of the last initial prompt saved (``ip`` marks), -1 for none.
     last_initial: int = -1
-    #: The runs of the agents it started in the current segment: their spending counts toward
-    #: its ``tokens`` and ``cost`` limits (kept in memory: a restart forgets it).
-    spawned: list[Any] = attrs.Factory(list)
+    spawner: Instance | None = attrs.field(default=None, repr=False, eq=False)
+    tree_tokens: int = 0
+    tree_cost: float | None = 0.0
+    tree_tool_calls: int = 0
+    descendants: int = 0
+    tree_counted: bool = False
+
+    # -- the tree's budget -----------------------------------------------------------------
+
+    def ancestors(self) -> list[Instance]:
+        """Return the live chain of spawners, nearest first (cut where a tampered link loops)."""
+        out: list[Instance] = []
+        seen = {id(self)}
+        current = self.spawner
+        while current is not None and id(current) not in seen:
+            seen.add(id(current))
+            out.append(current)
+            current = current.spawner
+        return out
+
+    def spend(self, usage: Usage, cost: Cost) -> None:
+        """Count a spending toward its totals and segment, and toward every ancestor's tree."""
+        tokens, amount = usage.input_tokens + usage.output_tokens, cost.amount
+        self.usage += usage
+        self.cost += cost
+        self.seg_tokens += tokens
+        self.seg_cost = None if self.seg_cost is None or amount is None else self.seg_cost + amount
+        if self.spawner is None:
+            return
+        for above in self.ancestors():
+            above.tree_tokens += tokens
+            above.tree_cost = None if above.tree_cost is None or amount is None else above.tree_cost + amount
+
+    def spent(self) -> tuple[int, float | None, int]:
+        """Return the tokens, cost and tool calls of its current segment, its descendants' included."""
+        cost = None if self.seg_cost is None or self.tree_cost is None else self.seg_cost + self.tree_cost
+        return self.seg_tokens + self.tree_tokens, cost, self.seg_tool_calls + self.tree_tool_calls
 
     # -- header fields ---------------------------------------------------------------------
 
@@ -178,6 +224,7 @@ class Instance:
         self.header["usage"] = _usage_unstructure(self.usage)
         self.header["cost"] = self.cost.amount
         self.header["turns"] = self.turn
+        self.header["toolCallsStarted"] = self.tool_calls
         if self.context_tokens is not None:
             self.header["contextTokens"] = self.context_tokens
 
@@ -191,7 +238,7 @@ class _Replay:
         self.cost = Cost()
         self.turn = 0
         self.context_tokens: int | None = None
-        self.seg_iter = self.seg_tools = self.seg_tokens = 0
+        self.seg_iter = self.seg_tools = self.seg_tokens = self.tools = 0
         self.seg_cost: float | None = 0.0
         self.started: set[str] = set()
         self.begun = self.task_given = False
@@ -237,6 +284,24 @@ def rebuild(instance: Instance, entries: Sequence[Mapping[str, Any]]) -> None:
 
     Tool results of one assistant message are put back in call order.
     """
+    r = _replay(entries)
+    instance.transcript = Transcript(_call_order(r.messages))
+    instance.usage = r.usage
+    instance.cost = r.cost
+    instance.turn = r.turn
+    instance.context_tokens = r.context_tokens
+    instance.seg_iterations = r.seg_iter
+    instance.seg_tool_calls = r.seg_tools
+    instance.tool_calls = r.tools
+    instance.seg_tokens = r.seg_tokens
+    instance.seg_cost = r.seg_cost
+    instance.started_calls = r.started
+    instance.begun = r.begun
+    instance.task_given = r.task_given
+    instance.last_initial = r.last_initial
+
+
+def _replay(entries: Sequence[Mapping[str, Any]]) -> _Replay:
     r = _Replay()
     for entry in entries:
         t = entry.get("t")
@@ -245,6 +310,7 @@ def rebuild(instance: Instance, entries: Sequence[Mapping[str, Any]]) -> None:
         elif t == "start":
             r.started.add(entry.get("id", ""))
             r.seg_tools += 1
+            r.tools += 1
         elif t == "seg":
             r.segment()
         elif t == "reset":
@@ -254,19 +320,13 @@ def rebuild(instance: Instance, entries: Sequence[Mapping[str, Any]]) -> None:
                 r.spend(entry["spend"])
         elif t == "spend":
             r.spend(entry)
-    instance.transcript = Transcript(_call_order(r.messages))
-    instance.usage = r.usage
-    instance.cost = r.cost
-    instance.turn = r.turn
-    instance.context_tokens = r.context_tokens
-    instance.seg_iterations = r.seg_iter
-    instance.seg_tool_calls = r.seg_tools
-    instance.seg_tokens = r.seg_tokens
-    instance.seg_cost = r.seg_cost
-    instance.started_calls = r.started
-    instance.begun = r.begun
-    instance.task_given = r.task_given
-    instance.last_initial = r.last_initial
+    return r
+
+
+def log_totals(entries: Sequence[Mapping[str, Any]]) -> tuple[Usage, Cost, int]:
+    """Return the usage, the cost and the tool calls started that an entry log holds, over the whole life."""
+    r = _replay(entries)
+    return r.usage, r.cost, r.tools
 
 
 def _call_order(messages: list[Message]) -> list[Message]:

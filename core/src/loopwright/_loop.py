@@ -114,6 +114,7 @@ class _Call:
     result: ToolResult | None = None
     held: str | None = None          # approval reason when held
     awaiting_user: bool = False
+    over_limit: bool = False         # skipped at its start: the tree's toolCalls budget was used up
 
 
 class _Spent:
@@ -137,12 +138,8 @@ class _Spent:
         usage = self.usage
         if usage is None:
             return None
-        amount = self.cost.amount
-        inst.usage += usage
-        inst.cost += self.cost
-        inst.seg_tokens += usage.input_tokens + usage.output_tokens
-        inst.seg_cost = None if inst.seg_cost is None or amount is None else inst.seg_cost + amount
-        return {"usage": _usage_unstructure(usage), "cost": amount, "model": ", ".join(self.models)}
+        inst.spend(usage, self.cost)
+        return {"usage": _usage_unstructure(usage), "cost": self.cost.amount, "model": ", ".join(self.models)}
 
 
 class Loop:
@@ -257,9 +254,8 @@ class Loop:
         """
         inst = run.inst
         if new_segment:
-            inst.seg_iterations = inst.seg_tool_calls = inst.seg_tokens = 0
-            inst.spawned = []
-            inst.seg_cost = 0.0
+            inst.seg_iterations = inst.seg_tool_calls = inst.seg_tokens = inst.tree_tokens = inst.tree_tool_calls = 0
+            inst.seg_cost = inst.tree_cost = 0.0
             inst.completion_attempts = inst.output_attempts = 0
             inst.header["segmentStartedAt"] = time.time()
             await self.store.append_entries(inst.id, [{"t": "seg", "at": now_iso()}])
@@ -298,27 +294,36 @@ class Loop:
             await self.run_calls(run, calls, limits)
 
     def _check_limits(self, inst: Instance, limits: Limits) -> None:
-        """Raise SegmentEnd for a limit reached; tokens and cost include what agents it started spent."""
+        """Raise SegmentEnd for a limit reached: its own, or one of a live ancestor's (the tree's one budget).
+
+        Tokens and cost count what its descendants spent too (see :meth:`Instance.spend`).
+        """
         if limits.max_iterations is not None and inst.seg_iterations >= limits.max_iterations:
             raise SegmentEnd(State.ERROR, StopReason.MAX_ITERATIONS,
                              error=f"max iterations ({limits.max_iterations}) reached", limit="maxIterations")
-        if limits.tokens is not None or limits.cost is not None:
-            tokens, cost = spent_in_segment(inst)
-            if limits.tokens is not None and tokens >= limits.tokens:
-                raise SegmentEnd(State.ERROR, StopReason.LIMIT_EXCEEDED, limit="tokens",
-                                 error=f"token limit ({limits.tokens}) reached: {tokens} tokens used")
-            if limits.cost is not None:
-                if cost is None:
-                    raise SegmentEnd(State.ERROR, StopReason.LIMIT_EXCEEDED, limit="cost",
-                                     error="cost limit set but the price of a model used is unknown")
-                if cost >= limits.cost:
-                    raise SegmentEnd(State.ERROR, StopReason.LIMIT_EXCEEDED, limit="cost",
-                                     error=f"cost limit ({limits.cost}) reached: {cost:.6f} spent")
-        if limits.elapsed is not None:
-            started = float(inst.header.get("segmentStartedAt") or time.time())
-            if time.time() - started >= limits.elapsed:
-                raise SegmentEnd(State.ERROR, StopReason.LIMIT_EXCEEDED, limit="elapsed",
-                                 error=f"elapsed-time limit ({limits.elapsed:g} s) reached")
+        _check_budget(inst, limits, "")
+        if inst.spawner is not None:
+            for above in inst.ancestors():
+                _check_budget(above, self.rt.limits_of(above), _of_ancestor(above))
+
+    def budgets(self, inst: Instance, limits: Limits) -> list[tuple[Instance, Limits]]:
+        """Return the budgets ``inst`` draws from: its own limits, then each live ancestor's."""
+        if inst.spawner is None:
+            return [(inst, limits)]
+        return [(inst, limits), *((above, self.rt.limits_of(above)) for above in inst.ancestors())]
+
+    def tool_room(self, inst: Instance, limits: Limits) -> tuple[int | None, str]:
+        """Return how many more tool calls ``inst`` may start (``None``: no limit) and the limit that says so."""
+        room: int | None = None
+        which = ""
+        for owner, owned in self.budgets(inst, limits):
+            if owned.tool_calls is None:
+                continue
+            left = max(owned.tool_calls - owner.seg_tool_calls - owner.tree_tool_calls, 0)
+            if room is None or left < room:
+                room = left
+                which = f"the tool-call limit ({owned.tool_calls}){_of_ancestor(owner) if owner is not inst else ''}"
+        return room, which
 
     async def absorb_mail(self, run: AgentRun, *, running: bool) -> bool:
         """Move new mailbox posts into the header's queue (``inbox``); return whether a cancel came.
@@ -436,13 +441,13 @@ class Loop:
         served = ref
         t0 = time.perf_counter()
         if response is None:
-            limits = self.rt.limits_of(inst)
-            # The call, its stream, retries and fallbacks included, ends when the elapsed limit does.
+            budgets = self.budgets(inst, self.rt.limits_of(inst))
+            # The call, its stream, retries and fallbacks included, ends when an elapsed limit does.
             called: tuple[ModelResponse, str] | None = None
-            with _elapsed_scope(inst, limits):
+            with _elapsed_scope(budgets):
                 called = await self._call_model(run, request, ref)
             if called is None:  # the deadline cut the call off
-                raise _elapsed_reached(limits)
+                raise _elapsed_reached(budgets)
             response, served = called
             if not response.usage.requests:  # the provider left Usage() as it was
                 response = attrs.evolve(response, usage=_one_request(response.usage))
@@ -474,11 +479,8 @@ class Loop:
         inst.turn = turn
         if not usage.unreported_requests:
             inst.context_tokens = usage.input_tokens
-        inst.usage += usage
-        inst.cost += cost
+        inst.spend(usage, cost)
         inst.seg_iterations += 1
-        inst.seg_tokens += usage.input_tokens + usage.output_tokens
-        inst.seg_cost = None if inst.seg_cost is None or cost.amount is None else inst.seg_cost + cost.amount
         inst.transcript.append(message)
         inst.started_calls = set()
         usage_json = _usage_unstructure(usage)
@@ -645,8 +647,8 @@ class Loop:
         data: dict[str, Any] = {"strategy": strategy.kind, "turn": inst.turn, "before": before}
         failure: ProviderError | None = None
         kept: list[Message] = []
-        limits = self.rt.limits_of(inst)
-        with _elapsed_scope(inst, limits) as scope:  # its summary calls end when the elapsed limit does
+        budgets = self.budgets(inst, self.rt.limits_of(inst))
+        with _elapsed_scope(budgets) as scope:  # its summary calls end when an elapsed limit does
             try:
                 kept = list(await strategy.run(inst.transcript, context))
             except ProviderError as exc:
@@ -661,7 +663,7 @@ class Loop:
             data.update(after=before, error=str(failure) if failure is not None else "elapsed-time limit reached")
             self.record(inst, "compaction", data)
             if scope.cancelled_caught:
-                raise _elapsed_reached(limits)
+                raise _elapsed_reached(budgets)
             return spend is not None
         inst.transcript.replace(kept)
         inst.context_tokens = None  # the latest call's count measured the old transcript
@@ -737,11 +739,10 @@ class Loop:
                     item.held = "held with its turn (approvalPolicy: holdTurn)"
         runnable = [i for i in active if i.result is None and not i.held]
         exceeded = False
-        if limits.tool_calls is not None:
-            room = max(limits.tool_calls - inst.seg_tool_calls, 0)
+        room, which = self.tool_room(inst, limits)
+        if room is not None:
             for item in runnable[room:]:
-                item.result = _result(item.call, ToolStatus.SKIPPED,
-                                      f"skipped: the tool-call limit ({limits.tool_calls}) was reached")
+                item.result = _result(item.call, ToolStatus.SKIPPED, f"skipped: {which} was reached")
                 exceeded = True
             runnable = runnable[:room]
         for item in items:
@@ -765,7 +766,7 @@ class Loop:
             if item.result is not None:
                 inst.transcript.append(_tool_message(item))
         await self.rt.flush_records(inst.id)
-        await self._end_of_turn(run, items, exceeded, limits)
+        await self._end_of_turn(run, items, exceeded or any(i.over_limit for i in items), limits)
 
     async def _end_of_turn(self, run: AgentRun, items: Sequence[_Call], exceeded: bool, limits: Limits) -> None:
         inst = run.inst
@@ -801,8 +802,9 @@ class Loop:
         if awaiting is not None or inst.header.get("awaitingAnswer"):
             raise SegmentEnd(State.WAITING, StopReason.WAITING)
         if exceeded:
+            _room, which = self.tool_room(inst, limits)
             raise SegmentEnd(State.ERROR, StopReason.LIMIT_EXCEEDED, limit="toolCalls",
-                             error=f"tool-call limit ({limits.tool_calls}) reached")
+                             error=f"{which or 'the tool-call limit'} reached")
 
     async def _prepare(self, run: AgentRun, item: _Call, turn: int) -> None:  # noqa: C901, PLR0911, PLR0912 - one exit per status
         """Validate a call and run before_tool_call; fill ``result`` or ``held`` when decided."""
@@ -868,13 +870,34 @@ class Loop:
             store_locations=tuple(self.store.locations()), shell_approver=self.rt.shell_approver,
             timeout=timeout, agents=Agents(self.rt, inst, call.id, timeout))
 
-    async def _execute(self, run: AgentRun, item: _Call, turn: int) -> None:
+    def _draw_tool_call(self, inst: Instance) -> str | None:
+        """Count one tool call toward ``inst`` and its tree, or return the limit that has no room for it.
+
+        Checked and charged in one step (no await between): the calls of agents running in
+        parallel cannot all pass the check before any of them is counted.
+        """
+        room, which = self.tool_room(inst, self.rt.limits_of(inst))
+        if room is not None and room <= 0:
+            return which
+        inst.seg_tool_calls += 1
+        inst.tool_calls += 1
+        if inst.spawner is not None:
+            for above in inst.ancestors():
+                above.tree_tool_calls += 1
+        return None
+
+    async def _execute(self, run: AgentRun, item: _Call, turn: int) -> None:  # noqa: C901 - one exit per outcome
         """Run the tool of a prepared call, count it, and finish it (hooks, save, record)."""
         inst = run.inst
         tool = item.tool
         call = item.call
         assert tool is not None  # noqa: S101 - prepared calls have their tool
-        inst.seg_tool_calls += 1
+        over = self._draw_tool_call(inst)
+        if over is not None:
+            item.result = _result(call, ToolStatus.SKIPPED, f"skipped: {over} was reached")
+            item.over_limit = True
+            await self._finish(run, item, turn, save=True)
+            return
         inst.started_calls.add(call.id)
         # Saved before the tool runs: after a crash, a call with this marker and no result may
         # have had its effect; a call without it never started and can simply run.
@@ -938,10 +961,7 @@ class Loop:
         if result.usage is not None or result.cost is not None:
             usage = result.usage or Usage()
             cost = result.cost or Cost(amount=0.0)
-            inst.usage += usage
-            inst.cost += cost
-            inst.seg_tokens += usage.input_tokens + usage.output_tokens
-            inst.seg_cost = None if inst.seg_cost is None or cost.amount is None else inst.seg_cost + cost.amount
+            inst.spend(usage, cost)
             data["usage"] = _usage_unstructure(usage)
             data["cost"] = cost.amount
             entries[0]["spend"] = {"usage": data["usage"], "cost": cost.amount}
@@ -978,9 +998,9 @@ class Loop:
             self.record(inst, "approval", {"toolCallId": call.id, "tool": call.name, "decision": p.decision,
                                            "reason": p.decision_reason})
             approved = p.decision == "approved" and item.tool is not None
-            if approved and limits.tool_calls is not None and inst.seg_tool_calls >= limits.tool_calls:
-                item.result = _result(call, ToolStatus.SKIPPED,
-                                      f"skipped: the tool-call limit ({limits.tool_calls}) was reached")
+            room, which = self.tool_room(inst, limits) if approved else (None, "")
+            if room is not None and room <= 0:
+                item.result = _result(call, ToolStatus.SKIPPED, f"skipped: {which} was reached")
                 exceeded = True
                 await self._finish(run, item, inst.turn, save=True)
             elif approved:
@@ -995,7 +1015,7 @@ class Loop:
         _restore_call_order(inst)
         await self.rt.write_header(inst)
         await self.rt.flush_records(inst.id)
-        await self._end_of_turn(run, items, exceeded=exceeded, limits=limits)
+        await self._end_of_turn(run, items, exceeded=exceeded or any(i.over_limit for i in items), limits=limits)
 
     async def answer_question(self, run: AgentRun, text: str) -> None:
         """Make ``text`` the result of the pending ``ask_user`` call."""
@@ -1096,22 +1116,30 @@ class Loop:
         await self._end_of_turn(run, items, exceeded=False, limits=limits)
 
 
-def _elapsed_scope(inst: Instance, limits: Limits) -> anyio.CancelScope:
-    """Return a cancel scope whose deadline is the end of the segment's ``elapsed`` limit (none without one).
+def _elapsed_scope(budgets: Sequence[tuple[Instance, Limits]]) -> anyio.CancelScope:
+    """Return a cancel scope whose deadline is the first end of an ``elapsed`` limit in ``budgets``.
 
-    The segment's clock starts at ``segmentStartedAt``; the waits for approval are left out of it
-    (:meth:`Loop.continue_after_decisions` moves that start on by them).
+    ``budgets`` are the instance's own limits and its ancestors' (:meth:`Loop.budgets`), so a
+    call in a child also ends when an ancestor's tree runs out of time. Each clock starts at its
+    owner's ``segmentStartedAt``; the waits for approval are left out of it
+    (:meth:`Loop.continue_after_decisions` moves that start on by them). No limit, no deadline.
     """
-    if limits.elapsed is None:
+    ends = [float(owner.header.get("segmentStartedAt") or time.time()) + owned.elapsed
+            for owner, owned in budgets if owned.elapsed is not None]
+    if not ends:
         return anyio.CancelScope()
-    started = float(inst.header.get("segmentStartedAt") or time.time())
-    return anyio.CancelScope(deadline=anyio.current_time() + started + limits.elapsed - time.time())
+    return anyio.CancelScope(deadline=anyio.current_time() + min(ends) - time.time())
 
 
-def _elapsed_reached(limits: Limits) -> SegmentEnd:
-    """Return the end of a segment whose ``elapsed`` limit ran out (the same as ``_check_limits`` raises)."""
+def _elapsed_reached(budgets: Sequence[tuple[Instance, Limits]]) -> SegmentEnd:
+    """Return the end of a segment whose call the elapsed deadline cut off, naming whose limit it was."""
+    inst = budgets[0][0]
+    ends = [(float(owner.header.get("segmentStartedAt") or time.time()) + owned.elapsed, owner, owned)
+            for owner, owned in budgets if owned.elapsed is not None]
+    _end, owner, owned = min(ends, key=lambda e: e[0])
+    whose = _of_ancestor(owner) if owner is not inst else ""
     return SegmentEnd(State.ERROR, StopReason.LIMIT_EXCEEDED, limit="elapsed",
-                      error=f"elapsed-time limit ({limits.elapsed:g} s) reached")
+                      error=f"elapsed-time limit ({owned.elapsed:g} s){whose} reached")
 
 
 def _restore_call_order(inst: Instance) -> None:
@@ -1160,27 +1188,29 @@ def _position(order: Mapping[str, int], message: Message) -> int:
     return 1 << 31
 
 
-def spent_in_segment(inst: Instance) -> tuple[int, float | None]:
-    """Return the tokens and cost of the instance's current segment, its children's included.
-
-    The agents it started in this segment count with all they spent (and their own children); the
-    cost is ``None`` when any part is unknown.
-    """
-    tokens, cost = inst.seg_tokens, inst.seg_cost
-    for child in inst.spawned:
-        below_tokens, below_cost = _spent_by(child.inst)
-        tokens += below_tokens
-        cost = None if cost is None or below_cost is None else cost + below_cost
-    return tokens, cost
+def _of_ancestor(owner: Instance) -> str:
+    return f" of agent {owner.id}, which started this one (directly or not),"
 
 
-def _spent_by(inst: Instance) -> tuple[int, float | None]:
-    tokens, cost = inst.usage.input_tokens + inst.usage.output_tokens, inst.cost.amount
-    for child in inst.spawned:
-        below_tokens, below_cost = _spent_by(child.inst)
-        tokens += below_tokens
-        cost = None if cost is None or below_cost is None else cost + below_cost
-    return tokens, cost
+def _check_budget(owner: Instance, limits: Limits, whose: str) -> None:
+    """Raise SegmentEnd if ``owner``'s tree has used up its ``tokens``, ``cost`` or ``elapsed`` limit."""
+    if limits.tokens is not None or limits.cost is not None:
+        tokens, cost, _calls = owner.spent()
+        if limits.tokens is not None and tokens >= limits.tokens:
+            raise SegmentEnd(State.ERROR, StopReason.LIMIT_EXCEEDED, limit="tokens",
+                             error=f"token limit ({limits.tokens}){whose} reached: {tokens} tokens used")
+        if limits.cost is not None:
+            if cost is None:
+                raise SegmentEnd(State.ERROR, StopReason.LIMIT_EXCEEDED, limit="cost",
+                                 error=f"cost limit{whose} set but the price of a model used is unknown")
+            if cost >= limits.cost:
+                raise SegmentEnd(State.ERROR, StopReason.LIMIT_EXCEEDED, limit="cost",
+                                 error=f"cost limit ({limits.cost}){whose} reached: {cost:.6f} spent")
+    if limits.elapsed is not None:
+        started = float(owner.header.get("segmentStartedAt") or time.time())
+        if time.time() - started >= limits.elapsed:
+            raise SegmentEnd(State.ERROR, StopReason.LIMIT_EXCEEDED, limit="elapsed",
+                             error=f"elapsed-time limit ({limits.elapsed:g} s){whose} reached")
 
 
 def _one_request(usage: Usage) -> Usage:

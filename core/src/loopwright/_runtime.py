@@ -40,7 +40,7 @@ from loopwright._definition import (
     gates_from_json,
     with_gates,
 )
-from loopwright._instance import Instance, message_to_json, now_iso, rebuild
+from loopwright._instance import Instance, log_totals, message_to_json, now_iso, rebuild
 from loopwright._loop import Loop
 from loopwright._plugins import PluginHost
 from loopwright._pricing import PriceTable
@@ -304,6 +304,9 @@ class Runtime:
         self._loop: Loop | None = None
         self._verifiers: dict[str, Callable[[Sequence[Message]], tuple[bool, str]]] = {"allTodosDone": all_todos_done}
         self._loaded = False
+        #: Live instances, by id, while anything holds them (a run, or a child whose spawner they are):
+        #: one object per instance, so the whole tree charges the same ledger.
+        self._instances: weakref.WeakValueDictionary[str, Instance] = weakref.WeakValueDictionary()
         #: Who runs instances here, as saved in their headers' ``runner`` key.
         self.owner = f"loopwright (host {socket.gethostname()}, pid {os.getpid()})"
 
@@ -677,10 +680,11 @@ class Runtime:
         return self._plan(definition).limits
 
     def limits_of(self, inst: Instance) -> Limits:
-        """Return an instance's limits: its definition's, capped by the ``budget`` its caller gave it.
+        """Return an instance's own limits: its definition's, capped by the ``budget`` its caller gave it.
 
         A budget (``tokens``, ``cost``, ``toolCalls``, ``elapsed`` seconds) is what remained of the
-        caller's limits when it started the instance; each applies to every segment.
+        tree's budget when the instance started; each applies to every segment. While it runs, the
+        loop also holds it to each live ancestor's limits (:meth:`loopwright._loop.Loop.budgets`).
         """
         limits = self._plan(inst.definition).limits
         budget = inst.header.get("budget")
@@ -782,12 +786,14 @@ class Runtime:
     async def create_run(
         self, defn: Definition, inputs: Mapping[str, Any] | None, prompt: str | None, *, grants: Capabilities,
         stream: bool = False, instance_id: str | None = None, links: Mapping[str, Any] | None = None,
+        spawner: Instance | None = None,
     ) -> AgentRun:
         """Create an instance of ``defn`` with exactly ``grants`` and start it (see :meth:`start_agent`).
 
         :param grants: The instance's grants, already narrowed by the caller (never widened here).
         :param links: Header keys linking a child to its spawner (``spawnerInstanceId``,
             ``callerInstanceId``, ``callerToolCallId``, ``delegationPrompt``, ``depth``).
+        :param spawner: The live instance that started it: it draws from that instance's tree budget.
         """
         from loopwright._template import resolve_inputs  # noqa: PLC0415
 
@@ -809,7 +815,9 @@ class Runtime:
         if links:
             header.update(links)
         await self.store.create(iid, header)
-        inst = Instance(id=iid, definition=defn, header=header, grants=grants, task_given=not prompt)
+        inst = Instance(id=iid, definition=defn, header=header, grants=grants, task_given=not prompt,
+                        spawner=spawner, tree_counted=True)
+        self._instances[iid] = inst
         run = AgentRun(self, inst)
         run.stream = stream
         self._runs[iid] = run
@@ -913,6 +921,7 @@ class Runtime:
             if not fresh:
                 await self._refresh(run)
                 await self.loop.absorb_mail(run, running=False)  # drops cancel requests that came too late
+                await self._join_tree(run.inst)
         except BaseException:
             lease.release()
             raise
@@ -931,6 +940,66 @@ class Runtime:
         inst.header = header
         inst.grants = self._saved_grants(run.instance_id, header)
         rebuild(inst, entries)
+
+    async def _join_tree(self, inst: Instance) -> None:
+        """Make an instance loaded from the store draw from its tree's one budget.
+
+        Each instance on the way up is counted once per runtime (:meth:`_count_tree`), and linked
+        to its spawner's live instance, loading the spawner if it is not live here. A spawner
+        that cannot be loaded ends the chain (the saved ``budget`` still caps the instance); a
+        tampered link that would make a loop is not followed.
+        """
+        current = inst
+        while True:
+            await self._count_tree(current)
+            spawner_id = current.header.get("spawnerInstanceId")
+            if current.spawner is not None or not isinstance(spawner_id, str) or not spawner_id:
+                return
+            try:
+                parent = (await self.get_agent(spawner_id)).inst
+            except LoopwrightError:
+                return
+            if any(above is current for above in (parent, *parent.ancestors())):
+                return
+            current.spawner = parent
+            current = parent
+
+    async def _count_tree(self, inst: Instance) -> None:
+        """Set a loaded instance's tree counters from its descendants' saved headers (once per runtime).
+
+        ``descendants`` counts them all; the tokens, cost and tool calls are those of the descendants
+        created since its current segment started (their whole spending: more than their share,
+        never less), from the totals in their headers, or from the entry log of one a crash left
+        ``running`` (its header's totals are those of its last state change).
+        """
+        if inst.tree_counted:
+            return
+        inst.tree_counted = True
+        headers = await self._descendant_headers(inst.header)
+        started = inst.header.get("segmentStartedAt")
+        since = _iso(float(started)) if isinstance(started, (int, float)) else ""
+        tokens, calls, cost = 0, 0, 0.0
+        for iid, h in headers.items():
+            if str(h.get("createdAt") or "") < since:
+                continue
+            if h.get("state") == State.RUNNING.value:  # its totals were saved at its last state change: replay its log
+                usage, spent, ran = log_totals(await self.store.read_entries(iid))
+                tokens += usage.input_tokens + usage.output_tokens
+                calls += ran
+                cost = None if cost is None or spent.amount is None else cost + spent.amount
+                continue
+            ran = h.get("toolCallsStarted")
+            calls += ran if isinstance(ran, int) and not isinstance(ran, bool) and ran > 0 else 0
+            saved = h.get("usage")
+            if isinstance(saved, Mapping):
+                tokens += sum(n for n in (saved.get("inputTokens"), saved.get("outputTokens"))
+                              if isinstance(n, int) and not isinstance(n, bool) and n > 0)
+            amount = h.get("cost", 0.0)
+            cost = None if cost is None or not isinstance(amount, (int, float)) else cost + max(amount, 0.0)
+        inst.descendants = max(inst.descendants, len(headers))
+        inst.tree_tokens += tokens
+        inst.tree_tool_calls += calls
+        inst.tree_cost = None if inst.tree_cost is None or cost is None else inst.tree_cost + cost
 
     async def _drive(self, run: AgentRun, new_segment: bool, prelude: Any, lease: Lease) -> None:
         loop = self.loop
@@ -1001,12 +1070,19 @@ class Runtime:
         run = self._runs.get(instance_id)
         if run is not None:
             return run
+        inst = self._instances.get(instance_id)  # a spawner whose run was let go: the same ledger
+        if inst is not None:
+            run = AgentRun(self, inst)
+            await self._refresh(run)  # as loading would: what another process saved since wins
+            self._runs[instance_id] = run
+            return run
         header = await self.store.read_header(instance_id)
         entries = await self.store.read_entries(instance_id)
         defn = self._definition_from_header(instance_id, header)
         grants = self._saved_grants(instance_id, header)
         inst = Instance(id=instance_id, definition=defn, header=header, grants=grants)
         rebuild(inst, entries)
+        self._instances[instance_id] = inst
         run = AgentRun(self, inst)
         self._runs[instance_id] = run
         if header.get("monitors") and self.monitors is not None:
@@ -1078,6 +1154,11 @@ class Runtime:
 
     async def children_cost(self, header: Mapping[str, Any]) -> float | None:
         """Return the summed subtree cost of the agents ``header``'s instance started (``None`` if unknown)."""
+        by_id = await self._descendant_headers(header)
+        return _children_in(header, by_id, {header.get("instanceId")})
+
+    async def _descendant_headers(self, header: Mapping[str, Any]) -> dict[Any, Mapping[str, Any]]:
+        """Return the saved headers of the agents ``header``'s instance started, directly or not, by id."""
         by_id: dict[Any, Mapping[str, Any]] = {}
         pending = list(header.get("children") or [])
         while pending:  # read the descendants' headers once each, then sum as list_instances does
@@ -1089,7 +1170,7 @@ class Runtime:
             except InstanceNotFoundError:
                 continue
             pending.extend(by_id[child].get("children") or [])
-        return _children_in(header, by_id, {header.get("instanceId")})
+        return by_id
 
     async def records(self, instance_id: str) -> list[dict[str, Any]]:
         """Return the instance's record log."""
@@ -1458,6 +1539,12 @@ def _smaller(a: Any, b: Any) -> Any:
     if a is None:
         return b
     return a if b is None else min(a, b)
+
+
+def _iso(seconds: float) -> str:
+    """Return ``seconds`` since the epoch in the form of ``now_iso`` (so the two compare as text)."""
+    whole = int(seconds)
+    return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(whole))}.{int((seconds - whole) * 1000):03d}Z"
 
 
 def _new_id() -> str:
