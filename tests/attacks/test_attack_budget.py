@@ -185,9 +185,6 @@ async def test_a_message_gives_a_child_no_fresh_budget(tmp_path: Path) -> None:
     """
     state: dict[str, Any] = {"child": None, "child_calls": 0}
 
-    async def slow_root_turn() -> None:
-        await anyio.sleep(1.5)  # the root's elapsed limit (1 s) runs out during this call
-
     def answer(request: ModelRequest) -> Message | None:
         task = next((m.content for m in request.messages if m.role == "user"), "")
         if task == "do it again":  # the child: answer, rest, and answer again when woken
@@ -209,23 +206,55 @@ async def test_a_message_gives_a_child_no_fresh_budget(tmp_path: Path) -> None:
 
     class SlowPlugin(BomberPlugin):
         @hookimpl
-        def loopwright_register_providers(self, register: Callable[..., None]) -> None:
-            plugin = self
-
-            class Slow(Bomber):
-                async def complete(self, request: ModelRequest) -> ModelResponse:
-                    tools = [m for m in request.messages if m.role == "tool"]
-                    if len(tools) == 2 and request.messages[1].content == "go":
-                        await slow_root_turn()
-                    return await super().complete(request)
-
-            register("bomber", lambda settings: Slow(settings, plugin))
+        async def loopwright_before_tool_call(self, call: ToolCall) -> None:
+            # The root's elapsed limit (1 s) runs out before its message wakes the child. (A model
+            # call can no longer outlast the limit: it runs under the elapsed deadline.)
+            if call.id == "wake":
+                await anyio.sleep(1.5)
 
     assembly = write_assembly(tmp_path, agents="{spawn: true, maxDepth: 1}", limits="{elapsed: 1s}",
                               tools="[run_agent_async, await_agent, message_agent]")
     _result, tree = await run_tree(assembly, SlowPlugin(fan_out=0, answer=answer))
     child = next(h for h in tree["headers"] if h["instanceId"] == state["child"])
     assert state["child_calls"] == 1, "the woken child called its model after the root's time ran out"
+    assert (child["stopReason"], child["limit"]) == ("limit_exceeded", "elapsed")
+    assert f"of agent {tree['root']}" in child["error"]
+
+
+async def test_a_childs_model_call_ends_with_its_ancestors_time(tmp_path: Path) -> None:
+    """A child whose model call never returns is cut off when the root's ``elapsed`` runs out.
+
+    The child's own definition allows 10 minutes: only the root's limit (the ceiling saved as the
+    child's ``budget``, and the ancestors' deadlines a model call runs under) can end the call, so
+    a child cannot hold the tree's time past the root's limit by stalling.
+    """
+    state: dict[str, Any] = {"child": None}
+
+    async def answer(request: ModelRequest) -> Message | None:
+        task = next((m.content for m in request.messages if m.role == "user"), "")
+        if task == "stall":  # the child: a model call that never returns
+            await anyio.sleep_forever()
+        results = [m for m in request.messages if m.role == "tool"]
+        if not results:
+            return Message(role="assistant", tool_calls=(ToolCall(
+                id="spawn", name="run_agent_async", arguments={"agentSwarmUri": "stall", "prompt": "stall"}),))
+        if len(results) == 1:
+            state["child"] = json.loads(results[0].content or "{}")["instanceId"]
+            return Message(role="assistant", tool_calls=(ToolCall(
+                id="wait", name="await_agent", arguments={"ids": [state["child"]]}),))
+        return Message(role="assistant", content="done")
+
+    assembly = write_assembly(tmp_path, agents="{spawn: true, maxDepth: 1}", limits="{elapsed: 2s}",
+                              tools="[run_agent_async, await_agent]")
+    # The child's own limit is far off: only the root's can end its call.
+    text = (tmp_path / "agents" / "bomb.yaml").read_text()
+    (tmp_path / "agents" / "stall.yaml").write_text(text.replace("name: bomb", "name: stall").replace(
+        "limits: {elapsed: 2s}", "limits: {elapsed: 10m}"))
+    (tmp_path / "loopwright.yaml").write_text((tmp_path / "loopwright.yaml").read_text().replace(
+        "agentDefinitions: {bomb: agents/bomb.yaml}", "agentDefinitions: {bomb: agents/bomb.yaml, stall: agents/stall.yaml}"))
+    plugin = BomberPlugin(fan_out=0, answer=answer)
+    _result, tree = await run_tree(assembly, plugin)
+    child = next(h for h in tree["headers"] if h["instanceId"] == state["child"])
     assert (child["stopReason"], child["limit"]) == ("limit_exceeded", "elapsed")
     assert f"of agent {tree['root']}" in child["error"]
 
