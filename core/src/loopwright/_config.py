@@ -53,6 +53,7 @@ from loopwright._definition import (
     StoreConfig,
 )
 from loopwright._duration import parse_duration  # the one grammar, re-exported for the loader's callers
+from loopwright._patterns import pattern_problems
 from loopwright._template import TemplateError, compile_template, matches_type
 from loopwright.errors import ConfigError, ConfigProblem
 
@@ -609,9 +610,15 @@ def _check_definition(data: Mapping[str, Any], reporter: _Reporter) -> None:
                     _check_template(text, path, names, reporter)
     output = data.get("output")
     if isinstance(output, Mapping):
-        for error in _meta_validator().iter_errors(output):
-            reporter.add(f"`output` is not a valid JSON Schema: {error.message}",
-                         ("output", *error.absolute_path))
+        _check_output(output, reporter)
+
+
+def _check_output(output: Mapping[str, Any], reporter: _Reporter) -> None:
+    for error in _meta_validator().iter_errors(output):
+        reporter.add(f"`output` is not a valid JSON Schema: {error.message}",
+                     ("output", *error.absolute_path))
+    for where, message in pattern_problems(output):  # patterns run on RE2 (linear time)
+        reporter.add(f"`output`: {message}", ("output", *where))
 
 
 @functools.cache
