@@ -6,7 +6,7 @@ CLI options, and the numbers a model passes to the agent tools (``monitor_agent 
 ``await_monitor {timeout}``). A duration is:
 
 * a number of seconds (``30``, ``1.5``), not a boolean;
-* a numeric string (``"1.5"``);
+* a numeric string (``"1.5"``, ``".5"``);
 * one or more number-unit pairs with units ``ms``, ``s``, ``m`` and ``h``, optionally separated by
   blanks (``"500ms"``, ``"1m30s"``, ``"2h 5m"``).
 
@@ -21,7 +21,7 @@ from typing import Any
 
 __all__ = ["is_finite_number", "parse_duration"]
 
-_NUMBER = r"\d+(?:\.\d+)?"
+_NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)"
 _PAIRS_RE = re.compile(rf"^\s*(?:{_NUMBER}\s*(?:ms|s|m|h)\s*)+$")
 _PAIR_RE = re.compile(rf"({_NUMBER})\s*(ms|s|m|h)")
 _SECONDS_RE = re.compile(rf"^\s*{_NUMBER}\s*$")
