@@ -791,11 +791,20 @@ def _structure(cls: type[Any], data: Mapping[str, Any], reporter: _Reporter) -> 
     try:
         return _converter().structure(data, cls)
     except (cattrs.BaseValidationError, ValueError, TypeError) as exc:
-        lines = cattrs.transform_error(exc) if isinstance(exc, cattrs.BaseValidationError) else [f"{exc} @ $"]
+        lines = cattrs.transform_error(exc, format_exception=_cattrs_message) \
+            if isinstance(exc, cattrs.BaseValidationError) else [f"{exc} @ $"]
         for line in lines:
             message, _, where = line.rpartition(" @ ")
             reporter.add(message or line, _cattrs_path(where))
         return None
+
+
+def _cattrs_message(exc: BaseException, cls: type | None) -> str:
+    """Return the wording of cattrs, except for a refused duration (``nan``, ``.inf``), which says why itself."""
+    import cattrs.v  # noqa: PLC0415 - only when a structure fails
+
+    return str(exc) if isinstance(exc, ValueError) and str(exc).startswith("invalid duration") \
+        else cattrs.v.format_exception(exc, cls)
 
 
 def _cattrs_path(where: str) -> list[str | int]:

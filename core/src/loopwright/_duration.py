@@ -54,6 +54,8 @@ def parse_duration(value: Any) -> float:
         seconds = float(value)
     elif isinstance(value, str) and _PAIRS_RE.match(value):
         seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in _PAIR_RE.findall(value))
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        raise ValueError(f"invalid duration {_shown(value)}: it must be finite")
     else:
         raise ValueError(
             f"invalid duration {_shown(value)}: expected seconds or a string like 500ms, 1s, 30m, 2h"
