@@ -44,6 +44,7 @@ from helpers import Harness, call, defn, make_runtime, reply, run_to_rest
 
 import loopwright
 from loopwright import ToolCall
+from loopwright.errors import ConfigError
 from loopwright.http import parse_duration as http_parse_duration
 from loopwright.http import parse_tool_arguments
 
@@ -170,6 +171,19 @@ def test_a_bomb_in_a_scripted_reply_file_is_refused(project: Path) -> None:
     (project / "plain.yaml").write_text("name: plain\nmodel: model:any\n")
     done, rss = lw(project, "run", "plain.yaml")
     refused(done, rss, "model.yaml", 9, "expands to more than", code=1)  # the instance ends in error
+
+
+@pytest.mark.parametrize(("name", "text", "words"), [
+    ("servers.yaml", "mcpServers: {}\nx:\n" + textwrap.indent(bomb(), "  "), "expands to more than"),
+    ("servers.json", '{"mcpServers": {}, "x": ' + "[" * 100_000 + "]" * 100_000 + "}", "nest more than 64 deep"),
+])
+def test_mcp_server_files_have_the_loader_limits(tmp_path: Path, name: str, text: str, words: str) -> None:
+    """The MCP plugin's server file (YAML or JSON) is read like a definition: a clear error at a position."""
+    mcp = pytest.importorskip("loopwright_mcp")
+    (tmp_path / name).write_text(text)
+    with pytest.raises(ConfigError, match=words) as caught:
+        mcp.load_servers(tmp_path / name)
+    assert all(p.line is not None for p in caught.value.problems), caught.value.problems
 
 
 # -- tags ------------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ import jsonschema
 import re2
 from jsonschema.exceptions import ValidationError
 
-__all__ = ["has_patterns", "pattern_problems", "schema_validator"]
+__all__ = ["has_pattern_properties", "has_patterns", "pattern_problems", "schema_validator"]
 
 
 @functools.cache
