@@ -206,13 +206,16 @@ class _BoundedComposer(Composer):
 
     An alias is the same node object each time it is used, so a node's *size* is the size of
     everything under it with every alias counted in full; it is known as soon as the node is
-    composed. Composing is linear in the text; only walking the result would not be, so the
-    document is refused here, at the node (or alias) where the count passes :data:`MAX_YAML_NODES`.
+    composed. The running total (one per node composed, an alias's size per use) is the size of
+    the whole document once it is complete. Composing is linear in the text; only walking the
+    result would not be, so the document is refused here, at the node (or alias) where the total
+    passes :data:`MAX_YAML_NODES`.
     """
 
     def __init__(self, loader: Any = None) -> None:
         super().__init__(loader)
         self._sizes: dict[int, int] = {}
+        self._total = 0
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         event = self.parser.peek_event()
@@ -232,7 +235,8 @@ class _BoundedComposer(Composer):
                 [n for pair in node.value for n in pair] if isinstance(node, MappingNode) else ())
             size = 1 + sum(self._sizes[id(child)] for child in children)
             self._sizes[id(node)] = size
-        if size > MAX_YAML_NODES:
+        self._total += size if isinstance(event, AliasEvent) else 1
+        if self._total > MAX_YAML_NODES:
             raise _LimitError(None, None, f"the document expands to more than {MAX_YAML_NODES:,} values "
                               "(every use of an alias counts what it names)", event.start_mark)
         return node
