@@ -37,6 +37,8 @@ from typing import Any
 
 import anyio
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "core" / "tests"))
 
@@ -439,3 +441,65 @@ async def test_arguments_nested_100000_deep_are_invalid_arguments_and_the_instan
     async with make_runtime(tmp_path, Harness(reply("again"))) as rt:  # a later re-read of the saved transcript
         run = await rt.get_agent(instance_id)
         assert [m.role for m in run.inst.transcript].count("tool") == 3
+
+
+# -- fuzzing: every input ends in a defined outcome ---------------------------------------------
+
+#: Characters YAML gives meaning to, so that generated text reaches anchors, aliases, tags and nesting.
+_YAML_ALPHABET = st.sampled_from([*"abc019 :-[]{},&*!|>'\"#%@`\n\t.", "&a ", "*a", "!!python/", "<<: ", "\\"])
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_YAML_ALPHABET, max_size=200).map("".join))
+def test_fuzz_yaml_reader_gives_data_or_a_positioned_config_error(text: str) -> None:
+    """Any text: plain data, or a ConfigError whose problems have a position. Never another exception."""
+    import tempfile  # noqa: PLC0415 - hypothesis cannot use the function-scoped tmp_path
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "f.yaml"
+        path.write_text(text, encoding="utf-8")
+        problems = None
+        try:
+            data = loopwright.read_yaml(path)
+        except ConfigError as exc:
+            problems = exc.problems
+        if problems is None:
+            json.dumps(data, default=str)  # plain data: writable without recursion
+        else:
+            assert problems
+            assert all(p.line is not None for p in problems), problems
+
+
+_JSON_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=5))
+_JSON_VALUES = st.recursive(_JSON_SCALARS, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=3), inner, max_size=3)), max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(_JSON_VALUES.map(lambda v: json.dumps({"v": v})),  # NaN and inf become NaN/Infinity literals
+                 st.integers(60, 3000).map(lambda n: '{"v": ' + "[" * n + "]" * n + "}"),
+                 st.text(alphabet='{}[]":,0123456789NaInfity.e- ', max_size=60)))
+def test_fuzz_tool_arguments_are_plain_json_or_raw(text: str) -> None:
+    """Whatever the model writes: a JSON object the loop can save and re-read, or raw text for invalid_arguments."""
+    from loopwright._arguments import argument_problem  # noqa: PLC0415 - the rule the loop applies
+
+    arguments, raw = parse_tool_arguments(text)
+    assert isinstance(arguments, dict)
+    if raw is None:
+        assert argument_problem(arguments) is None
+        json.loads(json.dumps(arguments, allow_nan=False))
+    else:
+        assert arguments == {}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.floats(), st.integers(), st.booleans(), st.none(),
+                 st.text(alphabet="0123456789.msh naifNI-+e", max_size=12)))
+def test_fuzz_durations_are_finite_or_refused_alike(value: Any) -> None:
+    """Every value: a finite, non-negative number of seconds from both entry points, or refused by both."""
+    try:
+        seconds: float | None = loopwright.parse_duration(value)
+    except ValueError:
+        seconds = None
+    assert seconds is None or (math.isfinite(seconds) and seconds >= 0)
+    assert http_parse_duration(value) == seconds
