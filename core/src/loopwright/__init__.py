@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from loopwright._capabilities import intersect
+    from loopwright._config import read_yaml
     from loopwright._decisions import (
         Block,
         Decision,
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
         ProviderConfig,
         StoreConfig,
     )
+    from loopwright._duration import parse_duration
     from loopwright._plugins import hookimpl
     from loopwright._retry import parse_retry_after, retry_transient
     from loopwright._runtime import AgentRun, Runtime
@@ -112,7 +114,9 @@ __all__ = [
     "Usage",
     "hookimpl",
     "intersect",
+    "parse_duration",
     "parse_retry_after",
+    "read_yaml",
     "retry_transient",
     "run_agent",
     "tool",
@@ -168,7 +172,9 @@ _LAZY: dict[str, str] = {
     "Usage": "loopwright._types",
     "hookimpl": "loopwright._plugins",
     "intersect": "loopwright._capabilities",
+    "parse_duration": "loopwright._duration",
     "parse_retry_after": "loopwright._retry",
+    "read_yaml": "loopwright._config",
     "retry_transient": "loopwright._retry",
     "run_agent": "loopwright._sync",
     "tool": "loopwright._tools",

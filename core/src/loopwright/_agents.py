@@ -34,6 +34,7 @@ Every refusal is a :class:`~loopwright.errors.ToolError`: the model sees why, an
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -43,6 +44,7 @@ import anyio
 
 from loopwright._capabilities import is_within
 from loopwright._definition import gates_of, with_gates
+from loopwright._duration import is_finite_number, parse_duration
 from loopwright._instance import now_iso
 from loopwright._types import State
 from loopwright.errors import ConfigError, InstanceLockedError, InstanceNotFoundError, ToolError
@@ -344,14 +346,12 @@ class Agents:
             raise ToolError(f"turns must be a whole number of turns from now (1 or more), not {turns!r}")
         seconds = None
         if elapsed is not None:
-            from loopwright._config import parse_duration  # noqa: PLC0415
-
             try:
                 seconds = parse_duration(elapsed)
-            except ValueError:
-                seconds = None
+            except ValueError as exc:
+                raise ToolError(f"elapsed must be a duration such as 30m or 2h: {exc}") from None
             if not seconds:
-                raise ToolError(f"elapsed must be a duration such as 30m or 2h, not {elapsed!r}")
+                raise ToolError("elapsed must be a duration such as 30m or 2h, not 0")
         window = _context_window(run)
         spec = {
             "target": agent_id,
@@ -374,9 +374,10 @@ class Agents:
             raise ToolError("no monitor is armed: arm one with monitor_agent first")
         limit = max(self.timeout - _MARGIN, 0.0)
         if timeout is not None:
-            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
-                raise ToolError(f"timeout must be a number of seconds, not {timeout!r}")
-            limit = min(limit, float(timeout))
+            try:
+                limit = min(limit, parse_duration(timeout))
+            except ValueError as exc:
+                raise ToolError(f"timeout must be a number of seconds or a duration such as 30s: {exc}") from None
         fired = await monitors.wait(self.caller.id, limit)
         return {"fired": fired, "timedOut": not fired, "armed": [s["target"] for s in monitors.armed(self.caller.id)]}
 
@@ -481,9 +482,9 @@ def parse_context_at(value: Any, window: int | None) -> int:
     """
     if isinstance(value, bool):
         raise ToolError(f"contextAt must be a token count such as 400k, or a percentage, not {value!r}")
-    if isinstance(value, (int, float)) and value > 0:
+    if is_finite_number(value) and value > 0:
         return int(value)
-    text = str(value).strip().lower()
+    text = str(value).strip().lower()[:64]  # a model may send a megabyte here
     try:
         if text.endswith("%"):
             fraction = float(text[:-1]) / 100
@@ -497,8 +498,8 @@ def parse_context_at(value: Any, window: int | None) -> int:
         number = float(text[: len(text) - len(unit)])
     except ValueError:
         raise ToolError(f"contextAt must be a token count such as 400k, or a percentage, not {value!r}") from None
-    if number <= 0:
-        raise ToolError(f"contextAt must be positive, not {value!r}")
+    if not math.isfinite(number) or number <= 0:
+        raise ToolError(f"contextAt must be a positive, finite token count, not {text!r}")
     return int(number * _TOKEN_UNITS[unit])
 
 

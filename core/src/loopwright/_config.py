@@ -33,8 +33,11 @@ import cattrs
 import jsonschema
 import referencing
 from ruamel.yaml import YAML
-from ruamel.yaml.comments import CommentedMap, CommentedSeq, TaggedScalar
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.composer import Composer, MaxDepthExceededError
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
+from ruamel.yaml.events import AliasEvent
+from ruamel.yaml.nodes import MappingNode, SequenceNode
 from ruamel.yaml.scalarbool import ScalarBoolean
 
 from loopwright._convert import camel, make_converter
@@ -49,6 +52,8 @@ from loopwright._definition import (
     ProviderConfig,
     StoreConfig,
 )
+from loopwright._duration import parse_duration  # the one grammar, re-exported for the loader's callers
+from loopwright._patterns import pattern_problems
 from loopwright._template import TemplateError, compile_template, matches_type
 from loopwright.errors import ConfigError, ConfigProblem
 
@@ -57,6 +62,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ASSEMBLY_FILE_NAMES",
+    "MAX_YAML_BYTES",
+    "MAX_YAML_DEPTH",
+    "MAX_YAML_NODES",
     "SPECS_DIR",
     "Kind",
     "Positions",
@@ -67,6 +75,7 @@ __all__ = [
     "load_definition",
     "load_yaml",
     "parse_duration",
+    "read_yaml",
     "schema",
     "validate_data",
     "validate_file",
@@ -84,40 +93,6 @@ Kind = Literal["definition", "assembly", "instance", "record"]
 _KINDS: tuple[Kind, ...] = ("definition", "assembly", "instance", "record")
 
 _PathKey = tuple[str | int, ...]
-
-
-# ---------------------------------------------------------------------------------------------
-# Durations
-# ---------------------------------------------------------------------------------------------
-
-_DURATION_RE = re.compile(r"^\s*(?:\d+(?:\.\d+)?\s*(?:ms|s|m|h)\s*)+$")
-_DURATION_PART_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h)")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def parse_duration(value: str | float) -> float:
-    """Return a duration in seconds.
-
-    Accepts a number of seconds, a numeric string (``"1.5"``), or one or more number-unit pairs
-    with units ``ms``, ``s``, ``m`` and ``h``: ``parse_duration("500ms") == 0.5``,
-    ``parse_duration("1m30s") == 90.0``.
-
-    :raises ValueError: for anything else, or a negative number.
-    """
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        seconds = float(value)
-    elif isinstance(value, str) and _DURATION_RE.match(value):
-        seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in _DURATION_PART_RE.findall(value))
-    else:
-        try:
-            seconds = float(value if not isinstance(value, bool) else "not a number")  # True is not 1 s
-        except (TypeError, ValueError):
-            raise ValueError(
-                f"invalid duration {value!r}: expected seconds or a string like 500ms, 1s, 30m, 2h"
-            ) from None
-    if seconds < 0:
-        raise ValueError(f"invalid duration {value!r}: it must not be negative")
-    return seconds
 
 
 # ---------------------------------------------------------------------------------------------
@@ -209,28 +184,113 @@ class Positions:
         return f"<Positions {self.file or '<data>'}: {len(self._values)} values>"
 
 
+#: The largest YAML or JSON file the loader reads (definitions, assemblies, scripts, MCP server files).
+MAX_YAML_BYTES = 1024 * 1024
+#: The most nodes (scalars, mappings, sequences) one document may stand for, counting every use of
+#: an alias as a copy of what it names: a few hundred bytes of aliases can stand for billions.
+MAX_YAML_NODES = 100_000
+#: The deepest nesting of mappings and sequences in one document.
+MAX_YAML_DEPTH = 64
+
+#: The only tags a document may carry: JSON's values, timestamps (read as ISO strings) and merge keys.
+_PLAIN_TAGS = frozenset(f"tag:yaml.org,2002:{t}" for t in (
+    "str", "int", "float", "bool", "null", "map", "seq", "timestamp", "merge"))
+
+
+class _LimitError(MarkedYAMLError):
+    """A document over one of the loader's limits (or with a tag it does not read), at its position."""
+
+
+class _BoundedComposer(Composer):
+    """ruamel's composer, counting what the document expands to and refusing unknown tags.
+
+    An alias is the same node object each time it is used, so a node's *size* is the size of
+    everything under it with every alias counted in full; it is known as soon as the node is
+    composed. The running total (one per node composed, an alias's size per use) is the size of
+    the whole document once it is complete. Composing is linear in the text; only walking the
+    result would not be, so the document is refused here, at the node (or alias) where the total
+    passes :data:`MAX_YAML_NODES`.
+    """
+
+    def __init__(self, loader: Any = None) -> None:
+        super().__init__(loader)
+        self._sizes: dict[int, int] = {}
+        self._total = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.parser.peek_event()
+        node = super().compose_node(parent, index)
+        size = self._sizes.get(id(node))
+        if isinstance(event, AliasEvent):
+            if size is None:
+                raise _LimitError(None, None, f"alias *{event.anchor} refers to a node that contains it",
+                                  event.start_mark)
+        else:
+            tag = str(node.tag)
+            if tag not in _PLAIN_TAGS:
+                raise _LimitError(None, None, f"unsupported tag {_shown_tag(tag)}: loopwright reads plain "
+                                  "YAML values only (strings, numbers, booleans, null, mappings, lists)",
+                                  node.start_mark)
+            children = node.value if isinstance(node, SequenceNode) else (
+                [n for pair in node.value for n in pair] if isinstance(node, MappingNode) else ())
+            size = 1 + sum(self._sizes[id(child)] for child in children)
+            self._sizes[id(node)] = size
+        self._total += size if isinstance(event, AliasEvent) else 1
+        if self._total > MAX_YAML_NODES:
+            raise _LimitError(None, None, f"the document expands to more than {MAX_YAML_NODES:,} values "
+                              "(every use of an alias counts what it names)", event.start_mark)
+        return node
+
+
+def _shown_tag(tag: str) -> str:
+    short = tag.replace("tag:yaml.org,2002:", "!!", 1)
+    return short if len(short) <= 80 else f"{short[:77]}..."  # noqa: PLR2004
+
+
 def _yaml() -> YAML:
     yaml = YAML(typ="rt")
     yaml.allow_duplicate_keys = False
+    yaml.Composer = _BoundedComposer
+    yaml.max_depth = MAX_YAML_DEPTH
     return yaml
 
 
 def load_yaml(path: str | Path) -> tuple[Any, Positions]:
     """Read a YAML (or JSON) file and return its data as plain dicts and lists, with positions.
 
-    Keys become strings; timestamps become ISO 8601 strings; tagged scalars (``!tag x``) their value.
+    Keys become strings; timestamps become ISO 8601 strings.
 
-    :raises ConfigError: when the file cannot be read, or is not well-formed YAML: the problem
-        names the file, line and column.
+    :raises ConfigError: when the file cannot be read, is not well-formed YAML, or is over a limit
+        (:data:`MAX_YAML_BYTES`, :data:`MAX_YAML_NODES` counting aliases in full,
+        :data:`MAX_YAML_DEPTH`), or carries a tag other than YAML's plain ones (``!!python/...``,
+        ``!custom``): the problem names the file, line and column.
     """
     file = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with Path(path).open("rb") as f:
+            data = f.read(MAX_YAML_BYTES + 1)
+        text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         problem = ConfigProblem(f"cannot read the file: {reason}", file=file)
         raise ConfigError(f"cannot read {file}: {reason}", path=file, problems=[problem]) from exc
+    if len(data) > MAX_YAML_BYTES:
+        message = f"the file is larger than {MAX_YAML_BYTES:,} bytes, the most loopwright reads"
+        problem = ConfigProblem(message, file=file, line=1, column=1)
+        raise ConfigError(f"{file}:1:1: {message}", path=file, problems=[problem])
     return _parse_yaml(text, file)
+
+
+def read_yaml(path: str | Path) -> Any:
+    """Read a YAML (or JSON) file the way the loader does, and return its plain data.
+
+    For plugins that read files of their own (scripts, server lists): the same limits and tags as
+    :func:`load_yaml` (at most :data:`MAX_YAML_BYTES`, :data:`MAX_YAML_NODES` and
+    :data:`MAX_YAML_DEPTH`; YAML's plain values only), so no such file can cost without bound.
+
+    :raises ConfigError: as :func:`load_yaml`, naming the file, line and column.
+    """
+    return load_yaml(path)[0]
 
 
 def _parse_yaml(text: str, file: str | None, *, line_offset: int = 0) -> tuple[Any, Positions]:
@@ -242,6 +302,8 @@ def _parse_yaml(text: str, file: str | None, *, line_offset: int = 0) -> tuple[A
         line = mark.line + 1 + line_offset if mark else None
         column = mark.column + 1 if mark else None
         what = exc.problem or exc.context or "malformed YAML"
+        if isinstance(exc, MaxDepthExceededError):
+            what = f"mappings and lists nest more than {MAX_YAML_DEPTH} deep"
         if exc.context and exc.problem:
             started = exc.context_mark
             at = f" at line {started.line + 1 + line_offset}, column {started.column + 1}" if started else ""
@@ -288,8 +350,6 @@ def _plain(node: Any, path: _PathKey, positions: Positions, line_offset: int) ->
 
 
 def _scalar(node: Any) -> Any:
-    if isinstance(node, TaggedScalar):
-        return node.value
     if isinstance(node, dt.date):  # datetimes too
         return node.isoformat()
     if isinstance(node, ScalarBoolean):  # an anchored boolean is an int subclass
@@ -554,9 +614,15 @@ def _check_definition(data: Mapping[str, Any], reporter: _Reporter) -> None:
                     _check_template(text, path, names, reporter)
     output = data.get("output")
     if isinstance(output, Mapping):
-        for error in _meta_validator().iter_errors(output):
-            reporter.add(f"`output` is not a valid JSON Schema: {error.message}",
-                         ("output", *error.absolute_path))
+        _check_output(output, reporter)
+
+
+def _check_output(output: Mapping[str, Any], reporter: _Reporter) -> None:
+    for error in _meta_validator().iter_errors(output):
+        reporter.add(f"`output` is not a valid JSON Schema: {error.message}",
+                     ("output", *error.absolute_path))
+    for where, message in pattern_problems(output):  # patterns run on RE2 (linear time)
+        reporter.add(f"`output`: {message}", ("output", *where))
 
 
 @functools.cache
@@ -731,11 +797,20 @@ def _structure(cls: type[Any], data: Mapping[str, Any], reporter: _Reporter) -> 
     try:
         return _converter().structure(data, cls)
     except (cattrs.BaseValidationError, ValueError, TypeError) as exc:
-        lines = cattrs.transform_error(exc) if isinstance(exc, cattrs.BaseValidationError) else [f"{exc} @ $"]
+        lines = cattrs.transform_error(exc, format_exception=_cattrs_message) \
+            if isinstance(exc, cattrs.BaseValidationError) else [f"{exc} @ $"]
         for line in lines:
             message, _, where = line.rpartition(" @ ")
             reporter.add(message or line, _cattrs_path(where))
         return None
+
+
+def _cattrs_message(exc: BaseException, cls: type | None) -> str:
+    """Return the wording of cattrs, except for a refused duration (``nan``, ``.inf``), which says why itself."""
+    import cattrs.v  # noqa: PLC0415 - only when a structure fails
+
+    return str(exc) if isinstance(exc, ValueError) and str(exc).startswith("invalid duration") \
+        else cattrs.v.format_exception(exc, cls)
 
 
 def _cattrs_path(where: str) -> list[str | int]:

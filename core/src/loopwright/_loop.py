@@ -22,6 +22,7 @@ import anyio
 import attrs
 import cattrs
 
+from loopwright._arguments import MAX_ARGUMENT_DEPTH, argument_problem, dumps_for_raw
 from loopwright._convert import converter
 from loopwright._decisions import (
     Block,
@@ -469,6 +470,8 @@ class Loop:
         calls = message.tool_calls
         if calls and (len(calls) != len({c.id for c in calls}) or not all(c.id for c in calls)):
             calls = _unique_ids(calls, turn)
+        if calls and any(c.raw_arguments is None and argument_problem(c.arguments) for c in calls):
+            calls = _strict_arguments(calls)
         if message.role != "assistant" or message.model != served or calls is not message.tool_calls:
             # Built directly: attrs.evolve costs several microseconds a turn.
             message = Message(role="assistant", content=message.content, tool_calls=calls, source=message.source,
@@ -819,7 +822,9 @@ class Loop:
             return
         if call.raw_arguments is not None:
             item.result = _result(call, ToolStatus.INVALID_ARGUMENTS,
-                                  f"the arguments are not a valid JSON object: {call.raw_arguments[:500]}")
+                                  f"the arguments are not a valid JSON object: {call.raw_arguments[:500]}\n"
+                                  f"(plain JSON only: NaN, Infinity and nesting deeper than {MAX_ARGUMENT_DEPTH} "
+                                  "levels are refused)")
             return
         problems = tool.validation_errors(call.arguments)
         if problems:
@@ -1231,6 +1236,18 @@ def _unique_ids(calls: Sequence[ToolCall], turn: int) -> tuple[ToolCall, ...]:
         seen.add(c.id)
         out.append(c)
     return tuple(out)
+
+
+def _strict_arguments(calls: Sequence[ToolCall]) -> tuple[ToolCall, ...]:
+    """Move arguments that are not plain JSON (NaN, infinity, too deep) to ``raw_arguments``.
+
+    Whatever the provider decoded, the transcript then holds only JSON it can write and read back
+    without recursing, and the call gets ``invalid_arguments``.
+    """
+    return tuple(
+        ToolCall(id=c.id, name=c.name, arguments={}, raw_arguments=dumps_for_raw(c.arguments), injected=c.injected)
+        if c.raw_arguments is None and argument_problem(c.arguments) else c
+        for c in calls)
 
 
 def _cut(content: str) -> str:

@@ -644,9 +644,11 @@ class Runtime:
 
         plan = self._plan(definition)
         if plan.output_validator is None:
-            import jsonschema  # noqa: PLC0415
+            from loopwright._patterns import schema_validator  # noqa: PLC0415 - RE2 only for output schemas
 
-            plan.output_validator = jsonschema.Draft202012Validator(dict(definition.output or {}))
+            # RE2 for patterns: a model-written ``pattern`` must not be able to hang the loop. The
+            # loader refused patterns RE2 cannot compile; lenient covers a definition built otherwise.
+            plan.output_validator = schema_validator(definition.output or {}, lenient=True)
         return parse_output(text, plan.output_validator)
 
     def tool_for(self, definition: Definition, name: str, grants: Capabilities | None = None) -> Tool | None:

@@ -28,6 +28,7 @@ import fastjsonschema
 import jsonschema
 
 from loopwright._definition import Capabilities
+from loopwright._patterns import has_patterns, schema_validator
 from loopwright._types import ToolSpec
 
 __all__ = ["Tool", "ToolContext", "run_in_daemon_thread", "schema_for_function", "tool"]
@@ -118,13 +119,16 @@ class Tool:
         if not _NAME_RE.match(self.name):
             raise ValueError(f"tool name {self.name!r} must be 1-64 characters of A-Z a-z 0-9 _ -")
         jsonschema.Draft202012Validator.check_schema(self.parameters)
-        object.__setattr__(self, "_validator", jsonschema.Draft202012Validator(self.parameters))
-        try:
-            # Compiled to Python once: about 1 µs per call against 13 µs for jsonschema, which
-            # is kept to explain failures (and for schemas fastjsonschema cannot compile).
-            fast = fastjsonschema.compile(dict(self.parameters), use_default=False)
-        except (fastjsonschema.JsonSchemaDefinitionException, TypeError, ValueError):
-            fast = None
+        # Patterns run on RE2, in linear time; one RE2 cannot compile is not enforced (lenient).
+        object.__setattr__(self, "_validator", schema_validator(self.parameters, lenient=True))
+        fast = None
+        if not has_patterns(self.parameters):  # fastjsonschema would match patterns with re
+            try:
+                # Compiled to Python once: about 1 µs per call against 13 µs for jsonschema, which
+                # is kept to explain failures (and for schemas fastjsonschema cannot compile).
+                fast = fastjsonschema.compile(dict(self.parameters), use_default=False)
+            except (fastjsonschema.JsonSchemaDefinitionException, TypeError, ValueError):
+                fast = None
         object.__setattr__(self, "_fast", fast)
         object.__setattr__(self, "_spec", ToolSpec(
             name=self.name, description=self.description, parameters=self.parameters))

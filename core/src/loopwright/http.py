@@ -140,7 +140,6 @@ import json
 import logging
 import math
 import os
-import re
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Literal, NamedTuple, Self, TypeVar, overload
@@ -148,6 +147,8 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, NamedTuple, Self, TypeV
 import attrs
 import httpx
 
+from loopwright._arguments import argument_problem, dumps_for_raw, loads_arguments
+from loopwright._duration import parse_duration as _parse_duration
 from loopwright._retry import parse_retry_after, retry_transient
 from loopwright.errors import ConfigError, ConfigProblem, ProviderError
 
@@ -199,8 +200,6 @@ T = TypeVar("T")
 
 _SERVER_ERROR = 500
 _logger = logging.getLogger("httpx")  # the fast path of Endpoint.send logs what AsyncClient.send would
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*$")
-_UNITS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 # -- the sharded transport -------------------------------------------------------------------------
@@ -608,19 +607,14 @@ def _connect_timeout(exc: Exception, message: str, request: httpx.Request) -> ht
 def parse_duration(value: Any) -> float | None:
     """Return ``value`` as seconds, or ``None`` if it is not a duration.
 
-    A duration is a number of seconds (>= 0) or a string: a number with an optional unit
-    ``ms``, ``s``, ``m`` or ``h`` (``"500ms"``, ``"30s"``, ``"2m"``, ``"1.5h"``). Booleans are not
-    numbers here.
+    The grammar is loopwright's one duration grammar (:func:`loopwright.parse_duration`): a finite
+    number of seconds (>= 0, not a boolean), a numeric string, or number-unit pairs with units
+    ``ms``, ``s``, ``m`` and ``h`` (``"500ms"``, ``"30s"``, ``"2m"``, ``"1m30s"``).
     """
-    if isinstance(value, bool):
+    try:
+        return _parse_duration(value)
+    except ValueError:
         return None
-    if isinstance(value, (int, float)):
-        return float(value) if value >= 0 else None
-    if isinstance(value, str):
-        match = _DURATION.match(value)
-        if match:
-            return float(match.group(1)) * _UNITS[match.group(2)]
-    return None
 
 
 class OptionReader:
@@ -1367,17 +1361,20 @@ def parse_tool_arguments(value: Any) -> tuple[dict[str, Any], str | None]:  # no
     any other text (invalid JSON, or JSON that is not an object) gives ``{}`` and the text as
     written, so the loop can report ``invalid_arguments`` to the model. Absent or blank
     arguments mean ``{}``. Never raises: a malformed model reply is the model's to correct.
+
+    Strict JSON only: ``NaN`` and ``Infinity`` literals, and objects or arrays nested more than
+    ``MAX_ARGUMENT_DEPTH`` (64) deep, count as invalid, as text and as an object alike.
     """
     if value is None:
         return {}, None
     if isinstance(value, dict):
-        return value, None
+        return (value, None) if argument_problem(value) is None else ({}, dumps_for_raw(value))
     if not isinstance(value, str):
-        return {}, json.dumps(value, separators=(",", ":"), default=str)
+        return {}, dumps_for_raw(value)
     if not value.strip():
         return {}, None
     try:
-        parsed = json.loads(value)
+        parsed = loads_arguments(value)
     except ValueError:
         return {}, value
     if isinstance(parsed, dict):

@@ -6,7 +6,6 @@ and ``mcp`` is imported only when a server is connected.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -77,21 +76,16 @@ def load_servers(path: str | os.PathLike[str]) -> tuple[ServerConfig, ...]:
 
     :raises ConfigError: The file is missing, unreadable or describes servers wrongly.
     """
+    from loopwright import read_yaml  # noqa: PLC0415 - only for server files
+
     file = Path(path)
     try:
-        text = file.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read the MCP server file: {exc}", path=str(file)) from exc
-    try:
-        if file.suffix == ".json":
-            data = json.loads(text)
-        else:
-            from ruamel.yaml import YAML  # noqa: PLC0415 - only for YAML files
-
-            data = YAML(typ="safe").load(text)
-    except Exception as exc:
-        raise ConfigError(f"the MCP server file is not valid {file.suffix[1:] or 'YAML'}: {exc}",
-                          path=str(file)) from exc
+        data = read_yaml(file)  # JSON is YAML; the loader's limits on size, aliases and depth apply
+    except ConfigError as exc:
+        unread = any(p.line is None for p in exc.problems)  # a read error has no position
+        what = "cannot read the MCP server file" if unread else \
+            f"the MCP server file is not valid {file.suffix[1:] or 'YAML'}"
+        raise ConfigError(f"{what}: {exc}", path=str(file), problems=exc.problems) from None
     return parse_servers(data, base_dir=file.parent, source=str(file))
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import inspect
-import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
@@ -228,15 +227,12 @@ def _call_from(raw: Any, where: str, file: str | None) -> ToolCall:
     args = raw.get("arguments", {})
     call_id = raw.get("id") or ""
     if isinstance(args, str):
-        # A string is what the model "wrote": JSON becomes arguments, anything else stays raw
-        # (to test invalid_arguments handling).
-        try:
-            parsed = json.loads(args)
-        except ValueError:
-            parsed = None
-        if isinstance(parsed, Mapping):
-            return ToolCall(id=str(call_id), name=name, arguments=dict(parsed))
-        return ToolCall(id=str(call_id), name=name, arguments={}, raw_arguments=args)
+        from loopwright.http import parse_tool_arguments  # noqa: PLC0415 - httpx only for text arguments
+
+        # A string is what the model "wrote", decoded as every provider decodes it: a JSON object
+        # becomes arguments, anything else stays raw (to test invalid_arguments handling).
+        parsed, raw_args = parse_tool_arguments(args) if args.strip() else ({}, args)
+        return ToolCall(id=str(call_id), name=name, arguments=dict(parsed), raw_arguments=raw_args)
     if args is None:
         args = {}
     if not isinstance(args, Mapping):
@@ -291,18 +287,19 @@ def _error_from(raw: Any, where: str, file: str | None) -> ScriptedError:
 def load_script(path: str | os.PathLike[str]) -> list[Any]:
     """Read replies from a YAML file: a list of replies, or a mapping with a ``replies`` list.
 
-    :raises ConfigError: The file is missing, is not YAML, or holds no list of replies.
+    :raises ConfigError: The file is missing, is not YAML, is over the loader's limits (size,
+        values counting aliases, depth; see :func:`loopwright.read_yaml`), carries a tag other
+        than YAML's plain ones, or holds no list of replies.
     """
-    from ruamel.yaml import YAML  # noqa: PLC0415 - only scripts from files need it
-    from ruamel.yaml.error import YAMLError  # noqa: PLC0415
+    from loopwright import read_yaml  # noqa: PLC0415 - only scripts from files need the YAML machinery
 
     file = Path(path)
     try:
-        data = YAML(typ="safe").load(file.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"cannot read script {file}: {exc.strerror or exc}", path=str(file)) from exc
-    except YAMLError as exc:
-        raise ConfigError(f"script {file} is not valid YAML: {exc}", path=str(file)) from exc
+        data = read_yaml(file)
+    except ConfigError as exc:
+        unread = any(p.line is None for p in exc.problems)  # a read error has no position
+        message = f"cannot read script {file}" if unread else f"script {file} is not valid YAML"
+        raise ConfigError(f"{message}: {exc}", path=str(file), problems=exc.problems) from None
     if isinstance(data, Mapping) and set(data) == {"replies"}:
         data = data["replies"]
     if not isinstance(data, list):
