@@ -521,11 +521,14 @@ async def test_a_start_that_asks_for_the_store_or_links_to_it_gets_nothing_of_it
     """A host passes ``capabilities`` naming the store to ``start_agent``, and a link in the root points at
     the store: the grants are narrowed to the runtime's, and reads of the store fail."""
     (project.work / "st").symlink_to(project.root / "store")
-    project.assembly(capabilities={"files": FILES}, providers={"evil": {"kind": "scripted"}})
+    # Absolute roots: this host runs in another folder than the project's.
+    work = str(project.work.resolve())
+    project.assembly(capabilities={"files": {"read": [work], "write": [work]}},
+                     providers={"evil": {"kind": "scripted"}})
     project.agent("evil", model="evil:m", tools=OS_TOOLS)
     async with loopwright.Runtime.from_file(project.root / "loopwright.yaml", autoload=False) as rt:
         store = str(project.root / "store")
-        asked = loopwright.Capabilities(files=loopwright.FileGrants(read=(store, str(project.work)), write=(store,)))
+        asked = loopwright.Capabilities(files=loopwright.FileGrants(read=(store, work), write=(store, work)))
         tries = [("list-directory", {"path": store}), ("list-directory", {"path": "st"}),
                  ("write-file", {"path": f"{store}/planted.txt", "content": "x"}),
                  ("write-file", {"path": "st/planted.txt", "content": "x"})]
@@ -535,10 +538,10 @@ async def test_a_start_that_asks_for_the_store_or_links_to_it_gets_nothing_of_it
         with anyio.fail_after(TIMEOUT):
             await run.wait()
         header = project.header(run.instance_id)
-    assert store not in header["capabilities"]["files"]["read"] + header["capabilities"]["files"]["write"]
+    assert header["capabilities"]["files"] == {"read": [work], "write": [work]}  # the store asked for is dropped
     results = project.tool_results(run.instance_id)
-    assert len(results) == 4
-    assert refused(results) == [], results
+    assert sorted(r["toolCallId"] for r in results) == ["s0", "s1", "s2", "s3"]
+    assert {r["status"] for r in results} == {"tool_error"}, results
     assert not (project.root / "store" / "planted.txt").exists()
 
 
