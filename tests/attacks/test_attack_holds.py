@@ -253,20 +253,22 @@ READS = 40  # per turn
 TURNS = 5
 
 
-def test_a_symlink_flipped_during_reads_never_lets_the_secret_through(project: Project) -> None:
-    """While the agent reads ``flip/key.txt`` 200 times, a thread swaps ``flip`` between a folder in the
-    root and a link to the secret's folder; no read ever returns the secret."""
+@pytest.mark.parametrize("part", ["folder", "file"])
+def test_a_symlink_flipped_during_reads_never_lets_the_secret_through(project: Project, part: str) -> None:
+    """While the agent reads 200 times, a thread swaps a link between a target in the root and the secret:
+    the folder ``flip`` of ``flip/key.txt``, or the file ``flip`` itself. No read returns the secret."""
     decoy = project.work / "decoy"
     decoy.mkdir()
     (decoy / "key.txt").write_text("harmless")
+    targets = ([project.root / "secret", decoy] if part == "folder" else [project.secret, decoy / "key.txt"])
+    path = "flip/key.txt" if part == "folder" else "flip"
     flip = project.work / "flip"
-    flip.symlink_to(decoy)
+    flip.symlink_to(targets[1])
     stop = threading.Event()
     flips = 0
 
     def flipper() -> None:
         nonlocal flips
-        targets = [project.root / "secret", decoy]
         while not stop.is_set():
             tmp = project.work / f".flip-{flips}"
             tmp.symlink_to(targets[flips % 2])
@@ -276,7 +278,7 @@ def test_a_symlink_flipped_during_reads_never_lets_the_secret_through(project: P
     thread = threading.Thread(target=flipper, daemon=True)
     thread.start()
     try:
-        script = [calls(*[("read-file", {"path": "flip/key.txt"})] * READS) for _ in range(TURNS)]
+        script = [calls(*[("read-file", {"path": path})] * READS) for _ in range(TURNS)]
         _iid, results = run_attack(project, script)
     finally:
         stop.set()
