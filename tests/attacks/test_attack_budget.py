@@ -251,7 +251,8 @@ async def test_a_childs_model_call_ends_with_its_ancestors_time(tmp_path: Path) 
     (tmp_path / "agents" / "stall.yaml").write_text(text.replace("name: bomb", "name: stall").replace(
         "limits: {elapsed: 2s}", "limits: {elapsed: 10m}"))
     (tmp_path / "loopwright.yaml").write_text((tmp_path / "loopwright.yaml").read_text().replace(
-        "agentDefinitions: {bomb: agents/bomb.yaml}", "agentDefinitions: {bomb: agents/bomb.yaml, stall: agents/stall.yaml}"))
+        "agentDefinitions: {bomb: agents/bomb.yaml}",
+        "agentDefinitions: {bomb: agents/bomb.yaml, stall: agents/stall.yaml}"))
     plugin = BomberPlugin(fan_out=0, answer=answer)
     _result, tree = await run_tree(assembly, plugin)
     child = next(h for h in tree["headers"] if h["instanceId"] == state["child"])

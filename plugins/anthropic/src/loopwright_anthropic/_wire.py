@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 import re
 import uuid
 from collections.abc import Mapping, Sequence
@@ -504,7 +505,14 @@ def decode_usage(usage: Any) -> Usage:
 
 
 def _count(value: Any) -> int | None:
+    """Return a token count the API sent, or ``None`` for anything that is not one.
+
+    Not a count: anything but a number, a negative number (it would refund a budget), and NaN or
+    infinity (which ``json.loads`` accepts).
+    """
     if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if (isinstance(value, float) and not math.isfinite(value)) or value < 0:
         return None
     return int(value)
 

@@ -337,8 +337,10 @@ class ResponsesStream:
                 return [StreamDelta(kind="arguments", tool_call_id=call[0], text=delta)]
         elif kind in ("response.function_call_arguments.done", "response.output_item.done"):
             item = obj.get("item") if kind == "response.output_item.done" else obj
-            call = self._call(obj if kind.endswith("arguments.done") else {"item_id": (item or {}).get("id")})
-            arguments = item.get("arguments") if isinstance(item, dict) else None
+            if not isinstance(item, dict):
+                item = {}  # a malformed item settles nothing
+            call = self._call(obj if kind.endswith("arguments.done") else {"item_id": item.get("id")})
+            arguments = item.get("arguments")
             if call is not None and isinstance(arguments, str):
                 call[2][:] = [arguments]  # the whole arguments, as the server settled them
         elif kind in ("response.completed", "response.incomplete"):

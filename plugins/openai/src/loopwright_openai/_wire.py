@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import re
 import uuid
 from collections.abc import Mapping, Sequence
@@ -491,7 +492,14 @@ def usage_from(usage: Any, *, inputs: str, outputs: str) -> Usage:
 
 
 def _count(value: Any) -> int | None:
+    """Return a token count the API sent, or ``None`` for anything that is not one.
+
+    Not a count: anything but a number, a negative number (it would refund a budget), and NaN or
+    infinity (which ``json.loads`` accepts).
+    """
     if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if (isinstance(value, float) and not math.isfinite(value)) or value < 0:
         return None
     return int(value)
 
