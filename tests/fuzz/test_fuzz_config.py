@@ -103,31 +103,21 @@ _TOKENS = [
     "name", "model", "tools", "limits", "store", "providers", "capabilities", "files", "read", "write", "shell",
     "initialPrompts", "toolCalls", "output", "hooks", "plugins", "agentDefinitions", "kind", "s:m", "x",
     ": ", ":", "- ", "-", "[", "]", "{", "}", ",", "&a ", "*a", "&b ", "*b", "<<: ",
-    "!tag ", "!!map ", "? ", "|", ">", "'", '"', "#", "%YAML 1.2\n", "---\n", "...\n", "\t", "  ", "    ", "\n", "\r\n",
+    "!tag ", "!!map ", "!!int ", "!!float ", "!!str ", "!!bool ", "!!seq ", "!!null ", "!!timestamp ",
+    "? ", "|", ">", "'", '"', "#", "%YAML 1.2\n", "---\n", "...\n", "\t", "  ", "    ", "\n", "\r\n",
     "~", "null", "true", "1e9", "0x1F", "-.inf", "1s", "\\", "\x00", "\ufeff", "é", "{{ a }}",
 ]
 YAMLISH = st.lists(st.one_of(st.sampled_from(_TOKENS), st.text(max_size=4)), max_size=60).map("".join)
 
-#: Known failing input classes, in the core loader (reported to issue 8's loader fix; each has a strict
-#: xfail below, so it shows up once fixed):
+#: Input classes the fuzzers found crashing the loader (bare ValueError/IndexError/TypeError), fixed
+#: since, and kept as regression tests below:
 #: 1. an explicit standard tag whose value its constructor cannot build (``!!int x``, ``!!int``, ``!!float abc``,
-#:    ``!!str [1]``) ends in a bare ValueError/IndexError/TypeError, as ``!!python/...`` tags do;
-#: 2. an assembly provider entry that is not a mapping (``providers: {x: null}``) ends in a TypeError in the
-#:    reporter of the ``not: {required: [apiKey, apiKeyEnv]}`` rule.
-KNOWN_TAG_FAILURES = ["!!int x\n", "!!int \n", "!!float abc\n", "!!str [1]\n",
+#:    ``!!str [1]``);
+#: 2. an assembly provider entry that is not a mapping (``providers: {x: null}``), in the reporter of the
+#:    ``not: {required: [apiKey, apiKeyEnv]}`` rule.
+FOUND_TAG_FAILURES = ["!!int x\n", "!!int \n", "!!float abc\n", "!!str [1]\n", "a: !!bool maybe\n",
                       "name: !!int x\nmodel: s:m\n"]
-KNOWN_PROVIDER_FAILURES = ["providers: {x: null}\n", "providers: {x: 5}\n"]
-
-
-def _no_standard_tags(text: str) -> bool:
-    """Filter of known failing class 1 (``!!`` tags); ``!tag`` (a local tag) stays in."""
-    return "!!" not in text
-
-
-def _providers_are_mappings(data: dict[str, Any]) -> bool:
-    """Filter of known failing class 2."""
-    providers = data.get("providers")
-    return not isinstance(providers, dict) or all(isinstance(v, dict) for v in providers.values())
+FOUND_PROVIDER_FAILURES = ["providers: {x: null}\n", "providers: {x: 5}\n"]
 
 
 # -- the properties -------------------------------------------------------------------------------------------
@@ -162,7 +152,7 @@ def _encodable(text: str) -> bool:
 
 @pytest.mark.parametrize("kind", ["definition", "assembly"])
 @fuzz(200)
-@given(text=YAMLISH.filter(_encodable).filter(_no_standard_tags))
+@given(text=YAMLISH.filter(_encodable))
 def test_yamlish_text_loads_or_gives_a_config_error(tmp_path_factory: pytest.TempPathFactory, kind: str,
                                                     text: str) -> None:
     _load(kind, text, tmp_path_factory.mktemp("y"))
@@ -176,7 +166,7 @@ def test_structured_definitions_load_or_give_a_config_error(tmp_path_factory: py
 
 
 @fuzz(100)
-@given(data=document(ASSEMBLY_SCHEMA).filter(_providers_are_mappings))
+@given(data=document(ASSEMBLY_SCHEMA))
 def test_structured_assemblies_load_or_give_a_config_error(tmp_path_factory: pytest.TempPathFactory,
                                                            data: dict[str, Any]) -> None:
     _load("assembly", as_yaml(data), tmp_path_factory.mktemp("a"))
@@ -184,7 +174,7 @@ def test_structured_assemblies_load_or_give_a_config_error(tmp_path_factory: pyt
 
 @fuzz(2)
 @given(defs=st.lists(st.one_of(document(DEFINITION_SCHEMA).map(as_yaml),
-                               YAMLISH.filter(_encodable).filter(_no_standard_tags)), min_size=20, max_size=20))
+                               YAMLISH.filter(_encodable)), min_size=20, max_size=20))
 def test_validate_exits_0_or_2_and_names_each_bad_file(tmp_path_factory: pytest.TempPathFactory,
                                                        defs: list[str]) -> None:
     """``loopwright validate`` over 20 files (one process per example: processes are slow): exit 0 or 2,
@@ -206,15 +196,21 @@ def test_validate_exits_0_or_2_and_names_each_bad_file(tmp_path_factory: pytest.
         assert file in proc.stdout + proc.stderr, (file, proc.stdout, proc.stderr)
 
 
-@pytest.mark.xfail(strict=True, reason="known failing class 1: a standard YAML tag whose value cannot be built "
-                   "ends in a bare ValueError/IndexError/TypeError instead of a ConfigError with a position")
-@pytest.mark.parametrize("text", KNOWN_TAG_FAILURES)
-def test_known_failing_standard_tags(tmp_path: Path, text: str) -> None:
-    _load("definition", text, tmp_path)
+@pytest.mark.parametrize("text", FOUND_TAG_FAILURES)
+def test_standard_tags_that_cannot_be_built_are_config_errors(tmp_path: Path, text: str) -> None:
+    file = tmp_path / "agent.yaml"
+    file.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError) as caught:
+        load_definition(file)
+    _check_error(caught.value, file)
+    assert "!!" in str(caught.value)
 
 
-@pytest.mark.xfail(strict=True, reason="known failing class 2: a provider entry that is not a mapping ends in a "
-                   "TypeError in the loader's reporter of the apiKey/apiKeyEnv rule (_config.py, keyword 'not')")
-@pytest.mark.parametrize("text", KNOWN_PROVIDER_FAILURES)
-def test_known_failing_provider_entries(tmp_path: Path, text: str) -> None:
-    _load("assembly", text, tmp_path)
+@pytest.mark.parametrize("text", FOUND_PROVIDER_FAILURES)
+def test_provider_entries_that_are_not_mappings_are_config_errors(tmp_path: Path, text: str) -> None:
+    file = tmp_path / "loopwright.yaml"
+    file.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError) as caught:
+        load_assembly(file)
+    _check_error(caught.value, file)
+    assert all("not both" not in p.message for p in caught.value.problems)

@@ -33,11 +33,11 @@ import cattrs
 import jsonschema
 import referencing
 from ruamel.yaml import YAML
-from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.comments import CommentedMap, CommentedSeq, TaggedScalar
 from ruamel.yaml.composer import Composer, MaxDepthExceededError
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.events import AliasEvent
-from ruamel.yaml.nodes import MappingNode, SequenceNode
+from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
 from ruamel.yaml.scalarbool import ScalarBoolean
 
 from loopwright._convert import camel, make_converter
@@ -195,6 +195,12 @@ MAX_YAML_DEPTH = 64
 #: The only tags a document may carry: JSON's values, timestamps (read as ISO strings) and merge keys.
 _PLAIN_TAGS = frozenset(f"tag:yaml.org,2002:{t}" for t in (
     "str", "int", "float", "bool", "null", "map", "seq", "timestamp", "merge"))
+_TAG = "tag:yaml.org,2002:"
+#: What an explicitly tagged scalar's text must resolve to on its own for the tag to be buildable
+#: (``!!float 1`` is 1.0; ``!!int x`` or ``!!bool maybe`` cannot be built). ``!!str`` takes any text.
+_BUILDABLE = {f"{_TAG}int": {f"{_TAG}int"}, f"{_TAG}float": {f"{_TAG}int", f"{_TAG}float"},
+              f"{_TAG}bool": {f"{_TAG}bool"}, f"{_TAG}null": {f"{_TAG}null"},
+              f"{_TAG}timestamp": {f"{_TAG}timestamp"}}
 
 
 class _LimitError(MarkedYAMLError):
@@ -231,6 +237,7 @@ class _BoundedComposer(Composer):
                 raise _LimitError(None, None, f"unsupported tag {_shown_tag(tag)}: loopwright reads plain "
                                   "YAML values only (strings, numbers, booleans, null, mappings, lists)",
                                   node.start_mark)
+            self._check_tagged(node, tag)
             children = node.value if isinstance(node, SequenceNode) else (
                 [n for pair in node.value for n in pair] if isinstance(node, MappingNode) else ())
             size = 1 + sum(self._sizes[id(child)] for child in children)
@@ -240,6 +247,23 @@ class _BoundedComposer(Composer):
             raise _LimitError(None, None, f"the document expands to more than {MAX_YAML_NODES:,} values "
                               "(every use of an alias counts what it names)", event.start_mark)
         return node
+
+
+    def _check_tagged(self, node: Any, tag: str) -> None:
+        """Refuse an explicitly tagged node that its tag cannot build (``!!int x``, ``!!str [1]``)."""
+        if tag == f"{_TAG}merge":  # the ``<<`` key itself
+            return
+        kind = {f"{_TAG}map": MappingNode, f"{_TAG}seq": SequenceNode}.get(tag, ScalarNode)
+        if not isinstance(node, kind):
+            given = ("a mapping" if isinstance(node, MappingNode)
+                     else "a list" if isinstance(node, SequenceNode) else "text")
+            raise _LimitError(None, None, f"the tag {_shown_tag(tag)} cannot be given to {given}", node.start_mark)
+        wanted = _BUILDABLE.get(tag)
+        if wanted is not None and isinstance(node, ScalarNode):
+            implicit = str(self.resolver.resolve(ScalarNode, node.value, (True, False)))
+            if implicit not in wanted:
+                raise _LimitError(None, None, f"{node.value!r} is not a valid {_shown_tag(tag)} value",
+                                  node.start_mark)
 
 
 def _shown_tag(tag: str) -> str:
@@ -350,6 +374,8 @@ def _plain(node: Any, path: _PathKey, positions: Positions, line_offset: int) ->
 
 
 def _scalar(node: Any) -> Any:
+    if isinstance(node, TaggedScalar):  # an explicit ``!!str``: its text
+        return str(node.value)
     if isinstance(node, dt.date):  # datetimes too
         return node.isoformat()
     if isinstance(node, ScalarBoolean):  # an anchored boolean is an int subclass
@@ -470,11 +496,12 @@ class _Reporter:
         elif keyword == "additionalProperties" and error.validator_value is False:
             self._unknown_keys(error, path, here)
         elif custom and keyword == "not":
-            # `not: {required: [a, b]}` means "not both": point at the last of them.
-            negated = error.validator_value if isinstance(error.validator_value, Mapping) else {}
-            named = negated.get("required", ())
-            present = [k for k in named if k in error.instance]
-            self.add(custom, (*path, present[-1]) if present else path, key=bool(present))
+            # `not: {required: [a, b]}` means "not both": point at the last of them. On a value that
+            # is not a mapping the rule says nothing (its type is reported on its own).
+            if isinstance(error.instance, Mapping):
+                negated = error.validator_value if isinstance(error.validator_value, Mapping) else {}
+                present = [k for k in negated.get("required", ()) if k in error.instance]
+                self.add(custom, (*path, present[-1]) if present else path, key=bool(present))
         elif custom:
             self.add(custom, path, key=keyword == "required")
         elif keyword in {"oneOf", "anyOf"} and error.context:
