@@ -7,8 +7,9 @@ with random JSON arguments or raw text that is not a JSON object, then answers. 
 back as exactly one tool result with a :class:`ToolStatus` the model sees; arguments that break the
 tool's schema never come back ``success``; and the instance rests (``waiting``), never ``error``.
 
-Not generated here (other parts of issue 8 fix them; see README.md): NaN and infinity, and
-arguments nested thousands deep.
+Non-finite numbers (NaN, infinity, as Python floats and as JSON literals in raw text) and
+arguments nested far deeper than the 64 levels a tool call may hold are generated too: both must
+give ``invalid_arguments``.
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
 
 
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70),
-                    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=10),
+                    st.floats(), st.text(max_size=10),
                     st.sampled_from(["a", "b", "", "0", "1", "true", "null", "{}", "[]"]))
 JSON = st.recursive(SCALARS, lambda inner: st.one_of(
     st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)), max_leaves=16)
@@ -132,7 +133,15 @@ ARGUMENTS = st.dictionaries(KEYS, JSON, max_size=5)
 NAMES = st.one_of(st.sampled_from(TOOLS), st.sampled_from(["", "nope", "task_complete ", "ADD", "add\n"]),
                   st.text(max_size=8))
 RAW = st.one_of(st.text(max_size=40), JSON.map(repr), st.sampled_from(["{", '{"a": 1', "null", "[1]",
-                                                                                     '"x"', "{'a': 1}", "\x00"]))
+                                                                                     '"x"', "{'a': 1}", "\x00",
+                                                                                     '{"a": NaN}', '{"a": -Infinity}',
+                                                                                     '{"a": 1e999}']))
+
+
+def _nested(depth: int, leaf: Any) -> Any:
+    for _ in range(depth):
+        leaf = {"a": leaf}
+    return leaf
 
 
 def _check(host: Host, call: ToolCall) -> None:
@@ -155,6 +164,17 @@ def _check(host: Host, call: ToolCall) -> None:
 @given(name=NAMES, arguments=ARGUMENTS)
 def test_random_json_arguments_get_a_tool_result(host: Host, name: str, arguments: dict[str, Any]) -> None:
     _check(host, ToolCall(id="fz1", name=name, arguments=arguments))
+
+
+@fuzz(30)
+@given(name=NAMES, depth=st.integers(65, 100_000), as_text=st.booleans())
+def test_arguments_nested_too_deep_get_invalid_arguments(host: Host, name: str, depth: int, as_text: bool) -> None:
+    """However deep (up to 100,000 levels), as decoded arguments or as raw text: a result, never ``error``."""
+    if as_text:
+        raw = '{"a": ' * depth + "1" + "}" * depth
+        _check(host, ToolCall(id="fz4", name=name, arguments={}, raw_arguments=raw))
+    else:
+        _check(host, ToolCall(id="fz4", name=name, arguments=_nested(depth, 1)))
 
 
 @fuzz(100)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from loopwright import Message, Transcript, Usage
 
@@ -21,8 +21,16 @@ def _facts(message: Message) -> tuple[int, bool]:
     """Return ``(characters, is_assistant)`` of one message; pure, so the transcript caches it."""
     chars = len(message.content or "")
     for call in message.tool_calls:
-        chars += len(call.name) + len(call.raw_arguments or json.dumps(dict(call.arguments), default=str))
+        chars += len(call.name) + len(call.raw_arguments or _arguments_text(call.arguments))
     return chars, message.role == "assistant"
+
+
+def _arguments_text(arguments: Any) -> str:
+    """Return decoded arguments as JSON text; arguments too deep or odd to encode count as a fixed size."""
+    try:
+        return json.dumps(dict(arguments), default=str)
+    except (RecursionError, ValueError):  # the loop answers such arguments with invalid_arguments
+        return "x" * 64
 
 
 def _all_facts(messages: Sequence[Message]) -> Sequence[tuple[int, bool]]:
