@@ -165,12 +165,16 @@ class _Step:
     key: str = ""
 
 
-def _keyed(value: Any, where: str, file: str | None) -> _Step:
-    """Return the step of ``value``, keyed by a digest of what was written (for the answer marks)."""
+def _keyed(value: Any, where: str, file: str | None, previous: str) -> _Step:
+    """Return the step of ``value``, keyed for the answer marks.
+
+    The key digests what was written for this reply and every reply before it (``previous`` is
+    the key of the one before), so it names the script up to this reply.
+    """
     import hashlib  # noqa: PLC0415 - only scripts need it
 
     step = _step(value, where, file)
-    written = json.dumps(value, sort_keys=True, default=repr)
+    written = previous + json.dumps(value, sort_keys=True, default=repr)
     return attrs.evolve(step, key=hashlib.sha256(written.encode()).hexdigest()[:16])
 
 
@@ -361,12 +365,13 @@ class ScriptedProvider(Provider):
 
     Across processes: each answer's message carries ``provider_data={"scripted": {"script":
     NAME, "reply": N, "key": DIGEST}}`` (N counts from 1, errors included; DIGEST is of the
-    reply as written), and a request whose transcript's latest such mark (of this provider's
-    name) is ahead of the provider skips the replies up to it first, if reply N of the script
-    is still the one marked. A fresh process taking up an instance (``approve``, ``message``, ``resume``)
-    so goes on with the reply after the instance's last answer; in one process nothing is
-    skipped, since the provider is always at or past the marks it wrote. (:class:`FakeProvider`
-    marks nothing: its queue is whatever the test enqueued.)
+    script as written up to reply N), and a request whose transcript's latest such mark (of
+    this provider's name) is ahead of the provider skips the replies up to it first, if the
+    script up to reply N is still the one marked. A fresh process taking up an instance
+    (``approve``, ``message``, ``resume``) so goes on with the reply after the instance's last
+    answer; in one process nothing is skipped, since the provider is always at or past the
+    marks it wrote. (:class:`FakeProvider` marks nothing: its queue is whatever the test
+    enqueued.)
 
     Attributes:
         settings: How the assembly configured it.
@@ -391,7 +396,8 @@ class ScriptedProvider(Provider):
         self.history: list[ModelRequest] = []
         self._queue: collections.deque[_Step] = collections.deque()
         self._served = 0
-        self._key = ""
+        self._key = ""  # the key of the reply served last
+        self._last_key = ""  # the key of the reply enqueued last
         options = self.settings.options
         base = f"$.providers.{self.settings.name}"
         if options.get("replies") is not None and options.get("file") is not None:
@@ -399,13 +405,13 @@ class ScriptedProvider(Provider):
         if options.get("file") is not None:
             file = str(options["file"])
             for i, item in enumerate(load_script(file)):
-                self._queue.append(_keyed(item, f"$[{i}]", file))
+                self._append(_keyed(item, f"$[{i}]", file, self._last_key))
         elif options.get("replies") is not None:
             replies = options["replies"]
             if not isinstance(replies, Sequence) or isinstance(replies, str):
                 raise _problem("replies must be a list", f"{base}.replies", None)
             for i, item in enumerate(replies):
-                self._queue.append(_keyed(item, f"{base}.replies[{i}]", None))
+                self._append(_keyed(item, f"{base}.replies[{i}]", None, self._last_key))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.settings.name!r}, remaining={len(self._queue)})"
@@ -428,7 +434,11 @@ class ScriptedProvider(Provider):
         """
         start = self._served + len(self._queue)
         for i, item in enumerate(replies):
-            self._queue.append(_keyed(item, f"replies[{start + i}]", None))
+            self._append(_keyed(item, f"replies[{start + i}]", None, self._last_key))
+
+    def _append(self, step: _Step) -> None:
+        self._queue.append(step)
+        self._last_key = step.key
 
     def clear(self) -> None:
         """Drop every queued reply (the history is kept)."""
@@ -487,8 +497,8 @@ class ScriptedProvider(Provider):
     def _catch_up(self, messages: Sequence[Message]) -> None:
         """Skip the replies up to the latest mark of this script in ``messages``, if it is ahead.
 
-        Only when the marked reply is still the one the script holds at that place (same key):
-        a script rewritten between processes (say, to hold only what comes next) is not skipped.
+        Only when the script up to the marked reply is still the one marked (same key): a script
+        rewritten between processes (say, to hold only what comes next) is not skipped.
         """
         for message in reversed(messages):
             if message.role != "assistant" or not message.provider_data:
