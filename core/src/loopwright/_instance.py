@@ -50,7 +50,7 @@ from loopwright._types import (
     Usage,
 )
 
-__all__ = ["Instance", "now_iso", "rebuild"]
+__all__ = ["Instance", "entry_totals", "now_iso", "rebuild"]
 
 _message_unstructure = converter.get_unstructure_hook(Message)
 _message_structure = converter.get_structure_hook(Message)
@@ -232,11 +232,7 @@ class _Replay:
         self.seg_cost = 0.0
 
 
-def rebuild(instance: Instance, entries: Sequence[Mapping[str, Any]]) -> None:
-    """Replay an entry log into ``instance``: transcript, counters, usage and cost.
-
-    Tool results of one assistant message are put back in call order.
-    """
+def _replay(entries: Sequence[Mapping[str, Any]]) -> _Replay:
     r = _Replay()
     for entry in entries:
         t = entry.get("t")
@@ -254,6 +250,24 @@ def rebuild(instance: Instance, entries: Sequence[Mapping[str, Any]]) -> None:
                 r.spend(entry["spend"])
         elif t == "spend":
             r.spend(entry)
+    return r
+
+
+def entry_totals(entries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Return the header's totals (``usage``, ``cost``, ``turns``) as an entry log adds them up.
+
+    For a header that lags behind its log (the process was killed before the state changed).
+    """
+    r = _replay(entries)
+    return {"usage": _usage_unstructure(r.usage), "cost": r.cost.amount, "turns": r.turn}
+
+
+def rebuild(instance: Instance, entries: Sequence[Mapping[str, Any]]) -> None:
+    """Replay an entry log into ``instance``: transcript, counters, usage and cost.
+
+    Tool results of one assistant message are put back in call order.
+    """
+    r = _replay(entries)
     instance.transcript = Transcript(_call_order(r.messages))
     instance.usage = r.usage
     instance.cost = r.cost

@@ -499,7 +499,7 @@ async def test_extra_headers_replace_defaults_case_insensitively(fake, make_prov
 
 def test_durations_accept_units():
     """Duration options take seconds or strings with ms/s/m/h."""
-    provider = OpenAIProvider(ProviderSettings(name="oa", kind="openai", options={
+    provider = OpenAIProvider(ProviderSettings(name="oa", kind="openai", api_key="k", options={
         "timeout": "2m", "connectTimeout": "500ms", "retryBaseDelay": 0.25, "keepaliveExpiry": "1h"}))
     options = provider._options
     assert (options.timeout, options.connect_timeout, options.retry_base_delay, options.keepalive_expiry) == (
@@ -554,7 +554,8 @@ def test_quirks_option_is_checked():
     assert problem.path == "$.providers.oa.quirks"
     assert "'bogus'" in problem.message
     assert "splitParallelToolCalls" in problem.message
-    provider = OpenAIProvider(ProviderSettings(name="oa", kind="openai", options={"quirks": "noStreamOptions"}))
+    provider = OpenAIProvider(ProviderSettings(name="oa", kind="openai", api_key="k",
+                                               options={"quirks": "noStreamOptions"}))
     assert provider._options.quirks == frozenset({"noStreamOptions"})
 
 

@@ -27,6 +27,7 @@ from loopwright.http import (
     ToolsCache,
     check_base_url,
     override_headers,
+    require_api_key,
     resolve_api_key,
 )
 from loopwright_openai import _responses, _sse, _wire
@@ -244,6 +245,7 @@ class OpenAIProvider(Provider):
         self.price_provider_id = options.price_provider or (
             "openai" if httpx.URL(base_url).host == "api.openai.com" else None)
         self._headers = headers = _headers(settings, options)
+        require_api_key(settings, "OPENAI_API_KEY", headers, url=base_url)
         self._http = Endpoint(self.url, provider=settings.name, options=options, headers=headers,
                               client=settings.http_client, describe_error=_wire.error_message)
         self._tools = ToolsCache(_responses.encode_tools if self._responses_api else _wire.encode_tools)
