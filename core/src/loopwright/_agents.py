@@ -353,10 +353,13 @@ class Agents:
             if not seconds:
                 raise ToolError("elapsed must be a duration such as 30m or 2h, not 0")
         window = _context_window(run)
+        # Count from the turn the target is in, as the checks read it: a running target's own count
+        # (its saved header lags behind until the segment ends).
+        turn_now = run.inst.turn if run.running else int(header.get("turns") or 0)
         spec = {
             "target": agent_id,
             "contextAt": parse_context_at(context_at, window) if context_at is not None else None,
-            "turnsAt": int(header.get("turns") or 0) + turns if turns is not None else None,
+            "turnsAt": turn_now + turns if turns is not None else None,
             "onFinish": bool(on_finish),
             "elapsedAt": time.time() + seconds if seconds else None,
             "armedAt": now_iso(),

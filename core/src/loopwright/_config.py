@@ -1012,5 +1012,11 @@ def _validate_lines(path: str | Path) -> list[ConfigProblem]:
         except ConfigError as exc:
             problems.extend(exc.problems)
             continue
+        if not problems and isinstance(data, Mapping) and "t" in data and "kind" not in data:
+            # An instance's entry log (entries.jsonl): one clear answer, not a problem per line.
+            return [ConfigProblem(
+                "this is an instance's entry log (entries.jsonl), which loopwright writes and reads back; "
+                "validate checks definitions, assemblies, instance headers (instance.json) and record logs "
+                "(records.jsonl)", file=file, line=number + 1)]
         problems.extend(validate_data("record", data, positions=positions))
     return problems

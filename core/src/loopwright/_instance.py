@@ -50,7 +50,7 @@ from loopwright._types import (
     Usage,
 )
 
-__all__ = ["Instance", "log_totals", "now_iso", "rebuild"]
+__all__ = ["Instance", "entry_totals", "log_totals", "now_iso", "rebuild"]
 
 _message_unstructure = converter.get_unstructure_hook(Message)
 _message_structure = converter.get_structure_hook(Message)
@@ -327,6 +327,15 @@ def log_totals(entries: Sequence[Mapping[str, Any]]) -> tuple[Usage, Cost, int]:
     """Return the usage, the cost and the tool calls started that an entry log holds, over the whole life."""
     r = _replay(entries)
     return r.usage, r.cost, r.tools
+
+
+def entry_totals(entries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Return the header's totals (``usage``, ``cost``, ``turns``) as an entry log adds them up.
+
+    For a header that lags behind its log (the process was killed before the state changed).
+    """
+    r = _replay(entries)
+    return {"usage": _usage_unstructure(r.usage), "cost": r.cost.amount, "turns": r.turn}
 
 
 def _call_order(messages: list[Message]) -> list[Message]:

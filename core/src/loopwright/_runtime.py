@@ -40,7 +40,7 @@ from loopwright._definition import (
     gates_from_json,
     with_gates,
 )
-from loopwright._instance import Instance, log_totals, message_to_json, now_iso, rebuild
+from loopwright._instance import Instance, entry_totals, log_totals, message_to_json, now_iso, rebuild
 from loopwright._loop import Loop
 from loopwright._plugins import PluginHost
 from loopwright._pricing import PriceTable
@@ -551,8 +551,11 @@ class Runtime:
             strategy = factory(dict(spec.options))
         if definition.completion is not None:
             self.verifier(definition.completion.verify)  # an unknown verifier fails the start, not the run
+        model_ref = self.model_ref(definition)
+        # Built now, before any instance exists: an unknown provider or a missing key is bad input.
+        self.provider(self.split_model(model_ref)[0])
         plan = _DefinitionPlan(definition=definition, tools=tools, specs=tuple(t.spec for t in tools.values()),
-                               limits=limits, model_ref=self.model_ref(definition), strategy=strategy,
+                               limits=limits, model_ref=model_ref, strategy=strategy,
                                hooks=self._definition_hooks(definition)
                                if definition.hooks or definition.guardrails else {},
                                gated=any(t.available is not None for t in tools.values()))
@@ -1138,8 +1141,14 @@ class Runtime:
                 for h in headers if state is None or h.get("state") == state]
 
     async def summary(self, instance_id: str) -> dict[str, Any]:
-        """Return one instance's summary (``show``), its ``subtreeCost`` read through its children."""
+        """Return one instance's summary (``show``), its ``subtreeCost`` read through its children.
+
+        The totals of an instance saved as ``running`` and not run here come from its entry log:
+        its header has them only as of its last state change (a killed process saved turns since).
+        """
         header = await self.store.read_header(instance_id)
+        if header.get("state") == State.RUNNING.value and instance_id not in self._runs:
+            header = {**header, **entry_totals(await self.store.read_entries(instance_id))}
         return summary(header, subtree_cost=await self.subtree_cost(instance_id, header))
 
     async def subtree_cost(self, instance_id: str, header: Mapping[str, Any] | None = None) -> float | None:

@@ -180,6 +180,7 @@ __all__ = [
     "override_headers",
     "parse_duration",
     "parse_tool_arguments",
+    "require_api_key",
     "resolve_api_key",
     "ssl_context",
     "status_error",
@@ -567,7 +568,11 @@ def _httpx_error(exc: Exception, request: httpx.Request, *, reading: bool = Fals
         return httpx.ReadTimeout(message, request=request)
     if isinstance(exc, (aiohttp.ClientProxyConnectionError, aiohttp.ClientHttpProxyError)):
         return httpx.ProxyError(message, request=request)
-    if isinstance(exc, (aiohttp.ClientConnectorError, aiohttp.ServerFingerprintMismatch)):  # refused, DNS, TLS
+    if isinstance(exc, aiohttp.ClientConnectorError) and not isinstance(exc, aiohttp.ClientSSLError):
+        # Refused, unreachable, DNS: say it as httpx does, without aiohttp's "ssl:default" (which
+        # it prints for a plain http:// URL too, and reads as a TLS problem).
+        return httpx.ConnectError(_connect_message(exc), request=request)
+    if isinstance(exc, (aiohttp.ClientConnectorError, aiohttp.ServerFingerprintMismatch)):  # TLS
         return httpx.ConnectError(message, request=request)
     if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientResponseError)):
         return httpx.RemoteProtocolError(message, request=request)
@@ -578,6 +583,17 @@ def _httpx_error(exc: Exception, request: httpx.Request, *, reading: bool = Fals
     if isinstance(exc, (ValueError, TypeError)) and not reading:  # a header or method aiohttp refuses
         return httpx.LocalProtocolError(message, request=request)
     return httpx.TransportError(message, request=request)
+
+
+def _connect_message(exc: Any) -> str:
+    """Return "cannot connect to HOST:PORT: REASON" for an aiohttp connector error."""
+    error = exc.os_error
+    number = getattr(error, "errno", None)
+    if isinstance(number, int) and number > 0:
+        reason = os.strerror(number)
+    else:
+        reason = getattr(error, "strerror", None) or str(error) or type(error).__name__
+    return f"cannot connect to {exc.host}:{exc.port}: {reason}"
 
 
 def _connect_timeout(exc: Exception, message: str, request: httpx.Request) -> httpx.TimeoutException:
@@ -830,6 +846,29 @@ def resolve_api_key(settings: ProviderSettings, env: str) -> str | None:
     if settings.api_key is None and settings.base_url is None:
         return os.environ.get(env) or None
     return settings.api_key
+
+
+def require_api_key(settings: ProviderSettings, env: str, headers: Mapping[str, str], *,
+                    url: str, auth_headers: Sequence[str] = ("authorization",)) -> None:
+    """Refuse to call the vendor's own server without a key: raise a ConfigError naming ``env``.
+
+    Call it when the provider is built, so that nothing is dialled: with no ``baseUrl``, no
+    ``apiKey``/``apiKeyEnv``, ``env`` unset (or empty) and none of ``auth_headers`` among the
+    configured ``headers``, every request would be refused (or, offline, fail on the network).
+
+    :param url: The vendor's endpoint, for the message.
+    :raises ConfigError: The key is missing.
+    """
+    if settings.base_url is not None or settings.api_key is not None or os.environ.get(env):
+        return
+    wanted = {h.lower() for h in auth_headers}
+    if any(name.lower() in wanted for name in headers):
+        return
+    raise ConfigError(
+        f"provider {settings.name!r}: the environment variable {env} is not set",
+        problems=[ConfigProblem(
+            f"{url} needs an API key: set {env}, or give the provider apiKeyEnv (or a baseUrl for a "
+            f"server that needs no key)", path=f"$.providers.{settings.name}")])
 
 
 def override_headers(headers: dict[str, str], extra: Mapping[str, str]) -> dict[str, str]:

@@ -72,7 +72,7 @@ async def test_tool_call_round_trip_encoding(fake, make_provider):
         await provider.complete(request(messages, tools=TOOLS))
     body = fake.bodies[0]
     assert body["messages"][2:] == [
-        {"role": "assistant", "content": None, "tool_calls": [
+        {"role": "assistant", "content": "", "tool_calls": [
             {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a":1,"b":2}'}},
             {"id": "call_2", "type": "function", "function": {"name": "add", "arguments": "{not json"}},
         ]},
@@ -499,7 +499,7 @@ async def test_extra_headers_replace_defaults_case_insensitively(fake, make_prov
 
 def test_durations_accept_units():
     """Duration options take seconds or strings with ms/s/m/h."""
-    provider = OpenAIProvider(ProviderSettings(name="oa", kind="openai", options={
+    provider = OpenAIProvider(ProviderSettings(name="oa", kind="openai", api_key="k", options={
         "timeout": "2m", "connectTimeout": "500ms", "retryBaseDelay": 0.25, "keepaliveExpiry": "1h"}))
     options = provider._options
     assert (options.timeout, options.connect_timeout, options.retry_base_delay, options.keepalive_expiry) == (
@@ -554,7 +554,8 @@ def test_quirks_option_is_checked():
     assert problem.path == "$.providers.oa.quirks"
     assert "'bogus'" in problem.message
     assert "splitParallelToolCalls" in problem.message
-    provider = OpenAIProvider(ProviderSettings(name="oa", kind="openai", options={"quirks": "noStreamOptions"}))
+    provider = OpenAIProvider(ProviderSettings(name="oa", kind="openai", api_key="k",
+                                               options={"quirks": "noStreamOptions"}))
     assert provider._options.quirks == frozenset({"noStreamOptions"})
 
 
@@ -582,18 +583,44 @@ LLAMA_JSON_SCHEMA = {"error": {"message": (
     "type": "internal_server_error", "param": None, "code": None}}
 
 
-async def test_null_content_refused_is_learnt(fake, make_provider):
-    """A 500 saying an assistant tool-call content must be a string (llama-cpp-python) makes the
-    provider resend at once with content "", and keep doing so."""
-    messages = [Message(role="user", content="u"),
-                Message(role="assistant", content=None, tool_calls=(ToolCall(id="call_1", name="add"),)),
-                Message(role="tool", content="3", tool_call_id="call_1", name="add")]
-    fake.enqueue(fake.Reply(status=500, body=LLAMA_NULL_CONTENT), fake.completion("ok"), fake.completion("ok"))
+BARE_CALL = [Message(role="user", content="u"),
+             Message(role="assistant", content=None, tool_calls=(ToolCall(id="call_1", name="add"),)),
+             Message(role="tool", content="3", tool_call_id="call_1", name="add")]
+GATEWAY_EMPTY_CONTENT = {"error": {"message": "messages: text content blocks must be non-empty",
+                                   "type": "invalid_request_error"}}
+
+
+async def test_tool_calls_without_text_go_out_with_empty_content_at_once(fake, make_provider):
+    """A fresh provider sends content "" beside tool calls, the shape llama-cpp-python (which refuses
+    null with a 500), vLLM, Ollama, llama.cpp and OpenAI all accept: one request, nothing learnt."""
     async with make_provider(maxRetries=0) as provider:
-        assert (await provider.complete(request(messages, tools=TOOLS))).message.content == "ok"
-        await provider.complete(request(messages, tools=TOOLS))
+        assert (await provider.complete(request(BARE_CALL, tools=TOOLS))).message.content == "ok"
+        assert provider.quirks == frozenset()
+    assert [b["messages"][1] for b in fake.bodies] == [
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": "{}"}}]}]
+
+
+async def test_null_content_refused_is_learnt(fake, make_provider):
+    """Configured to send null, a 500 saying content must be a string (llama-cpp-python) makes the
+    provider resend at once with content "", and keep doing so."""
+    fake.enqueue(fake.Reply(status=500, body=LLAMA_NULL_CONTENT), fake.completion("ok"), fake.completion("ok"))
+    async with make_provider(maxRetries=0, quirks=["nullToolCallContent"]) as provider:
+        assert (await provider.complete(request(BARE_CALL, tools=TOOLS))).message.content == "ok"
+        await provider.complete(request(BARE_CALL, tools=TOOLS))
         assert "emptyToolCallContent" in provider.quirks
     assert [b["messages"][1]["content"] for b in fake.bodies] == [None, "", ""]
+
+
+async def test_empty_content_refused_is_learnt(fake, make_provider):
+    """A 400 saying text content must be non-empty (gateways to Anthropic) makes the provider resend
+    with content null, and keep doing so."""
+    fake.enqueue(fake.Reply(status=400, body=GATEWAY_EMPTY_CONTENT), fake.completion("ok"), fake.completion("ok"))
+    async with make_provider(maxRetries=0) as provider:
+        assert (await provider.complete(request(BARE_CALL, tools=TOOLS))).message.content == "ok"
+        await provider.complete(request(BARE_CALL, tools=TOOLS))
+        assert "nullToolCallContent" in provider.quirks
+    assert [b["messages"][1]["content"] for b in fake.bodies] == ["", None, None]
 
 
 async def test_null_content_error_without_null_content_is_not_learnt(fake, make_provider):

@@ -318,5 +318,5 @@ def test_api_option_is_checked():
 
 def test_responses_url():
     """api: responses posts to {baseUrl}/responses."""
-    provider = OpenAIProvider(ProviderSettings(name="oa", kind="openai", options={"api": "responses"}))
+    provider = OpenAIProvider(ProviderSettings(name="oa", kind="openai", api_key="k", options={"api": "responses"}))
     assert provider.url == "https://api.openai.com/v1/responses"

@@ -101,6 +101,8 @@ async def _follow(settings: CliSettings, agent: AgentRun) -> int:
     """
     settings.instance_id = agent.instance_id
     progress = make_progress(settings)
+    progress.start_from(agent.inst.turn, agent.inst.usage.total_tokens or
+                        agent.inst.usage.input_tokens + agent.inst.usage.output_tokens, agent.inst.cost.amount)
     result, interrupted = await follow(agent, progress)
     settings.streamed_text = progress.streamed_answer()
     code = report(result, settings, turns=agent.inst.turn)
@@ -135,9 +137,11 @@ async def run(settings: CliSettings, definition: str, prompt: str | None, inputs
         return await _follow(settings, agent)
 
 
-async def _decide(settings: CliSettings, instance_id: str, act: Callable[[Runtime], Awaitable[AgentRun]]) -> int:
+async def _decide(settings: CliSettings, instance_id: str, act: Callable[[Runtime], Awaitable[AgentRun]],
+                  stream: bool) -> int:
     async with _runtime(settings) as rt:
         agent = await _lookup(rt, instance_id)
+        agent.stream = stream
         if agent.state is not State.WAITING_FOR_APPROVAL:
             raise CliError(f"instance {instance_id} is {agent.state.value}, not waiting for approval", EXIT_USAGE)
         try:
@@ -150,22 +154,24 @@ async def _decide(settings: CliSettings, instance_id: str, act: Callable[[Runtim
 
 
 @_sync
-async def approve(settings: CliSettings, instance_id: str, call_id: str | None) -> int:
-    """``loopwright approve``: approve held calls, then follow the instance."""
-    return await _decide(settings, instance_id, lambda rt: rt.approve(instance_id, call_id))
+async def approve(settings: CliSettings, instance_id: str, call_id: str | None, stream: bool) -> int:
+    """``loopwright approve``: approve held calls, then follow the instance (``stream``: ask to stream)."""
+    return await _decide(settings, instance_id, lambda rt: rt.approve(instance_id, call_id), stream)
 
 
 @_sync
-async def deny(settings: CliSettings, instance_id: str, call_id: str | None, reason: str | None) -> int:
+async def deny(settings: CliSettings, instance_id: str, call_id: str | None, reason: str | None,
+               stream: bool) -> int:
     """``loopwright deny``: deny held calls (the model sees ``denied: REASON``), then follow the instance."""
-    return await _decide(settings, instance_id, lambda rt: rt.deny(instance_id, call_id, reason))
+    return await _decide(settings, instance_id, lambda rt: rt.deny(instance_id, call_id, reason), stream)
 
 
 @_sync
-async def message(settings: CliSettings, instance_id: str, text: str) -> int:
-    """``loopwright message``: send a message, then follow the instance."""
+async def message(settings: CliSettings, instance_id: str, text: str, stream: bool) -> int:
+    """``loopwright message``: send a message, then follow the instance (``stream``: ask to stream)."""
     async with _runtime(settings) as rt:
         agent = await _lookup(rt, instance_id)
+        agent.stream = stream
         if agent.state is State.WAITING_FOR_APPROVAL and not settings.json:
             click.echo("the message is queued: it is read once the calls waiting for approval are decided",
                        err=True)
@@ -182,10 +188,11 @@ async def message(settings: CliSettings, instance_id: str, text: str) -> int:
 
 
 @_sync
-async def resume(settings: CliSettings, instance_id: str) -> int:
+async def resume(settings: CliSettings, instance_id: str, stream: bool) -> int:
     """``loopwright resume``: continue an instance a crash left running, then follow it."""
     async with _runtime(settings) as rt:
         agent = await _lookup(rt, instance_id)
+        agent.stream = stream
         if agent.state is not State.RUNNING and not settings.json:
             hint = "" if agent.state is State.WAITING_FOR_APPROVAL else (
                 f" (send it a message to go on: loopwright message {instance_id} TEXT)")

@@ -223,44 +223,49 @@ def run_command(settings: CliSettings, definition: str, prompt: str | None, inpu
 @_command("approve")
 @click.argument("instance_id", metavar="ID")
 @click.option("--call", "call_id", metavar="CALL_ID", help="Approve only this call (default: every held call).")
+@click.option("--stream", is_flag=True, help="Ask the provider to stream its answers.")
 @_pass_settings
-def approve_command(settings: CliSettings, instance_id: str, call_id: str | None) -> int:
+def approve_command(settings: CliSettings, instance_id: str, call_id: str | None, stream: bool) -> int:
     """Approve held tool calls of instance ID, then follow it until it rests."""
-    return _invoke("approve", settings, instance_id, call_id)
+    return _invoke("approve", settings, instance_id, call_id, stream)
 
 
 @_command("deny")
 @click.argument("instance_id", metavar="ID")
 @click.option("--call", "call_id", metavar="CALL_ID", help="Deny only this call (default: every held call).")
 @click.option("--reason", help="Why; the model reads it in the call's 'denied' result.")
+@click.option("--stream", is_flag=True, help="Ask the provider to stream its answers.")
 @_pass_settings
-def deny_command(settings: CliSettings, instance_id: str, call_id: str | None, reason: str | None) -> int:
+def deny_command(settings: CliSettings, instance_id: str, call_id: str | None, reason: str | None,
+                 stream: bool) -> int:
     """Deny held tool calls of instance ID, then follow it until it rests."""
-    return _invoke("deny", settings, instance_id, call_id, reason)
+    return _invoke("deny", settings, instance_id, call_id, reason, stream)
 
 
 @_command("message")
 @click.argument("instance_id", metavar="ID")
 @click.argument("text")
+@click.option("--stream", is_flag=True, help="Ask the provider to stream its answers.")
 @_pass_settings
-def message_command(settings: CliSettings, instance_id: str, text: str) -> int:
+def message_command(settings: CliSettings, instance_id: str, text: str, stream: bool) -> int:
     """Send TEXT to instance ID and follow it until it rests.
 
     A message to an instance waiting on ask_user is the answer. While calls wait for approval,
     the message is queued and read once they are decided.
     """
-    return _invoke("message", settings, instance_id, text)
+    return _invoke("message", settings, instance_id, text, stream)
 
 
 @_command("resume")
 @click.argument("instance_id", metavar="ID")
+@click.option("--stream", is_flag=True, help="Ask the provider to stream its answers.")
 @_pass_settings
-def resume_command(settings: CliSettings, instance_id: str) -> int:
+def resume_command(settings: CliSettings, instance_id: str, stream: bool) -> int:
     """Continue instance ID after a crash left it running, and follow it until it rests.
 
     A resting instance is left as it is and its result printed; send it a message to go on.
     """
-    return _invoke("resume", settings, instance_id)
+    return _invoke("resume", settings, instance_id, stream)
 
 
 @_command("cancel")

@@ -73,12 +73,20 @@ def exit_code(result: AgentResult) -> int:
 
 
 def format_cost(amount: float | None, currency: str = "USD") -> str:
-    """``$0.0123``; ``unknown`` when a price is unknown (never shown as 0)."""
+    """``$0.0123``; ``unknown`` when a price is unknown (never shown as 0).
+
+    Amounts under 0.0001 keep two significant digits in fixed notation (``$0.000006``,
+    ``$0.0000012``), never an exponent.
+    """
     if amount is None:
         return "unknown"
-    if currency == "USD":
-        return f"${amount:,.4f}" if amount == 0 or amount >= 0.0001 else f"${amount:.2e}"  # noqa: PLR2004
-    return f"{amount:,.4f} {currency}"
+    text = f"{amount:,.4f}"
+    if 0 < abs(amount) < 0.0001:  # noqa: PLR2004
+        import math  # noqa: PLC0415 - only tiny amounts need it
+
+        digits = 1 - math.floor(math.log10(abs(amount)))
+        text = f"{amount:.{digits}f}".rstrip("0")
+    return f"${text}" if currency == "USD" else f"{text} {currency}"
 
 
 def format_tokens(usage: Mapping[str, Any] | None, unit: str = " tokens") -> str:

@@ -61,14 +61,25 @@ def _args(arguments: Mapping[str, Any] | None) -> str:
     return _short(safe_json(dict(arguments or {})), _ARGS_WIDTH)
 
 
+def _detail(status: str, content: Any) -> str:
+    """Return a failed result's content to show after its status, without the status said twice.
+
+    The loop writes denied and blocked results as ``denied: REASON``; shown as ``-> denied: ...``
+    the prefix is dropped.
+    """
+    text = str(content or "")
+    prefix = f"{status}: "
+    return _short(text.removeprefix(prefix) if text.startswith(prefix) else text, _TEXT_WIDTH)
+
+
 class Progress:
     """A silent progress display; subclasses show events. Used as a context manager.
 
     Attributes:
         turn: The latest turn number seen.
         tool_calls: Tool calls started in this segment.
-        tokens: Tokens used in this segment.
-        cost: Cost of this segment, ``None`` once any price is unknown.
+        tokens: Tokens the instance used, from :meth:`start_from` on.
+        cost: What the instance cost, from :meth:`start_from` on; ``None`` once any price is unknown.
     """
 
     def __init__(self) -> None:
@@ -83,6 +94,10 @@ class Progress:
 
     #: Whether this display prints streamed text as it arrives.
     shows_deltas = False
+
+    def start_from(self, turn: int, tokens: int, cost: float | None) -> None:
+        """Count on from an instance's totals (a continued instance does not start at 0 tokens)."""
+        self.turn, self.tokens, self.cost = turn, tokens, cost
 
     def show_delta(self, text: str) -> None:
         """Show a piece of streamed text (nothing here)."""
@@ -172,7 +187,7 @@ class PlainProgress(Progress):
             self._line(f"{at}{name} {_args(data.get('arguments'))}")
         elif event.kind == "tool_result":
             status = safe_text(data.get("status"))
-            detail = "" if status == "success" else f": {_short(str(data.get('content') or ''), _TEXT_WIDTH)}"
+            detail = "" if status == "success" else f": {_detail(status, data.get('content'))}"
             self._line(f"{at}{name} -> {status}{detail}")
         elif event.kind == "approval":
             self._line(f"{at}{safe_text(data.get('tool'))} waits for approval: "
@@ -251,6 +266,11 @@ class LiveProgress(Progress):
         return (f"turn {self.turn or 1} · {calls} · {self.tokens:,} tokens · "
                 f"cost {format_cost(self.cost)}")
 
+    def start_from(self, turn: int, tokens: int, cost: float | None) -> None:
+        """Count on from an instance's totals, and show them from the first frame."""
+        super().start_from(turn, tokens, cost)
+        self._spinner.update(text=self._status())
+
     def event(self, event: Event) -> None:
         """Take one event and refresh the spinner line."""
         super().event(event)
@@ -269,7 +289,7 @@ class LiveProgress(Progress):
             if data.get("status") == "success":
                 self._console.print(f"  [green]✓ {name}[/]", highlight=False)
             else:
-                detail = escape(_short(str(data.get("content") or ""), _TEXT_WIDTH))
+                detail = escape(_detail(safe_text(data.get("status")), data.get("content")))
                 self._console.print(f"  [red]✗ {name} {escape(safe_text(data.get('status')))}[/]: {detail}",
                                     highlight=False)
         elif event.kind == "approval":

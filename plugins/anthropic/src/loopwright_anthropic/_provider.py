@@ -21,6 +21,7 @@ from loopwright.http import (
     ToolsCache,
     check_base_url,
     override_headers,
+    require_api_key,
     resolve_api_key,
 )
 from loopwright_anthropic import _wire
@@ -204,6 +205,8 @@ class AnthropicProvider(Provider):
         self.price_provider_id = options.price_provider or (
             "anthropic" if httpx.URL(base_url).host == "api.anthropic.com" else None)
         self._headers = headers = _headers(settings, options)
+        require_api_key(settings, "ANTHROPIC_API_KEY", headers, url=base_url,
+                        auth_headers=("x-api-key", "authorization"))
         self._http = Endpoint(self.url, provider=settings.name, options=options, headers=headers,
                               client=settings.http_client, describe_error=_describe_error,
                               request_id_header="request-id")

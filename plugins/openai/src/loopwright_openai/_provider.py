@@ -27,6 +27,7 @@ from loopwright.http import (
     ToolsCache,
     check_base_url,
     override_headers,
+    require_api_key,
     resolve_api_key,
 )
 from loopwright_openai import _responses, _sse, _wire
@@ -51,6 +52,11 @@ _NO_STREAM_WITH_TOOLS = re.compile(
 # valid string"; Mistral's templates ...).
 _NULL_REFUSED = re.compile(
     r"valid string|must be a string|(?:not|n't) be null|null is not|none is not|expected (?:a )?string",
+    re.IGNORECASE)
+# A server refusing ``content: ""`` beside tool calls (gateways in front of Anthropic or Gemini:
+# 400 "text content blocks must be non-empty", "... text: Field required").
+_EMPTY_REFUSED = re.compile(
+    r"non-empty|must not be empty|cannot be empty|can't be empty|empty (?:text|content)|text\W+field required",
     re.IGNORECASE)
 
 
@@ -215,8 +221,10 @@ class OpenAIProvider(Provider):
     :data:`~loopwright_openai._wire.QUIRKS`); the provider then turns that quirk on for good and
     sends the request again at once, without counting a retry. It learns ``noStreamOptions``
     from a 400/422 naming ``stream_options``, ``noStreamWithTools`` from a refusal to stream
-    with tools (or an empty stream answering a request with tools), ``emptyToolCallContent``
-    from an error about a null ``content``, ``jsonObjectFormat`` from an error about
+    with tools (or an empty stream answering a request with tools), ``nullToolCallContent``
+    from an error about an empty ``content`` beside tool calls (``""`` is the default, which
+    every known server accepts), ``emptyToolCallContent`` from an error about a null one when
+    ``nullToolCallContent`` was configured, ``jsonObjectFormat`` from an error about
     ``response_format`` and ``noToolChoiceRequired`` from one about ``tool_choice`` ``required``.
 
     Attributes:
@@ -237,6 +245,7 @@ class OpenAIProvider(Provider):
         self.price_provider_id = options.price_provider or (
             "openai" if httpx.URL(base_url).host == "api.openai.com" else None)
         self._headers = headers = _headers(settings, options)
+        require_api_key(settings, "OPENAI_API_KEY", headers, url=base_url)
         self._http = Endpoint(self.url, provider=settings.name, options=options, headers=headers,
                               client=settings.http_client, describe_error=_wire.error_message)
         self._tools = ToolsCache(_responses.encode_tools if self._responses_api else _wire.encode_tools)
@@ -394,11 +403,16 @@ class OpenAIProvider(Provider):
         lower = text.lower()
         learnt = None
         status = response.status_code
+        # Whether the request holds an assistant turn of tool calls without text, and the error is about content.
+        bare_calls = "content" in lower and any(
+            m.role == "assistant" and m.tool_calls and not m.content for m in request.messages)
         if stream and "noStreamOptions" not in quirks and status in (400, 422) and "stream_options" in lower:
             learnt = "noStreamOptions"  # Groq, Mistral, some gateways
-        elif ("emptyToolCallContent" not in quirks and "content" in lower and _NULL_REFUSED.search(text)
-              and any(m.role == "assistant" and m.tool_calls and m.content is None for m in request.messages)):
-            learnt = "emptyToolCallContent"  # llama-cpp-python
+        elif (bare_calls and "nullToolCallContent" in quirks and "emptyToolCallContent" not in quirks
+              and _NULL_REFUSED.search(text)):
+            learnt = "emptyToolCallContent"  # llama-cpp-python, configured to get null
+        elif bare_calls and "nullToolCallContent" not in quirks and _EMPTY_REFUSED.search(text):
+            learnt = "nullToolCallContent"  # gateways to Anthropic or Gemini
         elif ("jsonObjectFormat" not in quirks and request.output_schema is not None and "response_format" in lower
               and ("json_object" in lower or ("json_schema" in lower and "support" in lower))):
             learnt = "jsonObjectFormat"  # llama-cpp-python: "Input should be 'text' or 'json_object'"

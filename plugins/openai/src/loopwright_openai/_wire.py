@@ -115,7 +115,8 @@ _dumps = json.JSONEncoder(separators=(",", ":"), default=_default).encode
 QUIRKS: Mapping[str, str] = {
     "noStreamOptions": "never send stream_options (usage then comes only if the server sends it anyway)",
     "noStreamWithTools": "answer requests that carry tools in one piece, even when streaming",
-    "emptyToolCallContent": 'send content "" instead of null beside tool calls',
+    "emptyToolCallContent": 'send content "" beside tool calls (the default; it overrides nullToolCallContent)',
+    "nullToolCallContent": 'send content null instead of "" beside tool calls',
     "noToolChoiceRequired": "send toolChoice required as the one tool's name, or as auto when there are several",
     "toolChoiceAuto": "send toolChoice auto when the request has tools and the definition sets none",
     "jsonObjectFormat": "ask for structured output as response_format {type: json_object, schema}",
@@ -123,7 +124,8 @@ QUIRKS: Mapping[str, str] = {
     "splitParallelToolCalls": "send each tool call of a turn as its own assistant message, followed by its result",
 }
 # The quirks that change how messages are encoded.
-_MESSAGE_QUIRKS = frozenset({"emptyToolCallContent", "shortToolCallIds", "splitParallelToolCalls"})
+_MESSAGE_QUIRKS = frozenset({"emptyToolCallContent", "nullToolCallContent", "shortToolCallIds",
+                             "splitParallelToolCalls"})
 _SHORT_ID = re.compile(r"^[A-Za-z0-9]{9}$")
 _BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 
@@ -150,16 +152,18 @@ class APIReportedError(Exception):
 
 
 def encode_message(
-    message: Message, *, empty_tool_call_content: bool = False, short_ids: bool = False,
+    message: Message, *, empty_tool_call_content: bool = True, short_ids: bool = False,
 ) -> dict[str, Any]:
     """Return the wire form of one message.
 
     Assistant messages carry their ``tool_calls`` (arguments as a JSON string: the model's own
     ``raw_arguments`` when it wrote unparseable ones, else the parsed arguments re-encoded);
-    ``content`` is ``null`` only beside tool calls. Tool messages carry ``tool_call_id``.
+    ``content`` is never ``null`` by default: an assistant turn of tool calls only sends
+    ``""``, which every known server accepts, whereas ``null`` fails on llama-cpp-python and
+    Mistral's OpenAI endpoint. Tool messages carry ``tool_call_id``.
 
-    :param empty_tool_call_content: Send ``""`` instead of ``null`` beside tool calls
-        (quirk ``emptyToolCallContent``).
+    :param empty_tool_call_content: Send ``""`` beside tool calls without text; ``False`` sends
+        ``null`` (quirk ``nullToolCallContent``, for a server that refuses empty text).
     :param short_ids: Send call ids through :func:`short_call_id` (quirk ``shortToolCallIds``).
     """
     role = message.role
@@ -261,7 +265,7 @@ def encode_messages(messages: Sequence[Message], *, quirks: frozenset[str] = fro
 
 @functools.cache
 def _quirk_encoder(quirks: frozenset[str]) -> Any:
-    empty = "emptyToolCallContent" in quirks
+    empty = "emptyToolCallContent" in quirks or "nullToolCallContent" not in quirks
     short = "shortToolCallIds" in quirks
 
     def encode(message: Message) -> str:

@@ -3,12 +3,19 @@
 A script is a queue of replies. Each model request takes the next one; a request that finds the
 queue empty fails with a (non-transient) :class:`~loopwright.errors.ProviderError` saying the
 script ran out, so a test that makes more calls than it planned fails loudly.
+
+The ``scripted`` kind also goes on across processes: each answer it gives is marked, in the
+assistant message's ``provider_data``, with its place in the script, and a request whose
+transcript holds a later mark than the provider has reached skips ahead to it. So ``approve``,
+``message`` or ``resume`` from a new process continue the script where the instance left it
+(docs/testing-providers.md).
 """
 
 from __future__ import annotations
 
 import collections
 import inspect
+import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
@@ -70,6 +77,9 @@ Reply: TypeAlias = (
 #: Statuses a scripted ``error`` is transient for when it does not say (as real providers treat them).
 _TRANSIENT = frozenset({408, 429})
 _SERVER_ERRORS = 500
+
+#: The ``provider_data`` key of the mark an answer carries: ``{"script": NAME, "reply": N}``.
+_MARK = "scripted"
 
 _REPLY_KEYS = frozenset({"text", "toolCalls", "finishReason", "usage", "error", "delay", "model"})
 _CALL_KEYS = frozenset({"name", "arguments", "id"})
@@ -152,6 +162,20 @@ class _Step:
 
     outcome: ModelResponse | BaseException | ScriptedError | Callable[[ModelRequest], Any]
     delay: float = 0.0
+    key: str = ""
+
+
+def _keyed(value: Any, where: str, file: str | None, previous: str) -> _Step:
+    """Return the step of ``value``, keyed for the answer marks.
+
+    The key digests what was written for this reply and every reply before it (``previous`` is
+    the key of the one before), so it names the script up to this reply.
+    """
+    import hashlib  # noqa: PLC0415 - only scripts need it
+
+    step = _step(value, where, file)
+    written = previous + json.dumps(value, sort_keys=True, default=repr)
+    return attrs.evolve(step, key=hashlib.sha256(written.encode()).hexdigest()[:16])
 
 
 def _step(value: Any, where: str, file: str | None) -> _Step:
@@ -337,6 +361,16 @@ class ScriptedProvider(Provider):
     At replay: tool calls without an id get ``call_<turn>_<k>``; a zero ``Usage()`` is replaced
     by the estimate (characters / 4); ``model`` defaults to the requested one.
 
+    Across processes: each answer's message carries ``provider_data={"scripted": {"script":
+    NAME, "reply": N, "key": DIGEST}}`` (N counts from 1, errors included; DIGEST is of the
+    script as written up to reply N), and a request whose transcript's latest such mark (of
+    this provider's name) is ahead of the provider skips the replies up to it first, if the
+    script up to reply N is still the one marked. A fresh process taking up an instance
+    (``approve``, ``message``, ``resume``) so goes on with the reply after the instance's last
+    answer; in one process nothing is skipped, since the provider is always at or past the
+    marks it wrote. (:class:`FakeProvider` marks nothing: its queue is whatever the test
+    enqueued.)
+
     Attributes:
         settings: How the assembly configured it.
         history: Every request received, in order, each with a snapshot of its messages (so
@@ -348,6 +382,8 @@ class ScriptedProvider(Provider):
 
     free: ClassVar[bool] = True
     price_provider_id: ClassVar[str | None] = None
+    #: Whether answers carry the mark a fresh process finds its place by (see the class doc).
+    marks_answers: ClassVar[bool] = True
 
     def __init__(self, settings: ProviderSettings | None = None) -> None:
         """Build the provider; the script comes from ``settings.options`` (``replies`` or ``file``).
@@ -358,6 +394,8 @@ class ScriptedProvider(Provider):
         self.history: list[ModelRequest] = []
         self._queue: collections.deque[_Step] = collections.deque()
         self._served = 0
+        self._key = ""  # the key of the reply served last
+        self._last_key = ""  # the key of the reply enqueued last
         options = self.settings.options
         base = f"$.providers.{self.settings.name}"
         if options.get("replies") is not None and options.get("file") is not None:
@@ -365,13 +403,13 @@ class ScriptedProvider(Provider):
         if options.get("file") is not None:
             file = str(options["file"])
             for i, item in enumerate(load_script(file)):
-                self._queue.append(_step(item, f"$[{i}]", file))
+                self._append(_keyed(item, f"$[{i}]", file, self._last_key))
         elif options.get("replies") is not None:
             replies = options["replies"]
             if not isinstance(replies, Sequence) or isinstance(replies, str):
                 raise _problem("replies must be a list", f"{base}.replies", None)
             for i, item in enumerate(replies):
-                self._queue.append(_step(item, f"{base}.replies[{i}]", None))
+                self._append(_keyed(item, f"{base}.replies[{i}]", None, self._last_key))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.settings.name!r}, remaining={len(self._queue)})"
@@ -394,7 +432,11 @@ class ScriptedProvider(Provider):
         """
         start = self._served + len(self._queue)
         for i, item in enumerate(replies):
-            self._queue.append(_step(item, f"replies[{start + i}]", None))
+            self._append(_keyed(item, f"replies[{start + i}]", None, self._last_key))
+
+    def _append(self, step: _Step) -> None:
+        self._queue.append(step)
+        self._last_key = step.key
 
     def clear(self) -> None:
         """Drop every queued reply (the history is kept)."""
@@ -408,6 +450,8 @@ class ScriptedProvider(Provider):
         :raises BaseException: The reply is an exception instance: it is raised as it is.
         """
         self.history.append(attrs.evolve(request, messages=tuple(request.messages)))
+        if self.marks_answers:
+            self._catch_up(request.messages)
         if not self._queue:
             raise ProviderError(
                 f"the script ran out: all {self._served} scripted replies were used, and request "
@@ -418,6 +462,7 @@ class ScriptedProvider(Provider):
             )
         step = self._queue.popleft()
         self._served += 1
+        self._key = step.key
         if step.delay:
             await anyio.sleep(step.delay)
         outcome: Any = step.outcome
@@ -440,7 +485,34 @@ class ScriptedProvider(Provider):
                 retry_after=outcome.retry_after,
                 transient=outcome.transient,
             )
-        return _finish(outcome, request)
+        response = _finish(outcome, request)
+        if not self.marks_answers:
+            return response
+        mark = {_MARK: {"script": self.settings.name, "reply": self._served, "key": self._key}}
+        message = attrs.evolve(response.message, provider_data={**(response.message.provider_data or {}), **mark})
+        return attrs.evolve(response, message=message)
+
+    def _catch_up(self, messages: Sequence[Message]) -> None:
+        """Skip the replies up to the latest mark of this script in ``messages``, if it is ahead.
+
+        Only when the script up to the marked reply is still the one marked (same key): a script
+        rewritten between processes (say, to hold only what comes next) is not skipped.
+        """
+        for message in reversed(messages):
+            if message.role != "assistant" or not message.provider_data:
+                continue
+            mark = message.provider_data.get(_MARK)
+            if not isinstance(mark, Mapping) or mark.get("script") != self.settings.name:
+                continue
+            reached = mark.get("reply")
+            if not isinstance(reached, int) or isinstance(reached, bool):
+                return
+            ahead = reached - self._served
+            if 0 < ahead <= len(self._queue) and self._queue[ahead - 1].key == mark.get("key"):
+                for _ in range(ahead):
+                    self._queue.popleft()
+                self._served = reached
+            return
 
     @property
     def script(self) -> Sequence[Any]:
@@ -461,7 +533,11 @@ class FakeProvider(ScriptedProvider):
         assert fake.history[1].messages[-1].role == "tool"
 
     The ``fake_provider`` pytest fixture is one of these, registered as provider ``fake``.
+    It marks no answer and skips nothing: a test resuming an instance in a new runtime
+    enqueues the replies that come next.
     """
+
+    marks_answers: ClassVar[bool] = False
 
     def __init__(self, *replies: Reply, settings: ProviderSettings | None = None) -> None:
         """Build a fake provider holding ``replies`` (default name and kind: ``fake``)."""
