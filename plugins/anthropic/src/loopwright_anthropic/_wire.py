@@ -523,9 +523,9 @@ def map_stop_reason(raw: str | None, *, has_tool_calls: bool = False) -> str:
     ``end_turn``, ``stop_sequence`` and ``pause_turn`` are ``stop``; ``tool_use`` is
     ``tool_calls``; ``max_tokens`` and ``model_context_window_exceeded`` are ``length``;
     ``refusal`` is ``content_filter``. Other values are kept as the API wrote them. A missing
-    reason is ``tool_calls`` when the message has tool calls, else ``stop``.
+    (or empty) reason is ``tool_calls`` when the message has tool calls, else ``stop``.
     """
-    if raw is None:
+    if not raw:  # missing, or an empty string: the same
         return "tool_calls" if has_tool_calls else "stop"
     return _STOP_REASONS.get(raw, raw)
 

@@ -518,9 +518,9 @@ def map_finish_reason(raw: str | None, *, has_tool_calls: bool = False) -> str:
 
     ``stop``, ``length`` and ``content_filter`` map to themselves, ``tool_calls`` and the legacy
     ``function_call`` to ``tool_calls``; other values are kept as the API wrote them. A missing
-    reason is ``tool_calls`` when the message has tool calls, else ``stop``.
+    (or empty) reason is ``tool_calls`` when the message has tool calls, else ``stop``.
     """
-    if raw is None:
+    if not raw:  # missing, or an empty string: the same
         return "tool_calls" if has_tool_calls else "stop"
     return _FINISH_REASONS.get(raw, raw)
 

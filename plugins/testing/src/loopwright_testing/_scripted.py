@@ -174,7 +174,10 @@ def _keyed(value: Any, where: str, file: str | None, previous: str) -> _Step:
     import hashlib  # noqa: PLC0415 - only scripts need it
 
     step = _step(value, where, file)
-    written = previous + json.dumps(value, sort_keys=True, default=repr)
+    try:
+        written = previous + json.dumps(value, sort_keys=True, default=repr)
+    except (RecursionError, ValueError):  # a reply built in Python that no file can hold: unique to this object
+        written = f"{previous}<reply {id(value)}>"
     return attrs.evolve(step, key=hashlib.sha256(written.encode()).hexdigest()[:16])
 
 
