@@ -129,7 +129,6 @@ than that limit closes every connection that falls idle, and the next request re
 default therefore keeps as many connections alive as it may open (``maxKeepaliveConnections``
 defaults to ``maxConnections``); idle ones still close after ``keepalive_expiry``.
 
-
 The code lives in the private package ``loopwright._http``, one module per concern (transports,
 options, errors, server-sent events, the endpoint); this module is its public face: import every
 name in ``__all__`` from here.
