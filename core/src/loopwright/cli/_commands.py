@@ -18,7 +18,7 @@ import click
 
 from loopwright._runtime import AgentRun, Runtime, summary
 from loopwright._types import State
-from loopwright.cli._main import EXIT_OK, EXIT_USAGE, CliError
+from loopwright.cli._exits import EXIT_OK, EXIT_USAGE, CliError
 from loopwright.cli._output import echo_json, print_instance, print_instances, print_plugins, report
 from loopwright.cli._progress import follow, make_progress, terminal_approver
 from loopwright.display import safe_json, safe_text

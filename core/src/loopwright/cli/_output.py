@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from loopwright._types import State, StopReason
-from loopwright.cli._main import EXIT_APPROVAL, EXIT_CANCELLED, EXIT_ERROR, EXIT_OK
+from loopwright.cli._exits import EXIT_APPROVAL, EXIT_CANCELLED, EXIT_ERROR, EXIT_OK
 from loopwright.display import safe_json, safe_text
 
 if TYPE_CHECKING:
