@@ -73,7 +73,6 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import anyio
 
-from loopwright._plugins import hookimpl
 from loopwright.abc import Store, StoreSettings
 from loopwright.builtins.file_store import Lease, _check_id, _encode_line
 from loopwright.errors import (
@@ -83,6 +82,7 @@ from loopwright.errors import (
     InstanceNotFoundError,
     StoreError,
 )
+from loopwright.hookspecs import hookimpl
 
 if TYPE_CHECKING:
     import sqlite3  # noqa: TC004 - imported at run time by _import_sqlite3(), on first use

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
-from loopwright._plugins import hookimpl
 from loopwright._tools import Tool, tool
+from loopwright.hookspecs import hookimpl
 
 __all__ = ["AWAIT_USER", "ask_user", "task_complete", "todowrite"]
 
