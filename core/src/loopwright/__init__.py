@@ -185,7 +185,7 @@ _LAZY: dict[str, str] = {
 
 def __getattr__(name: str) -> Any:
     if name == "__version__":
-        from importlib.metadata import version  # noqa: PLC0415
+        from importlib.metadata import version  # noqa: PLC0415 - metadata only when __version__ is asked for
 
         return version("loopwright-core")
     module = _LAZY.get(name)

@@ -125,7 +125,7 @@ def loopwright_register_stores(register: Callable[..., None]) -> None:
 def _import_sqlite3() -> None:
     """Import :mod:`sqlite3` on first use: every runtime registers this plugin, few open a database."""
     global sqlite3  # noqa: PLW0603 - bound once; ``except sqlite3.Error`` is only evaluated after it
-    import sqlite3  # noqa: PLC0415
+    import sqlite3  # noqa: PLC0415 - sqlite3 only when the sqlite store is used
 
 
 def _encode(instance_id: str, item: object, what: str) -> str:

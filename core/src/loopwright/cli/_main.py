@@ -124,7 +124,7 @@ class _Group(click.Group):
 
 def _plugin_command(settings: CliSettings, name: str) -> click.Command | None:
     from loopwright._runtime import Runtime  # noqa: PLC0415 - only when a plugin command is asked for
-    from loopwright.errors import LoopwrightError  # noqa: PLC0415
+    from loopwright.errors import LoopwrightError  # noqa: PLC0415 - keeps this module to click and the stdlib
 
     try:
         runtime = Runtime.from_file(settings.assembly_path())
@@ -303,8 +303,8 @@ class _Duration(click.ParamType):  # type: ignore[type-arg]
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
         if isinstance(value, (int, float)):
             return float(value)
-        from loopwright._config import parse_duration  # noqa: PLC0415 - only when the option is given
-        from loopwright.errors import ConfigError  # noqa: PLC0415
+        from loopwright._duration import parse_duration  # noqa: PLC0415 - only when the option is given
+        from loopwright.errors import ConfigError  # noqa: PLC0415 - keeps this module to click and the stdlib
 
         try:
             return parse_duration(value)
