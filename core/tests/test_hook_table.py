@@ -172,3 +172,26 @@ EXPECTED_ORDER: list[str] = [
     "on_state_change waiting",
     "on_runtime_close",
 ]
+
+
+def test_unregister_removes_what_the_plugin_registered_and_nothing_else() -> None:
+    """PluginHost.unregister drops the plugin's hooks and components; another plugin's stay."""
+    add = _add()
+
+    class Tools:
+        @hookimpl
+        def loopwright_register_tools(self, register: Any) -> None:
+            register(add)
+
+        @hookimpl
+        def loopwright_on_message(self) -> None:
+            pass
+
+    host = PluginHost()
+    host.register(Tools(), "mine")
+    host.register(Everything(), "other")
+    assert "add" in host.tools
+    host.unregister("mine")
+    assert "add" not in host.tools
+    assert [p for p, _f, _a in host.impls("loopwright_on_message")] == ["other"]
+    assert host.plugin_names() == ["other"]

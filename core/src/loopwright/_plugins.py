@@ -112,6 +112,11 @@ class Registry:
         """Return the registered names, sorted."""
         return sorted(self._items)
 
+    def remove_plugin(self, plugin: str) -> None:
+        """Remove every entry that ``plugin`` registered."""
+        for name in [n for n, (_item, p) in self._items.items() if p == plugin]:
+            del self._items[name]
+
     def items(self) -> list[tuple[str, Any, str]]:
         """Return ``(name, item, plugin)`` for every entry, sorted by name."""
         return [(n, i, p) for n, (i, p) in sorted(self._items.items())]
@@ -210,9 +215,7 @@ class PluginHost:
         self.pm.unregister(name=name)
         self._registered_order.remove(name)
         for reg in self._registries():
-            for item_name, _item, plugin in reg.items():
-                if plugin == name:
-                    del reg._items[item_name]  # noqa: SLF001 - the registry's owner
+            reg.remove_plugin(name)
 
     def _check_pending(self) -> None:
         """Reject hook implementations that match no hookspec (a misspelled hook name)."""
