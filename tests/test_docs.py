@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 from pathlib import Path
 
 import loopwright
@@ -27,9 +28,43 @@ def test_every_hookspec_has_a_heading_with_its_signature() -> None:
 
 
 def test_hookspecs_groups_cover_every_spec() -> None:
-    """Each hookspec is classed as a registration, an interceptor or an observer."""
-    grouped = set(hookspecs.REGISTRATIONS) | set(hookspecs.INTERCEPTORS) | set(hookspecs.OBSERVERS)
-    assert grouped == set(_specs())
+    """Each hookspec has one rule in hookspecs.HOOKS: a registration, an interceptor or an observer."""
+    assert set(hookspecs.HOOKS) == set(_specs())
+
+
+_SECTIONS = {
+    hookspecs.HookKind.REGISTRATION: "## Registration hooks",
+    hookspecs.HookKind.INTERCEPTOR: "## Interceptors",
+    hookspecs.HookKind.OBSERVER: "## Observers",
+}
+_DECISION_RE = re.compile(r"`(Modify[A-Za-z]+|Block|Respond|RequireApproval)\(")
+
+
+def _hook_sections() -> dict[str, tuple[str, str]]:
+    """Return ``{hook: (its "## " section heading, its text)}`` from docs/hooks.md."""
+    out: dict[str, tuple[str, str]] = {}
+    section = ""
+    hook = None
+    for line in (DOCS / "hooks.md").read_text().splitlines():
+        if line.startswith("## "):
+            section, hook = line, None
+        elif line.startswith("### loopwright_"):
+            hook = line[4:].split("(")[0]
+            out[hook] = (section, "")
+        elif hook is not None:
+            out[hook] = (section, out[hook][1] + line + "\n")
+    return out
+
+
+def test_hooks_md_follows_the_table() -> None:
+    """docs/hooks.md lists each hook under its kind's section, and each interceptor's decisions are the table's."""
+    sections = _hook_sections()
+    for name, rule in hookspecs.HOOKS.items():
+        section, text = sections[name]
+        assert section == _SECTIONS[rule.kind], name
+        if rule.kind is hookspecs.HookKind.INTERCEPTOR:
+            decisions = text.split("Decisions:", 1)[1]
+            assert set(_DECISION_RE.findall(decisions)) == {d.__name__ for d in rule.decisions}, name
 
 
 def test_public_all_is_sorted_and_complete() -> None:

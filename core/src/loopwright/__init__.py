@@ -37,7 +37,7 @@ if TYPE_CHECKING:
         StoreConfig,
     )
     from loopwright._duration import parse_duration
-    from loopwright._plugins import hookimpl
+    from loopwright._plugins import PluginHost, hookimpl
     from loopwright._retry import parse_retry_after, retry_transient
     from loopwright._runtime import AgentRun, Runtime
     from loopwright._sync import run_agent
@@ -90,6 +90,7 @@ __all__ = [
     "ModifyRequest",
     "ModifyResult",
     "PendingApproval",
+    "PluginHost",
     "PluginSpec",
     "ProviderConfig",
     "ProviderSettings",
@@ -148,6 +149,7 @@ _LAZY: dict[str, str] = {
     "ModifyRequest": "loopwright._decisions",
     "ModifyResult": "loopwright._decisions",
     "PendingApproval": "loopwright._types",
+    "PluginHost": "loopwright._plugins",
     "PluginSpec": "loopwright._definition",
     "ProviderConfig": "loopwright._definition",
     "ProviderSettings": "loopwright.abc",
@@ -170,7 +172,7 @@ _LAZY: dict[str, str] = {
     "ToolStatus": "loopwright._types",
     "Transcript": "loopwright._types",
     "Usage": "loopwright._types",
-    "hookimpl": "loopwright._plugins",
+    "hookimpl": "loopwright.hookspecs",
     "intersect": "loopwright._capabilities",
     "parse_duration": "loopwright._duration",
     "parse_retry_after": "loopwright._retry",
@@ -183,7 +185,7 @@ _LAZY: dict[str, str] = {
 
 def __getattr__(name: str) -> Any:
     if name == "__version__":
-        from importlib.metadata import version  # noqa: PLC0415
+        from importlib.metadata import version  # noqa: PLC0415 - metadata only when __version__ is asked for
 
         return version("loopwright-core")
     module = _LAZY.get(name)

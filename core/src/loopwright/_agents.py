@@ -46,7 +46,7 @@ from loopwright._capabilities import is_within
 from loopwright._definition import gates_of, with_gates
 from loopwright._duration import is_finite_number, parse_duration
 from loopwright._instance import now_iso
-from loopwright._types import State
+from loopwright._types import Event, State
 from loopwright.errors import ConfigError, InstanceLockedError, InstanceNotFoundError, ToolError
 
 if TYPE_CHECKING:
@@ -182,7 +182,7 @@ class Agents:
             raise ToolError(
                 f"{swarm_uri!r} is neither a registered definition (registered: {names}) nor a file "
                 "under this agent's file roots")
-        from loopwright._config import load_definition  # noqa: PLC0415
+        from loopwright._config import load_definition  # noqa: PLC0415 - the loader (YAML, JSON Schema) only for a definition file
 
         try:
             defn = load_definition(path)
@@ -609,7 +609,6 @@ class Monitors:
             self._armed.pop(watcher_id, None)
         alert = {"instanceId": target, "reason": reason, "monitor": dict(spec)}
         rt.queue_record(watcher_id, "monitor", {"instanceId": target, "reason": reason})
-        from loopwright._types import Event  # noqa: PLC0415
 
         run.publish(Event(kind="monitor", instance_id=watcher_id, turn=run.inst.turn, data=alert))
         waiting = self._waiting.get(watcher_id)

@@ -107,7 +107,11 @@ def intersect(parent: Capabilities, requested: Capabilities | None) -> Capabilit
 
 
 def capabilities_to_dict(caps: Capabilities) -> dict[str, Any]:
-    """Return the JSON form saved in an instance header (the ``capabilities`` key)."""
+    """Return the JSON form of ``caps``: the ``capabilities`` key of an instance header, and the YAML form.
+
+    The one serialiser of grants: the loader's converter (``definition_to_dict``) writes
+    capabilities with it too; :func:`capabilities_from_dict` reads it back.
+    """
     return {
         "files": {"read": list(caps.files.read), "write": list(caps.files.write)},
         "shell": caps.shell,

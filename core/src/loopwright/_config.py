@@ -40,6 +40,7 @@ from ruamel.yaml.events import AliasEvent
 from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
 from ruamel.yaml.scalarbool import ScalarBoolean
 
+from loopwright._capabilities import capabilities_to_dict
 from loopwright._convert import camel, make_converter
 from loopwright._definition import (
     Assembly,
@@ -745,17 +746,6 @@ def _structure_capabilities(data: Mapping[str, Any], _t: type) -> Capabilities:
     )
 
 
-def _capabilities_to_dict(capabilities: Capabilities) -> dict[str, Any]:
-    # The YAML form; loopwright._capabilities writes the same shape into instance headers.
-    return {
-        "files": {"read": list(capabilities.files.read), "write": list(capabilities.files.write)},
-        "shell": capabilities.shell,
-        "network": capabilities.network,
-        "agents": {"spawn": capabilities.agents_spawn, "maxDepth": capabilities.agents_max_depth,
-                   "maxAgents": capabilities.agents_max_agents},
-    }
-
-
 def _structure_input(data: Any, _t: type) -> InputSpec:
     if isinstance(data, str):
         return InputSpec(type=data)
@@ -812,7 +802,7 @@ def _converter() -> cattrs.Converter:
     conv.register_unstructure_hook(PluginSpec, lambda p: {"kind": p.kind, **p.options})
     conv.register_unstructure_hook(StoreConfig, lambda s: {"kind": s.kind, **s.options})
     conv.register_unstructure_hook(ProviderConfig, _unstructure_provider)
-    conv.register_unstructure_hook(Capabilities, _capabilities_to_dict)
+    conv.register_unstructure_hook(Capabilities, capabilities_to_dict)
     conv.register_unstructure_hook(InputSpec, _unstructure_input)
     return conv
 

@@ -4,6 +4,9 @@ pluggy calls implementations LIFO and cannot await, so the core walks them itsel
 :meth:`PluginHost.impls`). Interceptors chain Modify decisions and stop at the first Block,
 Respond or RequireApproval; they fail closed. Observers fail open.
 
+Which decisions each interceptor accepts is :data:`loopwright.hookspecs.HOOKS`; nothing here
+keeps a list of its own.
+
 Nothing here runs when a hook has no implementation: callers check the cached implementation
 tuple first, so a run without hooks builds no hook context at all.
 """
@@ -15,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from loopwright._decisions import Block, Decision
+from loopwright.hookspecs import HOOKS, PROJECT, HookKind
 
 __all__ = ["HookOutcome", "intercept", "notify"]
 
@@ -43,18 +47,27 @@ class HookOutcome:
 
 async def intercept(
     impls: Sequence[Impl], values: dict[str, Any], *, hook: str,
-    allowed: tuple[type[Decision], ...], modify: Mapping[type[Decision], Callable[[dict[str, Any], Any], None]],
+    modify: Mapping[type[Decision], Callable[[dict[str, Any], Any], None]],
+    allowed: tuple[type[Decision], ...] | None = None,
 ) -> HookOutcome:
     """Walk interceptor implementations.
 
     :param impls: The implementations, in registration order.
     :param values: The hook's keyword arguments; Modify decisions update it in place.
-    :param hook: The hook's short name, for error reasons.
-    :param allowed: The decision classes this hook point accepts.
+    :param hook: The hook's short name (``before_inference``), for error reasons; it names the
+        rule in :data:`loopwright.hookspecs.HOOKS` that says which decisions the point accepts.
     :param modify: For each Modify class, a function ``(values, decision)`` applying it.
+    :param allowed: Deprecated, the table decides: when given, it must be the table's decisions, in its order.
     :return: The outcome. A raising hook or a decision the point does not accept becomes a
         :class:`Block` (fail closed), recorded like any other decision.
+    :raises ValueError: If ``hook`` is no interceptor, or ``allowed`` disagrees with the table.
     """
+    rule = HOOKS.get(f"{PROJECT}_{hook}")
+    if rule is None or rule.kind is not HookKind.INTERCEPTOR:
+        raise ValueError(f"{hook!r} is not an interceptor hook")
+    if allowed is not None and allowed != rule.decisions:
+        raise ValueError(f"{hook} accepts {rule.decisions} (loopwright.hookspecs.HOOKS), not {allowed}")
+    allowed = rule.decisions
     outcome = HookOutcome(values)
     for plugin, function, argnames in impls:
         try:

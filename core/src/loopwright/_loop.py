@@ -22,6 +22,7 @@ import anyio
 import attrs
 import cattrs
 
+from loopwright._agents import Agents
 from loopwright._arguments import MAX_ARGUMENT_DEPTH, argument_problem, dumps_for_raw
 from loopwright._convert import converter
 from loopwright._decisions import (
@@ -36,6 +37,7 @@ from loopwright._decisions import (
 )
 from loopwright._hooks import intercept, notify
 from loopwright._instance import Instance, message_to_json, now_iso, unanswered_calls
+from loopwright._retry import retry_transient
 from loopwright._tools import ToolContext, run_in_daemon_thread
 from loopwright._types import (
     Cost,
@@ -54,6 +56,7 @@ from loopwright._types import (
     Usage,
 )
 from loopwright.abc import CompactionContext
+from loopwright.builtins.context import render_transcript
 from loopwright.builtins.tools import AwaitUser
 from loopwright.errors import HookBlockedError, ProviderError, RunError, ToolCallDenied, ToolError
 
@@ -504,8 +507,6 @@ class Loop:
         return response, message
 
     async def _call_model(self, run: AgentRun, request: ModelRequest, ref: str) -> tuple[ModelResponse, str]:
-        from loopwright._retry import retry_transient  # noqa: PLC0415 - keeps import order simple
-
         inst = run.inst
         refs = (ref, *inst.definition.fallback_models)
         retries = self.rt.assembly.agent_retry.max_retries
@@ -681,9 +682,6 @@ class Loop:
     async def _summarize(self, run: AgentRun, spent: _Spent, messages: Sequence[Message], instruction: str,
                          model: str | None) -> str:
         """One summary call for a context strategy (``CompactionContext.summarize``)."""
-        from loopwright._retry import retry_transient  # noqa: PLC0415 - keeps import order simple
-        from loopwright.builtins.context import render_transcript  # noqa: PLC0415
-
         inst = run.inst
         defn = inst.definition
         own = self.rt.model_ref(defn)
@@ -867,8 +865,6 @@ class Loop:
 
     def tool_context(self, inst: Instance, tool: Tool, call: ToolCall, timeout: float | None = None) -> ToolContext:
         """Return the :class:`ToolContext` of a call: what ``hold`` and a tool's context parameter get."""
-        from loopwright._agents import Agents  # noqa: PLC0415 - only tools that ask for a context pay
-
         timeout = timeout or tool.timeout or self.rt.limits_for(inst.definition).tool_timeout or 60.0
         return ToolContext(
             instance_id=inst.id, tool_call_id=call.id, grants=inst.grants, base_dir=self.rt.assembly.base_dir,

@@ -35,7 +35,7 @@ from loopwright.errors import PluginError, RegistrationError
 
 __all__ = [
     "BUILTIN_PLUGINS", "ENTRY_POINT_GROUP", "GUARDRAIL_ARGS", "PluginHost", "Registry", "checked_guardrail",
-    "checked_verifier", "hook_set", "hookimpl",
+    "checked_verifier", "hook_set", "hookimpl", "refuse_wrappers",
 ]
 
 ENTRY_POINT_GROUP = "loopwright"
@@ -49,16 +49,16 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "loopwright.builtins.records",
 )
 
-#: Mark a function as an implementation of a ``loopwright_*`` hook.
-hookimpl = pluggy.HookimplMarker(hookspecs.PROJECT)
+#: Mark a function as an implementation of a ``loopwright_*`` hook (defined in :mod:`loopwright.hookspecs`).
+hookimpl = hookspecs.hookimpl
 
+#: The hooks that must not be ``async def`` (registration hooks, per :data:`loopwright.hookspecs.HOOKS`).
 _SYNC_ONLY = frozenset(hookspecs.REGISTRATIONS)
 
 #: The arguments a guardrail may declare (those of ``loopwright_before_tool_call``).
 GUARDRAIL_ARGS: tuple[str, ...] = ("call", "tool", "instance", "turn")
-#: The hooks a definition's hook set may implement (never registration hooks or the runtime's close).
-_DEFINITION_HOOKS: tuple[str, ...] = (
-    *hookspecs.INTERCEPTORS, *(h for h in hookspecs.OBSERVERS if h != "loopwright_on_runtime_close"))
+#: The hooks a definition's hook set may implement (``per_definition`` in :data:`loopwright.hookspecs.HOOKS`).
+_DEFINITION_HOOKS: tuple[str, ...] = tuple(name for name, rule in hookspecs.HOOKS.items() if rule.per_definition)
 
 
 class _Manager(pluggy.PluginManager):
@@ -111,6 +111,11 @@ class Registry:
     def names(self) -> list[str]:
         """Return the registered names, sorted."""
         return sorted(self._items)
+
+    def remove_plugin(self, plugin: str) -> None:
+        """Remove every entry that ``plugin`` registered."""
+        for name in [n for n, (_item, p) in self._items.items() if p == plugin]:
+            del self._items[name]
 
     def items(self) -> list[tuple[str, Any, str]]:
         """Return ``(name, item, plugin)`` for every entry, sorted by name."""
@@ -210,9 +215,7 @@ class PluginHost:
         self.pm.unregister(name=name)
         self._registered_order.remove(name)
         for reg in self._registries():
-            for item_name, _item, plugin in reg.items():
-                if plugin == name:
-                    del reg._items[item_name]  # noqa: SLF001 - the registry's owner
+            reg.remove_plugin(name)
 
     def _check_pending(self) -> None:
         """Reject hook implementations that match no hookspec (a misspelled hook name)."""
@@ -249,6 +252,7 @@ class PluginHost:
             fn = getattr(plugin, hook_name, None)
             if fn is not None and inspect.iscoroutinefunction(fn):
                 raise PluginError(f"{hook_name} must not be async def", plugin_name=name)
+        refuse_wrappers(self.pm, plugin, name)
         try:
             self.pm.register(plugin, name)
         except ValueError as exc:
@@ -342,6 +346,7 @@ def hook_set(plugin: object, label: str, *, plugin_name: str | None = None) -> d
         the object cannot be registered; the error names the plugin and the hook.
     """
     manager = _Manager()
+    refuse_wrappers(manager, plugin, plugin_name or label)
     try:
         manager.register(plugin, label)
         manager.check_pending()
@@ -353,6 +358,30 @@ def hook_set(plugin: object, label: str, *, plugin_name: str | None = None) -> d
         if impls:
             out[hook_name] = tuple((label, h.function, tuple(h.argnames) + tuple(h.kwargnames)) for h in impls)
     return out
+
+
+def refuse_wrappers(manager: pluggy.PluginManager, plugin: object, name: str) -> None:
+    """Refuse ``plugin`` if any of its ``loopwright_*`` implementations is a pluggy wrapper.
+
+    The core walks implementations itself, in registration order (:meth:`PluginHost.impls`), and
+    awaits async ones; a ``wrapper=True`` or ``hookwrapper=True`` generator has no place in that walk.
+    Refused at registration, before the plugin is registered, so it never runs (it is never turned
+    into a Block at call time).
+
+    :raises PluginError: Naming the plugin and the hook.
+    """
+    for attr in dir(plugin):
+        if not attr.startswith(f"{hookspecs.PROJECT}_"):
+            continue
+        opts = manager.parse_hookimpl_opts(plugin, attr)
+        if not opts:
+            continue
+        for option in ("wrapper", "hookwrapper"):
+            if opts.get(option):
+                raise PluginError(
+                    f"hook {attr}: {option}=True implementations are not supported; loopwright calls hooks "
+                    f"in registration order and awaits async ones (write a plain interceptor or observer)",
+                    plugin_name=name)
 
 
 def checked_guardrail(name: str, policy: Callable[..., Any], plugin: str | None) -> Callable[..., Any]:

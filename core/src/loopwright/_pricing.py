@@ -74,7 +74,7 @@ class PriceTable:
             return False
         try:
             from genai_prices import Usage as GUsage  # noqa: PLC0415 - 0.3 s import, lazily
-            from genai_prices import calc_price  # noqa: PLC0415
+            from genai_prices import calc_price  # noqa: PLC0415 - with the line above
             found = calc_price(GUsage(input_tokens=1, output_tokens=1), model_ref=model,
                                provider_id=price_provider)
         except (LookupError, ValueError):

@@ -10,6 +10,7 @@ stops them (an interrupted instance stays ``running`` in the store and ``resume`
 from __future__ import annotations
 
 import collections
+import inspect
 import logging
 import math
 import os
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 import anyio
 import attrs
 
+from loopwright._agents import Monitors
 from loopwright._capabilities import (
     capabilities_from_dict,
     capabilities_to_dict,
@@ -31,6 +33,7 @@ from loopwright._capabilities import (
     intersect,
     resolve_roots,
 )
+from loopwright._decisions import Block, Decision
 from loopwright._definition import (
     DEFAULT_LIMITS,
     Assembly,
@@ -40,11 +43,14 @@ from loopwright._definition import (
     gates_from_json,
     with_gates,
 )
+from loopwright._hooks import notify
 from loopwright._instance import Instance, entry_totals, log_totals, message_to_json, now_iso, rebuild
-from loopwright._loop import Loop
-from loopwright._plugins import PluginHost
+from loopwright._loop import Loop, SegmentEnd, parse_output
+from loopwright._patterns import schema_validator
+from loopwright._plugins import PluginHost, checked_guardrail, checked_verifier, hook_set
 from loopwright._pricing import PriceTable
-from loopwright._types import AgentResult, Cost, Event, Message, Record, State, StopReason, Usage
+from loopwright._template import render, render_value, resolve_inputs
+from loopwright._types import AgentResult, Cost, Event, Message, Record, State, StopReason, ToolCall, Usage
 from loopwright.abc import ProviderSettings, StoreSettings
 from loopwright.errors import (
     ConfigError,
@@ -253,7 +259,6 @@ class Runtime:
     """A loopwright runtime: plugins, a store, providers and record sinks, built from an assembly.
 
     Use it as an async context manager::
-
         async with Runtime.from_file("loopwright.yaml") as rt:
             run = await rt.start_agent("agents/x.yaml", prompt="...")
             result = await run.result()
@@ -368,7 +373,6 @@ class Runtime:
         self._tg_cm = anyio.create_task_group()
         self._tg = await self._tg_cm.__aenter__()
         self._tg.start_soon(self._watch_for_cancel)
-        from loopwright._agents import Monitors  # noqa: PLC0415 - agents are optional per run
 
         self.monitors = Monitors(self)
         self._tg.start_soon(self.monitors.watch)
@@ -397,7 +401,6 @@ class Runtime:
         impls = self.plugins.impls("loopwright_on_runtime_close")
         if not impls:
             return
-        from loopwright._hooks import notify  # noqa: PLC0415
 
         def on_error(plugin: str, exc: BaseException) -> None:
             _log.warning("plugin %r failed in loopwright_on_runtime_close: %s: %s",
@@ -431,8 +434,6 @@ class Runtime:
 
         :raises PluginError: ``verify`` cannot be called with one argument.
         """
-        from loopwright._plugins import checked_verifier  # noqa: PLC0415 - a host call, not on the hot path
-
         self._verifiers[name] = checked_verifier(name, verify, None)
 
     def _verifier_names(self) -> list[str]:
@@ -602,8 +603,6 @@ class Runtime:
         :raises ConfigError: An entry names none of these.
         :raises PluginError: An entry point's hooks do not match their specs.
         """
-        from loopwright._plugins import checked_guardrail, hook_set  # noqa: PLC0415 - only definitions with hooks
-
         host = self.plugins
         loaded = set(host.plugin_names())
         found: dict[str, list[Any]] = {}
@@ -643,12 +642,8 @@ class Runtime:
 
     def output_problems(self, definition: Definition, text: str | None) -> Any:
         """Check a final answer against the definition's ``output`` schema (see ``_loop.parse_output``)."""
-        from loopwright._loop import parse_output  # noqa: PLC0415
-
         plan = self._plan(definition)
         if plan.output_validator is None:
-            from loopwright._patterns import schema_validator  # noqa: PLC0415 - RE2 only for output schemas
-
             # RE2 for patterns: a model-written ``pattern`` must not be able to hang the loop. The
             # loader refused patterns RE2 cannot compile; lenient covers a definition built otherwise.
             plan.output_validator = schema_validator(definition.output or {}, lenient=True)
@@ -721,7 +716,6 @@ class Runtime:
         impls = self.plugins.impls("loopwright_on_record")
         if not impls and not self._sinks:
             return
-        from loopwright._hooks import notify  # noqa: PLC0415
 
         for raw in queued:
             record = Record(kind=raw["kind"], instance_id=instance_id, at=raw["at"], data=raw["data"])
@@ -745,7 +739,7 @@ class Runtime:
         """Return a :class:`Definition` from a path, a registered name, a mapping or a Definition."""
         if isinstance(definition, Definition):
             return definition
-        from loopwright._config import load_definition  # noqa: PLC0415
+        from loopwright._config import load_definition  # noqa: PLC0415 - the loader (YAML, JSON Schema) only for a file
 
         if isinstance(definition, Mapping):
             return load_definition(definition)
@@ -800,8 +794,6 @@ class Runtime:
             ``callerInstanceId``, ``callerToolCallId``, ``delegationPrompt``, ``depth``).
         :param spawner: The live instance that started it: it draws from that instance's tree budget.
         """
-        from loopwright._template import resolve_inputs  # noqa: PLC0415
-
         loop = self.loop
         plan = self._plan(defn)
         values = resolve_inputs(defn, inputs or {})
@@ -846,10 +838,6 @@ class Runtime:
         and the task prompt marked ``task``. So after a crash, ``resume=True`` carries on from the
         first part that was not saved.
         """
-        from loopwright._loop import SegmentEnd  # noqa: PLC0415
-        from loopwright._template import render, render_value  # noqa: PLC0415
-        from loopwright._types import ToolCall  # noqa: PLC0415
-
         loop = self.loop
         inst = run.inst
         defn = inst.definition
@@ -1097,7 +1085,7 @@ class Runtime:
     def _definition_from_header(self, instance_id: str, header: Mapping[str, Any]) -> Definition:
         snapshot = header.get("definition")
         if isinstance(snapshot, Mapping):
-            from loopwright._config import definition_from_dict  # noqa: PLC0415
+            from loopwright._config import definition_from_dict  # noqa: PLC0415 - the loader only to resume a saved definition
 
             try:
                 defn = definition_from_dict(snapshot)
@@ -1244,8 +1232,6 @@ class Runtime:
         inst = run.inst
 
         async def prelude() -> None:
-            from loopwright._loop import SegmentEnd  # noqa: PLC0415
-
             await loop.repair_interrupted(run)
             beginning = self._still_beginning(inst)
             try:
@@ -1525,10 +1511,6 @@ def all_todos_done(messages: Sequence[Message]) -> tuple[bool, str]:
 
 def _guardrail_impl(ref: str, fn: Callable[..., Any]) -> tuple[str, Callable[..., Any], tuple[str, ...]]:
     """Return a guardrail as a before_tool_call implementation (it raises: the walk blocks the call)."""
-    import inspect  # noqa: PLC0415
-
-    from loopwright._decisions import Block, Decision  # noqa: PLC0415
-
     argnames = tuple(inspect.signature(fn).parameters)
 
     async def impl(call: Any, tool: Any, instance: Any, turn: int) -> Any:
@@ -1563,7 +1545,7 @@ def _new_id() -> str:
 
 
 def _definition_snapshot(defn: Definition) -> dict[str, Any]:
-    from loopwright._config import definition_to_dict  # noqa: PLC0415
+    from loopwright._config import definition_to_dict  # noqa: PLC0415 - the loader only to save a definition
 
     return definition_to_dict(defn)
 

@@ -21,12 +21,26 @@ Rules that hold for every hook here:
 
 from __future__ import annotations
 
+import enum
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+import attrs
 import pluggy
 
+from loopwright._decisions import (
+    Block,
+    ModifyInputs,
+    ModifyMessage,
+    ModifyRequest,
+    ModifyResult,
+    RequireApproval,
+    Respond,
+)
+
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, Sequence
+    from collections.abc import Callable, Sequence
     from typing import Any
 
     from loopwright._decisions import Decision
@@ -45,7 +59,15 @@ if TYPE_CHECKING:
         Usage,
     )
 
-__all__ = [
+__all__ = [  # noqa: RUF022 - plainly sorted, as the project's __all__ test checks
+    "HOOKS",
+    "HookKind",
+    "HookRule",
+    "INTERCEPTORS",
+    "OBSERVERS",
+    "PROJECT",
+    "REGISTRATIONS",
+    "hookimpl",
     "hookspec",
     "loopwright_after_inference",
     "loopwright_after_tool_call",
@@ -55,6 +77,7 @@ __all__ = [
     "loopwright_on_cost",
     "loopwright_on_message",
     "loopwright_on_record",
+    "loopwright_on_runtime_close",
     "loopwright_on_state_change",
     "loopwright_on_stream_event",
     "loopwright_register_commands",
@@ -70,6 +93,8 @@ __all__ = [
 
 PROJECT = "loopwright"
 hookspec = pluggy.HookspecMarker(PROJECT)
+#: Mark a function as an implementation of a ``loopwright_*`` hook (also :data:`loopwright.hookimpl`).
+hookimpl = pluggy.HookimplMarker(PROJECT)
 
 # ---------------------------------------------------------------------------------------------
 # Registration hooks: called once, when a Runtime (or the CLI) is built.
@@ -467,29 +492,72 @@ def loopwright_on_runtime_close(runtime: Runtime) -> None:
     """
 
 
-INTERCEPTORS: tuple[str, ...] = (
-    "loopwright_before_inference",
-    "loopwright_after_inference",
-    "loopwright_before_tool_call",
-    "loopwright_after_tool_call",
-    "loopwright_before_compaction",
-)
-OBSERVERS: tuple[str, ...] = (
-    "loopwright_on_message",
-    "loopwright_on_state_change",
-    "loopwright_on_cost",
-    "loopwright_on_stream_event",
-    "loopwright_on_record",
-    "loopwright_on_runtime_close",
-)
-REGISTRATIONS: tuple[str, ...] = (
-    "loopwright_register_providers",
-    "loopwright_register_tools",
-    "loopwright_register_stores",
-    "loopwright_register_context_strategies",
-    "loopwright_register_record_sinks",
-    "loopwright_register_commands",
-    "loopwright_register_guardrails",
-    "loopwright_register_verifiers",
-    "loopwright_register_hooks",
-)
+class HookKind(enum.Enum):
+    """How the core calls a hook (see the module docstring)."""
+
+    #: Called once per plugin when it is loaded, with ``register``; never ``async def``.
+    REGISTRATION = "registration"
+    #: Walked in order; returns a decision or ``None``; fails closed.
+    INTERCEPTOR = "interceptor"
+    #: Called in order; returns nothing; fails open.
+    OBSERVER = "observer"
+
+
+@attrs.frozen
+class HookRule:
+    """What the core does with one hook: the one place these rules live.
+
+    The plugin host (:mod:`loopwright._plugins`), the hook engine (:mod:`loopwright._hooks`) and
+    the docs check (``tests/test_docs.py``) read :data:`HOOKS`; none keeps a list of its own.
+
+    Attributes:
+        kind: Registration, interceptor or observer.
+        decisions: The decision classes an interceptor may return (``None`` is Continue and always
+            allowed); empty for the other kinds. Any other return value blocks the step.
+        per_definition: Whether a definition's ``hooks:`` (a hook set) may implement it: every
+            interceptor and observer but ``loopwright_on_runtime_close``; no registration hook.
+    """
+
+    kind: HookKind
+    decisions: tuple[type[Decision], ...] = ()
+    per_definition: bool = True
+
+
+_REGISTRATION = HookRule(HookKind.REGISTRATION, per_definition=False)
+_OBSERVER = HookRule(HookKind.OBSERVER)
+
+#: Every hookspec of this module, in the order the docs list them, with its :class:`HookRule`.
+HOOKS: Mapping[str, HookRule] = MappingProxyType({
+    "loopwright_register_providers": _REGISTRATION,
+    "loopwright_register_tools": _REGISTRATION,
+    "loopwright_register_stores": _REGISTRATION,
+    "loopwright_register_context_strategies": _REGISTRATION,
+    "loopwright_register_record_sinks": _REGISTRATION,
+    "loopwright_register_commands": _REGISTRATION,
+    "loopwright_register_guardrails": _REGISTRATION,
+    "loopwright_register_verifiers": _REGISTRATION,
+    "loopwright_register_hooks": _REGISTRATION,
+    "loopwright_before_inference": HookRule(HookKind.INTERCEPTOR, (ModifyRequest, Block, Respond)),
+    "loopwright_after_inference": HookRule(HookKind.INTERCEPTOR, (ModifyMessage, Block)),
+    "loopwright_before_tool_call": HookRule(HookKind.INTERCEPTOR, (ModifyInputs, Block, RequireApproval, Respond)),
+    "loopwright_after_tool_call": HookRule(HookKind.INTERCEPTOR, (ModifyResult, Block)),
+    "loopwright_before_compaction": HookRule(HookKind.INTERCEPTOR, (Block,)),
+    "loopwright_on_message": _OBSERVER,
+    "loopwright_on_state_change": _OBSERVER,
+    "loopwright_on_cost": _OBSERVER,
+    "loopwright_on_stream_event": _OBSERVER,
+    "loopwright_on_record": _OBSERVER,
+    "loopwright_on_runtime_close": HookRule(HookKind.OBSERVER, per_definition=False),
+})
+
+
+def _of_kind(kind: HookKind) -> tuple[str, ...]:
+    return tuple(name for name, rule in HOOKS.items() if rule.kind is kind)
+
+
+#: The interceptor hooks, in :data:`HOOKS` order (derived from it).
+INTERCEPTORS: tuple[str, ...] = _of_kind(HookKind.INTERCEPTOR)
+#: The observer hooks, in :data:`HOOKS` order (derived from it).
+OBSERVERS: tuple[str, ...] = _of_kind(HookKind.OBSERVER)
+#: The registration hooks, in :data:`HOOKS` order (derived from it).
+REGISTRATIONS: tuple[str, ...] = _of_kind(HookKind.REGISTRATION)

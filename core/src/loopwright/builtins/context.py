@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from loopwright._plugins import hookimpl
 from loopwright._types import Message, Usage
 from loopwright.abc import ContextStrategy
 from loopwright.errors import ConfigError
+from loopwright.hookspecs import hookimpl
 
 if TYPE_CHECKING:
     from loopwright.abc import CompactionContext

@@ -86,7 +86,6 @@ from typing import TYPE_CHECKING, Any, Final, Self
 import anyio
 import attrs
 
-from loopwright._plugins import hookimpl
 from loopwright.abc import Lease as BaseLease
 from loopwright.abc import Store, StoreSettings
 from loopwright.errors import (
@@ -96,6 +95,7 @@ from loopwright.errors import (
     InstanceNotFoundError,
     StoreError,
 )
+from loopwright.hookspecs import hookimpl
 
 if TYPE_CHECKING:
     from types import TracebackType

@@ -14,10 +14,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from loopwright._plugins import hookimpl
 from loopwright._types import Record
 from loopwright.abc import RecordSink
 from loopwright.errors import ConfigError
+from loopwright.hookspecs import hookimpl
 
 __all__ = ["JsonlSink"]
 

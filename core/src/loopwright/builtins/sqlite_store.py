@@ -73,7 +73,6 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import anyio
 
-from loopwright._plugins import hookimpl
 from loopwright.abc import Store, StoreSettings
 from loopwright.builtins.file_store import Lease, _check_id, _encode_line
 from loopwright.errors import (
@@ -83,6 +82,7 @@ from loopwright.errors import (
     InstanceNotFoundError,
     StoreError,
 )
+from loopwright.hookspecs import hookimpl
 
 if TYPE_CHECKING:
     import sqlite3  # noqa: TC004 - imported at run time by _import_sqlite3(), on first use
@@ -125,7 +125,7 @@ def loopwright_register_stores(register: Callable[..., None]) -> None:
 def _import_sqlite3() -> None:
     """Import :mod:`sqlite3` on first use: every runtime registers this plugin, few open a database."""
     global sqlite3  # noqa: PLW0603 - bound once; ``except sqlite3.Error`` is only evaluated after it
-    import sqlite3  # noqa: PLC0415
+    import sqlite3  # noqa: PLC0415 - sqlite3 only when the sqlite store is used
 
 
 def _encode(instance_id: str, item: object, what: str) -> str:

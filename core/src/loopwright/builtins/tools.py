@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
-from loopwright._plugins import hookimpl
 from loopwright._tools import Tool, tool
+from loopwright.builtins.agent_tools import AGENT_TOOLS
+from loopwright.hookspecs import hookimpl
 
 __all__ = ["AWAIT_USER", "ask_user", "task_complete", "todowrite"]
 
@@ -84,6 +85,4 @@ def todowrite(todos: list[TodoItem]) -> str:
 @hookimpl
 def loopwright_register_tools(register: Any) -> None:
     """Register ``task_complete``, ``ask_user``, ``todowrite`` and the agent tools."""
-    from loopwright.builtins.agent_tools import AGENT_TOOLS  # noqa: PLC0415
-
     register(task_complete, ask_user, todowrite, *AGENT_TOOLS)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,13 +17,16 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import click
 
+from loopwright._plugins import BUILTIN_PLUGINS, ENTRY_POINT_GROUP
 from loopwright._runtime import AgentRun, Runtime, summary
+from loopwright._template import resolve_inputs
 from loopwright._types import State
-from loopwright.cli._main import EXIT_OK, EXIT_USAGE, CliError
+from loopwright.cli._exits import EXIT_OK, EXIT_USAGE, CliError
 from loopwright.cli._output import echo_json, print_instance, print_instances, print_plugins, report
 from loopwright.cli._progress import follow, make_progress, terminal_approver
+from loopwright.cli._worker import worker as serve
 from loopwright.display import safe_json, safe_text
-from loopwright.errors import InstanceNotFoundError, LoopwrightError, StoreError
+from loopwright.errors import ConfigError, InstanceNotFoundError, LoopwrightError, StoreError
 
 if TYPE_CHECKING:
     from loopwright.cli._main import CliSettings
@@ -57,8 +61,6 @@ def _runtime(settings: CliSettings) -> Runtime:
     On an interactive terminal (and without ``--json``), shell commands under an ``approval``
     grant are asked about at the terminal; elsewhere they wait at the loop's approval gate.
     """
-    import sys  # noqa: PLC0415
-
     interactive = not settings.json and sys.stdin.isatty() and sys.stderr.isatty()
     return Runtime.from_file(settings.assembly_path(), shell_approver=terminal_approver if interactive else None)
 
@@ -124,8 +126,6 @@ async def _follow(settings: CliSettings, agent: AgentRun) -> int:
 async def run(settings: CliSettings, definition: str, prompt: str | None, inputs: Mapping[str, str],
               stream: bool) -> int:
     """``loopwright run``: start an instance and follow it until it rests."""
-    from loopwright._template import resolve_inputs  # noqa: PLC0415
-
     async with _runtime(settings) as rt:
         if definition not in rt.assembly.agent_definitions and not Path(definition).exists():  # noqa: ASYNC240
             names = ", ".join(sorted(rt.assembly.agent_definitions))
@@ -257,8 +257,6 @@ async def records(settings: CliSettings, instance_id: str, kinds: Sequence[str])
 @_sync
 async def worker(settings: CliSettings, poll: float, max_concurrent: int, once: bool, grace: float) -> int:
     """``loopwright worker``: run the work other processes leave in the store until stopped."""
-    from loopwright.cli._worker import worker as serve  # noqa: PLC0415
-
     return await serve(settings, poll, max_concurrent, once, grace)
 
 
@@ -275,8 +273,6 @@ _REGISTRY_KEYS = {
 
 def plugins(settings: CliSettings) -> int:
     """``loopwright plugins``: each plugin in load order, where it came from and what it registered."""
-    from loopwright._plugins import BUILTIN_PLUGINS, ENTRY_POINT_GROUP  # noqa: PLC0415
-
     rt = _runtime(settings)
     rt.load_plugins()
     host = rt.plugins
@@ -312,8 +308,7 @@ def plugins(settings: CliSettings) -> int:
 
 def validate(settings: CliSettings, files: Sequence[str], kind: str | None) -> int:
     """``loopwright validate``: every problem of every file; exit 0 if all are valid, else 2."""
-    from loopwright._config import detect_kind, load_yaml, validate_file  # noqa: PLC0415
-    from loopwright.errors import ConfigError  # noqa: PLC0415
+    from loopwright._config import detect_kind, load_yaml, validate_file  # noqa: PLC0415 - the loader only for validate
 
     results: list[dict[str, Any]] = []
     for file in files:

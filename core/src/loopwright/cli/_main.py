@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
+from loopwright.cli._exits import EXIT_APPROVAL, EXIT_CANCELLED, EXIT_ERROR, EXIT_OK, EXIT_USAGE, CliError
+
 if TYPE_CHECKING:
     from loopwright.errors import ConfigError
 
@@ -37,36 +39,11 @@ __all__ = [  # noqa: RUF022 - plainly sorted, as the project's __all__ test chec
     "main",
 ]
 
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_USAGE = 2
-EXIT_APPROVAL = 3
-EXIT_CANCELLED = 130
-
 #: The assembly read when ``-c`` is not given, if it exists (relative to the working folder).
 DEFAULT_CONFIG = Path("loopwright.yaml")
 
 _STATES = ("running", "waiting", "waiting_for_approval", "stopped", "error")
 _FILE_KINDS = ("definition", "assembly", "instance", "record")
-
-
-class CliError(click.ClickException):
-    """A failure reported as one ``error: ...`` line on stderr, with its exit code.
-
-    Attributes:
-        exit_code: The process's exit code (2 for bad input, 1 otherwise).
-    """
-
-    def __init__(self, message: str, exit_code: int = EXIT_ERROR) -> None:
-        """Make the error; ``exit_code`` defaults to 1."""
-        super().__init__(message)
-        self.exit_code = exit_code  # type: ignore[misc]  # click declares it a ClassVar
-
-    def show(self, file: Any = None) -> None:
-        """Print ``error: MESSAGE`` to stderr (or ``file``), made safe to show (it may quote model output)."""
-        from loopwright.display import safe_text  # noqa: PLC0415 - keeps this module to click and the stdlib
-
-        click.echo(f"error: {safe_text(self.format_message(), multiline=True)}", err=file is None, file=file)
 
 
 class CliSettings:
@@ -147,7 +124,7 @@ class _Group(click.Group):
 
 def _plugin_command(settings: CliSettings, name: str) -> click.Command | None:
     from loopwright._runtime import Runtime  # noqa: PLC0415 - only when a plugin command is asked for
-    from loopwright.errors import LoopwrightError  # noqa: PLC0415
+    from loopwright.errors import LoopwrightError  # noqa: PLC0415 - keeps this module to click and the stdlib
 
     try:
         runtime = Runtime.from_file(settings.assembly_path())
@@ -331,8 +308,8 @@ class _Duration(click.ParamType):  # type: ignore[type-arg]
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
         if isinstance(value, (int, float)):
             return float(value)
-        from loopwright._config import parse_duration  # noqa: PLC0415 - only when the option is given
-        from loopwright.errors import ConfigError  # noqa: PLC0415
+        from loopwright._duration import parse_duration  # noqa: PLC0415 - only when the option is given
+        from loopwright.errors import ConfigError  # noqa: PLC0415 - keeps this module to click and the stdlib
 
         try:
             return parse_duration(value)

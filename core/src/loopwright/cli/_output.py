@@ -20,8 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from loopwright._convert import converter
+from loopwright._runtime import result_to_json
 from loopwright._types import State, StopReason
-from loopwright.cli._main import EXIT_APPROVAL, EXIT_CANCELLED, EXIT_ERROR, EXIT_OK
+from loopwright.cli._exits import EXIT_APPROVAL, EXIT_CANCELLED, EXIT_ERROR, EXIT_OK
 from loopwright.display import safe_json, safe_text
 
 if TYPE_CHECKING:
@@ -119,8 +121,6 @@ def _state_text(state: str | None, stop_reason: str | None, limit: str | None = 
 
 def status_line(result: AgentResult, turns: int | None) -> str:
     """One line on where a run left its instance: id, state, stop reason, turns, tokens, cost."""
-    from loopwright._convert import converter  # noqa: PLC0415
-
     state = _state_text(result.state.value, result.stop_reason.value if result.stop_reason else None,
                         result.limit)
     parts = [f"{result.instance_id}: {state}"]
@@ -160,8 +160,6 @@ def report(result: AgentResult, settings: CliSettings, *, turns: int | None, can
 
     :param cancel_command: For ``cancel``: no hint, and exit 0 (the command did what it was asked).
     """
-    from loopwright._runtime import result_to_json  # noqa: PLC0415
-
     code = exit_code(result)
     if settings.json:
         data = result_to_json(result)
@@ -245,9 +243,9 @@ def print_instance(summary: Mapping[str, Any], header: Mapping[str, Any]) -> Non
     rows = _instance_rows(summary, header)
     if is_terminal():
         from rich import box  # noqa: PLC0415 - rich only for terminals
-        from rich.console import Console  # noqa: PLC0415
-        from rich.table import Table  # noqa: PLC0415
-        from rich.text import Text  # noqa: PLC0415
+        from rich.console import Console  # noqa: PLC0415 - rich only for terminals
+        from rich.table import Table  # noqa: PLC0415 - rich only for terminals
+        from rich.text import Text  # noqa: PLC0415 - rich only for terminals
 
         table = Table(show_header=False, box=box.SIMPLE)
         table.add_column(style="bold")
@@ -283,10 +281,10 @@ def print_instances(summaries: Sequence[Mapping[str, Any]]) -> None:
         click.echo("no instances", err=True)
         return
     if is_terminal():
-        from rich import box  # noqa: PLC0415
-        from rich.console import Console  # noqa: PLC0415
-        from rich.table import Table  # noqa: PLC0415
-        from rich.text import Text  # noqa: PLC0415
+        from rich import box  # noqa: PLC0415 - rich only for terminals
+        from rich.console import Console  # noqa: PLC0415 - rich only for terminals
+        from rich.table import Table  # noqa: PLC0415 - rich only for terminals
+        from rich.text import Text  # noqa: PLC0415 - rich only for terminals
 
         table = Table(box=box.SIMPLE_HEAD)
         for name in _LS_COLUMNS:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Self, TextIO
 
 import anyio
 
+from loopwright.cli._output import format_cost, is_terminal
 from loopwright.display import safe_json, safe_text
 
 if TYPE_CHECKING:
@@ -213,8 +214,8 @@ class LiveProgress(Progress):
         super().__init__()
         self._live_on = False
         from rich.console import Console  # noqa: PLC0415 - rich only when a terminal shows it
-        from rich.live import Live  # noqa: PLC0415
-        from rich.spinner import Spinner  # noqa: PLC0415
+        from rich.live import Live  # noqa: PLC0415 - rich only when a terminal shows it
+        from rich.spinner import Spinner  # noqa: PLC0415 - rich only when a terminal shows it
 
         self._console = Console(stderr=True)
         self._spinner = Spinner("dots", text=self._status())
@@ -260,8 +261,6 @@ class LiveProgress(Progress):
         sys.stdout.flush()
 
     def _status(self) -> str:
-        from loopwright.cli._output import format_cost  # noqa: PLC0415
-
         calls = f"{self.tool_calls} tool call{'' if self.tool_calls == 1 else 's'}"
         return (f"turn {self.turn or 1} · {calls} · {self.tokens:,} tokens · "
                 f"cost {format_cost(self.cost)}")
@@ -278,7 +277,7 @@ class LiveProgress(Progress):
 
     def show(self, event: Event) -> None:
         """Print a line above the spinner for tool calls, results and approval requests."""
-        from rich.markup import escape  # noqa: PLC0415
+        from rich.markup import escape  # noqa: PLC0415 - rich only when a terminal shows it
 
         data = event.data
         name = escape(safe_text(data.get("name")))
@@ -298,21 +297,19 @@ class LiveProgress(Progress):
 
     def show_text(self, turn: int | None, text: str) -> None:  # noqa: ARG002 - the spinner shows the turn
         """Print the model's words before its tool calls, dimmed and shortened."""
-        from rich.markup import escape  # noqa: PLC0415
+        from rich.markup import escape  # noqa: PLC0415 - rich only when a terminal shows it
 
         self._console.print(f"[dim]{escape(_short(text, _TEXT_WIDTH))}[/]", highlight=False)
 
     def note(self, text: str) -> None:
         """Print ``text`` above the spinner."""
-        from rich.markup import escape  # noqa: PLC0415
+        from rich.markup import escape  # noqa: PLC0415 - rich only when a terminal shows it
 
         self._console.print(f"[yellow]{escape(safe_text(text, multiline=True))}[/]", highlight=False)
 
 
 def make_progress(settings: CliSettings) -> Progress:
     """Return the display for this process: silent under ``--json``, live on a terminal, plain when piped."""
-    from loopwright.cli._output import is_terminal  # noqa: PLC0415
-
     if settings.json:
         return Progress()
     if is_terminal() and sys.stderr.isatty():

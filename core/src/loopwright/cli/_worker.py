@@ -26,7 +26,7 @@ import click
 
 from loopwright._instance import now_iso
 from loopwright._runtime import Runtime, result_to_json
-from loopwright.cli._main import EXIT_CANCELLED, EXIT_ERROR, EXIT_OK
+from loopwright.cli._exits import EXIT_CANCELLED, EXIT_ERROR, EXIT_OK
 from loopwright.cli._output import status_line
 from loopwright.display import safe_json, safe_text
 from loopwright.errors import InstanceLockedError, InstanceNotFoundError, LoopwrightError

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from loopwright._plugins import hookimpl
+from loopwright import hookimpl
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import httpx
 
-from loopwright._types import StreamDelta
+from loopwright import StreamDelta
 from loopwright.abc import Provider, ProviderSettings
 from loopwright.errors import ConfigError
 from loopwright.http import (
@@ -27,7 +27,7 @@ from loopwright.http import (
 from loopwright_anthropic import _wire
 
 if TYPE_CHECKING:
-    from loopwright._types import ModelRequest, ModelResponse
+    from loopwright import ModelRequest, ModelResponse
     from loopwright.errors import ProviderError
 
 __all__ = ["API_VERSION", "CONTEXT_MANAGEMENT_BETA", "DEFAULT_BASE_URL", "AnthropicProvider"]
@@ -185,7 +185,7 @@ class AnthropicProvider(Provider):
 
     :meth:`complete` retries transient failures (HTTP 408, 409, 429, 5xx including 529
     ``overloaded_error``, timeouts, connection errors; an ``x-should-retry`` header overrides)
-    with :func:`~loopwright._retry.retry_transient`, honouring ``retry-after-ms`` and
+    with :func:`~loopwright.retry_transient`, honouring ``retry-after-ms`` and
     ``Retry-After``, and raises :class:`~loopwright.errors.ProviderError` when it gives up or the
     failure is final. :meth:`stream` retries the same way until the stream has started; a
     stream that breaks off later raises a transient ``ProviderError`` for the loop to handle.

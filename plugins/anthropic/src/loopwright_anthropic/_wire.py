@@ -31,7 +31,7 @@ Wire facts this module relies on (Anthropic's Messages API reference, version ``
 
 Performance contract: a request body is built without re-serialising the history. Each message
 becomes JSON text once (one text per content block, cached on the
-:class:`~loopwright._types.Transcript` under :data:`CACHE_KEY`), each tool list once
+:class:`~loopwright.Transcript` under :data:`CACHE_KEY`), each tool list once
 (:class:`loopwright.http.ToolsCache`). Merging consecutive same-role messages happens when the body is spliced
 together from those pieces, so a cached block never depends on its neighbours.
 """
@@ -48,7 +48,7 @@ from typing import Any
 
 import attrs
 
-from loopwright._types import Message, ModelRequest, ModelResponse, StreamDelta, ToolCall, ToolSpec, Transcript, Usage
+from loopwright import Message, ModelRequest, ModelResponse, StreamDelta, ToolCall, ToolSpec, Transcript, Usage
 from loopwright.http import ToolsCache, parse_tool_arguments
 
 __all__ = [
@@ -247,7 +247,7 @@ def _encode_tool_use(call: ToolCall) -> str:
 def encode_messages(messages: Sequence[Message], encoder: MessageEncoder) -> list[tuple[str, tuple[str, ...]]]:
     """Return ``encoder(m)`` for each message, in order.
 
-    A :class:`~loopwright._types.Transcript` encodes only the messages added since the last
+    A :class:`~loopwright.Transcript` encodes only the messages added since the last
     call (the list returned is its cache: read-only); any other sequence is encoded whole.
     """
     if isinstance(messages, Transcript):

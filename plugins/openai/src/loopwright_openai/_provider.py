@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import attrs
 import httpx
 
-from loopwright._types import StreamDelta
+from loopwright import StreamDelta
 from loopwright.abc import Provider, ProviderSettings
 from loopwright.errors import ConfigError
 from loopwright.http import (
@@ -33,7 +33,7 @@ from loopwright.http import (
 from loopwright_openai import _responses, _sse, _wire
 
 if TYPE_CHECKING:
-    from loopwright._types import ModelRequest, ModelResponse
+    from loopwright import ModelRequest, ModelResponse
     from loopwright.errors import ProviderError
 
 __all__ = ["DEFAULT_BASE_URL", "OpenAIProvider"]
@@ -208,7 +208,7 @@ class OpenAIProvider(Provider):
     asking for it raises :class:`~loopwright.errors.ConfigError` instead of ignoring it.
 
     :meth:`complete` retries transient failures (HTTP 408, 409, 429, 5xx, timeouts, connection
-    errors; an ``x-should-retry`` header overrides) with :func:`~loopwright._retry.retry_transient`,
+    errors; an ``x-should-retry`` header overrides) with :func:`~loopwright.retry_transient`,
     honouring ``retry-after-ms`` and ``Retry-After``, and raises
     :class:`~loopwright.errors.ProviderError` when it gives up or the failure is final.
 

@@ -9,7 +9,7 @@ be told about (``quirks:`` in the assembly). Everything a server may *send* diff
 tool-call ids or indexes, arguments as JSON objects, usage left out ...) is tolerated without one.
 
 Performance contract: a request body is built without re-serialising the history. Each message
-is turned into JSON text once (cached on the :class:`~loopwright._types.Transcript` under
+is turned into JSON text once (cached on the :class:`~loopwright.Transcript` under
 :data:`CACHE_KEY`), each tool list once (:class:`loopwright.http.ToolsCache`), and the body is spliced together
 from those pieces.
 """
@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from loopwright._types import (
+from loopwright import (
     Message,
     ModelRequest,
     ModelResponse,
@@ -244,7 +244,7 @@ def encode_message_json(message: Message) -> str:
 def encode_messages(messages: Sequence[Message], *, quirks: frozenset[str] = frozenset()) -> list[str]:
     """Return the JSON text of each message, in order.
 
-    A :class:`~loopwright._types.Transcript` encodes only the messages added since the last
+    A :class:`~loopwright.Transcript` encodes only the messages added since the last
     call (the list returned is its cache: read-only); any other sequence is encoded whole.
 
     :param quirks: Server quirks (:data:`QUIRKS`); those that change messages are applied, each
@@ -586,7 +586,7 @@ class _StreamedCall:
 class ChatStream:
     """Reassembles a streamed Chat Completions answer: feed it each event's data, in order.
 
-    :meth:`feed` returns the :class:`~loopwright._types.StreamDelta` s each chunk gives (text,
+    :meth:`feed` returns the :class:`~loopwright.StreamDelta` s each chunk gives (text,
     tool-call starts, argument pieces) and :meth:`finish` the whole answer. Reads ``choices[0]``
     only. Tolerates what compatible servers do differently:
 

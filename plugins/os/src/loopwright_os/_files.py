@@ -3,7 +3,7 @@
 Every path is made absolute (a relative one against the working folder: the first writable root
 that is a folder, else the first readable one), then resolved with symlinks followed, and only
 then compared with the roots, themselves resolved against the assembly's folder
-(:func:`loopwright._capabilities.is_within`). So ``../`` and symlinks that lead out of a root
+(:func:`loopwright.capabilities.is_within`). So ``../`` and symlinks that lead out of a root
 reach nothing outside it. Reads need a read or write root, writes a write root. Paths in the
 runtime's store are refused even when a root would cover them (the runtime already refuses such
 assemblies; this is defence in depth).
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loopwright import ToolContext, tool
-from loopwright._capabilities import is_within
+from loopwright.capabilities import is_within
 from loopwright.errors import ToolError
 
 if TYPE_CHECKING:

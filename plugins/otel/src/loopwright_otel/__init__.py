@@ -30,7 +30,7 @@ from loopwright import hookimpl
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
-    from loopwright._types import InstanceInfo
+    from loopwright import InstanceInfo
     from loopwright_otel._sink import OtelSink
 
 __all__ = ["OtelSink", "loopwright_on_state_change", "loopwright_register_record_sinks"]

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import Span, SpanContext, TracerProvider
 
-    from loopwright._types import InstanceInfo, Record
+    from loopwright import InstanceInfo, Record
 
 __all__ = ["OtelSink"]
 

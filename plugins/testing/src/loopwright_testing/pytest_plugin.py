@@ -10,7 +10,7 @@ Fixtures:
     providers and the fake provider registered and no entry-point plugins (so installed
     plugins cannot change the outcome). Async: use it from tests marked ``anyio``.
 ``pm``
-    The runtime's :class:`~loopwright._plugins.PluginHost` (``pm.pm`` is the pluggy manager;
+    The runtime's :class:`~loopwright.PluginHost` (``pm.pm`` is the pluggy manager;
     ``pm.tools``, ``pm.providers`` ... the registries).
 
 Override these to shape the runtime:
@@ -45,8 +45,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
     from pathlib import Path
 
-    from loopwright import Assembly, Runtime
-    from loopwright._plugins import PluginHost
+    from loopwright import Assembly, PluginHost, Runtime
     from loopwright_testing import FakeProvider
 
 __all__ = ["fake_provider", "loopwright_assembly", "loopwright_plugins", "pm", "runtime"]
@@ -75,8 +74,7 @@ def loopwright_plugins() -> Sequence[object]:
 @pytest.fixture
 def loopwright_assembly(tmp_path: Path) -> Assembly:
     """Return the assembly the ``runtime`` fixture opens: a file store under ``tmp_path / "store"``."""
-    from loopwright import Assembly  # noqa: PLC0415
-    from loopwright._definition import StoreConfig  # noqa: PLC0415
+    from loopwright import Assembly, StoreConfig  # noqa: PLC0415
 
     return Assembly(store=StoreConfig(kind="file", options={"path": str(tmp_path / "store")}))
 
