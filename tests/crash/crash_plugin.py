@@ -23,6 +23,8 @@ send_slow      no          no             async, sleeps around the effect
 upload_slow    no          yes            sync (a worker thread), sleeps around it
 lookup         yes         yes            sync, fast
 fetch_slow     yes         yes            async, sleeps around the effect
+wire_slow      no          no             async, sleeps around it; requires approval
+probe_slow     yes         yes            async, sleeps around it; requires approval
 =============  ==========  =============  ========================================
 
 "Slow" is ``LOOPWRIGHT_CRASH_SLOW`` seconds (default 0.3), half before the effect and half after.
@@ -99,7 +101,26 @@ SCRIPTS: dict[str, list[Any]] = {
         [("fetch_slow", {"key": k}) for k in "xyz"],
         "done: burst",
     ],
+    # Held calls, approved (by ``loopwright approve``): a non-idempotent one, then an idempotent
+    # one with an unheld sibling.
+    "approve": [
+        [("wire_slow", {"to": "a"})],
+        [("lookup", {"key": "h"}), ("probe_slow", {"key": "p"})],
+        "done: approve",
+    ],
+    # A held call denied (by ``loopwright deny``) in a turn with an unheld call that runs.
+    "deny": [
+        [("charge", {"amount": 3}), ("wire_slow", {"to": "b"})],
+        [("lookup", {"key": "d"})],
+        "done: deny",
+    ],
 }
+
+#: How the harness decides the held calls of each script (``approve`` or ``deny``).
+DECISIONS: dict[str, str] = {"approve": "approve", "deny": "deny"}
+
+#: The tools that hold every call for approval (``requires_approval``).
+HELD: frozenset[str] = frozenset({"wire_slow", "probe_slow"})
 
 #: The answer after the end of a script.
 PAST_END = "(past the end of the script)"
@@ -111,6 +132,8 @@ TOOL_FLAGS: dict[str, tuple[bool, bool]] = {
     "upload_slow": (False, True),
     "lookup": (True, True),
     "fetch_slow": (True, True),
+    "wire_slow": (False, False),
+    "probe_slow": (True, True),
     "task_complete": (True, True),
 }
 
@@ -295,6 +318,34 @@ async def fetch_slow(key: str, ctx: loopwright.ToolContext) -> str:
     return out
 
 
+@loopwright.tool(parallel_safe=False, requires_approval=True)
+async def wire_slow(to: str, ctx: loopwright.ToolContext) -> str:
+    """Wire money, slowly, once a person approved it (not idempotent).
+
+    Args:
+        to: The recipient.
+    """
+    del to
+    await anyio.sleep(_SLOW / 2)
+    out = _effect(ctx, "wire_slow")
+    await anyio.sleep(_SLOW / 2)
+    return out
+
+
+@loopwright.tool(parallel_safe=True, idempotent=True, requires_approval=True)
+async def probe_slow(key: str, ctx: loopwright.ToolContext) -> str:
+    """Probe a key, slowly, once a person approved it (idempotent).
+
+    Args:
+        key: The key.
+    """
+    del key
+    await anyio.sleep(_SLOW / 2)
+    out = _effect(ctx, "probe_slow")
+    await anyio.sleep(_SLOW / 2)
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # Write points inside the file store
 # ---------------------------------------------------------------------------------------------
@@ -363,7 +414,7 @@ def _append(self: Any, instance_id: str, name: str, items: Any) -> None:
 
 
 def _replace_header(self: Any, instance_id: str, folder: Any, data: bytes) -> None:
-    """``FileStore._replace_header``, counting header writes."""
+    """``FileStore._replace_header``, counting header writes (and holding at the gate, if one is set)."""
     global _writing  # noqa: PLW0603
     if _creating:  # counted by _create
         _original["replace_header"](self, instance_id, folder, data)
@@ -376,6 +427,22 @@ def _replace_header(self: Any, instance_id: str, folder: Any, data: bytes) -> No
         _writing = None
     if found is not None and found[0] == "after":
         die(found[1])
+    if _GATE and n == 1 and json.loads(data).get("state") == "running":
+        _wait_at_gate()
+
+
+#: ``LOOPWRIGHT_CRASH_GATE``: a file; a process that starts running an instance (its first
+#: header write says ``running``: it holds the lease) waits there until the file exists (at most
+#: 60 s). The harness's double resume uses it so that the runner still holds the lease when the
+#: other resume asks for it, however slowly that one starts.
+_GATE = os.environ.get("LOOPWRIGHT_CRASH_GATE", "")
+
+
+def _wait_at_gate() -> None:
+    """Block (the whole process: it holds the lease meanwhile) until the gate file exists."""
+    deadline = time.monotonic() + 60.0  # a hang guard only: the harness opens the gate
+    while not os.path.exists(_GATE) and time.monotonic() < deadline:  # noqa: PTH110
+        time.sleep(0.01)
 
 
 async def _create(self: Any, instance_id: str, header: Any) -> None:
@@ -416,7 +483,7 @@ def _install_store_points() -> None:
     file_store.FileStore.create = _create  # type: ignore[method-assign]
 
 
-if any(p[0] in ("entry", "header", "record") for p in _POINTS):
+if _GATE or any(p[0] in ("entry", "header", "record") for p in _POINTS):
     _install_store_points()
 
 
@@ -432,7 +499,7 @@ def loopwright_register_providers(register: Any) -> None:
 
 @loopwright.hookimpl
 def loopwright_register_tools(register: Any) -> None:
-    register(charge, send_slow, upload_slow, lookup, fetch_slow)
+    register(charge, send_slow, upload_slow, lookup, fetch_slow, wire_slow, probe_slow)
 
 
 if __name__ == "__main__":  # pragma: no cover - a plugin file, not a script
