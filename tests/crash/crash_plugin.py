@@ -25,6 +25,9 @@ lookup         yes         yes            sync, fast
 fetch_slow     yes         yes            async, sleeps around the effect
 wire_slow      no          no             async, sleeps around it; requires approval
 probe_slow     yes         yes            async, sleeps around it; requires approval
+flaky          no          yes            sync; raises after its effect (tool_failed)
+stall          no          yes            async; hangs after its effect (timeout, 0.4 s)
+priced         no          yes            sync; reports its own usage and cost
 =============  ==========  =============  ========================================
 
 "Slow" is ``LOOPWRIGHT_CRASH_SLOW`` seconds (default 0.3), half before the effect and half after.
@@ -114,7 +117,24 @@ SCRIPTS: dict[str, list[Any]] = {
         [("lookup", {"key": "d"})],
         "done: deny",
     ],
+    # Tools that fail, time out and report their own cost; an ask_user the harness answers with
+    # ``loopwright message``.
+    "faults": [
+        [("flaky", {}), ("stall", {}), ("priced", {"units": 3})],
+        [("ask_user", {"question": "go on?"})],
+        [("priced", {"units": 2}), ("lookup", {"key": "f"})],
+        "done: faults",
+    ],
 }
+
+#: The built-in tools scripts call (not in the ledger).
+BUILTINS: frozenset[str] = frozenset({"task_complete", "ask_user"})
+
+#: What the harness answers an ``ask_user`` with (``loopwright message ID TEXT``).
+ANSWER = "yes, go on"
+
+#: The cost ``priced`` reports per unit (USD).
+UNIT_COST = 0.25
 
 #: How the harness decides the held calls of each script (``approve`` or ``deny``).
 DECISIONS: dict[str, str] = {"approve": "approve", "deny": "deny"}
@@ -133,6 +153,10 @@ TOOL_FLAGS: dict[str, tuple[bool, bool]] = {
     "lookup": (True, True),
     "fetch_slow": (True, True),
     "wire_slow": (False, False),
+    "flaky": (False, True),
+    "stall": (False, True),
+    "priced": (False, True),
+    "ask_user": (True, True),
     "probe_slow": (True, True),
     "task_complete": (True, True),
 }
@@ -346,6 +370,37 @@ async def probe_slow(key: str, ctx: loopwright.ToolContext) -> str:
     return out
 
 
+@loopwright.tool(parallel_safe=True)
+def flaky(ctx: loopwright.ToolContext) -> str:
+    """Do something that fails after its effect (not idempotent): the result is ``tool_failed``."""
+    _effect(ctx, "flaky")
+    raise RuntimeError("the flaky tool failed after its effect")
+
+
+#: ``stall``'s timeout (seconds); it sleeps far longer, so only the timeout ends it.
+STALL_TIMEOUT = 0.4
+
+
+@loopwright.tool(parallel_safe=True, timeout=STALL_TIMEOUT)
+async def stall(ctx: loopwright.ToolContext) -> str:
+    """Do something, then hang (not idempotent): the result is ``timeout``."""
+    _effect(ctx, "stall")
+    await anyio.sleep(600)
+    return "never"
+
+
+@loopwright.tool(parallel_safe=True)
+def priced(units: int, ctx: loopwright.ToolContext) -> loopwright.ToolOutput:
+    """Do paid work (not idempotent); reports its own usage and cost (a ``spend`` entry).
+
+    Args:
+        units: How much work (UNIT_COST each).
+    """
+    out = _effect(ctx, "priced")
+    return loopwright.ToolOutput(value=out, usage=loopwright.Usage(input_tokens=units, total_tokens=units),
+                                 cost=loopwright.Cost(amount=units * UNIT_COST))
+
+
 # ---------------------------------------------------------------------------------------------
 # Write points inside the file store
 # ---------------------------------------------------------------------------------------------
@@ -499,7 +554,7 @@ def loopwright_register_providers(register: Any) -> None:
 
 @loopwright.hookimpl
 def loopwright_register_tools(register: Any) -> None:
-    register(charge, send_slow, upload_slow, lookup, fetch_slow, wire_slow, probe_slow)
+    register(charge, send_slow, upload_slow, lookup, fetch_slow, wire_slow, probe_slow, flaky, stall, priced)
 
 
 if __name__ == "__main__":  # pragma: no cover - a plugin file, not a script

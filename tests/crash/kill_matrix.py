@@ -22,6 +22,7 @@ timing, so it is classified afterwards from what is on disk (:func:`classify`).
 from __future__ import annotations
 
 import collections
+import contextlib
 import importlib.util
 import itertools
 import json
@@ -54,6 +55,11 @@ MAX_RESUMES = 8
 #: How long a resume is retried while another process holds the instance's lease.
 LEASE_RETRY_SECONDS = 20.0
 RESTING = {"waiting", "waiting_for_approval", "stopped", "error"}
+#: The price of every script's model (USD per million tokens): each call costs, so the
+#: invariants check that cost is counted exactly once after any kill.
+PRICE = {"input": 1000.0, "output": 2000.0}
+#: The result each failing tool gives when it ran to its end (not interrupted).
+FAILS = {"flaky": "tool_failed", "stall": "timeout"}
 
 
 def _load_plugin() -> Any:
@@ -119,18 +125,37 @@ class Scenario:
     index: int
     script: str
     stages: tuple[Stage, ...]
+    #: The store (:data:`STORES`): ``file``, ``fsync`` (the file store with ``fsync: true``) or ``sqlite``.
+    store: str = "file"
 
     @property
     def name(self) -> str:
         """A folder-friendly name."""
-        return f"s{self.index:04d}-{self.script}"
+        return f"s{self.index:04d}-{self.script}" + ("" if self.store == "file" else f"-{self.store}")
 
     def __str__(self) -> str:
         return f"{self.name} [{' > '.join(str(s) for s in self.stages)}]"
 
 
-#: Scenarios run at every size, one per interesting kill point (and a few chains of them).
-CURATED: tuple[tuple[str, tuple[str, ...]], ...] = (
+#: The stores a scenario can run on, and their assembly entries. The write kill points
+#: (``entry:``, ``header:``, ``record:``) wrap the file store's functions, so ``sqlite`` scenarios
+#: get model, tool and random kills only.
+STORES: dict[str, dict[str, Any]] = {
+    "file": {"kind": "file", "path": "./store"},
+    "fsync": {"kind": "file", "path": "./store", "fsync": True},
+    "sqlite": {"kind": "sqlite", "path": "./store.db"},
+}
+SQLITE_FILE = "store.db"
+
+
+def write_points_work(store: str) -> bool:
+    """Whether the write kill points (which wrap the file store's functions) work on ``store``."""
+    return STORES[store]["kind"] == "file"
+
+
+#: Scenarios run at every size, one per interesting kill point (and a few chains of them):
+#: ``(script, stages)`` on the file store, or ``(script, stages, store)``.
+CURATED: tuple[tuple[Any, ...], ...] = (
     ("mixed", ("model:1",)),                                   # during the first model call
     ("mixed", ("model:4",)),                                   # during a later one
     ("mixed", ("tool:charge:1:after",)),                       # non-idempotent, effect done
@@ -147,14 +172,23 @@ CURATED: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("mixed", ("entry:answer:2:torn",)),                       # torn answer
     ("burst", ("entry:result:3:torn",)),                       # torn tool result
     ("mixed", ("record:3:torn",)),                             # torn record
-    ("mixed", ("header:1:torn",)),                             # known: torn-create
+    ("mixed", ("entry:answer:1:before",)),                     # answer received, not saved
+    ("mixed", ("entry:result:2:before",)),                     # tool done, result not saved
+    ("mixed", ("entry:start:2:torn",)),                        # torn start marker
+    ("complete", ("entry:seg:1:before",)),                     # instance created, nothing in its log
+    ("burst", ("entry:seg:1:torn",)),                          # torn segment entry
+    ("complete", ("entry:prompt:1:before",)),                  # before the prompts are saved
+    ("burst", ("entry:prompt:1:torn",)),                       # torn prompt
+    ("mixed", ("entry:prompt:1:after",)),                      # a prompt saved, the rest not
+    ("complete", ("header:1:before",)),                        # before the first header
+    ("mixed", ("header:1:torn",)),                             # was torn-create
     ("mixed", ("header:2:torn",)),                             # resting header, temp file torn
     ("complete", ("header:2:after",)),                         # resting header renamed, records not
-    ("mixed", ("header:2:rename",)),                           # known: resume-reasks
-    ("complete", ("entry:result:5:after",)),                   # known: resume-reasks
-    ("complete", ("tool:charge:2:after",)),                    # known: resume-reasks
-    ("mixed", ("entry:seg:1:after",)),                         # known: lost-prompt
-    ("mixed", ("entry:answer:2:torn-last",)),                  # known: torn-turn
+    ("mixed", ("header:2:rename",)),                           # was resume-reasks
+    ("complete", ("entry:result:5:after",)),                   # was resume-reasks
+    ("complete", ("tool:charge:2:after",)),                    # was resume-reasks
+    ("mixed", ("entry:seg:1:after",)),                         # was lost-prompt
+    ("mixed", ("entry:answer:2:torn-last",)),                  # was torn-turn
     ("mixed", ("tool:send_slow:1:after", "model:1")),          # killed again in the resume's model call
     ("mixed", ("tool:fetch_slow:1:after", "tool:fetch_slow:1:after")),  # killed in an idempotent re-run
     ("burst", ("tool:upload_slow:1:after", "entry:result:1:after")),    # killed while repairing
@@ -176,6 +210,26 @@ CURATED: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("deny", ("plain", "model:1")),                            # in the model call after the denial
     ("approve", ("plain", "random")),
     ("deny", ("random", "random")),
+    # Tool failures, a timeout, a tool's own cost, and an ask_user answered by `loopwright message`.
+    ("faults", ("tool:flaky:1:after",)),                       # a failing call, after its effect
+    ("faults", ("tool:stall:1:after",)),                       # a call that would time out, in flight
+    ("faults", ("tool:priced:1:after",)),                      # a priced call in flight: no cost counted
+    ("faults", ("entry:result:2:after",)),                     # failed results saved, the priced one not
+    ("faults", ("entry:start:4:after",)),                      # ask_user started, its wait not yet saved
+    ("faults", ("plain", "entry:result:1:after")),             # the answer saved, the turn not yet gone on
+    ("faults", ("plain", "tool:priced:1:after")),              # after the answer, a priced call in flight
+    ("faults", ("plain", "model:1")),                          # after the answer, in the model call
+    ("faults", ("random", "random")),
+    ("faults", ("plain", "random"), "sqlite"),
+    # The other stores: fsync: true (the same write points), and sqlite (model, tool and random kills).
+    ("mixed", ("entry:result:4:torn",), "fsync"),
+    ("burst", ("tool:upload_slow:2:after", "header:1:rename"), "fsync"),
+    ("mixed", ("tool:send_slow:1:after",), "sqlite"),
+    ("burst", ("tool:fetch_slow:3:before", "model:1"), "sqlite"),
+    ("complete", ("tool:charge:2:after",), "sqlite"),
+    ("approve", ("plain", "tool:wire_slow:1:after"), "sqlite"),
+    ("deny", ("plain", "model:1"), "sqlite"),
+    ("mixed", ("random", "random"), "sqlite"),
     ("complete", ("model:2", "random")),
     ("mixed", ("random", "random")),
     ("mixed", ("random", "random")),
@@ -199,28 +253,52 @@ def script_seconds(script: str) -> float:
     return len(replies) * LATENCY + slow
 
 
-def catalog(script: str) -> list[str]:
-    """Return every kill point a ``run`` of ``script`` reaches (each fires exactly once)."""
-    replies = SCRIPTS[script]
-    calls = [c for r in replies if not isinstance(r, str) for c in r]
+def catalog(script: str, store: str = "file") -> list[str]:
+    """Return every kill point a ``run`` of ``script`` on ``store`` reaches (each fires exactly once).
+
+    A ``run`` of a script with held calls ends at the first reply that holds one: the calls of
+    that reply that are not held run, the held ones wait for the next process.
+    """
+    replies = list(SCRIPTS[script])
+    held = next((k for k, r in enumerate(replies)
+                 if not isinstance(r, str) and any(c[0] in (*plugin.HELD, "ask_user") for c in r)), None)
+    if held is not None:
+        replies = replies[: held + 1]
+    calls = [c for r in replies if not isinstance(r, str) for c in r if c[0] not in plugin.HELD]
+    asks = sum(1 for c in calls if c[0] == "ask_user")  # started, answered by the next process
     points = [f"model:{n}" for n in range(1, len(replies) + 1)]
     for name, count in collections.Counter(name for name, _ in calls).items():
-        if name != "task_complete":  # a built-in: the plugin cannot kill inside it
+        if name not in plugin.BUILTINS:  # the plugin cannot kill inside a built-in
             points += [f"tool:{name}:{n}:{p}" for n in range(1, count + 1) for p in ("before", "after")]
     write = ("before", "torn", "after")
     points += [f"entry:answer:{n}:{p}" for n in range(1, len(replies) + 1) for p in (*write, "torn-last")]
-    points += [f"entry:{k}:{n}:{p}" for k in ("start", "result") for n in range(1, len(calls) + 1) for p in write]
+    points += [f"entry:start:{n}:{p}" for n in range(1, len(calls) + 1) for p in write]
+    points += [f"entry:result:{n}:{p}" for n in range(1, len(calls) - asks + 1) for p in write]
     points += [f"entry:{k}:1:{p}" for k in ("seg", "prompt") for p in write]
     points += [f"header:1:{p}" for p in ("before", "torn", "after")]  # creation: in place or renamed in
     points += [f"header:2:{p}" for p in ("torn", "rename", "after")]
-    points += [f"record:{n}:torn" for n in (1, 2, 3)]
+    points += [f"record:{n}:torn" for n in ((1, 2, 3) if held is None else (1,))]
+    if not write_points_work(store):
+        points = [p for p in points if p.split(":")[0] in ("model", "tool")]
     return points
 
 
-#: Points tried in resume processes (those a resume may or may not reach).
+def catalog_kinds() -> set[tuple[str, str]]:
+    """Return every kind of kill point of every script's catalog: ``(point kind[:log kind], phase)``."""
+    return {_kind(p) for script in SCRIPTS for p in catalog(script)}
+
+
+def _kind(point: str) -> tuple[str, str]:
+    parts = point.split(":")
+    return (":".join(parts[:2]) if parts[0] == "entry" else parts[0], parts[-1] if len(parts) > 2 else "")
+
+
+#: Points tried in resume processes, and in those that decide held calls (those a process may or
+#: may not reach). ``header:1`` of an ``approve`` is the decision's save, ``header:2`` the
+#: header saying ``running`` again.
 RESUME_POINTS = ("model:1", "model:2", "tool:*:1:after", "tool:*:1:before", "tool:*:2:after", "entry:start:1:after",
                  "entry:result:1:after", "entry:result:2:after", "entry:answer:1:after", "entry:answer:1:torn",
-                 "header:1:rename", "header:1:torn", "record:1:torn")
+                 "header:1:rename", "header:1:torn", "header:1:after", "header:2:after", "record:1:torn")
 
 
 def scenarios(kills: int, seed: int) -> Iterator[Scenario]:
@@ -240,22 +318,29 @@ def scenarios(kills: int, seed: int) -> Iterator[Scenario]:
             return Stage(raw)
         return Stage("point", point=raw)
 
-    def make(index: int, script: str, raws: Sequence[str]) -> Scenario:
-        return Scenario(index, script, tuple(stage(r, script, i == 0) for i, r in enumerate(raws)))
+    def make(index: int, script: str, raws: Sequence[str], store: str = "file") -> Scenario:
+        return Scenario(index, script, tuple(stage(r, script, i == 0) for i, r in enumerate(raws)), store)
 
     curated = list(CURATED)
-    if sum(len(s) for _, s in curated) > kills:
+    if curated_kills() > kills:
         rng.shuffle(curated)
-    for index, (script, raws) in enumerate(curated):
-        yield make(index, script, raws)
+    for index, (script, raws, *store) in enumerate(curated):
+        yield make(index, script, raws, *store)
     scripts = sorted(SCRIPTS)
     for index in itertools.count(len(curated)):
         script = rng.choice(scripts)
-        drawn = [rng.choice(catalog(script) if i == 0 else RESUME_POINTS) if rng.random() < 0.5 else "random"
+        store = rng.choice(("file", "file", "file", "fsync", "sqlite"))
+        later = [p for p in RESUME_POINTS if write_points_work(store) or p.split(":")[0] in ("model", "tool")]
+        drawn = [rng.choice(catalog(script, store) if i == 0 else later) if rng.random() < 0.5 else "random"
                  for i in range(rng.choice((1, 2, 2, 3)))]
         if len(drawn) > 1 and rng.random() < 0.1:
             drawn.append("double")
-        yield make(index, script, drawn)
+        yield make(index, script, drawn, store)
+
+
+def curated_kills() -> int:
+    """Return how many kills the curated scenarios plan."""
+    return sum(1 for _script, raws, *_store in CURATED for r in raws if r not in ("plain", "double"))
 
 
 def planned_kills(scenario: Scenario) -> int:
@@ -362,18 +447,35 @@ def environment(point: str | None = None) -> dict[str, str]:
 def prepare(folder: Path, scenario: Scenario) -> None:
     """Write the scenario's assembly and definition (JSON is YAML) into ``folder``."""
     folder.mkdir(parents=True)
-    assembly = {"store": {"kind": "file", "path": "./store"}, "plugins": [str(PLUGIN_FILE)],
-                "providers": {"crash": {"kind": "crash", "latency": LATENCY}}}
+    assembly = {"store": STORES[scenario.store], "plugins": [str(PLUGIN_FILE)],
+                "providers": {"crash": {"kind": "crash", "latency": LATENCY}},
+                "pricing": {f"crash:{name}": PRICE for name in SCRIPTS}}
     (folder / "loopwright.yaml").write_text(json.dumps(assembly, indent=2))
-    tools = [n for n in TOOL_FLAGS if n != "task_complete"]
-    if any(not isinstance(r, str) and any(c[0] == "task_complete" for c in r) for r in SCRIPTS[scenario.script]):
-        tools.append("task_complete")
+    tools = [n for n in TOOL_FLAGS if n not in plugin.BUILTINS]
+    used = {c[0] for r in SCRIPTS[scenario.script] if not isinstance(r, str) for c in r}
+    tools += sorted(used & plugin.BUILTINS)
     definition = {"name": scenario.script, "model": f"crash:{scenario.script}", "tools": tools}
     (folder / "agent.yaml").write_text(json.dumps(definition, indent=2))
 
 
+def _sqlite(folder: Path, query: str, *args: Any) -> list[tuple[Any, ...]]:
+    """Run a read-only query on the scenario's sqlite store ([] while it does not exist yet)."""
+    import sqlite3  # noqa: PLC0415 - only sqlite scenarios read it
+
+    path = folder / SQLITE_FILE
+    if not path.exists():
+        return []
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)) as db:
+        try:
+            return db.execute(query, args).fetchall()
+        except sqlite3.OperationalError:  # the tables are not made yet
+            return []
+
+
 def instance_ids(folder: Path) -> list[str]:
-    """Return the folders in the scenario's store (instances, created or half created)."""
+    """Return the instances in the scenario's store (for the file store, its folders, half created too)."""
+    if (folder / SQLITE_FILE).exists():
+        return sorted(row[0] for row in _sqlite(folder, "SELECT id FROM instances"))
     store = folder / "store"
     return sorted(p.name for p in store.iterdir() if p.is_dir()) if store.is_dir() else []
 
@@ -381,10 +483,29 @@ def instance_ids(folder: Path) -> list[str]:
 def read_header(folder: Path, iid: str) -> dict[str, Any] | None:
     """Return the instance's header, or None if it is missing or cannot be parsed."""
     try:
-        header = json.loads((folder / "store" / iid / "instance.json").read_bytes())
+        if (folder / SQLITE_FILE).exists():
+            rows = _sqlite(folder, "SELECT header FROM instances WHERE id = ?", iid)
+            header = json.loads(rows[0][0]) if rows else None
+        else:
+            header = json.loads((folder / "store" / iid / "instance.json").read_bytes())
     except (OSError, ValueError):
         return None
     return header if isinstance(header, dict) else None
+
+
+def read_instance_log(folder: Path, iid: str, name: str) -> tuple[list[dict[str, Any]], bytes]:
+    """Return an instance's log (``entries.jsonl`` or ``records.jsonl``) as :func:`read_log` does."""
+    if (folder / SQLITE_FILE).exists():
+        table = {"entries.jsonl": "entries", "records.jsonl": "records"}[name]
+        rows = _sqlite(folder, f"SELECT json FROM {table} WHERE instance_id = ? ORDER BY seq", iid)  # noqa: S608
+        out = []
+        for (text,) in rows:
+            obj = json.loads(text)
+            if not isinstance(obj, dict):
+                raise ValueError(f"{table}: a row is a JSON {type(obj).__name__}")  # noqa: TRY004
+            out.append(obj)
+        return out, b""
+    return read_log(folder / "store" / iid / name)
 
 
 def _holds(folder: Path, command: str, pid: int) -> bool:
@@ -482,7 +603,7 @@ def classify(folder: Path) -> str:  # noqa: PLR0911 - one return per category
         return "while the instance starts: random, creating it"
     if header.get("state") in RESTING:
         return "after the instance rested: random"
-    entries, torn = read_log(folder / "store" / ids[0] / "entries.jsonl")
+    entries, torn = read_instance_log(folder, ids[0], "entries.jsonl")
     if torn:
         return "in a torn log write: random, entry log"
     messages, starts = replay(entries)
@@ -609,6 +730,8 @@ def _next_command(folder: Path, iid: str, script: str) -> list[str] | None:
     state = header.get("state")
     if state == "running":
         return ["resume", iid]
+    if state == "waiting" and header.get("awaitingAnswer"):
+        return ["message", iid, plugin.ANSWER]  # an ask_user waits: the answer goes on
     if state != "waiting_for_approval":
         return None
     pending = header.get("pendingApprovals") or []
@@ -768,7 +891,6 @@ def _read(folder: Path, iid: str, outcome: Outcome, out: list[Violation]) -> See
     """Read the instance every way a user can, noting what fails: ``show``, the files, a fresh runtime."""
     from loopwright._config import validate_data  # noqa: PLC0415 - imported by the checks only
 
-    inst_dir = folder / "store" / iid
     show = _cli(folder, "show", iid)
     outcome.procs.append(show)
     summary: dict[str, Any] = {}
@@ -776,7 +898,7 @@ def _read(folder: Path, iid: str, outcome: Outcome, out: list[Violation]) -> See
         out.append(Violation("show", f"exit {show.code}: {show.err.strip()}"))
     else:
         summary = json.loads(show.out)
-    header = json.loads((inst_dir / "instance.json").read_text())
+    header = read_header(folder, iid) or {}
     out += [Violation("header schema", str(p)) for p in validate_data("instance", header)]
     if header.get("state") not in RESTING:
         out.append(Violation("resting", f"the instance is {header.get('state')}"))
@@ -790,7 +912,7 @@ def _read(folder: Path, iid: str, outcome: Outcome, out: list[Violation]) -> See
     logs: dict[str, list[dict[str, Any]]] = {}
     for name in ("entries.jsonl", "records.jsonl"):
         try:
-            logs[name], tail = read_log(inst_dir / name)
+            logs[name], tail = read_instance_log(folder, iid, name)
         except ValueError as exc:
             out.append(Violation("log lines", f"{name}: {exc}"))
             logs[name], tail = [], b""
@@ -860,7 +982,7 @@ def check_script(seen: Seen, script_name: str) -> list[Violation]:
     return out
 
 
-def check_ledger(  # noqa: C901, PLR0912 - one branch per invariant
+def check_ledger(  # noqa: C901, PLR0912, PLR0915 - one branch per invariant
     seen: Seen, ledger: list[dict[str, Any]], killed: set[int], stats: collections.Counter[str] | None = None,
     script: str = "",
 ) -> list[Violation]:
@@ -891,9 +1013,17 @@ def check_ledger(  # noqa: C901, PLR0912 - one branch per invariant
             stats["unknown_outcome" + ("_ran" if runs else "")] += 1
         if len(runs) > 1:
             stats["idempotent reruns"] += len(runs) - 1
-        if name == "task_complete":  # a built-in: not in the ledger
+        if name in plugin.BUILTINS:  # not in the ledger
             if status != "success":
-                out.append(Violation("ledger", f"{where}: task_complete did not succeed"))
+                out.append(Violation("ledger", f"{where}: {name} did not succeed"))
+            if name == "ask_user" and (seen.results.get(cid) or {}).get("content") != plugin.ANSWER:
+                out.append(Violation("ask_user", f"{where}: the result is not the answer sent"))
+            continue
+        if name in FAILS and status not in (FAILS[name], "unknown_outcome"):
+            out.append(Violation("ledger", f"{where}: expected {FAILS[name]} (or unknown_outcome)"))
+        if name in FAILS and status == FAILS[name]:
+            if len(runs) != 1:
+                out.append(Violation("ledger", f"{where}: a failed call must have run once"))
             continue
         if name in plugin.HELD:
             content = str((seen.results.get(cid) or {}).get("content"))
@@ -949,6 +1079,7 @@ def check_counters(seen: Seen) -> list[Violation]:  # noqa: C901, PLR0912 - one 
             out.append(Violation("usage", f"header {key} {saved} != log {usage[key]}"))
         if seen.summary and seen.summary["usage"].get(key) != usage[key]:
             out.append(Violation("usage", f"show {key} {seen.summary['usage'].get(key)} != log {usage[key]}"))
+    out += check_cost(seen)
     if seen.run is not None:
         loaded = (seen.run.inst.turn, seen.run.inst.usage.total_tokens)
         if loaded != (len(turns), usage["totalTokens"]):
@@ -967,6 +1098,33 @@ def check_counters(seen: Seen) -> list[Violation]:  # noqa: C901, PLR0912 - one 
         recorded.add(cid)
         if (seen.results.get(cid) or {}).get("status") != status:
             out.append(Violation("records", f"tool_call record {cid} {status} does not match the transcript"))
+    return out
+
+
+def check_cost(seen: Seen) -> list[Violation]:
+    """The cost is exact: each saved model answer priced once, each ``priced`` success once, nothing else.
+
+    What it should be is worked out from the transcript (the answers' usage at :data:`PRICE`, the
+    ``priced`` calls' units), and compared with the entry log's costs, the header, ``show`` and
+    the loaded instance.
+    """
+    out = []
+    turns = [e["turn"] for e in seen.entries if e.get("t") == "msg" and "turn" in e]
+    want = sum((t["usage"].get("inputTokens", 0) * PRICE["input"] + t["usage"].get("outputTokens", 0) * PRICE["output"])
+               / 1e6 for t in turns)
+    for cid, call in seen.calls.items():
+        if call["name"] == "priced" and (seen.results.get(cid) or {}).get("status") == "success":
+            want += call["arguments"]["units"] * plugin.UNIT_COST
+    logged = sum(float((e.get("turn") or e.get("spend") or {}).get("cost") or 0.0)
+                 for e in seen.entries if e.get("t") == "msg")
+    found = {"entry log": logged, "header": seen.header.get("cost")}
+    if seen.summary:
+        found["show"] = seen.summary.get("cost")
+    if seen.run is not None:
+        found["loaded"] = seen.run.inst.cost.amount
+    for where, amount in found.items():
+        if not isinstance(amount, (int, float)) or round(amount, 9) != round(want, 9):
+            out.append(Violation("cost", f"{where} says {amount}, the transcript makes it {want}"))
     return out
 
 

@@ -81,3 +81,17 @@ def test_a_kill_after_the_decision_is_saved_goes_on_with_it(tmp_path: Path) -> N
 def test_a_kill_before_a_denied_result_is_saved_denies_it_once(tmp_path: Path) -> None:
     """``deny`` killed after the instance runs again, before the denied result is saved: one denied result."""
     assert _violations(tmp_path, "deny", "plain", "header:2:after") == []
+
+
+def test_a_kill_after_an_answer_is_saved_does_not_answer_the_question_twice(tmp_path: Path) -> None:
+    """``message`` killed after the ask_user answer was saved, before the header forgot the question.
+
+    The resumed instance has exactly one result for the ask_user call. It used to answer it
+    again from the still-queued message (two results for one call).
+    """
+    assert _violations(tmp_path, "faults", "plain", "entry:result:1:after") == []
+
+
+def test_a_kill_in_the_turn_after_an_answer_does_not_answer_the_question_again(tmp_path: Path) -> None:
+    """Killed in a call of the turn after the answer: the answer is not appended again at the end."""
+    assert _violations(tmp_path, "faults", "plain", "tool:priced:1:after") == []

@@ -1049,9 +1049,11 @@ class Loop:
         segment went on, so a dead runner may have left it unstarted (it runs if approved, gets
         its ``denied`` result if not), in flight (interrupted like any call: approval was given),
         or answered. Every decision is taken off the header's pending approvals here; only
-        undecided held calls stay there, without a result.
+        undecided held calls stay there, without a result. Likewise a question whose answer is
+        saved is answered (see :func:`_settle_answered_question`): it is never answered twice.
         """
         inst = run.inst
+        _settle_answered_question(inst)
         decided = {p.tool_call_id: p for p in inst.pending_approvals if p.decision is not None}
         if decided:
             undecided = [p for p in _take_decisions(inst) if p.decision is None]
@@ -1166,6 +1168,26 @@ def _elapsed_reached(budgets: Sequence[tuple[Instance, Limits]]) -> SegmentEnd:
     whose = _of_ancestor(owner) if owner is not inst else ""
     return SegmentEnd(State.ERROR, StopReason.LIMIT_EXCEEDED, limit="elapsed",
                       error=f"elapsed-time limit ({owned.elapsed:g} s){whose} reached")
+
+
+def _settle_answered_question(inst: Instance) -> None:
+    """Make the header agree with a saved answer to its ``ask_user``.
+
+    The answer (the call's result) is appended before the header forgets the question and the
+    message that answered it, so a dead runner may leave a header still ``awaitingAnswer``, the
+    message still queued in ``inbox`` or unread in the mailbox (read into ``inbox`` when the next
+    segment starts). The log is the truth: the question is answered, and the first message that
+    may answer it (the one :meth:`Loop._drain_inbox` took) leaves the queue if it is that answer.
+    """
+    call_id = (inst.header.get("awaitingAnswer") or {}).get("toolCallId")
+    answer = next((m for m in inst.transcript if m.role == "tool" and m.tool_call_id == call_id), None)
+    if call_id is None or answer is None:
+        return
+    inst.header.pop("awaitingAnswer")
+    queue: list[dict[str, Any]] = inst.header.get("inbox") or []
+    first = next((m for m in queue if m.get("source") in ("api", "user") and not m.get("behindTurn")), None)
+    if first is not None and str(first.get("text", "")) == (answer.content or ""):
+        queue.remove(first)
 
 
 def _take_decisions(inst: Instance) -> list[PendingApproval]:
