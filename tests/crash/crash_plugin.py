@@ -44,6 +44,7 @@ itself (``os.kill(os.getpid(), SIGKILL)``) when the first of them is reached, af
 ``entry:KIND:N:PHASE``
     At the N-th append to the entry log holding an entry of KIND: ``seg``, ``prompt`` (a
     system or user message), ``answer`` (an assistant message and its ``turn`` entry),
+    ``reset`` (a context strategy's new transcript),
     ``start`` (a tool call's start marker), ``result`` (a tool result) or ``any``.
 ``header:N:PHASE``
     At the N-th header write (the first one of ``loopwright run`` is the instance's creation).
@@ -68,6 +69,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import signal
 import sys
 import threading
@@ -126,6 +128,21 @@ SCRIPTS: dict[str, list[Any]] = {
         "done: faults",
     ],
 }
+# The mixed script again, with the transcript shrunk before model calls (see STRATEGIES).
+SCRIPTS["cleared"] = SCRIPTS["mixed"]
+SCRIPTS["compacted"] = SCRIPTS["mixed"]
+
+#: The ``contextStrategy`` of the scripts that have one. ``compact`` summarises with the model
+#: ``crash:summary`` (see :meth:`ScriptProvider.complete`) whenever the last call's input tokens
+#: (100 + the number of messages) pass 106, keeping the last 2 messages.
+STRATEGIES: dict[str, dict[str, Any]] = {
+    "cleared": {"kind": "clearToolResults", "keepLast": 1},
+    "compacted": {"kind": "compact", "trigger": 106, "keepLast": 2, "model": "crash:summary"},
+}
+
+#: The model that writes ``compact``'s summaries, and the marker its summary carries.
+SUMMARY_MODEL = "summary"
+_REPLIES = re.compile(r"\bc(\d+)_\d+\b|replies so far: (\d+)")
 
 #: The built-in tools scripts call (not in the ledger).
 BUILTINS: frozenset[str] = frozenset({"task_complete", "ask_user"})
@@ -239,8 +256,14 @@ class ScriptProvider(Provider):
             die(label)
         if self.latency:
             await anyio.sleep(self.latency / 2)
+        index = _replies_so_far(request.messages)
+        size = len(request.messages)
+        if request.model == SUMMARY_MODEL:  # compact's summary: it says how many replies it covers
+            return loopwright.ModelResponse(
+                message=loopwright.Message(role="assistant", content=f"replies so far: {index}"),
+                usage=loopwright.Usage(input_tokens=50 + size, output_tokens=5, total_tokens=55 + size, requests=1),
+                finish_reason="stop")
         script = SCRIPTS[request.model]
-        index = sum(1 for m in request.messages if m.role == "assistant")
         reply = script[index] if index < len(script) else PAST_END
         calls: tuple[loopwright.ToolCall, ...] = ()
         text = None
@@ -250,12 +273,26 @@ class ScriptProvider(Provider):
             calls = tuple(loopwright.ToolCall(id=f"c{index}_{k}", name=name, arguments=args)
                           for k, (name, args) in enumerate(reply))
         # Usage grows with the transcript, so lost or doubled turns show in the totals.
-        size = len(request.messages)
         return loopwright.ModelResponse(
             message=loopwright.Message(role="assistant", content=text, tool_calls=calls),
             usage=loopwright.Usage(input_tokens=100 + size, output_tokens=10 + index,
                                    total_tokens=110 + size + index, requests=1),
             finish_reason="tool_calls" if calls else "stop")
+
+
+def _replies_so_far(messages: Any) -> int:
+    """Return how many scripted replies the transcript holds, a compacted part included.
+
+    Without compaction it is the number of assistant messages. A ``compact`` summary replaces
+    some of them with a message saying ``replies so far: K``; call ids ``cN_k`` show reply N.
+    """
+    count = sum(1 for m in messages if m.role == "assistant")
+    for m in messages:
+        texts = [m.content or "", *(c.id for c in m.tool_calls)]
+        for text in texts:
+            for call, summary in _REPLIES.findall(text):
+                count = max(count, int(call) + 1 if call else int(summary))
+    return count
 
 
 # ---------------------------------------------------------------------------------------------
@@ -419,7 +456,7 @@ def _entry_kinds(items: Any) -> list[str]:
     kinds = {"any"}
     for item in items:
         t = item.get("t")
-        if t in ("seg", "start"):
+        if t in ("seg", "start", "reset"):
             kinds.add(t)
         elif t == "msg":
             role = item["m"].get("role")

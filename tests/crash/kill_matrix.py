@@ -221,6 +221,16 @@ CURATED: tuple[tuple[Any, ...], ...] = (
     ("faults", ("plain", "model:1")),                          # after the answer, in the model call
     ("faults", ("random", "random")),
     ("faults", ("plain", "random"), "sqlite"),
+    # Context strategies: clearToolResults and compact (its summary calls are model calls too).
+    ("cleared", ("entry:reset:1:torn",)),                      # a torn reset
+    ("cleared", ("entry:reset:2:after",)),                     # a reset saved, the model not yet called
+    ("cleared", ("tool:upload_slow:1:after",)),                # in a call after a reset
+    ("compacted", ("entry:reset:1:before",)),                  # summary made, the reset not saved
+    ("compacted", ("entry:reset:1:torn",)),
+    ("compacted", ("entry:reset:1:after",)),
+    ("compacted", ("model:4",)),
+    ("compacted", ("model:5",)),
+    ("compacted", ("random", "random")),
     # The other stores: fsync: true (the same write points), and sqlite (model, tool and random kills).
     ("mixed", ("entry:result:4:torn",), "fsync"),
     ("burst", ("tool:upload_slow:2:after", "header:1:rename"), "fsync"),
@@ -275,6 +285,8 @@ def catalog(script: str, store: str = "file") -> list[str]:
     points += [f"entry:start:{n}:{p}" for n in range(1, len(calls) + 1) for p in write]
     points += [f"entry:result:{n}:{p}" for n in range(1, len(calls) - asks + 1) for p in write]
     points += [f"entry:{k}:1:{p}" for k in ("seg", "prompt") for p in write]
+    if script in plugin.STRATEGIES:
+        points += [f"entry:reset:1:{p}" for p in write]
     points += [f"header:1:{p}" for p in ("before", "torn", "after")]  # creation: in place or renamed in
     points += [f"header:2:{p}" for p in ("torn", "rename", "after")]
     points += [f"record:{n}:torn" for n in ((1, 2, 3) if held is None else (1,))]
@@ -449,12 +461,14 @@ def prepare(folder: Path, scenario: Scenario) -> None:
     folder.mkdir(parents=True)
     assembly = {"store": STORES[scenario.store], "plugins": [str(PLUGIN_FILE)],
                 "providers": {"crash": {"kind": "crash", "latency": LATENCY}},
-                "pricing": {f"crash:{name}": PRICE for name in SCRIPTS}}
+                "pricing": {f"crash:{name}": PRICE for name in (*SCRIPTS, plugin.SUMMARY_MODEL)}}
     (folder / "loopwright.yaml").write_text(json.dumps(assembly, indent=2))
     tools = [n for n in TOOL_FLAGS if n not in plugin.BUILTINS]
     used = {c[0] for r in SCRIPTS[scenario.script] if not isinstance(r, str) for c in r}
     tools += sorted(used & plugin.BUILTINS)
-    definition = {"name": scenario.script, "model": f"crash:{scenario.script}", "tools": tools}
+    definition: dict[str, Any] = {"name": scenario.script, "model": f"crash:{scenario.script}", "tools": tools}
+    if scenario.script in plugin.STRATEGIES:
+        definition["contextStrategy"] = plugin.STRATEGIES[scenario.script]
     (folder / "agent.yaml").write_text(json.dumps(definition, indent=2))
 
 
@@ -853,11 +867,13 @@ class Seen:
         run: The instance loaded in a fresh runtime (None if that failed).
         entries: The entry log's complete lines.
         records: The record log's complete lines.
-        messages: The transcript replayed from the entry log, in the order written.
+        messages: The transcript replayed from the entry log, in the order written (after any
+            ``reset`` of a context strategy: the transcript as it is now).
         starts: The call ids with a start marker.
-        assistants: The assistant messages, in order.
-        calls: Every call asked for, by id.
-        results: Every result, by call id.
+        assistants: The assistant messages ever saved, in order (those a reset dropped too).
+        calls: Every call ever asked for, by id.
+        results: Every result ever saved, by call id (as saved, before a reset cleared it).
+        history: Every message ever saved (each ``msg`` entry), in log order.
     """
 
     header: dict[str, Any]
@@ -870,6 +886,7 @@ class Seen:
     assistants: list[dict[str, Any]] = attrs.Factory(list)
     calls: dict[str, dict[str, Any]] = attrs.Factory(dict)
     results: dict[str, dict[str, Any]] = attrs.Factory(dict)
+    history: list[dict[str, Any]] = attrs.Factory(list)
 
 
 def check(folder: Path, iid: str, outcome: Outcome) -> list[Violation]:
@@ -922,7 +939,10 @@ def _read(folder: Path, iid: str, outcome: Outcome, out: list[Violation]) -> See
         out += [Violation("record schema", f"{record.get('kind')}: {p}") for p in validate_data("record", record)]
     seen = Seen(header, summary, run, logs["entries.jsonl"], logs["records.jsonl"])
     seen.messages, seen.starts = replay(seen.entries)
-    for m in seen.messages:
+    seen.history = [e["m"] for e in seen.entries if e.get("t") == "msg"]
+    for m in seen.history:
+        if m.get("role") == "tool" and str(m.get("toolCallId")) in seen.results:
+            out.append(Violation("transcript", f"call {m.get('toolCallId')} got a second result"))
         if m.get("role") == "assistant":
             seen.assistants.append(m)
             seen.calls.update((c["id"], c) for c in m.get("toolCalls") or [])
@@ -938,7 +958,7 @@ def check_transcript(seen: Seen) -> list[Violation]:
         loaded = [(m.role, m.tool_call_id) for m in seen.run.inst.transcript]
         if loaded != [(m["role"], m.get("toolCallId")) for m in _call_ordered(seen.messages)]:
             out.append(Violation("load", "the loaded transcript differs from the entry log replayed in call order"))
-    first = next((m for m in seen.messages if m.get("role") != "system"), None)
+    first = next((m for m in seen.history if m.get("role") != "system"), None)
     if first is None or first.get("role") != "user" or first.get("content") != PROMPT:
         shown = first and {k: first.get(k) for k in ("role", "content")}
         out.append(Violation("prompt", f"the transcript does not start with the task prompt (first: {shown})"))
@@ -1069,10 +1089,8 @@ def check_counters(seen: Seen) -> list[Violation]:  # noqa: C901, PLR0912 - one 
     if seen.header.get("turns") != len(turns):
         out.append(Violation("turns", f"the header says {seen.header.get('turns')} turns, the log {len(turns)}"))
     usage: collections.Counter[str] = collections.Counter()
-    for e in seen.entries:
-        spent = e.get("turn") or e.get("spend") if e.get("t") == "msg" else None
-        if spent:
-            usage.update({k: v for k, v in (spent.get("usage") or {}).items() if isinstance(v, int)})
+    for _kind, spent in spends(seen.entries):
+        usage.update({k: v for k, v in (spent.get("usage") or {}).items() if isinstance(v, int)})
     for key in ("inputTokens", "outputTokens", "totalTokens"):
         saved = (seen.header.get("usage") or {}).get(key)
         if saved != usage[key]:
@@ -1101,6 +1119,22 @@ def check_counters(seen: Seen) -> list[Violation]:  # noqa: C901, PLR0912 - one 
     return out
 
 
+def spends(entries: Iterable[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Yield what each entry spent: ``("model", ...)`` for a model answer's ``turn`` and a context
+    strategy's summary calls (a ``reset``'s or a lone ``spend`` entry), ``("tool", ...)`` for a
+    tool's own reported spend (on its result's line)."""
+    for e in entries:
+        t = e.get("t")
+        if t == "msg" and e.get("turn"):
+            yield "model", e["turn"]
+        elif t == "msg" and e.get("spend"):
+            yield "tool", e["spend"]
+        elif t == "reset" and e.get("spend"):
+            yield "model", e["spend"]
+        elif t == "spend":
+            yield "model", e
+
+
 def check_cost(seen: Seen) -> list[Violation]:
     """The cost is exact: each saved model answer priced once, each ``priced`` success once, nothing else.
 
@@ -1109,14 +1143,12 @@ def check_cost(seen: Seen) -> list[Violation]:
     the loaded instance.
     """
     out = []
-    turns = [e["turn"] for e in seen.entries if e.get("t") == "msg" and "turn" in e]
-    want = sum((t["usage"].get("inputTokens", 0) * PRICE["input"] + t["usage"].get("outputTokens", 0) * PRICE["output"])
-               / 1e6 for t in turns)
+    want = sum((u.get("inputTokens", 0) * PRICE["input"] + u.get("outputTokens", 0) * PRICE["output"]) / 1e6
+               for kind, spent in spends(seen.entries) if kind == "model" for u in [spent.get("usage") or {}])
     for cid, call in seen.calls.items():
         if call["name"] == "priced" and (seen.results.get(cid) or {}).get("status") == "success":
             want += call["arguments"]["units"] * plugin.UNIT_COST
-    logged = sum(float((e.get("turn") or e.get("spend") or {}).get("cost") or 0.0)
-                 for e in seen.entries if e.get("t") == "msg")
+    logged = sum(float(spent.get("cost") or 0.0) for _kind, spent in spends(seen.entries))
     found = {"entry log": logged, "header": seen.header.get("cost")}
     if seen.summary:
         found["show"] = seen.summary.get("cost")
