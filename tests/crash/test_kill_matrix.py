@@ -24,7 +24,7 @@ from kill_matrix import Scenario, Stage
 pytestmark = pytest.mark.slow
 
 #: Kills drawn at random (from a fresh seed) on top of the curated ones at CI size.
-RANDOM_PART = 16
+RANDOM_PART = 12
 
 
 def test_every_kill_resumes_to_a_rest_with_every_invariant(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
