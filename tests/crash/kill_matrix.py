@@ -101,7 +101,8 @@ class Stage:
 
     Attributes:
         kind: ``point`` (it kills itself at ``point``), ``random`` (killed after ``delay``),
-            ``double`` (two resumes at once, no kill) or ``plain``.
+            ``mail`` (once it holds the instance, ``loopwright message`` posts to it; then as
+            ``random``), ``double`` (two resumes at once, no kill) or ``plain``.
         point: The kill point, for ``point``.
         delay: Seconds after the process holds the instance, for ``random``.
     """
@@ -115,6 +116,8 @@ class Stage:
             return str(self.point)
         if self.kind == "random":
             return f"random@{self.delay:.2f}s"
+        if self.kind == "mail":
+            return f"mail+random@{self.delay:.2f}s"
         return self.kind
 
 
@@ -240,6 +243,10 @@ CURATED: tuple[tuple[Any, ...], ...] = (
     ("approve", ("plain", "tool:wire_slow:1:after"), "sqlite"),
     ("deny", ("plain", "model:1"), "sqlite"),
     ("mixed", ("random", "random"), "sqlite"),
+    # Messages arriving mid-turn (then a random kill), read at a turn boundary, exactly once.
+    ("mixed", ("mail", "random")),
+    ("burst", ("random", "mail")),
+    ("approve", ("mail", "random")),
     ("complete", ("model:2", "random")),
     ("mixed", ("random", "random")),
     ("mixed", ("random", "random")),
@@ -322,10 +329,11 @@ def scenarios(kills: int, seed: int) -> Iterator[Scenario]:
     rng = random.Random(seed)  # noqa: S311 - a replayable plan, not cryptography
 
     def stage(raw: str, script: str, first: bool) -> Stage:
-        if raw == "random":
+        if raw in ("random", "mail"):
             # A resume has less left to do than a run: its kills are drawn from a shorter span.
             span = script_seconds(script) * (1.1 if first else 0.5)
-            return Stage("random", delay=round(rng.uniform(0.0, span), 3))
+            kind = "random" if raw == "mail" and "ask_user" in str(SCRIPTS[script]) else raw  # mail would answer it
+            return Stage(kind, delay=round(rng.uniform(0.0, span), 3))
         if raw in ("double", "plain"):
             return Stage(raw)
         return Stage("point", point=raw)
@@ -343,7 +351,8 @@ def scenarios(kills: int, seed: int) -> Iterator[Scenario]:
         script = rng.choice(scripts)
         store = rng.choice(("file", "file", "file", "fsync", "sqlite"))
         later = [p for p in RESUME_POINTS if write_points_work(store) or p.split(":")[0] in ("model", "tool")]
-        drawn = [rng.choice(catalog(script, store) if i == 0 else later) if rng.random() < 0.5 else "random"
+        drawn = [rng.choice(catalog(script, store) if i == 0 else later) if rng.random() < 0.5
+                 else rng.choice(("random", "random", "random", "mail"))
                  for i in range(rng.choice((1, 2, 2, 3)))]
         if len(drawn) > 1 and rng.random() < 0.1:
             drawn.append("double")
@@ -357,7 +366,7 @@ def curated_kills() -> int:
 
 def planned_kills(scenario: Scenario) -> int:
     """Return how many kills ``scenario`` plans (random ones and those in resumes may not land)."""
-    return sum(1 for s in scenario.stages if s.kind in ("point", "random"))
+    return sum(1 for s in scenario.stages if s.kind in ("point", "random", "mail"))
 
 
 def plan(kills: int, seed: int) -> list[Scenario]:
@@ -388,6 +397,7 @@ class Proc:
         out: Its stdout.
         err: Its stderr.
         kill: Where it was killed (a category, see :func:`category`), or None if it was not.
+        mailed: The message ``loopwright message`` posted while it ran (``mail`` stages).
     """
 
     command: str
@@ -397,6 +407,7 @@ class Proc:
     out: str
     err: str
     kill: str | None = None
+    mailed: str | None = None
 
     @property
     def killed(self) -> bool:
@@ -546,24 +557,43 @@ def start(folder: Path, args: Sequence[str], stage: Stage) -> subprocess.Popen[s
         env=environment(stage.point if stage.kind == "point" else None))
 
 
-def finish(folder: Path, command: str, proc: subprocess.Popen[str], stage: Stage, timeout: float = 120) -> Proc:
+def finish(folder: Path, command: str, proc: subprocess.Popen[str], stage: Stage, timeout: float = 120) -> Proc:  # noqa: C901
     """Wait for ``proc`` (killing it at ``stage.delay`` for random stages) and classify its kill."""
-    if stage.kind == "random":
+    mailed, poster = None, None
+    if stage.kind in ("random", "mail"):
         deadline = time.monotonic() + timeout
         while proc.poll() is None and not _holds(folder, command, proc.pid) and time.monotonic() < deadline:
             time.sleep(0.005)
+        if stage.kind == "mail" and instance_ids(folder):
+            # A message arrives while the process runs the instance (read at a turn boundary), or
+            # after it rested or died (then this `message` runs it, or a resume reads it).
+            mailed = f"mail for pid {proc.pid}"
+            poster = subprocess.Popen(
+                [sys.executable, "-m", "loopwright.cli", "message", instance_ids(folder)[0], mailed, "--json"],
+                cwd=folder, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environment())
         end = time.monotonic() + (stage.delay or 0.0)
         while proc.poll() is None and time.monotonic() < end:
             time.sleep(min(0.01, max(end - time.monotonic(), 0.0)))
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
+        if poster is not None:
+            # Where the kill landed is read before the message's process goes on with the instance.
+            out, err = proc.communicate(timeout=timeout)
+            done = Proc(command, stage, proc.pid, proc.returncode, out, err, mailed=mailed)
+            if done.killed:
+                done.kill = category(stage, err, folder, command)
+            _out, poster_err = poster.communicate(timeout=timeout)
+            if poster.returncode not in (0, 3):  # 3: it ran the instance until it waited for approval
+                done.mailed = None
+                done.err += f"\n(harness: message exited {poster.returncode}: {poster_err.strip()[-200:]})"
+            return done
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         out, err = proc.communicate()
         err += "\n(harness: timed out, killed)"
-    done = Proc(command, stage, proc.pid, proc.returncode, out, err)
+    done = Proc(command, stage, proc.pid, proc.returncode, out, err, mailed=mailed)
     if done.killed:
         done.kill = category(stage, err, folder, command)
     return done
@@ -894,7 +924,9 @@ def check(folder: Path, iid: str, outcome: Outcome) -> list[Violation]:
     out: list[Violation] = []
     seen = _read(folder, iid, outcome, out)
     out += check_transcript(seen)
-    out += check_script(seen, outcome.scenario.script)
+    mailed = [p.mailed for p in outcome.procs if p.mailed]
+    out += check_script(seen, outcome.scenario.script, len(mailed))
+    out += check_mail(seen, mailed)
     out += check_ledger(seen, read_ledger(folder, iid), {p.pid for p in outcome.procs if p.killed}, outcome.stats,
                         outcome.scenario.script)
     out += check_counters(seen)
@@ -981,13 +1013,26 @@ def check_transcript(seen: Seen) -> list[Violation]:
     return out
 
 
-def check_script(seen: Seen, script_name: str) -> list[Violation]:
-    """Every scripted answer is there once, in order, nothing was asked past the end; the state fits."""
+def check_mail(seen: Seen, mailed: Sequence[str]) -> list[Violation]:
+    """Each message posted while the instance ran is in the transcript exactly once, as a user message."""
+    users = [m.get("content") for m in seen.history if m.get("role") == "user"]
+    return [Violation("mail", f"the message {text!r} is in the transcript {users.count(text)} times")
+            for text in mailed if users.count(text) != 1]
+
+
+def check_script(seen: Seen, script_name: str, mailed: int = 0) -> list[Violation]:
+    """Every scripted answer is there once, in order, nothing was asked past the end; the state fits.
+
+    A message that came after the script's last answer is answered (past the end): ``mailed``
+    messages allow that many more answers, each :data:`crash_plugin.PAST_END`, each after one.
+    """
     out = []
     script = SCRIPTS[script_name]
     expected = [_reply(r, k) for k, r in enumerate(script)]
     actual = [_reply_of(m) for m in seen.assistants]
     extra = len(actual) - len(expected)
+    if 0 < extra <= mailed and all(a == plugin.PAST_END for a in actual[len(expected):]):
+        extra = 0  # each answers a message that came after the script's end
     if actual[: len(expected)] != expected[: len(actual)]:
         out.append(Violation("script", f"the answers differ from the script: {actual} != {expected}"))
     elif extra < 0:
