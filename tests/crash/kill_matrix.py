@@ -627,6 +627,8 @@ def point_category(point: str, command: str = "run") -> str:  # noqa: PLR0911 - 
     what = parts[1]
     if phase.startswith("torn"):
         return f"in a torn log write: entry log ({what}{', all lines but the last' if phase == 'torn-last' else ''})"
+    if what == "reset":
+        return f"while the transcript is reset: {phase} the context strategy's reset is saved"
     if what in ("seg", "prompt"):
         return f"while the instance starts: {phase} its {'segment entry' if what == 'seg' else 'prompt'} is saved"
     return {
@@ -1297,7 +1299,8 @@ class Report:
 
 #: The kill-point groups of the summary, in order.
 GROUPS = ("while the instance starts", "during a model call", "during a tool call", "between tool results",
-          "while the header is written", "in a torn log write", "after the instance rested")
+          "while the header is written", "while the transcript is reset", "in a torn log write",
+          "after the instance rested")
 
 
 def group(kill: str) -> str:
