@@ -195,6 +195,25 @@ async def test_marker_with_malformed_grants_fails_closed(tmp_path: Path, saved: 
 
 
 @pytest.mark.anyio
+async def test_capabilities_without_the_marker_fail_closed(tmp_path: Path) -> None:
+    """A header with saved capabilities but no capabilitiesRecorded marker refuses to load (GrantsError).
+
+    Without the marker the runtime could not tell saved grants from a header edited to widen
+    them, so it does not guess; loading, messaging and resuming all refuse, naming the instance.
+    """
+    iid = "20260101-000000-0000cafe"
+    async with make_runtime(tmp_path, Harness()) as rt:
+        await write_header(rt, iid, capabilities={"shell": "allow"})
+        with pytest.raises(GrantsError, match="no capabilitiesRecorded marker") as info:
+            await rt.get_agent(iid)
+        assert info.value.instance_id == iid
+        with pytest.raises(GrantsError):
+            await rt.message(iid, "hello")
+        with pytest.raises(GrantsError):
+            await rt.resume(iid)
+
+
+@pytest.mark.anyio
 async def test_no_marker_and_no_capabilities_gets_the_runtimes_grants(tmp_path: Path, tree: dict[str, Path],
                                                                       ) -> None:
     """An instance saved before grants were recorded runs with the resuming runtime's grants."""

@@ -40,7 +40,9 @@ async def test_a_second_runner_fails_at_once_with_running_elsewhere(tmp_path: Pa
         await started.wait()
         header = await b.store.read_header(run.instance_id)
         header["state"] = "running"
-        with anyio.fail_after(2), pytest.raises(InstanceLockedError) as info:
+        # The runner holds the lease until ``release`` is set, below: a resume that waited for it
+        # would hang (the guard is only that); being refused at all is being refused at once.
+        with anyio.fail_after(60), pytest.raises(InstanceLockedError) as info:
             await b.resume(run.instance_id)
         assert "running elsewhere" in str(info.value)
         release.set()
@@ -170,9 +172,15 @@ async def test_waiting_for_approval_does_not_count_toward_the_elapsed_limit(tmp_
 
     h = Harness(reply(None, call("gated", "g")), reply("finished"), tools=[gated])
     async with make_runtime(tmp_path, h) as rt:
-        run = await rt.start_agent(defn(tools=[gated], limits=loopwright.Limits(elapsed=0.5)), prompt="go")
+        run = await rt.start_agent(defn(tools=[gated], limits=loopwright.Limits(elapsed=60)), prompt="go")
         assert (await run.result()).state is State.WAITING_FOR_APPROVAL
-        await anyio.sleep(0.8)  # longer than the whole elapsed budget
+        # The person took an hour (no real waiting: the saved clock is moved back by it). The
+        # segment started more than the whole elapsed budget ago; all but seconds of it was the wait.
+        header = await rt.store.read_header(run.instance_id)
+        header["segmentStartedAt"] -= 3600
+        header["pausedAt"] -= 3600
+        header["updatedAt"] = "moved back by the test"
+        await rt.store.write_header(run.instance_id, header)
         await run.approve()
         result = await run.result()
     assert (result.state, result.text) == (State.WAITING, "finished")

@@ -195,13 +195,13 @@ def test_ctrl_c_after_the_grace_leaves_the_instance_for_another_worker(project: 
     try:
         post_message(project, iid, "go")
         wait_for(project / "long.started", worker)
-        began = time.monotonic()
         worker.send_signal(signal.SIGINT)
-        out, err = worker.communicate(timeout=30)
+        out, err = worker.communicate(timeout=120)  # a hang guard only
     finally:
         worker.kill()
     assert worker.returncode == 130, err
-    assert time.monotonic() - began < 10  # did not wait for the minute-long call
+    # It did not wait for the minute-long call: the call is still unanswered (the resume below
+    # finds it interrupted, where a worker that waited would have saved its result).
     assert "Traceback" not in err
     assert out.splitlines() == [f"picked up {iid}: message", f"left running {iid}: another worker resumes it"]
     assert header(project, iid)["state"] == "running"

@@ -23,6 +23,11 @@ send_slow      no          no             async, sleeps around the effect
 upload_slow    no          yes            sync (a worker thread), sleeps around it
 lookup         yes         yes            sync, fast
 fetch_slow     yes         yes            async, sleeps around the effect
+wire_slow      no          no             async, sleeps around it; requires approval
+probe_slow     yes         yes            async, sleeps around it; requires approval
+flaky          no          yes            sync; raises after its effect (tool_failed)
+stall          no          yes            async; hangs after its effect (timeout, 0.4 s)
+priced         no          yes            sync; reports its own usage and cost
 =============  ==========  =============  ========================================
 
 "Slow" is ``LOOPWRIGHT_CRASH_SLOW`` seconds (default 0.3), half before the effect and half after.
@@ -39,6 +44,7 @@ itself (``os.kill(os.getpid(), SIGKILL)``) when the first of them is reached, af
 ``entry:KIND:N:PHASE``
     At the N-th append to the entry log holding an entry of KIND: ``seg``, ``prompt`` (a
     system or user message), ``answer`` (an assistant message and its ``turn`` entry),
+    ``reset`` (a context strategy's new transcript),
     ``start`` (a tool call's start marker), ``result`` (a tool result) or ``any``.
 ``header:N:PHASE``
     At the N-th header write (the first one of ``loopwright run`` is the instance's creation).
@@ -63,6 +69,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import signal
 import sys
 import threading
@@ -99,7 +106,58 @@ SCRIPTS: dict[str, list[Any]] = {
         [("fetch_slow", {"key": k}) for k in "xyz"],
         "done: burst",
     ],
+    # Held calls, approved (by ``loopwright approve``): a non-idempotent one, then an idempotent
+    # one with an unheld sibling.
+    "approve": [
+        [("wire_slow", {"to": "a"})],
+        [("lookup", {"key": "h"}), ("probe_slow", {"key": "p"})],
+        "done: approve",
+    ],
+    # A held call denied (by ``loopwright deny``) in a turn with an unheld call that runs.
+    "deny": [
+        [("charge", {"amount": 3}), ("wire_slow", {"to": "b"})],
+        [("lookup", {"key": "d"})],
+        "done: deny",
+    ],
+    # Tools that fail, time out and report their own cost; an ask_user the harness answers with
+    # ``loopwright message``.
+    "faults": [
+        [("flaky", {}), ("stall", {}), ("priced", {"units": 3})],
+        [("ask_user", {"question": "go on?"})],
+        [("priced", {"units": 2}), ("lookup", {"key": "f"})],
+        "done: faults",
+    ],
 }
+# The mixed script again, with the transcript shrunk before model calls (see STRATEGIES).
+SCRIPTS["cleared"] = SCRIPTS["mixed"]
+SCRIPTS["compacted"] = SCRIPTS["mixed"]
+
+#: The ``contextStrategy`` of the scripts that have one. ``compact`` summarises with the model
+#: ``crash:summary`` (see :meth:`ScriptProvider.complete`) whenever the last call's input tokens
+#: (100 + the number of messages) pass 106, keeping the last 2 messages.
+STRATEGIES: dict[str, dict[str, Any]] = {
+    "cleared": {"kind": "clearToolResults", "keepLast": 1},
+    "compacted": {"kind": "compact", "trigger": 106, "keepLast": 2, "model": "crash:summary"},
+}
+
+#: The model that writes ``compact``'s summaries, and the marker its summary carries.
+SUMMARY_MODEL = "summary"
+_REPLIES = re.compile(r"\bc(\d+)_\d+\b|replies so far: (\d+)")
+
+#: The built-in tools scripts call (not in the ledger).
+BUILTINS: frozenset[str] = frozenset({"task_complete", "ask_user"})
+
+#: What the harness answers an ``ask_user`` with (``loopwright message ID TEXT``).
+ANSWER = "yes, go on"
+
+#: The cost ``priced`` reports per unit (USD).
+UNIT_COST = 0.25
+
+#: How the harness decides the held calls of each script (``approve`` or ``deny``).
+DECISIONS: dict[str, str] = {"approve": "approve", "deny": "deny"}
+
+#: The tools that hold every call for approval (``requires_approval``).
+HELD: frozenset[str] = frozenset({"wire_slow", "probe_slow"})
 
 #: The answer after the end of a script.
 PAST_END = "(past the end of the script)"
@@ -111,6 +169,12 @@ TOOL_FLAGS: dict[str, tuple[bool, bool]] = {
     "upload_slow": (False, True),
     "lookup": (True, True),
     "fetch_slow": (True, True),
+    "wire_slow": (False, False),
+    "flaky": (False, True),
+    "stall": (False, True),
+    "priced": (False, True),
+    "ask_user": (True, True),
+    "probe_slow": (True, True),
     "task_complete": (True, True),
 }
 
@@ -192,8 +256,14 @@ class ScriptProvider(Provider):
             die(label)
         if self.latency:
             await anyio.sleep(self.latency / 2)
+        index = _replies_so_far(request.messages)
+        size = len(request.messages)
+        if request.model == SUMMARY_MODEL:  # compact's summary: it says how many replies it covers
+            return loopwright.ModelResponse(
+                message=loopwright.Message(role="assistant", content=f"replies so far: {index}"),
+                usage=loopwright.Usage(input_tokens=50 + size, output_tokens=5, total_tokens=55 + size, requests=1),
+                finish_reason="stop")
         script = SCRIPTS[request.model]
-        index = sum(1 for m in request.messages if m.role == "assistant")
         reply = script[index] if index < len(script) else PAST_END
         calls: tuple[loopwright.ToolCall, ...] = ()
         text = None
@@ -203,12 +273,26 @@ class ScriptProvider(Provider):
             calls = tuple(loopwright.ToolCall(id=f"c{index}_{k}", name=name, arguments=args)
                           for k, (name, args) in enumerate(reply))
         # Usage grows with the transcript, so lost or doubled turns show in the totals.
-        size = len(request.messages)
         return loopwright.ModelResponse(
             message=loopwright.Message(role="assistant", content=text, tool_calls=calls),
             usage=loopwright.Usage(input_tokens=100 + size, output_tokens=10 + index,
                                    total_tokens=110 + size + index, requests=1),
             finish_reason="tool_calls" if calls else "stop")
+
+
+def _replies_so_far(messages: Any) -> int:
+    """Return how many scripted replies the transcript holds, a compacted part included.
+
+    Without compaction it is the number of assistant messages. A ``compact`` summary replaces
+    some of them with a message saying ``replies so far: K``; call ids ``cN_k`` show reply N.
+    """
+    count = sum(1 for m in messages if m.role == "assistant")
+    for m in messages:
+        texts = [m.content or "", *(c.id for c in m.tool_calls)]
+        for text in texts:
+            for call, summary in _REPLIES.findall(text):
+                count = max(count, int(call) + 1 if call else int(summary))
+    return count
 
 
 # ---------------------------------------------------------------------------------------------
@@ -295,6 +379,65 @@ async def fetch_slow(key: str, ctx: loopwright.ToolContext) -> str:
     return out
 
 
+@loopwright.tool(parallel_safe=False, requires_approval=True)
+async def wire_slow(to: str, ctx: loopwright.ToolContext) -> str:
+    """Wire money, slowly, once a person approved it (not idempotent).
+
+    Args:
+        to: The recipient.
+    """
+    del to
+    await anyio.sleep(_SLOW / 2)
+    out = _effect(ctx, "wire_slow")
+    await anyio.sleep(_SLOW / 2)
+    return out
+
+
+@loopwright.tool(parallel_safe=True, idempotent=True, requires_approval=True)
+async def probe_slow(key: str, ctx: loopwright.ToolContext) -> str:
+    """Probe a key, slowly, once a person approved it (idempotent).
+
+    Args:
+        key: The key.
+    """
+    del key
+    await anyio.sleep(_SLOW / 2)
+    out = _effect(ctx, "probe_slow")
+    await anyio.sleep(_SLOW / 2)
+    return out
+
+
+@loopwright.tool(parallel_safe=True)
+def flaky(ctx: loopwright.ToolContext) -> str:
+    """Do something that fails after its effect (not idempotent): the result is ``tool_failed``."""
+    _effect(ctx, "flaky")
+    raise RuntimeError("the flaky tool failed after its effect")
+
+
+#: ``stall``'s timeout (seconds); it sleeps far longer, so only the timeout ends it.
+STALL_TIMEOUT = 0.4
+
+
+@loopwright.tool(parallel_safe=True, timeout=STALL_TIMEOUT)
+async def stall(ctx: loopwright.ToolContext) -> str:
+    """Do something, then hang (not idempotent): the result is ``timeout``."""
+    _effect(ctx, "stall")
+    await anyio.sleep(600)
+    return "never"
+
+
+@loopwright.tool(parallel_safe=True)
+def priced(units: int, ctx: loopwright.ToolContext) -> loopwright.ToolOutput:
+    """Do paid work (not idempotent); reports its own usage and cost (a ``spend`` entry).
+
+    Args:
+        units: How much work (UNIT_COST each).
+    """
+    out = _effect(ctx, "priced")
+    return loopwright.ToolOutput(value=out, usage=loopwright.Usage(input_tokens=units, total_tokens=units),
+                                 cost=loopwright.Cost(amount=units * UNIT_COST))
+
+
 # ---------------------------------------------------------------------------------------------
 # Write points inside the file store
 # ---------------------------------------------------------------------------------------------
@@ -313,7 +456,7 @@ def _entry_kinds(items: Any) -> list[str]:
     kinds = {"any"}
     for item in items:
         t = item.get("t")
-        if t in ("seg", "start"):
+        if t in ("seg", "start", "reset"):
             kinds.add(t)
         elif t == "msg":
             role = item["m"].get("role")
@@ -363,7 +506,7 @@ def _append(self: Any, instance_id: str, name: str, items: Any) -> None:
 
 
 def _replace_header(self: Any, instance_id: str, folder: Any, data: bytes) -> None:
-    """``FileStore._replace_header``, counting header writes."""
+    """``FileStore._replace_header``, counting header writes (and holding at the gate, if one is set)."""
     global _writing  # noqa: PLW0603
     if _creating:  # counted by _create
         _original["replace_header"](self, instance_id, folder, data)
@@ -376,6 +519,22 @@ def _replace_header(self: Any, instance_id: str, folder: Any, data: bytes) -> No
         _writing = None
     if found is not None and found[0] == "after":
         die(found[1])
+    if _GATE and n == 1 and json.loads(data).get("state") == "running":
+        _wait_at_gate()
+
+
+#: ``LOOPWRIGHT_CRASH_GATE``: a file; a process that starts running an instance (its first
+#: header write says ``running``: it holds the lease) waits there until the file exists (at most
+#: 60 s). The harness's double resume uses it so that the runner still holds the lease when the
+#: other resume asks for it, however slowly that one starts.
+_GATE = os.environ.get("LOOPWRIGHT_CRASH_GATE", "")
+
+
+def _wait_at_gate() -> None:
+    """Block (the whole process: it holds the lease meanwhile) until the gate file exists."""
+    deadline = time.monotonic() + 60.0  # a hang guard only: the harness opens the gate
+    while not os.path.exists(_GATE) and time.monotonic() < deadline:  # noqa: PTH110
+        time.sleep(0.01)
 
 
 async def _create(self: Any, instance_id: str, header: Any) -> None:
@@ -416,7 +575,7 @@ def _install_store_points() -> None:
     file_store.FileStore.create = _create  # type: ignore[method-assign]
 
 
-if any(p[0] in ("entry", "header", "record") for p in _POINTS):
+if _GATE or any(p[0] in ("entry", "header", "record") for p in _POINTS):
     _install_store_points()
 
 
@@ -432,7 +591,7 @@ def loopwright_register_providers(register: Any) -> None:
 
 @loopwright.hookimpl
 def loopwright_register_tools(register: Any) -> None:
-    register(charge, send_slow, upload_slow, lookup, fetch_slow)
+    register(charge, send_slow, upload_slow, lookup, fetch_slow, wire_slow, probe_slow, flaky, stall, priced)
 
 
 if __name__ == "__main__":  # pragma: no cover - a plugin file, not a script

@@ -22,6 +22,7 @@ timing, so it is classified afterwards from what is on disk (:func:`classify`).
 from __future__ import annotations
 
 import collections
+import contextlib
 import importlib.util
 import itertools
 import json
@@ -54,6 +55,11 @@ MAX_RESUMES = 8
 #: How long a resume is retried while another process holds the instance's lease.
 LEASE_RETRY_SECONDS = 20.0
 RESTING = {"waiting", "waiting_for_approval", "stopped", "error"}
+#: The price of every script's model (USD per million tokens): each call costs, so the
+#: invariants check that cost is counted exactly once after any kill.
+PRICE = {"input": 1000.0, "output": 2000.0}
+#: The result each failing tool gives when it ran to its end (not interrupted).
+FAILS = {"flaky": "tool_failed", "stall": "timeout"}
 
 
 def _load_plugin() -> Any:
@@ -75,20 +81,13 @@ plugin = _load_plugin()
 SCRIPTS: dict[str, list[Any]] = plugin.SCRIPTS
 TOOL_FLAGS: dict[str, tuple[bool, bool]] = plugin.TOOL_FLAGS
 
-#: Known core bugs, by tag: what the matrix reports instead of failing (each has an xfail test
-#: in ``test_known_bugs.py``; once it is fixed, that test passes and must lose its marker).
-KNOWN_BUGS: dict[str, str] = {
-    "lost-prompt": "a kill between the instance's creation and the saving of its task prompt loses the "
-                   "prompt: resume calls the model on a transcript without it",
-    "resume-reasks": "a kill after a turn's work was saved but before the resting header was written makes "
-                     "resume ask the model again (an extra model call; a task_complete is lost: waiting, "
-                     "not completed)",
-    "torn-create": "a kill while FileStore.create writes the first header in place leaves an empty or torn "
-                   "instance.json: show and resume fail on a corrupt header instead of 'no instance', and every "
-                   "ls warns about it",
-    "torn-turn": "a short write that keeps the assistant message but tears its 'turn' entry (one append, "
-                 "two lines) loses that model call's usage and turn count",
-}
+#: Known open core bugs, by tag: a violation :func:`check` tags with one is counted in the
+#: summary instead of failing the matrix. Each tag names exactly one open bug, is set only by the
+#: narrow condition that bug produces, and has a strict-xfail test in ``test_known_bugs.py``; when
+#: the bug is fixed, its entry, its tag and its marker go together. None is open now: every
+#: violation fails. (Fixed, with regression tests: lost-prompt, resume-reasks, torn-create,
+#: torn-turn, approved-in-flight.)
+KNOWN_BUGS: dict[str, str] = {}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -102,7 +101,8 @@ class Stage:
 
     Attributes:
         kind: ``point`` (it kills itself at ``point``), ``random`` (killed after ``delay``),
-            ``double`` (two resumes at once, no kill) or ``plain``.
+            ``mail`` (once it holds the instance, ``loopwright message`` posts to it; then as
+            ``random``), ``double`` (two resumes at once, no kill) or ``plain``.
         point: The kill point, for ``point``.
         delay: Seconds after the process holds the instance, for ``random``.
     """
@@ -116,6 +116,8 @@ class Stage:
             return str(self.point)
         if self.kind == "random":
             return f"random@{self.delay:.2f}s"
+        if self.kind == "mail":
+            return f"mail+random@{self.delay:.2f}s"
         return self.kind
 
 
@@ -126,18 +128,37 @@ class Scenario:
     index: int
     script: str
     stages: tuple[Stage, ...]
+    #: The store (:data:`STORES`): ``file``, ``fsync`` (the file store with ``fsync: true``) or ``sqlite``.
+    store: str = "file"
 
     @property
     def name(self) -> str:
         """A folder-friendly name."""
-        return f"s{self.index:04d}-{self.script}"
+        return f"s{self.index:04d}-{self.script}" + ("" if self.store == "file" else f"-{self.store}")
 
     def __str__(self) -> str:
         return f"{self.name} [{' > '.join(str(s) for s in self.stages)}]"
 
 
-#: Scenarios run at every size, one per interesting kill point (and a few chains of them).
-CURATED: tuple[tuple[str, tuple[str, ...]], ...] = (
+#: The stores a scenario can run on, and their assembly entries. The write kill points
+#: (``entry:``, ``header:``, ``record:``) wrap the file store's functions, so ``sqlite`` scenarios
+#: get model, tool and random kills only.
+STORES: dict[str, dict[str, Any]] = {
+    "file": {"kind": "file", "path": "./store"},
+    "fsync": {"kind": "file", "path": "./store", "fsync": True},
+    "sqlite": {"kind": "sqlite", "path": "./store.db"},
+}
+SQLITE_FILE = "store.db"
+
+
+def write_points_work(store: str) -> bool:
+    """Whether the write kill points (which wrap the file store's functions) work on ``store``."""
+    return STORES[store]["kind"] == "file"
+
+
+#: Scenarios run at every size, one per interesting kill point (and a few chains of them):
+#: ``(script, stages)`` on the file store, or ``(script, stages, store)``.
+CURATED: tuple[tuple[Any, ...], ...] = (
     ("mixed", ("model:1",)),                                   # during the first model call
     ("mixed", ("model:4",)),                                   # during a later one
     ("mixed", ("tool:charge:1:after",)),                       # non-idempotent, effect done
@@ -154,19 +175,78 @@ CURATED: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("mixed", ("entry:answer:2:torn",)),                       # torn answer
     ("burst", ("entry:result:3:torn",)),                       # torn tool result
     ("mixed", ("record:3:torn",)),                             # torn record
-    ("mixed", ("header:1:torn",)),                             # known: torn-create
+    ("mixed", ("entry:answer:1:before",)),                     # answer received, not saved
+    ("mixed", ("entry:result:2:before",)),                     # tool done, result not saved
+    ("mixed", ("entry:start:2:torn",)),                        # torn start marker
+    ("complete", ("entry:seg:1:before",)),                     # instance created, nothing in its log
+    ("burst", ("entry:seg:1:torn",)),                          # torn segment entry
+    ("complete", ("entry:prompt:1:before",)),                  # before the prompts are saved
+    ("burst", ("entry:prompt:1:torn",)),                       # torn prompt
+    ("mixed", ("entry:prompt:1:after",)),                      # a prompt saved, the rest not
+    ("complete", ("header:1:before",)),                        # before the first header
+    ("mixed", ("header:1:torn",)),                             # was torn-create
     ("mixed", ("header:2:torn",)),                             # resting header, temp file torn
     ("complete", ("header:2:after",)),                         # resting header renamed, records not
-    ("mixed", ("header:2:rename",)),                           # known: resume-reasks
-    ("complete", ("entry:result:5:after",)),                   # known: resume-reasks
-    ("complete", ("tool:charge:2:after",)),                    # known: resume-reasks
-    ("mixed", ("entry:seg:1:after",)),                         # known: lost-prompt
-    ("mixed", ("entry:answer:2:torn-last",)),                  # known: torn-turn
+    ("mixed", ("header:2:rename",)),                           # was resume-reasks
+    ("complete", ("entry:result:5:after",)),                   # was resume-reasks
+    ("complete", ("tool:charge:2:after",)),                    # was resume-reasks
+    ("mixed", ("entry:seg:1:after",)),                         # was lost-prompt
+    ("mixed", ("entry:answer:2:torn-last",)),                  # was torn-turn
     ("mixed", ("tool:send_slow:1:after", "model:1")),          # killed again in the resume's model call
     ("mixed", ("tool:fetch_slow:1:after", "tool:fetch_slow:1:after")),  # killed in an idempotent re-run
     ("burst", ("tool:upload_slow:1:after", "entry:result:1:after")),    # killed while repairing
     ("mixed", ("tool:charge:2:before", "double")),             # two resumes race for the lease
     ("burst", ("entry:result:2:after", "header:1:torn")),      # killed writing the resume's first header
+    # Approvals: the first process rests waiting for approval; the next one decides (approve or deny).
+    ("approve", ("header:2:rename",)),                         # killed holding the call: it was never held
+    ("approve", ("plain", "header:1:after")),                  # decision saved, the segment not yet going on
+    ("approve", ("plain", "header:2:after")),                  # running again, the approved call not started
+    ("approve", ("plain", "entry:start:1:after")),             # approved call started, not run
+    ("approve", ("plain", "tool:wire_slow:1:before")),         # approved call in flight, before its effect
+    ("approve", ("plain", "tool:wire_slow:1:after")),          # approved call in flight, after its effect
+    ("approve", ("plain", "entry:result:1:after")),            # approved call's result saved
+    ("approve", ("plain", "plain", "tool:probe_slow:1:after")),  # idempotent approved call in flight
+    ("approve", ("plain", "tool:wire_slow:1:after", "double")),  # two resumes race after it
+    ("deny", ("plain", "header:1:after")),                     # denial saved, the segment not yet going on
+    ("deny", ("plain", "header:2:after")),                     # running again, the denied result not saved
+    ("deny", ("plain", "entry:result:1:after")),               # denied result saved
+    ("deny", ("plain", "model:1")),                            # in the model call after the denial
+    ("approve", ("plain", "random")),
+    ("deny", ("random", "random")),
+    # Tool failures, a timeout, a tool's own cost, and an ask_user answered by `loopwright message`.
+    ("faults", ("tool:flaky:1:after",)),                       # a failing call, after its effect
+    ("faults", ("tool:stall:1:after",)),                       # a call that would time out, in flight
+    ("faults", ("tool:priced:1:after",)),                      # a priced call in flight: no cost counted
+    ("faults", ("entry:result:2:after",)),                     # failed results saved, the priced one not
+    ("faults", ("entry:start:4:after",)),                      # ask_user started, its wait not yet saved
+    ("faults", ("plain", "entry:result:1:after")),             # the answer saved, the turn not yet gone on
+    ("faults", ("plain", "tool:priced:1:after")),              # after the answer, a priced call in flight
+    ("faults", ("plain", "model:1")),                          # after the answer, in the model call
+    ("faults", ("random", "random")),
+    ("faults", ("plain", "random"), "sqlite"),
+    # Context strategies: clearToolResults and compact (its summary calls are model calls too).
+    ("cleared", ("entry:reset:1:torn",)),                      # a torn reset
+    ("cleared", ("entry:reset:2:after",)),                     # a reset saved, the model not yet called
+    ("cleared", ("tool:upload_slow:1:after",)),                # in a call after a reset
+    ("compacted", ("entry:reset:1:before",)),                  # summary made, the reset not saved
+    ("compacted", ("entry:reset:1:torn",)),
+    ("compacted", ("entry:reset:1:after",)),
+    ("compacted", ("model:4",)),
+    ("compacted", ("model:5",)),
+    ("compacted", ("random", "random")),
+    # The other stores: fsync: true (the same write points), and sqlite (model, tool and random kills).
+    ("mixed", ("entry:result:4:torn",), "fsync"),
+    ("burst", ("tool:upload_slow:2:after", "header:1:rename"), "fsync"),
+    ("mixed", ("tool:send_slow:1:after",), "sqlite"),
+    ("burst", ("tool:fetch_slow:3:before", "model:1"), "sqlite"),
+    ("complete", ("tool:charge:2:after",), "sqlite"),
+    ("approve", ("plain", "tool:wire_slow:1:after"), "sqlite"),
+    ("deny", ("plain", "model:1"), "sqlite"),
+    ("mixed", ("random", "random"), "sqlite"),
+    # Messages arriving mid-turn (then a random kill), read at a turn boundary, exactly once.
+    ("mixed", ("mail", "random")),
+    ("burst", ("random", "mail")),
+    ("approve", ("mail", "random")),
     ("complete", ("model:2", "random")),
     ("mixed", ("random", "random")),
     ("mixed", ("random", "random")),
@@ -190,28 +270,54 @@ def script_seconds(script: str) -> float:
     return len(replies) * LATENCY + slow
 
 
-def catalog(script: str) -> list[str]:
-    """Return every kill point a ``run`` of ``script`` reaches (each fires exactly once)."""
-    replies = SCRIPTS[script]
-    calls = [c for r in replies if not isinstance(r, str) for c in r]
+def catalog(script: str, store: str = "file") -> list[str]:
+    """Return every kill point a ``run`` of ``script`` on ``store`` reaches (each fires exactly once).
+
+    A ``run`` of a script with held calls ends at the first reply that holds one: the calls of
+    that reply that are not held run, the held ones wait for the next process.
+    """
+    replies = list(SCRIPTS[script])
+    held = next((k for k, r in enumerate(replies)
+                 if not isinstance(r, str) and any(c[0] in (*plugin.HELD, "ask_user") for c in r)), None)
+    if held is not None:
+        replies = replies[: held + 1]
+    calls = [c for r in replies if not isinstance(r, str) for c in r if c[0] not in plugin.HELD]
+    asks = sum(1 for c in calls if c[0] == "ask_user")  # started, answered by the next process
     points = [f"model:{n}" for n in range(1, len(replies) + 1)]
     for name, count in collections.Counter(name for name, _ in calls).items():
-        if name != "task_complete":  # a built-in: the plugin cannot kill inside it
+        if name not in plugin.BUILTINS:  # the plugin cannot kill inside a built-in
             points += [f"tool:{name}:{n}:{p}" for n in range(1, count + 1) for p in ("before", "after")]
     write = ("before", "torn", "after")
     points += [f"entry:answer:{n}:{p}" for n in range(1, len(replies) + 1) for p in (*write, "torn-last")]
-    points += [f"entry:{k}:{n}:{p}" for k in ("start", "result") for n in range(1, len(calls) + 1) for p in write]
+    points += [f"entry:start:{n}:{p}" for n in range(1, len(calls) + 1) for p in write]
+    points += [f"entry:result:{n}:{p}" for n in range(1, len(calls) - asks + 1) for p in write]
     points += [f"entry:{k}:1:{p}" for k in ("seg", "prompt") for p in write]
+    if script in plugin.STRATEGIES:
+        points += [f"entry:reset:1:{p}" for p in write]
     points += [f"header:1:{p}" for p in ("before", "torn", "after")]  # creation: in place or renamed in
     points += [f"header:2:{p}" for p in ("torn", "rename", "after")]
-    points += [f"record:{n}:torn" for n in (1, 2, 3)]
+    points += [f"record:{n}:torn" for n in ((1, 2, 3) if held is None else (1,))]
+    if not write_points_work(store):
+        points = [p for p in points if p.split(":")[0] in ("model", "tool")]
     return points
 
 
-#: Points tried in resume processes (those a resume may or may not reach).
+def catalog_kinds() -> set[tuple[str, str]]:
+    """Return every kind of kill point of every script's catalog: ``(point kind[:log kind], phase)``."""
+    return {_kind(p) for script in SCRIPTS for p in catalog(script)}
+
+
+def _kind(point: str) -> tuple[str, str]:
+    parts = point.split(":")
+    return (":".join(parts[:2]) if parts[0] == "entry" else parts[0], parts[-1] if len(parts) > 2 else "")
+
+
+#: Points tried in resume processes, and in those that decide held calls (those a process may or
+#: may not reach). ``header:1`` of an ``approve`` is the decision's save, ``header:2`` the
+#: header saying ``running`` again.
 RESUME_POINTS = ("model:1", "model:2", "tool:*:1:after", "tool:*:1:before", "tool:*:2:after", "entry:start:1:after",
                  "entry:result:1:after", "entry:result:2:after", "entry:answer:1:after", "entry:answer:1:torn",
-                 "header:1:rename", "header:1:torn", "record:1:torn")
+                 "header:1:rename", "header:1:torn", "header:1:after", "header:2:after", "record:1:torn")
 
 
 def scenarios(kills: int, seed: int) -> Iterator[Scenario]:
@@ -223,35 +329,44 @@ def scenarios(kills: int, seed: int) -> Iterator[Scenario]:
     rng = random.Random(seed)  # noqa: S311 - a replayable plan, not cryptography
 
     def stage(raw: str, script: str, first: bool) -> Stage:
-        if raw == "random":
+        if raw in ("random", "mail"):
             # A resume has less left to do than a run: its kills are drawn from a shorter span.
             span = script_seconds(script) * (1.1 if first else 0.5)
-            return Stage("random", delay=round(rng.uniform(0.0, span), 3))
+            kind = "random" if raw == "mail" and "ask_user" in str(SCRIPTS[script]) else raw  # mail would answer it
+            return Stage(kind, delay=round(rng.uniform(0.0, span), 3))
         if raw in ("double", "plain"):
             return Stage(raw)
         return Stage("point", point=raw)
 
-    def make(index: int, script: str, raws: Sequence[str]) -> Scenario:
-        return Scenario(index, script, tuple(stage(r, script, i == 0) for i, r in enumerate(raws)))
+    def make(index: int, script: str, raws: Sequence[str], store: str = "file") -> Scenario:
+        return Scenario(index, script, tuple(stage(r, script, i == 0) for i, r in enumerate(raws)), store)
 
     curated = list(CURATED)
-    if sum(len(s) for _, s in curated) > kills:
+    if curated_kills() > kills:
         rng.shuffle(curated)
-    for index, (script, raws) in enumerate(curated):
-        yield make(index, script, raws)
+    for index, (script, raws, *store) in enumerate(curated):
+        yield make(index, script, raws, *store)
     scripts = sorted(SCRIPTS)
     for index in itertools.count(len(curated)):
         script = rng.choice(scripts)
-        drawn = [rng.choice(catalog(script) if i == 0 else RESUME_POINTS) if rng.random() < 0.5 else "random"
+        store = rng.choice(("file", "file", "file", "fsync", "sqlite"))
+        later = [p for p in RESUME_POINTS if write_points_work(store) or p.split(":")[0] in ("model", "tool")]
+        drawn = [rng.choice(catalog(script, store) if i == 0 else later) if rng.random() < 0.5
+                 else rng.choice(("random", "random", "random", "mail"))
                  for i in range(rng.choice((1, 2, 2, 3)))]
         if len(drawn) > 1 and rng.random() < 0.1:
             drawn.append("double")
-        yield make(index, script, drawn)
+        yield make(index, script, drawn, store)
+
+
+def curated_kills() -> int:
+    """Return how many kills the curated scenarios plan."""
+    return sum(1 for _script, raws, *_store in CURATED for r in raws if r not in ("plain", "double"))
 
 
 def planned_kills(scenario: Scenario) -> int:
     """Return how many kills ``scenario`` plans (random ones and those in resumes may not land)."""
-    return sum(1 for s in scenario.stages if s.kind in ("point", "random"))
+    return sum(1 for s in scenario.stages if s.kind in ("point", "random", "mail"))
 
 
 def plan(kills: int, seed: int) -> list[Scenario]:
@@ -282,6 +397,7 @@ class Proc:
         out: Its stdout.
         err: Its stderr.
         kill: Where it was killed (a category, see :func:`category`), or None if it was not.
+        mailed: The message ``loopwright message`` posted while it ran (``mail`` stages).
     """
 
     command: str
@@ -291,6 +407,7 @@ class Proc:
     out: str
     err: str
     kill: str | None = None
+    mailed: str | None = None
 
     @property
     def killed(self) -> bool:
@@ -353,18 +470,37 @@ def environment(point: str | None = None) -> dict[str, str]:
 def prepare(folder: Path, scenario: Scenario) -> None:
     """Write the scenario's assembly and definition (JSON is YAML) into ``folder``."""
     folder.mkdir(parents=True)
-    assembly = {"store": {"kind": "file", "path": "./store"}, "plugins": [str(PLUGIN_FILE)],
-                "providers": {"crash": {"kind": "crash", "latency": LATENCY}}}
+    assembly = {"store": STORES[scenario.store], "plugins": [str(PLUGIN_FILE)],
+                "providers": {"crash": {"kind": "crash", "latency": LATENCY}},
+                "pricing": {f"crash:{name}": PRICE for name in (*SCRIPTS, plugin.SUMMARY_MODEL)}}
     (folder / "loopwright.yaml").write_text(json.dumps(assembly, indent=2))
-    tools = [n for n in TOOL_FLAGS if n != "task_complete"]
-    if any(not isinstance(r, str) and any(c[0] == "task_complete" for c in r) for r in SCRIPTS[scenario.script]):
-        tools.append("task_complete")
-    definition = {"name": scenario.script, "model": f"crash:{scenario.script}", "tools": tools}
+    tools = [n for n in TOOL_FLAGS if n not in plugin.BUILTINS]
+    used = {c[0] for r in SCRIPTS[scenario.script] if not isinstance(r, str) for c in r}
+    tools += sorted(used & plugin.BUILTINS)
+    definition: dict[str, Any] = {"name": scenario.script, "model": f"crash:{scenario.script}", "tools": tools}
+    if scenario.script in plugin.STRATEGIES:
+        definition["contextStrategy"] = plugin.STRATEGIES[scenario.script]
     (folder / "agent.yaml").write_text(json.dumps(definition, indent=2))
 
 
+def _sqlite(folder: Path, query: str, *args: Any) -> list[tuple[Any, ...]]:
+    """Run a read-only query on the scenario's sqlite store ([] while it does not exist yet)."""
+    import sqlite3  # noqa: PLC0415 - only sqlite scenarios read it
+
+    path = folder / SQLITE_FILE
+    if not path.exists():
+        return []
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)) as db:
+        try:
+            return db.execute(query, args).fetchall()
+        except sqlite3.OperationalError:  # the tables are not made yet
+            return []
+
+
 def instance_ids(folder: Path) -> list[str]:
-    """Return the folders in the scenario's store (instances, created or half created)."""
+    """Return the instances in the scenario's store (for the file store, its folders, half created too)."""
+    if (folder / SQLITE_FILE).exists():
+        return sorted(row[0] for row in _sqlite(folder, "SELECT id FROM instances"))
     store = folder / "store"
     return sorted(p.name for p in store.iterdir() if p.is_dir()) if store.is_dir() else []
 
@@ -372,10 +508,29 @@ def instance_ids(folder: Path) -> list[str]:
 def read_header(folder: Path, iid: str) -> dict[str, Any] | None:
     """Return the instance's header, or None if it is missing or cannot be parsed."""
     try:
-        header = json.loads((folder / "store" / iid / "instance.json").read_bytes())
+        if (folder / SQLITE_FILE).exists():
+            rows = _sqlite(folder, "SELECT header FROM instances WHERE id = ?", iid)
+            header = json.loads(rows[0][0]) if rows else None
+        else:
+            header = json.loads((folder / "store" / iid / "instance.json").read_bytes())
     except (OSError, ValueError):
         return None
     return header if isinstance(header, dict) else None
+
+
+def read_instance_log(folder: Path, iid: str, name: str) -> tuple[list[dict[str, Any]], bytes]:
+    """Return an instance's log (``entries.jsonl`` or ``records.jsonl``) as :func:`read_log` does."""
+    if (folder / SQLITE_FILE).exists():
+        table = {"entries.jsonl": "entries", "records.jsonl": "records"}[name]
+        rows = _sqlite(folder, f"SELECT json FROM {table} WHERE instance_id = ? ORDER BY seq", iid)  # noqa: S608
+        out = []
+        for (text,) in rows:
+            obj = json.loads(text)
+            if not isinstance(obj, dict):
+                raise ValueError(f"{table}: a row is a JSON {type(obj).__name__}")  # noqa: TRY004
+            out.append(obj)
+        return out, b""
+    return read_log(folder / "store" / iid / name)
 
 
 def _holds(folder: Path, command: str, pid: int) -> bool:
@@ -402,24 +557,43 @@ def start(folder: Path, args: Sequence[str], stage: Stage) -> subprocess.Popen[s
         env=environment(stage.point if stage.kind == "point" else None))
 
 
-def finish(folder: Path, command: str, proc: subprocess.Popen[str], stage: Stage, timeout: float = 120) -> Proc:
+def finish(folder: Path, command: str, proc: subprocess.Popen[str], stage: Stage, timeout: float = 120) -> Proc:  # noqa: C901
     """Wait for ``proc`` (killing it at ``stage.delay`` for random stages) and classify its kill."""
-    if stage.kind == "random":
+    mailed, poster = None, None
+    if stage.kind in ("random", "mail"):
         deadline = time.monotonic() + timeout
         while proc.poll() is None and not _holds(folder, command, proc.pid) and time.monotonic() < deadline:
             time.sleep(0.005)
+        if stage.kind == "mail" and instance_ids(folder):
+            # A message arrives while the process runs the instance (read at a turn boundary), or
+            # after it rested or died (then this `message` runs it, or a resume reads it).
+            mailed = f"mail for pid {proc.pid}"
+            poster = subprocess.Popen(
+                [sys.executable, "-m", "loopwright.cli", "message", instance_ids(folder)[0], mailed, "--json"],
+                cwd=folder, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environment())
         end = time.monotonic() + (stage.delay or 0.0)
         while proc.poll() is None and time.monotonic() < end:
             time.sleep(min(0.01, max(end - time.monotonic(), 0.0)))
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
+        if poster is not None:
+            # Where the kill landed is read before the message's process goes on with the instance.
+            out, err = proc.communicate(timeout=timeout)
+            done = Proc(command, stage, proc.pid, proc.returncode, out, err, mailed=mailed)
+            if done.killed:
+                done.kill = category(stage, err, folder, command)
+            _out, poster_err = poster.communicate(timeout=timeout)
+            if poster.returncode not in (0, 3):  # 3: it ran the instance until it waited for approval
+                done.mailed = None
+                done.err += f"\n(harness: message exited {poster.returncode}: {poster_err.strip()[-200:]})"
+            return done
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         out, err = proc.communicate()
         err += "\n(harness: timed out, killed)"
-    done = Proc(command, stage, proc.pid, proc.returncode, out, err)
+    done = Proc(command, stage, proc.pid, proc.returncode, out, err, mailed=mailed)
     if done.killed:
         done.kill = category(stage, err, folder, command)
     return done
@@ -453,6 +627,8 @@ def point_category(point: str, command: str = "run") -> str:  # noqa: PLR0911 - 
     what = parts[1]
     if phase.startswith("torn"):
         return f"in a torn log write: entry log ({what}{', all lines but the last' if phase == 'torn-last' else ''})"
+    if what == "reset":
+        return f"while the transcript is reset: {phase} the context strategy's reset is saved"
     if what in ("seg", "prompt"):
         return f"while the instance starts: {phase} its {'segment entry' if what == 'seg' else 'prompt'} is saved"
     return {
@@ -473,7 +649,7 @@ def classify(folder: Path) -> str:  # noqa: PLR0911 - one return per category
         return "while the instance starts: random, creating it"
     if header.get("state") in RESTING:
         return "after the instance rested: random"
-    entries, torn = read_log(folder / "store" / ids[0] / "entries.jsonl")
+    entries, torn = read_instance_log(folder, ids[0], "entries.jsonl")
     if torn:
         return "in a torn log write: random, entry log"
     messages, starts = replay(entries)
@@ -513,14 +689,21 @@ def run_scenario(root: Path, scenario: Scenario) -> Outcome:
         outcome.seconds = time.monotonic() - t0
         return outcome
     resumes = 0
-    while _state(folder, iid) == "running":
+    while (command := _next_command(folder, iid, scenario.script)) is not None:
         stage = stages.pop(0) if stages else Stage("plain")
+        if command[0] != "resume":
+            # Held calls wait for a person: this process decides them, and runs what follows.
+            proc = finish(folder, command[0], start(folder, command, stage), stage)
+            outcome.procs.append(proc)
+            resumes += 1
+            if proc.code not in (0, 3, -signal.SIGKILL):  # 3: it rests waiting for approval again
+                outcome.violations.append(Violation("decide", f"{command[0]} exited {proc.code}: "
+                                                              f"{proc.err.strip()[-300:]}"))
+                break
+            continue
         if stage.kind == "double":
-            pair = [start(folder, ["resume", iid], stage) for _ in range(2)]
-            outcome.procs += [finish(folder, "resume", p, stage) for p in pair]
-            codes = sorted(p.code for p in outcome.procs[-2:])
-            if "running elsewhere" in outcome.procs[-1].err + outcome.procs[-2].err:
-                outcome.notes.append(f"double resume: exit codes {codes}, one was refused the lease")
+            outcome.procs += double_resume(folder, iid, stage)
+            outcome.violations += check_double(outcome.procs[-2:])
             continue
         proc = _resume(folder, iid, stage, outcome)
         resumes += 1
@@ -534,6 +717,35 @@ def run_scenario(root: Path, scenario: Scenario) -> Outcome:
     outcome.violations += check(folder, iid, outcome)
     outcome.seconds = time.monotonic() - t0
     return outcome
+
+
+def double_resume(folder: Path, iid: str, stage: Stage) -> list[Proc]:
+    """Start two resumes at once; the one that gets the lease waits at the gate until the other exits.
+
+    The gate (``LOOPWRIGHT_CRASH_GATE``, see :mod:`crash_plugin`) makes the race certain without
+    timing: the runner holds the lease until the refused one is gone. :func:`check_double` then
+    asserts exactly one runner and one refusal.
+    """
+    gate = folder / f"gate-{time.monotonic_ns()}"
+    env = {**environment(), "LOOPWRIGHT_CRASH_GATE": str(gate)}
+    pair = [subprocess.Popen([sys.executable, "-m", "loopwright.cli", "resume", iid, "--json"], cwd=folder,
+                             text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+            for _ in range(2)]
+    deadline = time.monotonic() + 120  # a hang guard: the refused one exits within its start-up
+    while all(p.poll() is None for p in pair) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    gate.touch()
+    return [finish(folder, "resume", p, stage) for p in pair]
+
+
+def check_double(pair: Sequence[Proc]) -> list[Violation]:
+    """Two resumes at once: exactly one ran the instance (exit 0 or 3), the other was refused the lease (exit 1)."""
+    refused = [p for p in pair if p.code == 1 and "running elsewhere" in p.err]
+    ran = [p for p in pair if p.code in (0, 3)]  # 3: it ran until the instance rested waiting for approval
+    if len(refused) == 1 and len(ran) == 1:
+        return []
+    shown = "; ".join(f"exit {p.code}: {p.err.strip()[-200:]!r}" for p in pair)
+    return [Violation("double resume", f"expected one runner and one refusal, got {shown}")]
 
 
 def _resume(folder: Path, iid: str, stage: Stage, outcome: Outcome) -> Proc:
@@ -550,6 +762,29 @@ def _resume(folder: Path, iid: str, stage: Stage, outcome: Outcome) -> Proc:
 
 def _state(folder: Path, iid: str) -> str | None:
     return (read_header(folder, iid) or {}).get("state")
+
+
+def _next_command(folder: Path, iid: str, script: str) -> list[str] | None:
+    """Return the command that moves the instance on, or None once it rests for good.
+
+    ``running`` (a dead runner's): ``resume``. Waiting for approval with a call undecided: the
+    script's decision (:data:`crash_plugin.DECISIONS`). Waiting with every call decided (a kill
+    after the decision was saved, before the segment went on): ``resume``, which goes on as the
+    decision would have.
+    """
+    header = read_header(folder, iid) or {}
+    state = header.get("state")
+    if state == "running":
+        return ["resume", iid]
+    if state == "waiting" and header.get("awaitingAnswer"):
+        return ["message", iid, plugin.ANSWER]  # an ask_user waits: the answer goes on
+    if state != "waiting_for_approval":
+        return None
+    pending = header.get("pendingApprovals") or []
+    if pending and all(p.get("decision") for p in pending):
+        return ["resume", iid]
+    decision = plugin.DECISIONS.get(script, "approve")
+    return [decision, iid] + (["--reason", "not this one"] if decision == "deny" else [])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -633,19 +868,16 @@ def check_never_created(folder: Path, outcome: Outcome) -> list[Violation]:
     """
     out = []
     iid = outcome.instance_id or ""
-    torn = (folder / "store" / iid / "instance.json").exists()
     if read_ledger(folder, iid):
         out.append(Violation("ledger", "tools ran for an instance that was never created"))
     show = _cli(folder, "show", iid)
     if show.code != 2:
-        out.append(Violation("show", f"show of a half-created instance exited {show.code}: {show.err.strip()}",
-                             bug="torn-create" if torn else None))
+        out.append(Violation("show", f"show of a half-created instance exited {show.code}: {show.err.strip()}"))
     ls = _cli(folder, "ls")
     if ls.code != 0 or json.loads(ls.out or "null") != []:
         out.append(Violation("ls", f"ls with a half-created instance: exit {ls.code}, {ls.out.strip()[:200]}"))
     elif ls.err.strip():
-        out.append(Violation("ls", f"ls warns about a half-created instance: {ls.err.strip()[:200]}",
-                             bug="torn-create" if torn else None))
+        out.append(Violation("ls", f"ls warns about a half-created instance: {ls.err.strip()[:200]}"))
     outcome.procs += [show, ls]
     outcome.notes.append("killed while creating the instance: it was never created")
     return out
@@ -667,11 +899,13 @@ class Seen:
         run: The instance loaded in a fresh runtime (None if that failed).
         entries: The entry log's complete lines.
         records: The record log's complete lines.
-        messages: The transcript replayed from the entry log, in the order written.
+        messages: The transcript replayed from the entry log, in the order written (after any
+            ``reset`` of a context strategy: the transcript as it is now).
         starts: The call ids with a start marker.
-        assistants: The assistant messages, in order.
-        calls: Every call asked for, by id.
-        results: Every result, by call id.
+        assistants: The assistant messages ever saved, in order (those a reset dropped too).
+        calls: Every call ever asked for, by id.
+        results: Every result ever saved, by call id (as saved, before a reset cleared it).
+        history: Every message ever saved (each ``msg`` entry), in log order.
     """
 
     header: dict[str, Any]
@@ -684,6 +918,7 @@ class Seen:
     assistants: list[dict[str, Any]] = attrs.Factory(list)
     calls: dict[str, dict[str, Any]] = attrs.Factory(dict)
     results: dict[str, dict[str, Any]] = attrs.Factory(dict)
+    history: list[dict[str, Any]] = attrs.Factory(list)
 
 
 def check(folder: Path, iid: str, outcome: Outcome) -> list[Violation]:
@@ -691,9 +926,15 @@ def check(folder: Path, iid: str, outcome: Outcome) -> list[Violation]:
     out: list[Violation] = []
     seen = _read(folder, iid, outcome, out)
     out += check_transcript(seen)
-    out += check_script(seen, outcome.scenario.script)
-    out += check_ledger(seen, read_ledger(folder, iid), {p.pid for p in outcome.procs if p.killed}, outcome.stats)
+    mailed = [p.mailed for p in outcome.procs if p.mailed]
+    out += check_script(seen, outcome.scenario.script, len(mailed))
+    out += check_mail(seen, mailed)
+    out += check_ledger(seen, read_ledger(folder, iid), {p.pid for p in outcome.procs if p.killed}, outcome.stats,
+                        outcome.scenario.script)
     out += check_counters(seen)
+    if seen.header.get("pendingApprovals"):
+        out.append(Violation("approval", f"the resting header still lists held calls: "
+                                         f"{[p.get('toolCallId') for p in seen.header['pendingApprovals']]}"))
     return out
 
 
@@ -701,7 +942,6 @@ def _read(folder: Path, iid: str, outcome: Outcome, out: list[Violation]) -> See
     """Read the instance every way a user can, noting what fails: ``show``, the files, a fresh runtime."""
     from loopwright._config import validate_data  # noqa: PLC0415 - imported by the checks only
 
-    inst_dir = folder / "store" / iid
     show = _cli(folder, "show", iid)
     outcome.procs.append(show)
     summary: dict[str, Any] = {}
@@ -709,7 +949,7 @@ def _read(folder: Path, iid: str, outcome: Outcome, out: list[Violation]) -> See
         out.append(Violation("show", f"exit {show.code}: {show.err.strip()}"))
     else:
         summary = json.loads(show.out)
-    header = json.loads((inst_dir / "instance.json").read_text())
+    header = read_header(folder, iid) or {}
     out += [Violation("header schema", str(p)) for p in validate_data("instance", header)]
     if header.get("state") not in RESTING:
         out.append(Violation("resting", f"the instance is {header.get('state')}"))
@@ -723,7 +963,7 @@ def _read(folder: Path, iid: str, outcome: Outcome, out: list[Violation]) -> See
     logs: dict[str, list[dict[str, Any]]] = {}
     for name in ("entries.jsonl", "records.jsonl"):
         try:
-            logs[name], tail = read_log(inst_dir / name)
+            logs[name], tail = read_instance_log(folder, iid, name)
         except ValueError as exc:
             out.append(Violation("log lines", f"{name}: {exc}"))
             logs[name], tail = [], b""
@@ -733,7 +973,10 @@ def _read(folder: Path, iid: str, outcome: Outcome, out: list[Violation]) -> See
         out += [Violation("record schema", f"{record.get('kind')}: {p}") for p in validate_data("record", record)]
     seen = Seen(header, summary, run, logs["entries.jsonl"], logs["records.jsonl"])
     seen.messages, seen.starts = replay(seen.entries)
-    for m in seen.messages:
+    seen.history = [e["m"] for e in seen.entries if e.get("t") == "msg"]
+    for m in seen.history:
+        if m.get("role") == "tool" and str(m.get("toolCallId")) in seen.results:
+            out.append(Violation("transcript", f"call {m.get('toolCallId')} got a second result"))
         if m.get("role") == "assistant":
             seen.assistants.append(m)
             seen.calls.update((c["id"], c) for c in m.get("toolCalls") or [])
@@ -749,11 +992,10 @@ def check_transcript(seen: Seen) -> list[Violation]:
         loaded = [(m.role, m.tool_call_id) for m in seen.run.inst.transcript]
         if loaded != [(m["role"], m.get("toolCallId")) for m in _call_ordered(seen.messages)]:
             out.append(Violation("load", "the loaded transcript differs from the entry log replayed in call order"))
-    first = next((m for m in seen.messages if m.get("role") != "system"), None)
+    first = next((m for m in seen.history if m.get("role") != "system"), None)
     if first is None or first.get("role") != "user" or first.get("content") != PROMPT:
         shown = first and {k: first.get(k) for k in ("role", "content")}
-        out.append(Violation("prompt", f"the transcript does not start with the task prompt (first: {shown})",
-                             bug="lost-prompt"))
+        out.append(Violation("prompt", f"the transcript does not start with the task prompt (first: {shown})"))
     messages = seen.messages
     i = 0
     while i < len(messages):
@@ -773,31 +1015,43 @@ def check_transcript(seen: Seen) -> list[Violation]:
     return out
 
 
-def check_script(seen: Seen, script_name: str) -> list[Violation]:
-    """Every scripted answer is there once, in order, nothing was asked past the end; the state fits."""
+def check_mail(seen: Seen, mailed: Sequence[str]) -> list[Violation]:
+    """Each message posted while the instance ran is in the transcript exactly once, as a user message."""
+    users = [m.get("content") for m in seen.history if m.get("role") == "user"]
+    return [Violation("mail", f"the message {text!r} is in the transcript {users.count(text)} times")
+            for text in mailed if users.count(text) != 1]
+
+
+def check_script(seen: Seen, script_name: str, mailed: int = 0) -> list[Violation]:
+    """Every scripted answer is there once, in order, nothing was asked past the end; the state fits.
+
+    A message that came after the script's last answer is answered (past the end): ``mailed``
+    messages allow that many more answers, each :data:`crash_plugin.PAST_END`, each after one.
+    """
     out = []
     script = SCRIPTS[script_name]
     expected = [_reply(r, k) for k, r in enumerate(script)]
     actual = [_reply_of(m) for m in seen.assistants]
     extra = len(actual) - len(expected)
+    if 0 < extra <= mailed and all(a == plugin.PAST_END for a in actual[len(expected):]):
+        extra = 0  # each answers a message that came after the script's end
     if actual[: len(expected)] != expected[: len(actual)]:
         out.append(Violation("script", f"the answers differ from the script: {actual} != {expected}"))
     elif extra < 0:
         out.append(Violation("script", f"only {len(actual)} of {len(expected)} scripted answers were saved"))
     elif extra > 0:
-        out.append(Violation("script", f"the model was asked {extra} more time(s) after the script's last answer",
-                             bug="resume-reasks"))
+        out.append(Violation("script", f"the model was asked {extra} more time(s) after the script's last answer"))
     ends_complete = any(c[0] == "task_complete" for r in script if not isinstance(r, str) for c in r)
     want = ("stopped", "completed") if ends_complete else ("waiting", "waiting")
     got = (seen.header.get("state"), seen.header.get("stopReason"))
     if got != want:
-        out.append(Violation("final state", f"{'/'.join(map(str, got))}, expected {'/'.join(want)}",
-                             bug="resume-reasks" if extra > 0 else None))
+        out.append(Violation("final state", f"{'/'.join(map(str, got))}, expected {'/'.join(want)}"))
     return out
 
 
-def check_ledger(  # noqa: C901, PLR0912 - one branch per invariant
+def check_ledger(  # noqa: C901, PLR0912, PLR0915 - one branch per invariant
     seen: Seen, ledger: list[dict[str, Any]], killed: set[int], stats: collections.Counter[str] | None = None,
+    script: str = "",
 ) -> list[Violation]:
     """No completed call ran twice; non-idempotent calls at most once; idempotent ones again only if interrupted.
 
@@ -826,10 +1080,29 @@ def check_ledger(  # noqa: C901, PLR0912 - one branch per invariant
             stats["unknown_outcome" + ("_ran" if runs else "")] += 1
         if len(runs) > 1:
             stats["idempotent reruns"] += len(runs) - 1
-        if name == "task_complete":  # a built-in: not in the ledger
+        if name in plugin.BUILTINS:  # not in the ledger
             if status != "success":
-                out.append(Violation("ledger", f"{where}: task_complete did not succeed"))
+                out.append(Violation("ledger", f"{where}: {name} did not succeed"))
+            if name == "ask_user" and (seen.results.get(cid) or {}).get("content") != plugin.ANSWER:
+                out.append(Violation("ask_user", f"{where}: the result is not the answer sent"))
             continue
+        if name in FAILS and status not in (FAILS[name], "unknown_outcome"):
+            out.append(Violation("ledger", f"{where}: expected {FAILS[name]} (or unknown_outcome)"))
+        if name in FAILS and status == FAILS[name]:
+            if len(runs) != 1:
+                out.append(Violation("ledger", f"{where}: a failed call must have run once"))
+            continue
+        if name in plugin.HELD:
+            content = str((seen.results.get(cid) or {}).get("content"))
+            lost_hold = status == "denied" and "process that held it stopped" in content
+            if status == "denied" and runs:
+                out.append(Violation("approval", f"{where}: a denied call ran"))
+            if plugin.DECISIONS.get(script) == "deny" and status != "denied":
+                out.append(Violation("approval", f"{where}: a call that was denied got another result"))
+            if plugin.DECISIONS.get(script) == "approve" and status == "denied" and not lost_hold:
+                out.append(Violation("approval", f"{where}: an approved call was denied: {content[:120]}"))
+            if status == "denied":
+                continue
         if status not in ("success", "unknown_outcome"):
             out.append(Violation("ledger", f"{where}: unexpected status"))
         if not TOOL_FLAGS[name][0]:
@@ -859,21 +1132,19 @@ def check_counters(seen: Seen) -> list[Violation]:  # noqa: C901, PLR0912 - one 
     if numbers != list(range(1, len(numbers) + 1)):
         out.append(Violation("turns", f"turn numbers in the entry log are {numbers}"))
     if len(turns) != len(seen.assistants):
-        out.append(Violation("turns", f"{len(seen.assistants)} answers but {len(turns)} turn entries",
-                             bug="torn-turn" if len(turns) < len(seen.assistants) else None))
+        out.append(Violation("turns", f"{len(seen.assistants)} answers but {len(turns)} turn entries"))
     if seen.header.get("turns") != len(turns):
         out.append(Violation("turns", f"the header says {seen.header.get('turns')} turns, the log {len(turns)}"))
     usage: collections.Counter[str] = collections.Counter()
-    for e in seen.entries:
-        spent = e.get("turn") or e.get("spend") if e.get("t") == "msg" else None
-        if spent:
-            usage.update({k: v for k, v in (spent.get("usage") or {}).items() if isinstance(v, int)})
+    for _kind, spent in spends(seen.entries):
+        usage.update({k: v for k, v in (spent.get("usage") or {}).items() if isinstance(v, int)})
     for key in ("inputTokens", "outputTokens", "totalTokens"):
         saved = (seen.header.get("usage") or {}).get(key)
         if saved != usage[key]:
             out.append(Violation("usage", f"header {key} {saved} != log {usage[key]}"))
         if seen.summary and seen.summary["usage"].get(key) != usage[key]:
             out.append(Violation("usage", f"show {key} {seen.summary['usage'].get(key)} != log {usage[key]}"))
+    out += check_cost(seen)
     if seen.run is not None:
         loaded = (seen.run.inst.turn, seen.run.inst.usage.total_tokens)
         if loaded != (len(turns), usage["totalTokens"]):
@@ -892,6 +1163,47 @@ def check_counters(seen: Seen) -> list[Violation]:  # noqa: C901, PLR0912 - one 
         recorded.add(cid)
         if (seen.results.get(cid) or {}).get("status") != status:
             out.append(Violation("records", f"tool_call record {cid} {status} does not match the transcript"))
+    return out
+
+
+def spends(entries: Iterable[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Yield what each entry spent: ``("model", ...)`` for a model answer's ``turn`` and a context
+    strategy's summary calls (a ``reset``'s or a lone ``spend`` entry), ``("tool", ...)`` for a
+    tool's own reported spend (on its result's line)."""
+    for e in entries:
+        t = e.get("t")
+        if t == "msg" and e.get("turn"):
+            yield "model", e["turn"]
+        elif t == "msg" and e.get("spend"):
+            yield "tool", e["spend"]
+        elif t == "reset" and e.get("spend"):
+            yield "model", e["spend"]
+        elif t == "spend":
+            yield "model", e
+
+
+def check_cost(seen: Seen) -> list[Violation]:
+    """The cost is exact: each saved model answer priced once, each ``priced`` success once, nothing else.
+
+    What it should be is worked out from the transcript (the answers' usage at :data:`PRICE`, the
+    ``priced`` calls' units), and compared with the entry log's costs, the header, ``show`` and
+    the loaded instance.
+    """
+    out = []
+    want = sum((u.get("inputTokens", 0) * PRICE["input"] + u.get("outputTokens", 0) * PRICE["output"]) / 1e6
+               for kind, spent in spends(seen.entries) if kind == "model" for u in [spent.get("usage") or {}])
+    for cid, call in seen.calls.items():
+        if call["name"] == "priced" and (seen.results.get(cid) or {}).get("status") == "success":
+            want += call["arguments"]["units"] * plugin.UNIT_COST
+    logged = sum(float(spent.get("cost") or 0.0) for _kind, spent in spends(seen.entries))
+    found = {"entry log": logged, "header": seen.header.get("cost")}
+    if seen.summary:
+        found["show"] = seen.summary.get("cost")
+    if seen.run is not None:
+        found["loaded"] = seen.run.inst.cost.amount
+    for where, amount in found.items():
+        if not isinstance(amount, (int, float)) or round(amount, 9) != round(want, 9):
+            out.append(Violation("cost", f"{where} says {amount}, the transcript makes it {want}"))
     return out
 
 
@@ -945,8 +1257,8 @@ class Report:
 
     @property
     def failures(self) -> list[Outcome]:
-        """Scenarios with a violation no known bug explains."""
-        return [o for o in self.outcomes if any(v.bug is None for v in o.violations)]
+        """Scenarios with a violation no known open bug (an entry of :data:`KNOWN_BUGS`) explains."""
+        return [o for o in self.outcomes if any(v.bug not in KNOWN_BUGS for v in o.violations)]
 
     def known(self) -> collections.Counter[str]:
         """How many scenarios hit each known bug."""
@@ -975,7 +1287,7 @@ class Report:
                      f"({stats['unknown_outcome_ran']} after their effect, {stats['unknown_outcome']} before it); "
                      f"{stats['idempotent reruns']} idempotent re-run(s) after a kill")
         retries = sum(o.lease_retries for o in self.outcomes)
-        doubles = sum(1 for o in self.outcomes for n in o.notes if n.startswith("double resume"))
+        doubles = sum(1 for o in self.outcomes for st in o.scenario.stages if st.kind == "double")
         lines.append(f"  leases: {retries} resume(s) retried while a dying holder had the lease; "
                      f"{doubles} race(s) of two resumes, one refused")
         for bug, count in sorted(self.known().items()):
@@ -987,7 +1299,8 @@ class Report:
 
 #: The kill-point groups of the summary, in order.
 GROUPS = ("while the instance starts", "during a model call", "during a tool call", "between tool results",
-          "while the header is written", "in a torn log write", "after the instance rested")
+          "while the header is written", "while the transcript is reset", "in a torn log write",
+          "after the instance rested")
 
 
 def group(kill: str) -> str:
@@ -1014,7 +1327,7 @@ def run_matrix(kills: int, seed: int, root: Path, *, jobs: int | None = None, ke
             outcome = run_scenario(root, scenario)
         except Exception as exc:  # noqa: BLE001 - a harness failure is reported like a violation
             outcome = Outcome(scenario, violations=[Violation("harness", f"{type(exc).__name__}: {exc}")])
-        if not keep and all(v.bug for v in outcome.violations):
+        if not keep and all(v.bug in KNOWN_BUGS for v in outcome.violations):
             shutil.rmtree(root / scenario.name, ignore_errors=True)
         if progress is not None:
             progress(outcome)

@@ -1,6 +1,8 @@
-"""The kill matrix at CI size: SIGKILL ``loopwright`` at about 50 points, resume, check every invariant.
+"""The kill matrix at CI size: every curated kill point, plus a random part; resume, check every invariant.
 
-``LOOPWRIGHT_CRASH_RUNS`` sets the number of kills (default 50; try 500), ``LOOPWRIGHT_CRASH_SEED``
+At CI size the curated scenarios (a fixed plan that reaches every kind of kill point of every
+script at least once, on every store) all run, then :data:`RANDOM_PART` kills drawn from a fresh
+seed. ``LOOPWRIGHT_CRASH_RUNS`` sets the number of kills (try 500), ``LOOPWRIGHT_CRASH_SEED``
 replays a plan (the seed is printed), ``LOOPWRIGHT_CRASH_JOBS`` sets how many scenarios run at
 once. ``python tests/crash/run_matrix.py --runs 500`` does the same outside pytest. See README.md.
 """
@@ -21,10 +23,13 @@ from kill_matrix import Scenario, Stage
 
 pytestmark = pytest.mark.slow
 
+#: Kills drawn at random (from a fresh seed) on top of the curated ones at CI size.
+RANDOM_PART = 12
+
 
 def test_every_kill_resumes_to_a_rest_with_every_invariant(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """After each SIGKILL the instance resumes to rest, and no completed tool call ever ran twice."""
-    kills = int(os.environ.get("LOOPWRIGHT_CRASH_RUNS", "50"))
+    kills = int(os.environ.get("LOOPWRIGHT_CRASH_RUNS") or kill_matrix.curated_kills() + RANDOM_PART)
     seed = int(os.environ.get("LOOPWRIGHT_CRASH_SEED") or random.SystemRandom().randrange(1 << 32))
     jobs = int(os.environ.get("LOOPWRIGHT_CRASH_JOBS", "0")) or None
     with capsys.disabled():
@@ -35,9 +40,9 @@ def test_every_kill_resumes_to_a_rest_with_every_invariant(tmp_path: Path, capsy
     details = "\n\n".join(o.describe() for o in report.failures)
     assert not report.failures, f"{report.summary()}\n\n{details}"
     # The harness itself worked: the kills landed, at every kind of point.
-    assert len(report.kills) >= 0.8 * min(kills, sum(len(s) for _, s in kill_matrix.CURATED))
+    assert len(report.kills) >= 0.8 * min(kills, kill_matrix.curated_kills())
     groups = {kill_matrix.group(k) for k in report.kills}
-    if kills >= sum(len(s) for _, s in kill_matrix.CURATED):
+    if kills >= kill_matrix.curated_kills():
         assert {"while the instance starts", "during a model call", "during a tool call", "between tool results",
                 "while the header is written", "in a torn log write"} <= groups
 
@@ -72,6 +77,11 @@ def test_the_checks_catch_broken_invariants(tmp_path: Path) -> None:
         header["turns"] += 1
         (inst_copy / "instance.json").write_text(json.dumps(header))
 
+    def wrong_cost(_copy: Path, inst_copy: Path) -> None:
+        header = json.loads((inst_copy / "instance.json").read_text())
+        header["cost"] += 0.25
+        (inst_copy / "instance.json").write_text(json.dumps(header))
+
     def garbage_line(_copy: Path, inst_copy: Path) -> None:
         entries = inst_copy / "entries.jsonl"
         entries.write_text("not json\n" + entries.read_text())
@@ -79,13 +89,20 @@ def test_the_checks_catch_broken_invariants(tmp_path: Path) -> None:
     assert "ledger" in broken(ran_twice)
     assert {"transcript", "ledger"} <= set(broken(result_lost))
     assert "turns" in broken(wrong_total)
+    assert "cost" in broken(wrong_cost)
     assert {"log lines", "load"} <= set(broken(garbage_line))
 
 
 def test_the_plan_is_a_function_of_the_seed() -> None:
-    """The same seed plans the same scenarios; the curated kill points are all planned at CI size."""
+    """The same seed plans the same scenarios; at CI size every curated point runs, and they cover every kind."""
     assert kill_matrix.plan(120, 7) == kill_matrix.plan(120, 7)
     assert kill_matrix.plan(120, 7) != kill_matrix.plan(120, 8)
-    planned = {str(s.point) for sc in kill_matrix.plan(50, 1) for s in sc.stages if s.kind == "point"}
-    assert {p for _, stages in kill_matrix.CURATED for p in stages if ":" in p} <= planned
+    ci = kill_matrix.plan(kill_matrix.curated_kills() + RANDOM_PART, 1)
+    planned = {(str(s.point), sc.script, sc.store) for sc in ci for s in sc.stages if s.kind == "point"}
+    curated = {(p, script, (*store, "file")[0]) for script, stages, *store in kill_matrix.CURATED
+               for p in stages if ":" in p}
+    assert curated <= planned
+    assert kill_matrix.catalog_kinds() <= {kill_matrix._kind(p) for p, _script, _store in curated}
+    assert {store for _p, _script, store in curated} == set(kill_matrix.STORES)
+    assert {script for _p, script, _store in curated} == set(kill_matrix.SCRIPTS)
     assert sum(len(sc.stages) for sc in kill_matrix.plan(500, 3)) >= 500

@@ -1,8 +1,8 @@
 """Regression tests for the core bugs the kill matrix found, one deterministic kill each.
 
-Each was a strict xfail until its fix landed; they now pass and guard against a return. The
-matrix still tags a violation with its ``kill_matrix.KNOWN_BUGS`` name, so a regression says
-which of these it is.
+Each was a strict xfail until its fix landed; they now pass and guard against a return. No
+violation is tagged any more (``kill_matrix.KNOWN_BUGS`` is empty): a regression fails here and in
+the matrix. A new open bug gets a narrow tag in ``KNOWN_BUGS`` and a strict-xfail test here.
 """
 
 from __future__ import annotations
@@ -16,42 +16,82 @@ from kill_matrix import Scenario, Stage
 pytestmark = pytest.mark.slow
 
 
-def _violations(tmp_path: Path, bug: str, script: str, *points: str) -> list[str]:
-    """Play one scenario; return its violations, all of which must be the known ``bug``.
+def _violations(tmp_path: Path, script: str, *points: str) -> list[str]:
+    """Play one scenario (``plain`` or a kill point per process); return its violations.
 
-    Anything else raises RuntimeError, so a broken harness or a new bug fails these tests loudly.
+    A kill point that was not reached raises RuntimeError, so a broken harness fails loudly.
     """
-    outcome = kill_matrix.run_scenario(tmp_path, Scenario(0, script, tuple(Stage("point", p) for p in points)))
-    if not outcome.kills or any(v.bug != bug for v in outcome.violations):
-        raise RuntimeError(f"not (only) the known bug {bug!r}:\n{outcome.describe()}")
+    stages = tuple(Stage("plain") if p == "plain" else Stage("point", p) for p in points)
+    outcome = kill_matrix.run_scenario(tmp_path, Scenario(0, script, stages))
+    if not outcome.kills:
+        raise RuntimeError(f"no kill landed:\n{outcome.describe()}")
     return [str(v) for v in outcome.violations]
 
 
 def test_a_kill_right_after_the_segment_starts_keeps_the_task_prompt(tmp_path: Path) -> None:
     """Killed after the first 'seg' entry, before the prompt is saved: the resumed transcript has the prompt."""
-    assert _violations(tmp_path, "lost-prompt", "mixed", "entry:seg:1:after") == []
+    assert _violations(tmp_path, "mixed", "entry:seg:1:after") == []
 
 
 def test_a_kill_after_task_complete_is_saved_still_completes(tmp_path: Path) -> None:
     """Killed after task_complete's result is saved, before the header: resume ends completed, no model call."""
-    assert _violations(tmp_path, "resume-reasks", "complete", "entry:result:5:after") == []
+    assert _violations(tmp_path, "complete", "entry:result:5:after") == []
 
 
 def test_a_task_complete_run_by_the_repair_completes(tmp_path: Path) -> None:
     """Killed in the call before task_complete in the same turn: the repair runs it and the instance completes."""
-    assert _violations(tmp_path, "resume-reasks", "complete", "tool:charge:2:after") == []
+    assert _violations(tmp_path, "complete", "tool:charge:2:after") == []
 
 
 def test_a_kill_while_the_resting_header_is_written_asks_the_model_no_more(tmp_path: Path) -> None:
     """Killed just before the resting header's rename: resume rests 'waiting' without another model call."""
-    assert _violations(tmp_path, "resume-reasks", "mixed", "header:2:rename") == []
+    assert _violations(tmp_path, "mixed", "header:2:rename") == []
 
 
 def test_a_torn_turn_entry_does_not_lose_the_model_calls_usage(tmp_path: Path) -> None:
     """A write torn inside the 'turn' line after a complete answer line: turns and usage still count the call."""
-    assert _violations(tmp_path, "torn-turn", "mixed", "entry:answer:2:torn-last") == []
+    assert _violations(tmp_path, "mixed", "entry:answer:2:torn-last") == []
 
 
 def test_a_kill_while_the_instance_is_created_leaves_no_corrupt_header(tmp_path: Path) -> None:
     """Killed halfway through the first header: the instance does not exist, and nothing warns about it."""
-    assert _violations(tmp_path, "torn-create", "mixed", "header:1:torn") == []
+    assert _violations(tmp_path, "mixed", "header:1:torn") == []
+
+
+def test_a_kill_during_an_approved_call_gives_it_one_result(tmp_path: Path) -> None:
+    """Issue 15 item 1: ``approve`` killed while the approved (non-idempotent) call ran.
+
+    The resumed instance gives the call ``unknown_outcome`` (exactly one result), asks the model
+    no dangling call, and its header no longer lists the decided call. It used to have no result
+    at all, because the repair skipped calls the header still listed as pending.
+    """
+    assert _violations(tmp_path, "approve", "plain", "tool:wire_slow:1:after") == []
+
+
+def test_a_kill_during_an_approved_idempotent_call_runs_it_again(tmp_path: Path) -> None:
+    """The second held call of the script (idempotent) killed in flight: resume runs it again, once."""
+    assert _violations(tmp_path, "approve", "plain", "plain", "tool:probe_slow:1:after") == []
+
+
+def test_a_kill_after_the_decision_is_saved_goes_on_with_it(tmp_path: Path) -> None:
+    """Killed just after ``approve`` saved the decision, before the segment went on: resume runs the call."""
+    assert _violations(tmp_path, "approve", "plain", "header:1:after") == []
+
+
+def test_a_kill_before_a_denied_result_is_saved_denies_it_once(tmp_path: Path) -> None:
+    """``deny`` killed after the instance runs again, before the denied result is saved: one denied result."""
+    assert _violations(tmp_path, "deny", "plain", "header:2:after") == []
+
+
+def test_a_kill_after_an_answer_is_saved_does_not_answer_the_question_twice(tmp_path: Path) -> None:
+    """``message`` killed after the ask_user answer was saved, before the header forgot the question.
+
+    The resumed instance has exactly one result for the ask_user call. It used to answer it
+    again from the still-queued message (two results for one call).
+    """
+    assert _violations(tmp_path, "faults", "plain", "entry:result:1:after") == []
+
+
+def test_a_kill_in_the_turn_after_an_answer_does_not_answer_the_question_again(tmp_path: Path) -> None:
+    """Killed in a call of the turn after the answer: the answer is not appended again at the end."""
+    assert _violations(tmp_path, "faults", "plain", "tool:priced:1:after") == []

@@ -981,11 +981,7 @@ class Loop:
     async def continue_after_decisions(self, run: AgentRun) -> None:
         """Give every decided held call its result (approved ones run), then go on with the turn."""
         inst = run.inst
-        paused = inst.header.pop("pausedAt", None)
-        if paused is not None and inst.header.get("segmentStartedAt"):
-            inst.header["segmentStartedAt"] = float(inst.header["segmentStartedAt"]) + max(time.time() - paused, 0.0)
-        pending = inst.pending_approvals
-        inst.set_pending([])
+        pending = _take_decisions(inst)
         _assistant, unanswered = unanswered_calls(inst.transcript)
         by_id = {p.tool_call_id: p for p in pending}
         items: list[_Call] = []
@@ -998,18 +994,7 @@ class Loop:
             item = _Call(index, call, tool=self.rt.tool_for(inst.definition, call.name, inst.grants))
             self.record(inst, "approval", {"toolCallId": call.id, "tool": call.name, "decision": p.decision,
                                            "reason": p.decision_reason})
-            approved = p.decision == "approved" and item.tool is not None
-            room, which = self.tool_room(inst, limits) if approved else (None, "")
-            if room is not None and room <= 0:
-                item.result = _result(call, ToolStatus.SKIPPED, f"skipped: {which} was reached")
-                exceeded = True
-                await self._finish(run, item, inst.turn, save=True)
-            elif approved:
-                await self._execute(run, item, inst.turn)
-            else:
-                why = p.decision_reason or "no reason given"
-                item.result = _result(call, ToolStatus.DENIED, f"denied: {why}")
-                await self._finish(run, item, inst.turn, save=True)
+            exceeded = await self._decided(run, item, p, limits) or exceeded
             if item.result is not None:
                 inst.transcript.append(_tool_message(item))
             items.append(item)
@@ -1017,6 +1002,27 @@ class Loop:
         await self.rt.write_header(inst)
         await self.rt.flush_records(inst.id)
         await self._end_of_turn(run, items, exceeded=exceeded or any(i.over_limit for i in items), limits=limits)
+
+    async def _decided(self, run: AgentRun, item: _Call, decision: PendingApproval, limits: Limits) -> bool:
+        """Give a decided held call that has not started its result: run it if approved, else ``denied``.
+
+        :return: Whether a tool-call limit left no room for an approved call (it is ``skipped``).
+        """
+        inst = run.inst
+        call = item.call
+        approved = decision.decision == "approved" and item.tool is not None
+        room, which = self.tool_room(inst, limits) if approved else (None, "")
+        if room is not None and room <= 0:
+            item.result = _result(call, ToolStatus.SKIPPED, f"skipped: {which} was reached")
+            await self._finish(run, item, inst.turn, save=True)
+            return True
+        if approved:
+            await self._execute(run, item, inst.turn)
+        else:
+            why = decision.decision_reason or "no reason given"
+            item.result = _result(call, ToolStatus.DENIED, f"denied: {why}")
+            await self._finish(run, item, inst.turn, save=True)
+        return False
 
     async def answer_question(self, run: AgentRun, text: str) -> None:
         """Make ``text`` the result of the pending ``ask_user`` call."""
@@ -1029,23 +1035,40 @@ class Loop:
         self.record(inst, "tool_call", {"turn": inst.turn, "toolCallId": call_id, "tool": "ask_user",
                                         "status": ToolStatus.SUCCESS.value, "answered": True})
 
-    async def repair_interrupted(self, run: AgentRun) -> None:
+    async def repair_interrupted(self, run: AgentRun) -> None:  # noqa: C901, PLR0912 - one case per way a call was left
         """Give each call a dead process left without a result one, in call order.
 
         A call that never started runs now. A call that started may have had its effect:
         idempotent tools run again, for the others the model is told the outcome is unknown.
+
+        A held call that a person decided is one of them: the decision was saved before the
+        segment went on, so a dead runner may have left it unstarted (it runs if approved, gets
+        its ``denied`` result if not), in flight (interrupted like any call: approval was given),
+        or answered. Every decision is taken off the header's pending approvals here; only
+        undecided held calls stay there, without a result. Likewise a question whose answer is
+        saved is answered (see :func:`_settle_answered_question`): it is never answered twice.
         """
         inst = run.inst
+        _settle_answered_question(inst)
+        decided = {p.tool_call_id: p for p in inst.pending_approvals if p.decision is not None}
+        if decided:
+            undecided = [p for p in _take_decisions(inst) if p.decision is None]
+            inst.set_pending(undecided)
         _assistant, unanswered = unanswered_calls(inst.transcript)
         if not unanswered:
             return
         skip = {p.tool_call_id for p in inst.pending_approvals}
         awaiting = (inst.header.get("awaitingAnswer") or {}).get("toolCallId")
+        limits = self.rt.limits_of(inst)
         for index, call in enumerate(unanswered):
             if call.id in skip or call.id == awaiting:
                 continue
             item = _Call(index, call)
-            if call.id not in inst.started_calls:
+            decision = decided.get(call.id)
+            if decision is not None and (call.id not in inst.started_calls or decision.decision != "approved"):
+                item.tool = self.rt.tool_for(inst.definition, call.name, inst.grants)
+                await self._decided(run, item, decision, limits)
+            elif call.id not in inst.started_calls:
                 await self._prepare(run, item, inst.turn)
                 if item.result is None and item.held is None:
                     await self._execute(run, item, inst.turn)
@@ -1141,6 +1164,40 @@ def _elapsed_reached(budgets: Sequence[tuple[Instance, Limits]]) -> SegmentEnd:
     whose = _of_ancestor(owner) if owner is not inst else ""
     return SegmentEnd(State.ERROR, StopReason.LIMIT_EXCEEDED, limit="elapsed",
                       error=f"elapsed-time limit ({owned.elapsed:g} s){whose} reached")
+
+
+def _settle_answered_question(inst: Instance) -> None:
+    """Make the header agree with a saved answer to its ``ask_user``.
+
+    The answer (the call's result) is appended before the header forgets the question and the
+    message that answered it, so a dead runner may leave a header still ``awaitingAnswer``, the
+    message still queued in ``inbox`` or unread in the mailbox (read into ``inbox`` when the next
+    segment starts). The log is the truth: the question is answered, and the first message that
+    may answer it (the one :meth:`Loop._drain_inbox` took) leaves the queue if it is that answer.
+    """
+    call_id = (inst.header.get("awaitingAnswer") or {}).get("toolCallId")
+    answer = next((m for m in inst.transcript if m.role == "tool" and m.tool_call_id == call_id), None)
+    if call_id is None or answer is None:
+        return
+    inst.header.pop("awaitingAnswer")
+    queue: list[dict[str, Any]] = inst.header.get("inbox") or []
+    first = next((m for m in queue if m.get("source") in ("api", "user") and not m.get("behindTurn")), None)
+    if first is not None and str(first.get("text", "")) == (answer.content or ""):
+        queue.remove(first)
+
+
+def _take_decisions(inst: Instance) -> list[PendingApproval]:
+    """Take the held calls off ``inst``'s header and restart its elapsed clock; return them.
+
+    The time the instance waited for a person is not its own: the segment's start moves on by
+    the pause (``pausedAt``), whether the decision goes on now or a resume after a crash does.
+    """
+    paused = inst.header.pop("pausedAt", None)
+    if paused is not None and inst.header.get("segmentStartedAt"):
+        inst.header["segmentStartedAt"] = float(inst.header["segmentStartedAt"]) + max(time.time() - paused, 0.0)
+    pending = inst.pending_approvals
+    inst.set_pending([])
+    return pending
 
 
 def _restore_call_order(inst: Instance) -> None:

@@ -1209,6 +1209,9 @@ class Runtime:
     async def resume(self, instance_id: str) -> AgentRun:
         """Continue an instance a crash left ``running``; a resting instance is left as it is.
 
+        One waiting for approval whose held calls are all decided (the process that saved the
+        last decision died before it went on) goes on as that decision would have.
+
         :raises InstanceLockedError: It is running in another process.
         """
         run = await self.get_agent(instance_id)
@@ -1220,6 +1223,10 @@ class Runtime:
         except BaseException:
             lease.release()
             raise
+        pending = run.inst.pending_approvals
+        if run.inst.state is State.WAITING_FOR_APPROVAL and pending and all(p.decision for p in pending):
+            await self._continue_decided(run, lease)
+            return run
         if run.inst.state is not State.RUNNING:
             lease.release()
             return run
