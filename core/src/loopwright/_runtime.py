@@ -353,12 +353,12 @@ class Runtime:
         if self.store is None:
             cfg = self.assembly.store
             settings = StoreSettings(kind=cfg.kind, base_dir=self.assembly.base_dir, options=cfg.options)
-            self.store = self._build(self.plugins.stores, cfg.kind, cfg.options, ("store",), "the store",
-                                     lambda factory: factory(settings))
+            self.store = self._build(self.plugins.stores, cfg.kind, cfg.options, ("store",), what="the store",
+                                     make=lambda factory: factory(settings))
         for n, spec in enumerate(self.assembly.records):
             self._sinks.append(self._build(
-                self.plugins.record_sinks, spec.kind, spec.options, ("records", n), f"the record sink {spec.kind!r}",
-                lambda factory, spec=spec: factory(dict(spec.options))))
+                self.plugins.record_sinks, spec.kind, spec.options, ("records", n),
+                what=f"the record sink {spec.kind!r}", make=lambda factory, spec=spec: factory(dict(spec.options))))
         self._check_out_of_reach(self.assembly.capabilities)
         self._loop = Loop(self)
         self._tg_cm = anyio.create_task_group()
@@ -504,8 +504,8 @@ class Runtime:
         settings = ProviderSettings(name=name, kind=kind, base_url=cfg.base_url if cfg else None, api_key=api_key,
                                     options=options, http_client=self._http_client,
                                     base_dir=self.assembly.base_dir)
-        made: Provider = self._build(self.plugins.providers, kind, options, at, f"provider {name!r}",
-                                     lambda factory: factory(settings))
+        made: Provider = self._build(self.plugins.providers, kind, options, at, what=f"provider {name!r}",
+                                     make=lambda factory: factory(settings))
         self._providers[name] = made
         return made
 
@@ -516,8 +516,8 @@ class Runtime:
         return ConfigError(message, path=str(self.assembly.path) if self.assembly.path else None,
                            problems=[locate(message, at, self.assembly.path, key=key)])
 
-    def _build(  # noqa: PLR0913 - what names a component, and how to make it
-        self, registry: Any, kind: str, options: Mapping[str, Any], at: tuple[str | int, ...],
+    def _build(
+        self, registry: Any, kind: str, options: Mapping[str, Any], at: tuple[str | int, ...], *,
         what: str, make: Callable[[Any], Any],
     ) -> Any:
         """Build a component of a registered ``kind`` (a store, a sink, a provider) from its options.
@@ -546,9 +546,11 @@ class Runtime:
         try:
             return make(registry.get(kind))
         except ConfigError as exc:
-            if not exc.problems or all(p.file is not None for p in exc.problems):
+            if file is None or (exc.problems and all(p.file is not None for p in exc.problems)):
                 raise
-            raise ConfigError(str(exc.args[0]).split("\n", 1)[0], path=str(file) if file else exc.path,
+            if not exc.problems:
+                raise self._assembly_error(str(exc), at) from None
+            raise ConfigError(str(exc.args[0]).split("\n", 1)[0], path=str(file),
                               problems=placed(exc.problems, file)) from None
 
     def provider_streams(self, name: str) -> bool:
