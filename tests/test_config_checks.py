@@ -84,7 +84,8 @@ def test_validate_reports_a_tool_no_plugin_registers_at_its_line(project: Path) 
 def test_validate_reports_a_model_whose_provider_is_unknown(project: Path) -> None:
     """Every model reference resolves: ``model``, ``fallbackModels`` and a compaction model."""
     write(project, "agent.yaml", "name: a\nmodel: nowhere:m\nfallbackModels: ['local:m', 'elsewhere:m']\n"
-                                 "contextStrategy: {kind: compact, trigger: 80%, contextWindow: 8000, model: 'gone:m'}\n")
+                                 "contextStrategy: {kind: compact, trigger: 80%, contextWindow: 8000, "
+                                 "model: 'gone:m'}\n")
     out = lw(project, "-c", "loopwright.yaml", "validate", "agent.yaml")
     assert out.returncode == 2, out.stdout + out.stderr
     assert re.search(r"agent\.yaml:2:8: .*unknown provider 'nowhere'", out.stdout), out.stdout
@@ -157,8 +158,8 @@ def test_validate_passes_what_run_accepts(project: Path) -> None:
 
 @pytest.mark.parametrize(("definition", "expected"), [
     ("name: a\nmodel: nowhere:m\n", r"agent\.yaml:2:8: .*unknown provider 'nowhere'"),
-    ("name: a\nmodel: keyed:m\n", r"loopwright\.yaml:10:16: provider 'keyed': the environment variable "
-                                  r"LOOPWRIGHT_TEST_UNSET_KEY \(its apiKeyEnv\) is not set"),
+    ("name: a\nmodel: keyed:m\n", (r"loopwright\.yaml:10:16: provider 'keyed': the environment variable "
+                                  r"LOOPWRIGHT_TEST_UNSET_KEY \(its apiKeyEnv\) is not set")),
     ("name: a\ninputs: {cfg: {type: object}}\nsystemPrompt: 'Use {{ cfg.colour }}'\n",
      r"agent\.yaml:3:\d+: 'cfg' has no key 'colour'"),
     ("name: a\ntools: [no_such_tool]\n", r"agent\.yaml:2:9: .*'no_such_tool'"),
