@@ -574,12 +574,12 @@ class Runtime:
         plan = self._plans.get(id(definition))
         if plan is not None and plan.definition is definition:
             return plan
-        from loopwright._config import locate  # noqa: PLC0415 - only to place a problem
-
         problems: list[ConfigProblem] = []
         source = definition.source
 
         def problem(exc: ConfigError, at: tuple[str | int, ...], file: Path | None = source) -> None:
+            from loopwright._config import locate  # noqa: PLC0415 - only to place a problem
+
             if exc.problems:
                 problems.extend(exc.problems)
             else:
@@ -641,8 +641,6 @@ class Runtime:
         Its model (or the assembly's ``defaultModel``), its ``fallbackModels`` and its context
         strategy's ``model``: a mistake in any is refused before the instance exists.
         """
-        from loopwright._config import locate  # noqa: PLC0415 - only to place a problem
-
         source = definition.source
         models: list[tuple[str, tuple[str | int, ...], Path | None]] = []
         if model_ref is not None:
@@ -657,6 +655,8 @@ class Runtime:
             try:
                 self.provider(self.split_model(ref)[0])
             except ConfigError as exc:
+                from loopwright._config import locate  # noqa: PLC0415 - only to place a problem
+
                 problems.extend(exc.problems or [locate(f"{ref}: {exc}", at, file)])
         return problems
 
