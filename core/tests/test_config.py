@@ -157,12 +157,12 @@ def test_load_definition_structures_every_key() -> None:
             {"id": "1", "text": "Research {{ topic }}", "completed": False},
             {"id": "2", "text": "Write the report", "completed": False}]}),))
     assert defn.context_strategy == PluginSpec(kind="clearToolResults",
-                                               options={"keepLast": 3, "trigger": "80%"})
+                                               options={"keepLast": 3, "trigger": "80%", "contextWindow": 128000})
     assert defn.completion == Completion(verify="allTodosDone", max_attempts=3)
     assert defn.approval_policy == "holdTurn"
     assert defn.limits.elapsed == 1800.0
     assert defn.tool_names[2] == "read-file"
-    assert defn.fallback_models == ("openai:gpt-4o", "ollama:llama3.1:8b")
+    assert defn.fallback_models == ("openai:gpt-4o", "local:llama3.1:8b")
 
 
 def test_load_definition_from_a_relative_path_uses_base_dir(tmp_path: Path) -> None:
@@ -268,7 +268,7 @@ def test_load_assembly_maps_providers_store_capabilities_and_records() -> None:
                                                      options={"stream": False})
     assert asm.store == StoreConfig(kind="file", options={"path": ".loopwright/instances"})
     assert asm.capabilities == Capabilities(  # noqa: S604 - `shell` is a grant, not subprocess's flag
-        files=FileGrants(read=(".", "/usr/share/dict"), write=("./out",)), shell="loopApproval",
+        files=FileGrants(read=("./src", "/usr/share/dict"), write=("./out",)), shell="loopApproval",
         network=True, agents_spawn=True, agents_max_depth=3, agents_max_agents=20)
     assert asm.records[1] == PluginSpec(kind="otel", options={"endpoint": "http://localhost:4318"})
     assert asm.limits.tool_timeout == 120.0
@@ -330,7 +330,8 @@ def test_definition_snapshot_round_trips_through_json() -> None:
     snapshot = json.loads(json.dumps(definition_to_dict(defn)))
     assert "source" not in snapshot
     assert snapshot["limits"]["elapsed"] == 1800.0
-    assert snapshot["contextStrategy"] == {"kind": "clearToolResults", "keepLast": 3, "trigger": "80%"}
+    assert snapshot["contextStrategy"] == {"kind": "clearToolResults", "keepLast": 3, "trigger": "80%",
+                                           "contextWindow": 128000}
     assert snapshot["inputs"]["topic"] == {"type": "string", "required": True}
     assert validate_data("definition", snapshot) == []
     assert definition_from_dict(snapshot, source=defn.source) == defn

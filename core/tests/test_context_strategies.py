@@ -270,15 +270,15 @@ async def test_a_failing_summary_is_recorded_and_the_run_goes_on(tmp_path: Path)
     assert '"t": "reset"' not in entries_path(rt, run.instance_id).read_text()
 
 
-async def test_a_summary_from_an_unknown_model_is_a_recorded_failure(tmp_path: Path) -> None:
-    """A `model` naming no provider fails that compaction (recorded) without ending the run."""
+async def test_a_summary_model_naming_no_provider_refuses_the_start(tmp_path: Path) -> None:
+    """A `model` naming no provider is a ConfigError before the instance exists (issue 10: every
+    model reference resolves when the run starts, as ``validate -c`` checks); it used to fail
+    each compaction at run time instead."""
     h = Harness(*two_turns(), reply("done"), tools=[echo])
     async with make_runtime(tmp_path, h) as rt:
-        run, result = await run_to_rest(rt, agent(compact(model="nope:x")))
-        records = await rt.records(run.instance_id)
-    assert result.text == "done"
-    [record] = records_of(records, "compaction")
-    assert "unknown provider 'nope'" in record["error"]
+        with pytest.raises(ConfigError, match="unknown provider 'nope'"):
+            await rt.start_agent(agent(compact(model="nope:x")), None, "go")
+        assert await rt.list_instances() == []
 
 
 async def test_an_empty_summary_is_a_failure(tmp_path: Path) -> None:

@@ -172,7 +172,9 @@ def test_a_bomb_in_a_scripted_reply_file_is_refused(project: Path) -> None:
     (project / "model.yaml").write_text("replies:\n  - hello\nx:\n" + textwrap.indent(bomb(), "  "))
     (project / "plain.yaml").write_text("name: plain\nmodel: model:any\n")
     done, rss = lw(project, "run", "plain.yaml")
-    refused(done, rss, "model.yaml", 9, "expands to more than")  # the provider is built before any instance: exit 2
+    # The provider is built (reading its reply file) before the instance is created: bad input, exit 2,
+    # no instance left behind (issue 10; it used to end an instance in error, exit 1).
+    refused(done, rss, "model.yaml", 9, "expands to more than", code=2)
 
 
 @pytest.mark.parametrize(("name", "text", "words"), [

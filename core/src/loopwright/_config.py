@@ -75,7 +75,10 @@ __all__ = [
     "load_assembly",
     "load_definition",
     "load_yaml",
+    "locate",
+    "option_problems",
     "parse_duration",
+    "placed",
     "read_yaml",
     "schema",
     "validate_data",
@@ -470,12 +473,14 @@ def _lower_first(text: str) -> str:
 class _Reporter:
     """Turns validation errors and semantic findings into positioned problems."""
 
-    def __init__(self, positions: Positions) -> None:
+    def __init__(self, positions: Positions, prefix: Sequence[str | int] = ()) -> None:
         self.positions = positions
+        self.prefix = tuple(prefix)
         self.problems: list[ConfigProblem] = []
 
     def add(self, message: str, path: Sequence[str | int], *, key: bool = False,
             where: tuple[int | None, int | None] | None = None) -> None:
+        path = (*self.prefix, *path)
         line, column = where if where is not None else self.positions.locate(path, key=key)
         self.problems.append(ConfigProblem(message, file=self.positions.file, line=line,
                                            column=column, path=_json_path(path)))
@@ -614,6 +619,73 @@ def _sorted(problems: list[ConfigProblem]) -> list[ConfigProblem]:
             seen.add(ident)
             unique.append(p)
     return sorted(unique, key=lambda p: (p.line or 0, p.column or 0, p.path))
+
+
+# ---------------------------------------------------------------------------------------------
+# Components' options, and problems found after loading
+# ---------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=16)
+def _positions_of(file: str, _stamp: tuple[int, int]) -> Positions:
+    """Return the positions of ``file``'s keys (read again: only a problem needs them), else none."""
+    try:
+        return load_yaml(file)[1]
+    except ConfigError:
+        return Positions(file)
+
+
+def _file_positions(file: str | Path | None) -> Positions:
+    if file is None:
+        return Positions()
+    try:
+        stat = Path(file).stat()
+    except OSError:
+        return Positions(str(file))
+    return _positions_of(str(file), (stat.st_mtime_ns, stat.st_size))
+
+
+def option_problems(option_schema: Mapping[str, Any], options: Mapping[str, Any], *,
+                    at: Sequence[str | int], file: str | Path | None) -> list[ConfigProblem]:
+    """Return every problem of a component's ``options`` against the JSON Schema its plugin declared.
+
+    :param option_schema: The schema registered with the component (``register(kind, factory,
+        options=SCHEMA)``); ``$ref`` s to the loader's schemas (``definition.schema.json#/$defs/duration``)
+        resolve offline.
+    :param options: The options as written (the component's mapping without ``kind``).
+    :param at: Where the mapping sits in the file, as a key path (``("providers", "local")``).
+    :param file: The assembly file, to place each problem at its line and column.
+    """
+    checker = jsonschema.Draft202012Validator(option_schema, registry=_registry())
+    reporter = _Reporter(_file_positions(file), prefix=at)
+    reporter.schema_errors(checker.iter_errors(_plain_data(options)))
+    return _sorted(reporter.problems)
+
+
+def locate(message: str, at: Sequence[str | int], file: str | Path | None, *, key: bool = False) -> ConfigProblem:
+    """Return a problem found after loading (an unknown tool, provider ...), placed at ``at`` in ``file``.
+
+    :param at: The key path of what is wrong (``("tools", 2)``, ``("providers", "local", "kind")``).
+    :param key: Point at the key rather than its value.
+    """
+    reporter = _Reporter(_file_positions(file))
+    reporter.add(message, at, key=key)
+    return reporter.problems[0]
+
+
+def _json_path_keys(path: str) -> list[str | int]:
+    """Turn a JSON path as problems carry it (``$.providers.local["x"][0]``) back into keys."""
+    keys: list[str | int] = []
+    for name, quoted, index in re.findall(r'\.([^.\[]+)|\["((?:[^"\\]|\\.)*)"\]|\[(\d+)\]', path):
+        keys.append(int(index) if index else json.loads(f'"{quoted}"') if quoted else name)
+    return keys
+
+
+def placed(problems: Sequence[ConfigProblem], file: str | Path | None) -> list[ConfigProblem]:
+    """Return ``problems``, each one that names no file placed at its JSON path in ``file``."""
+    if file is None:
+        return list(problems)
+    return [p if p.file is not None else locate(p.message, _json_path_keys(p.path), file) for p in problems]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -90,12 +90,35 @@ class Registry:
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._items: dict[str, tuple[Any, str]] = {}
+        self._options: dict[str, Mapping[str, Any]] = {}
 
-    def add(self, name: str, item: Any, plugin: str) -> None:
-        """Register ``item`` as ``name``; a name taken by another plugin raises RegistrationError."""
+    def add(self, name: str, item: Any, plugin: str, *, options: Mapping[str, Any] | None = None) -> None:
+        """Register ``item`` as ``name``; a name taken by another plugin raises RegistrationError.
+
+        :param options: A JSON Schema of the options ``item`` takes (see :meth:`options_of`).
+        :raises PluginError: ``options`` is not a mapping.
+        """
         if name in self._items:
             raise RegistrationError(kind=self.kind, name=name, first=self._items[name][1], second=plugin)
+        if options is not None and not isinstance(options, Mapping):
+            raise PluginError(f"the options of {self.kind} {name!r} must be a JSON Schema (a mapping), "
+                              f"not {type(options).__name__}", plugin_name=plugin)
         self._items[name] = (item, plugin)
+        if options is not None:
+            self._options[name] = options
+
+    def options_of(self, name: str) -> Mapping[str, Any] | None:
+        """Return the JSON Schema of the options ``name`` takes, or ``None`` if its plugin declared none.
+
+        The runtime checks a component's options against it, at their place in the assembly,
+        before it calls the factory.
+        """
+        return self._options.get(name)
+
+    def remove(self, name: str) -> None:
+        """Forget ``name`` (its plugin is being unregistered)."""
+        del self._items[name]
+        self._options.pop(name, None)
 
     def get(self, name: str) -> Any:
         """Return the item registered as ``name``. Raise KeyError if there is none."""
@@ -196,7 +219,8 @@ class PluginHost:
             plugin, name = _resolve_reference(ref, base_dir, eps)
             if name in blocked_names:
                 raise PluginError("is listed in plugins: but also blocked", plugin_name=name)
-            if not self.pm.has_plugin(name):
+            if not self.pm.has_plugin(name) and not self.pm.is_registered(plugin):
+                # A module named by its path that an entry point already loaded is loaded once.
                 self._register_checked(plugin, name)
         self._check_pending()
         for name in list(self._registered_order):
@@ -265,8 +289,8 @@ class PluginHost:
         plugin = self.pm.get_plugin(name)
 
         def keyed(reg: Registry) -> Callable[..., None]:
-            def register(kind: str, factory: Any) -> None:
-                reg.add(kind, factory, name)
+            def register(kind: str, factory: Any, *, options: Mapping[str, Any] | None = None) -> None:
+                reg.add(kind, factory, name, options=options)
             return register
 
         def register_tools(*tools: Any) -> None:

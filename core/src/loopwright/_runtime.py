@@ -54,6 +54,7 @@ from loopwright._types import AgentResult, Cost, Event, Message, Record, State, 
 from loopwright.abc import ProviderSettings, StoreSettings
 from loopwright.errors import (
     ConfigError,
+    ConfigProblem,
     GrantsError,
     InstanceLockedError,
     InstanceNotFoundError,
@@ -356,18 +357,13 @@ class Runtime:
         self.load_plugins()
         if self.store is None:
             cfg = self.assembly.store
-            try:
-                factory = self.plugins.stores.get(cfg.kind)
-            except KeyError:
-                raise ConfigError(f"unknown store kind {cfg.kind!r}; registered: "
-                                  f"{', '.join(self.plugins.stores.names())}") from None
-            self.store = factory(StoreSettings(kind=cfg.kind, base_dir=self.assembly.base_dir, options=cfg.options))
-        for spec in self.assembly.records:
-            try:
-                factory = self.plugins.record_sinks.get(spec.kind)
-            except KeyError:
-                raise ConfigError(f"unknown record sink kind {spec.kind!r}") from None
-            self._sinks.append(factory(dict(spec.options)))
+            settings = StoreSettings(kind=cfg.kind, base_dir=self.assembly.base_dir, options=cfg.options)
+            self.store = self._build(self.plugins.stores, cfg.kind, cfg.options, ("store",), what="the store",
+                                     make=lambda factory: factory(settings))
+        for n, spec in enumerate(self.assembly.records):
+            self._sinks.append(self._build(
+                self.plugins.record_sinks, spec.kind, spec.options, ("records", n),
+                what=f"the record sink {spec.kind!r}", make=lambda factory, spec=spec: factory(dict(spec.options))))
         self._check_out_of_reach(self.assembly.capabilities)
         self._loop = Loop(self)
         self._tg_cm = anyio.create_task_group()
@@ -489,26 +485,74 @@ class Runtime:
         if found is not None:
             return found
         cfg = self.assembly.providers.get(name)
-        kind = cfg.kind if cfg else name
-        try:
-            factory = self.plugins.providers.get(kind)
-        except KeyError:
-            known = sorted({*self.assembly.providers, *self.plugins.providers.names()})
-            raise ConfigError(f"unknown provider {name!r}; known: {', '.join(known) or '(none)'}") from None
+        if cfg is None and name not in self.plugins.providers:
+            entries = ", ".join(sorted(self.assembly.providers)) or "none"
+            raise ConfigError(f"unknown provider {name!r}: the assembly's providers are {entries}, and no "
+                              f"provider kind {name!r} is registered (kinds: "
+                              f"{', '.join(self.plugins.providers.names()) or 'none'})")
+        at = ("providers", name)
         api_key = None
         if cfg is not None:
             api_key = cfg.api_key
             if cfg.api_key_env:
                 api_key = os.environ.get(cfg.api_key_env)
                 if api_key is None:
-                    raise ConfigError(f"provider {name!r}: environment variable {cfg.api_key_env} is not set")
+                    raise self._assembly_error(
+                        f"provider {name!r}: the environment variable {cfg.api_key_env} (its apiKeyEnv) is not set",
+                        (*at, "apiKeyEnv"))
+        kind = cfg.kind if cfg else name
         options = {k: v for k, v in cfg.options.items() if k != "stream"} if cfg else {}
         settings = ProviderSettings(name=name, kind=kind, base_url=cfg.base_url if cfg else None, api_key=api_key,
                                     options=options, http_client=self._http_client,
                                     base_dir=self.assembly.base_dir)
-        made: Provider = factory(settings)
+        made: Provider = self._build(self.plugins.providers, kind, options, at, what=f"provider {name!r}",
+                                     make=lambda factory: factory(settings))
         self._providers[name] = made
         return made
+
+    def _assembly_error(self, message: str, at: tuple[str | int, ...], *, key: bool = False) -> ConfigError:
+        """Return a ConfigError for a problem at ``at`` in the assembly, placed at its line and column."""
+        from loopwright._config import locate  # noqa: PLC0415 - only when something is wrong
+
+        return ConfigError(message, path=str(self.assembly.path) if self.assembly.path else None,
+                           problems=[locate(message, at, self.assembly.path, key=key)])
+
+    def _build(
+        self, registry: Any, kind: str, options: Mapping[str, Any], at: tuple[str | int, ...], *,
+        what: str, make: Callable[[Any], Any],
+    ) -> Any:
+        """Build a component of a registered ``kind`` (a store, a sink, a provider) from its options.
+
+        The options are checked first against the JSON Schema its plugin registered, if any; a
+        problem the factory finds is placed at its key in the assembly as well.
+
+        :param at: Where the component's mapping sits in the assembly (``("providers", "local")``).
+        :param what: The component, for messages (``provider 'local'``).
+        :param make: Calls the factory with the component's settings.
+        :raises ConfigError: The kind is not registered (naming the registered kinds), or the
+            options are unknown or ill-typed; each problem with file, line and column.
+        """
+        from loopwright._config import option_problems, placed  # noqa: PLC0415 - YAML machinery only when needed
+
+        if kind not in registry:
+            raise self._assembly_error(
+                f"{what}: unknown {registry.kind} kind {kind!r}; registered {registry.kind} kinds: "
+                f"{', '.join(registry.names()) or 'none'}", (*at, "kind"))
+        declared = registry.options_of(kind)
+        file = self.assembly.path
+        if declared is not None:
+            problems = option_problems(declared, options, at=at, file=file)
+            if problems:
+                raise ConfigError(f"invalid options for {what}", path=str(file) if file else None, problems=problems)
+        try:
+            return make(registry.get(kind))
+        except ConfigError as exc:
+            if file is None or (exc.problems and all(p.file is not None for p in exc.problems)):
+                raise
+            if not exc.problems:
+                raise self._assembly_error(str(exc), at) from None
+            raise ConfigError(str(exc.args[0]).split("\n", 1)[0], path=str(file),
+                              problems=placed(exc.problems, file)) from None
 
     def provider_streams(self, name: str) -> bool:
         """Return whether the assembly asks provider ``name`` to stream (``stream: true``)."""
@@ -527,41 +571,138 @@ class Runtime:
             price_id = provider_name
         return self.prices.cost(usage, model=model, price_provider=price_id, free=free)
 
-    def _plan(self, definition: Definition) -> _DefinitionPlan:
+    def _plan(self, definition: Definition) -> _DefinitionPlan:  # noqa: C901, PLR0912 - each check collects its problem
         plan = self._plans.get(id(definition))
         if plan is not None and plan.definition is definition:
             return plan
+        problems: list[ConfigProblem] = []
+        source = definition.source
+
+        def problem(exc: ConfigError, at: tuple[str | int, ...], file: Path | None = source) -> None:
+            from loopwright._config import locate  # noqa: PLC0415 - only to place a problem
+
+            if exc.problems:
+                problems.extend(exc.problems)
+            else:
+                problems.append(locate(str(exc), at, file))
+
         tools: dict[str, Tool] = {}
-        for name in definition.tool_names:
+        for n, name in enumerate(definition.tool_names):
             if name not in self.plugins.tools:
-                raise ConfigError(
+                problem(ConfigError(
                     f"definition {definition.name!r} names the tool {name!r}, which no plugin registers; "
-                    f"registered tools: {', '.join(self.plugins.tools.names())}")
-            tools[name] = self.plugins.tools.get(name)
+                    f"registered tools: {', '.join(self.plugins.tools.names())}"), ("tools", n))
+            else:
+                tools[name] = self.plugins.tools.get(name)
         limits = DEFAULT_LIMITS.merged(self.assembly.limits).merged(definition.limits)
         if definition.max_iterations is not None:
             limits = attrs.evolve(limits, max_iterations=definition.max_iterations)
         strategy = None
         if definition.context_strategy is not None:
             spec = definition.context_strategy
-            try:
-                factory = self.plugins.context_strategies.get(spec.kind)
-            except KeyError:
-                raise ConfigError(f"unknown context strategy {spec.kind!r}; registered: "
-                                  f"{', '.join(self.plugins.context_strategies.names())}") from None
-            strategy = factory(dict(spec.options))
+            if spec.kind not in self.plugins.context_strategies:
+                problem(ConfigError(f"unknown context strategy {spec.kind!r}; registered: "
+                                    f"{', '.join(self.plugins.context_strategies.names())}"),
+                        ("contextStrategy", "kind"))
+            else:
+                try:
+                    strategy = self.plugins.context_strategies.get(spec.kind)(dict(spec.options))
+                except ConfigError as exc:
+                    problem(exc, ("contextStrategy",))
         if definition.completion is not None:
-            self.verifier(definition.completion.verify)  # an unknown verifier fails the start, not the run
-        model_ref = self.model_ref(definition)
-        # Built now, before any instance exists: an unknown provider or a missing key is bad input.
-        self.provider(self.split_model(model_ref)[0])
+            try:  # an unknown verifier fails the start, not the run
+                self.verifier(definition.completion.verify)
+            except ConfigError as exc:
+                problem(exc, ("completion", "verify"))
+        model_ref = None
+        try:
+            model_ref = self.model_ref(definition)
+        except ConfigError as exc:
+            problem(exc, ())
+        problems.extend(self._model_problems(definition, model_ref, strategy))
+        hooks: dict[str, tuple[Any, ...]] = {}
+        if definition.hooks or definition.guardrails:
+            try:
+                hooks = self._definition_hooks(definition)
+            except ConfigError as exc:
+                problem(exc, ("hooks",) if definition.hooks else ("guardrails",))
+        if problems:
+            raise ConfigError(f"definition {definition.name!r} cannot run",
+                              path=str(source) if source else None, problems=problems)
+        assert model_ref is not None  # noqa: S101 - a missing model is a problem above
         plan = _DefinitionPlan(definition=definition, tools=tools, specs=tuple(t.spec for t in tools.values()),
-                               limits=limits, model_ref=model_ref, strategy=strategy,
-                               hooks=self._definition_hooks(definition)
-                               if definition.hooks or definition.guardrails else {},
+                               limits=limits, model_ref=model_ref, strategy=strategy, hooks=hooks,
                                gated=any(t.available is not None for t in tools.values()))
         self._plans[id(definition)] = plan
         return plan
+
+    def _model_problems(self, definition: Definition, model_ref: str | None, strategy: Any) -> list[ConfigProblem]:
+        """Resolve every model an instance may call to a provider (built, never called).
+
+        Its model (or the assembly's ``defaultModel``), its ``fallbackModels`` and its context
+        strategy's ``model``: a mistake in any is refused before the instance exists.
+        """
+        source = definition.source
+        models: list[tuple[str, tuple[str | int, ...], Path | None]] = []
+        if model_ref is not None:
+            models.append((model_ref, ("model",), source) if definition.model
+                          else (model_ref, ("defaultModel",), self.assembly.path))
+        models.extend((ref, ("fallbackModels", n), source) for n, ref in enumerate(definition.fallback_models))
+        compaction = getattr(strategy, "model", None)
+        if isinstance(compaction, str):
+            models.append((compaction, ("contextStrategy", "model"), source))
+        problems: list[ConfigProblem] = []
+        for ref, at, file in models:
+            try:
+                self.provider(self.split_model(ref)[0])
+            except ConfigError as exc:
+                from loopwright._config import locate  # noqa: PLC0415 - only to place a problem
+
+                problems.extend(exc.problems or [locate(f"{ref}: {exc}", at, file)])
+        return problems
+
+    def check_definition(self, definition: Definition, inputs: Mapping[str, Any] | None = None) -> None:
+        """Check everything an instance of ``definition`` needs to start, calling no model.
+
+        Its tools resolve; each model it may call (``model`` or the assembly's ``defaultModel``,
+        ``fallbackModels``, a context strategy's ``model``) resolves to a provider whose key
+        variable is set and whose options are valid; its context strategy, completion verifier,
+        hooks and guardrails resolve; with ``inputs``, they are valid and every template renders.
+        :meth:`start_agent` runs these checks before it creates the instance, and
+        ``loopwright validate -c`` runs them on a definition file.
+
+        :raises ConfigError: listing every problem found, each with file, line and column where
+            there is one.
+        """
+        plan = self._plan(definition)
+        if inputs is not None:
+            from loopwright._template import resolve_inputs  # noqa: PLC0415
+
+            self._check_templates(plan.definition, resolve_inputs(definition, inputs))
+
+    @staticmethod
+    def _check_templates(definition: Definition, values: Mapping[str, Any]) -> None:
+        """Render the definition's templates with ``values`` (a dotted path that is not there fails here)."""
+        from loopwright._config import locate  # noqa: PLC0415 - only when something is wrong
+        from loopwright._template import TemplateError, render, render_value  # noqa: PLC0415
+
+        texts: list[tuple[tuple[str | int, ...], Any]] = []
+        if definition.system_prompt:
+            texts.append((("systemPrompt",), definition.system_prompt))
+        for n, ip in enumerate(definition.initial_prompts):
+            if ip.content:
+                texts.append((("initialPrompts", n, "content"), ip.content))
+            texts.extend((("initialPrompts", n, "toolCalls", k, "arguments"), dict(tc.arguments))
+                         for k, tc in enumerate(ip.tool_calls))
+        problems: list[ConfigProblem] = []
+        for at, text in texts:
+            try:
+                render(text, values) if isinstance(text, str) else render_value(text, values)
+            except TemplateError as exc:
+                problems.append(locate(str(exc), at, definition.source))
+        if problems:
+            raise ConfigError(f"definition {definition.name!r}: the inputs do not fit its templates",
+                              path=str(definition.source) if definition.source else None, problems=problems)
 
     @staticmethod
     def _snapshot(plan: _DefinitionPlan) -> dict[str, Any]:
@@ -797,6 +938,7 @@ class Runtime:
         loop = self.loop
         plan = self._plan(defn)
         values = resolve_inputs(defn, inputs or {})
+        self._check_templates(defn, values)
         iid = instance_id or _new_id()
         header: dict[str, Any] = {
             "instanceId": iid, "name": defn.name, "version": 1,

@@ -112,26 +112,39 @@ class Tool:
     _validator: Any = attrs.field(default=None, repr=False, eq=False, alias="_validator")
     _fast: Any = attrs.field(default=None, repr=False, eq=False, alias="_fast")
     _spec: ToolSpec | None = attrs.field(default=None, repr=False, eq=False, alias="_spec")
+    _generated: bool = attrs.field(default=False, repr=False, eq=False, alias="_generated")
 
     def __attrs_post_init__(self) -> None:
         if self._spec is not None:
             return  # a copy made by replace() that kept the schema: validators are reused
         if not _NAME_RE.match(self.name):
             raise ValueError(f"tool name {self.name!r} must be 1-64 characters of A-Z a-z 0-9 _ -")
-        jsonschema.Draft202012Validator.check_schema(self.parameters)
-        # Patterns run on RE2, in linear time; one RE2 cannot compile is not enforced (lenient).
-        object.__setattr__(self, "_validator", schema_validator(self.parameters, lenient=True))
-        fast = None
-        if not has_patterns(self.parameters):  # fastjsonschema would match patterns with re
-            try:
-                # Compiled to Python once: about 1 µs per call against 13 µs for jsonschema, which
-                # is kept to explain failures (and for schemas fastjsonschema cannot compile).
-                fast = fastjsonschema.compile(dict(self.parameters), use_default=False)
-            except (fastjsonschema.JsonSchemaDefinitionException, TypeError, ValueError):
-                fast = None
-        object.__setattr__(self, "_fast", fast)
+        if not self._generated:
+            # A schema :func:`tool` made from type hints is valid by construction; one given as
+            # ``parameters`` is checked against the metaschema (a few ms each: not at every start).
+            jsonschema.Draft202012Validator.check_schema(self.parameters)
+        # The validators are compiled at the first call's validation (see _validators): a
+        # runtime registers every tool at start, and most are never called in a given process.
         object.__setattr__(self, "_spec", ToolSpec(
             name=self.name, description=self.description, parameters=self.parameters))
+
+    def _validators(self) -> tuple[Any, Any]:
+        """Return ``(validator, fast)``, compiled once, on first use (two threads may both compile: harmless)."""
+        validator = self._validator
+        if validator is None:
+            # Patterns run on RE2, in linear time; one RE2 cannot compile is not enforced (lenient).
+            validator = schema_validator(self.parameters, lenient=True)
+            fast = None
+            if not has_patterns(self.parameters):  # fastjsonschema would match patterns with re
+                try:
+                    # Compiled to Python once: about 1 µs per call against 13 µs for jsonschema, which
+                    # is kept to explain failures (and for schemas fastjsonschema cannot compile).
+                    fast = fastjsonschema.compile(dict(self.parameters), use_default=False)
+                except (fastjsonschema.JsonSchemaDefinitionException, TypeError, ValueError):
+                    fast = None
+            object.__setattr__(self, "_fast", fast)
+            object.__setattr__(self, "_validator", validator)
+        return validator, self._fast
 
     @property
     def spec(self) -> ToolSpec:
@@ -140,7 +153,7 @@ class Tool:
 
     def validation_errors(self, arguments: Mapping[str, Any]) -> list[str]:
         """Return the problems with ``arguments`` (empty when they are valid), e.g. ``a: required``."""
-        fast = self._fast
+        validator, fast = self._validators()
         if fast is not None:
             try:
                 fast(arguments)
@@ -148,7 +161,6 @@ class Tool:
                 pass
             else:
                 return []
-        validator = self._validator
         if validator.is_valid(arguments):
             return []
         problems: list[str] = []
@@ -168,6 +180,8 @@ class Tool:
         """Return a copy with some fields changed; the schema is checked again only if it changed."""
         if {"name", "description", "parameters"} & set(changes):
             changes.update(_validator=None, _fast=None, _spec=None)
+            if "parameters" in changes:
+                changes["_generated"] = False
         return attrs.evolve(self, **changes)
 
 
@@ -206,6 +220,7 @@ def tool(
             name=name or f.__name__,
             description=description if description is not None else summary,
             parameters=schema_for_function(f, params),
+            _generated=True,
             function=f,
             parallel_safe=parallel_safe,
             requires_approval=requires_approval,

@@ -307,10 +307,17 @@ def plugins(settings: CliSettings) -> int:
 
 
 def validate(settings: CliSettings, files: Sequence[str], kind: str | None) -> int:
-    """``loopwright validate``: every problem of every file; exit 0 if all are valid, else 2."""
+    """``loopwright validate``: every problem of every file; exit 0 if all are valid, else 2.
+
+    With an assembly (``-c``, or ``./loopwright.yaml``), files that are valid on their own are
+    also checked as ``run`` checks them, calling no model: an assembly opens a runtime (plugins,
+    store and record sinks, each outside every granted root), and a definition's tools, models,
+    context strategy, verifier and hooks resolve against the ``-c`` assembly's runtime.
+    """
     from loopwright._config import detect_kind, load_yaml, validate_file  # noqa: PLC0415 - the loader only for validate
 
     results: list[dict[str, Any]] = []
+    checker = _RunChecks(settings.assembly_path()) if settings.config is not None else None
     for file in files:
         problems = validate_file(file, kind)  # type: ignore[arg-type]
         found = kind
@@ -319,6 +326,8 @@ def validate(settings: CliSettings, files: Sequence[str], kind: str | None) -> i
                 found = detect_kind(file, None if file.endswith(".jsonl") else load_yaml(file)[0])
             except ConfigError:
                 found = None
+        if checker is not None and not problems and found in {"definition", "assembly"}:
+            problems = checker.problems(file, found)
         results.append({
             "file": file, "kind": found, "valid": not problems,
             "problems": [{"file": p.file, "line": p.line, "column": p.column, "path": p.path,
@@ -338,3 +347,29 @@ def validate(settings: CliSettings, files: Sequence[str], kind: str | None) -> i
         click.echo(f"{len(invalid)} of {len(results)} file{'' if len(results) == 1 else 's'} invalid, "
                    f"{count} problem{'' if count == 1 else 's'}", err=True)
     return EXIT_USAGE if invalid else EXIT_OK
+
+
+class _RunChecks:
+    """What ``run`` checks beyond the schemas, for ``validate -c``: one runtime per assembly, no model called."""
+
+    def __init__(self, assembly: Path | None) -> None:
+        self._assembly = assembly
+
+    def problems(self, file: str, kind: str) -> list[Any]:
+        """Return the problems ``run`` would refuse ``file`` (a ``definition`` or an ``assembly``) for."""
+        return anyio.run(self._check, Path(file), kind)
+
+    async def _check(self, file: Path, kind: str) -> list[Any]:
+        from loopwright.errors import CapabilityError, ConfigError, ConfigProblem, PluginError  # noqa: PLC0415
+
+        assembly = file if kind == "assembly" else self._assembly
+        where = str(assembly) if assembly is not None else None
+        try:
+            async with Runtime.from_file(assembly) as rt:
+                if kind == "definition":
+                    rt.check_definition(rt.load_definition(file))
+        except ConfigError as exc:
+            return list(exc.problems) or [ConfigProblem(str(exc), file=exc.path or where)]
+        except (PluginError, CapabilityError) as exc:
+            return [ConfigProblem(str(exc), file=where)]
+        return []

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from loopwright import hookimpl
+from loopwright.options import HTTP_OPTIONS, options_schema
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -38,10 +39,22 @@ def make_provider(settings: ProviderSettings) -> AnthropicProvider:
     return AnthropicProvider(settings)
 
 
+#: The options the provider takes (checked by the runtime at their place in the assembly).
+OPTIONS = options_schema({
+    **HTTP_OPTIONS,
+    "anthropicVersion": {"type": ["string", "null"]},
+    "beta": {"type": ["array", "string", "null"], "items": {"type": "string"}},
+    "defaultMaxTokens": {"type": "integer", "minimum": 1},
+    "promptCaching": {"type": ["boolean", "object"]},
+    "structuredOutput": {"enum": ["tool", "native"]},
+    "priceProvider": {"type": ["string", "null"]},
+})
+
+
 @hookimpl
 def loopwright_register_providers(register: Callable[..., None]) -> None:
     """Register the provider kind ``anthropic``."""
-    register("anthropic", make_provider)
+    register("anthropic", make_provider, options=OPTIONS)
 
 
 def __getattr__(name: str) -> Any:

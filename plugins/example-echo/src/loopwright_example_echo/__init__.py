@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import loopwright
+from loopwright.options import options_schema
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
     from loopwright import ProviderSettings
     from loopwright_example_echo._provider import EchoProvider
 
-__all__ = ["loopwright_register_providers", "make_provider"]
+__all__ = ["OPTIONS", "loopwright_register_providers", "make_provider"]
 
 
 def make_provider(settings: ProviderSettings) -> EchoProvider:
@@ -27,7 +28,16 @@ def make_provider(settings: ProviderSettings) -> EchoProvider:
     return EchoProvider(settings)
 
 
+#: The options an ``echo`` provider takes: the runtime checks them at their place in the assembly
+#: (an unknown key, a value of the wrong type) before it calls ``make_provider``.
+OPTIONS = options_schema({
+    "maxRetries": {"type": "integer", "minimum": 0},
+    "timeout": {"type": "number", "exclusiveMinimum": 0},
+    "free": {"type": "boolean"},
+})
+
+
 @loopwright.hookimpl
 def loopwright_register_providers(register: Callable[..., None]) -> None:
-    """Register the provider kind ``echo``."""
-    register("echo", make_provider)
+    """Register the provider kind ``echo`` and the options it takes."""
+    register("echo", make_provider, options=OPTIONS)

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from loopwright import hookimpl
+from loopwright.options import HTTP_OPTIONS, options_schema
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -42,10 +43,22 @@ def make_provider(settings: ProviderSettings) -> OpenAIProvider:
     return OpenAIProvider(settings)
 
 
+#: The options the provider takes (checked by the runtime at their place in the assembly).
+OPTIONS = options_schema({
+    **HTTP_OPTIONS,
+    "api": {"enum": ["chat", "responses"]},
+    "maxTokensField": {"enum": ["max_tokens", "max_completion_tokens"]},
+    "quirks": {"type": ["array", "string", "null"], "items": {"type": "string"}},
+    "organization": {"type": ["string", "null"]},
+    "project": {"type": ["string", "null"]},
+    "priceProvider": {"type": ["string", "null"]},
+})
+
+
 @hookimpl
 def loopwright_register_providers(register: Callable[..., None]) -> None:
     """Register the provider kind ``openai``."""
-    register("openai", make_provider)
+    register("openai", make_provider, options=OPTIONS)
 
 
 def __getattr__(name: str) -> Any:
