@@ -91,7 +91,7 @@ def test_an_unset_api_key_env_exits_2_naming_it(tmp_path: Path, listener: socket
                                  "apiKeyEnv: MY_KEY}\n", "local:m")
     done = _lw(project, "run", "agent.yaml", "-p", "hi")
     assert done.returncode == 2, done.stderr
-    assert "environment variable MY_KEY is not set" in done.stderr
+    assert "environment variable MY_KEY (its apiKeyEnv) is not set" in done.stderr
     assert not _dialled(listener), "a connection was attempted"
     _no_instance(project)
 

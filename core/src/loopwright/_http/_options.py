@@ -288,8 +288,9 @@ def require_api_key(settings: ProviderSettings, env: str, headers: Mapping[str, 
     raise ConfigError(
         f"provider {settings.name!r}: the environment variable {env} is not set",
         problems=[ConfigProblem(
-            f"{url} needs an API key: set {env}, or give the provider apiKeyEnv (or a baseUrl for a "
-            f"server that needs no key)", path=f"$.providers.{settings.name}")])
+            f"provider {settings.name!r}: the environment variable {env} is not set, and {url} needs an "
+            f"API key: set {env}, or give the provider apiKeyEnv (or a baseUrl for a server that needs no key)",
+            path=f"$.providers.{settings.name}")])
 
 
 def override_headers(headers: dict[str, str], extra: Mapping[str, str]) -> dict[str, str]:
