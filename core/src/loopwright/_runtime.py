@@ -40,7 +40,7 @@ from loopwright._definition import (
     gates_from_json,
     with_gates,
 )
-from loopwright._instance import Instance, log_totals, message_to_json, now_iso, rebuild
+from loopwright._instance import Instance, fold_checkpoint, log_totals, message_to_json, now_iso, rebuild
 from loopwright._loop import Loop
 from loopwright._plugins import PluginHost
 from loopwright._pricing import PriceTable
@@ -937,11 +937,11 @@ class Runtime:
         header = await self.store.read_header(run.instance_id)
         if header.get("updatedAt") == run.inst.header.get("updatedAt"):
             return
-        entries = await self.store.read_entries(run.instance_id)
+        checkpoint, entries = await self.store.read_resume(run.instance_id)
         inst = run.inst
         inst.header = header
         inst.grants = self._saved_grants(run.instance_id, header)
-        rebuild(inst, entries)
+        rebuild(inst, entries, checkpoint)
 
     async def _join_tree(self, inst: Instance) -> None:
         """Make an instance loaded from the store draw from its tree's one budget.
@@ -1028,6 +1028,10 @@ class Runtime:
                 loop.record(inst, "error", {"message": f"{type(exc).__name__}: {exc}", "internal": True})
                 await loop.set_state(run, State.ERROR, StopReason.ERROR, error=f"{type(exc).__name__}: {exc}")
         finally:
+            # At rest, still holding the lease: a store may fold its log into a checkpoint
+            # (only when it grew enough since the last one), so loading it later costs O(1).
+            with anyio.CancelScope(shield=True):
+                await self.store.checkpoint(inst.id, fold_checkpoint)
             lease.release()
             run._scope = None  # noqa: SLF001
             run._cancelled = False  # noqa: SLF001
@@ -1079,11 +1083,11 @@ class Runtime:
             self._runs[instance_id] = run
             return run
         header = await self.store.read_header(instance_id)
-        entries = await self.store.read_entries(instance_id)
+        checkpoint, entries = await self.store.read_resume(instance_id)
         defn = self._definition_from_header(instance_id, header)
         grants = self._saved_grants(instance_id, header)
         inst = Instance(id=instance_id, definition=defn, header=header, grants=grants)
-        rebuild(inst, entries)
+        rebuild(inst, entries, checkpoint)
         self._instances[instance_id] = inst
         run = AgentRun(self, inst)
         self._runs[instance_id] = run

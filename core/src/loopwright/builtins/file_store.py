@@ -74,6 +74,7 @@ import contextlib
 import errno
 import fcntl
 import functools
+import hashlib
 import itertools
 import json
 import logging
@@ -111,6 +112,11 @@ HEADER_FILE: Final = "instance.json"
 ENTRIES_FILE: Final = "entries.jsonl"
 RECORDS_FILE: Final = "records.jsonl"
 POSTS_FILE: Final = "posts.jsonl"
+CHECKPOINT_FILE: Final = "checkpoint.json"
+#: The version of the checkpoint file's own frame (its first line); the state inside has its own.
+_CHECKPOINT_FRAME: Final = 1
+#: How many bytes before a checkpoint's offset are hashed to tie it to its log.
+_PREFIX_BYTES: Final = 64 * 1024
 
 _ID_RE: Final = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}")
 _OPTIONS: Final = frozenset({"path", "fsync"})
@@ -261,9 +267,12 @@ class FileStore(Store):
         root: The store folder, absolute. Created on the first :meth:`create`.
         fsync: Whether every append is fsynced.
         max_open_logs: How many log files stay open for appending (least recently used closed first).
+        checkpoint_bytes: How much an entry log grows between two checkpoints (see :meth:`checkpoint`).
     """
 
     max_open_logs: int = 512
+    #: How many bytes must be appended to an entry log since its checkpoint before :meth:`checkpoint` writes a new one.
+    checkpoint_bytes: int = 256 * 1024
 
     def __init__(self, settings: StoreSettings) -> None:
         """Check the options and resolve the store folder; nothing is created yet."""
@@ -297,6 +306,8 @@ class FileStore(Store):
         self._post_fds: collections.OrderedDict[str, int] = collections.OrderedDict()
         # instance_id -> the mailbox's path, for instances whose mailbox does not exist yet.
         self._post_paths: dict[str, str] = {}
+        # instance_id -> the entry-log offset its checkpoint covers (0: none), once known here.
+        self._checkpointed: dict[str, int] = {}
 
     def __repr__(self) -> str:
         """Show the store folder and the fsync option."""
@@ -341,6 +352,7 @@ class FileStore(Store):
                 _fsync_dir(folder)
             if self.fsync:
                 _fsync_dir(self.root)
+            self._note_checkpoint(instance_id, 0)
         except BaseException:
             # Leave no header-less folder behind: it would block the id and look like litter.
             for name in (ENTRIES_FILE, RECORDS_FILE):
@@ -459,6 +471,50 @@ class FileStore(Store):
     async def read_records(self, instance_id: str) -> list[dict[str, Any]]:
         """Return the whole record log in order; same contract as :meth:`read_entries`."""
         return self._read_log(instance_id, RECORDS_FILE)
+
+    # -- checkpoints -----------------------------------------------------------------------------
+
+    async def read_resume(self, instance_id: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+        """Return ``(checkpoint, entries after it)``, or ``(None, all entries)`` without a valid checkpoint.
+
+        ``checkpoint.json`` is used only if its checksum matches, its offset lies within the
+        entry log on a line boundary, and the log's bytes before that offset hash as when it was
+        written; otherwise it is ignored (with a logged warning) and the whole log is read. The
+        cost is that of the checkpoint and the log's tail after it, whatever the log's length.
+        Same errors as :meth:`read_entries`.
+        """
+        checkpoint, entries, offset, _end = self._read_resume(instance_id)
+        self._note_checkpoint(instance_id, offset if checkpoint is not None else 0)
+        return checkpoint, entries
+
+    async def checkpoint(self, instance_id: str,
+                         fold: Callable[[Mapping[str, Any] | None, list[dict[str, Any]]], dict[str, Any]],
+                         ) -> None:
+        """Write a new checkpoint if the entry log grew by :attr:`checkpoint_bytes` since the last one.
+
+        Otherwise this costs one ``fstat``. The new one is ``fold(checkpoint, entries after it)``
+        over the complete lines of the log, written to a temporary file and renamed over
+        ``checkpoint.json`` (no fsync: a checkpoint torn by a power loss fails its checksum and
+        the log is replayed whole). A checkpoint is a cache: any failure here is logged on the
+        ``loopwright.builtins.file_store`` logger and the log stays as it was.
+        """
+        folder = self.root / _check_id(instance_id)
+        try:
+            fd = self._logs.get((instance_id, ENTRIES_FILE))
+            size = os.fstat(fd).st_size if fd is not None else (folder / ENTRIES_FILE).stat().st_size
+            done = self._checkpointed.get(instance_id)
+            if done is None:
+                done = self._checkpoint_offset(folder)
+                self._note_checkpoint(instance_id, done)
+            if size - done < self.checkpoint_bytes:
+                return
+            checkpoint, entries, _offset, end = self._read_resume(instance_id)
+            state = fold(checkpoint, entries)
+            self._write_checkpoint(instance_id, folder, state, end)
+        except Exception as exc:  # noqa: BLE001 - a cache must never fail the run it follows
+            _log.warning("file store: no checkpoint for %s: %s: %s", instance_id, type(exc).__name__, exc)
+            return
+        self._note_checkpoint(instance_id, end)
 
     # -- mailbox ---------------------------------------------------------------------------------
 
@@ -763,25 +819,147 @@ class FileStore(Store):
             return []
         except OSError as exc:
             raise StoreError(f"cannot read {path}: {exc}", instance_id=instance_id) from exc
-        lines = data.split(b"\n")
-        # With a trailing newline the split ends with b""; otherwise that piece is a torn line.
-        lines.pop()
-        out: list[dict[str, Any]] = []
-        loads = json.loads
-        last = len(lines) - 1
-        ended_clean = data.endswith(b"\n")
-        for number, line in enumerate(lines):
+        return _parse_lines(data, path, 0, instance_id)[0]
+
+    def _note_checkpoint(self, instance_id: str, offset: int) -> None:
+        """Remember the offset an instance's checkpoint covers (a bounded map: forgetting costs one read)."""
+        marks = self._checkpointed
+        marks[instance_id] = offset
+        if len(marks) > 16 * self.max_open_logs:
+            marks.pop(next(iter(marks)))
+
+    @staticmethod
+    def _checkpoint_offset(folder: Path) -> int:
+        """Return the offset the checkpoint's frame names (0 without one); the frame alone is read."""
+        try:
+            with (folder / CHECKPOINT_FILE).open("rb") as f:
+                frame = json.loads(f.readline())
+            return int(frame["offset"]) if type(frame) is dict else 0
+        except (OSError, ValueError, KeyError, TypeError):
+            return 0
+
+    def _read_resume(self, instance_id: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]], int, int]:
+        """Return the verified checkpoint (or ``None``), the entries after it, its offset, and where they end."""
+        folder = self.root / _check_id(instance_id)
+        path = folder / ENTRIES_FILE
+        try:
+            fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
+        except (FileNotFoundError, NotADirectoryError):
+            if not (folder / HEADER_FILE).is_file():
+                raise InstanceNotFoundError(instance_id) from None
+            return None, [], 0, 0
+        except OSError as exc:
+            raise StoreError(f"cannot read {path}: {exc}", instance_id=instance_id) from exc
+        try:
+            size = os.fstat(fd).st_size
+            checkpoint, offset = self._verified_checkpoint(instance_id, folder, fd, size)
+            data = os.pread(fd, size - offset, offset)
+        except OSError as exc:
+            raise StoreError(f"cannot read {path}: {exc}", instance_id=instance_id) from exc
+        finally:
+            os.close(fd)
+        entries, used = _parse_lines(data, path, offset, instance_id)
+        return checkpoint, entries, offset, offset + used
+
+    @staticmethod
+    def _verified_checkpoint(instance_id: str, folder: Path, fd: int, size: int) -> tuple[dict[str, Any] | None, int]:
+        """Return the checkpoint and its offset if it checks out against the log ``fd``, else ``(None, 0)``."""
+        path = folder / CHECKPOINT_FILE
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None, 0
+        except OSError as exc:
+            _log.warning("file store: ignoring the checkpoint of %s: cannot read %s: %s", instance_id, path, exc)
+            return None, 0
+        problem = "its frame is not valid"
+        try:
+            head, _nl, body = data.partition(b"\n")
+            body = body.removesuffix(b"\n")
+            frame = json.loads(head)
+            if type(frame) is dict and frame.get("v") == _CHECKPOINT_FRAME:
+                offset, prefix, digest = frame["offset"], frame["prefix"], frame["sha256"]
+                if hashlib.sha256(body).hexdigest() != digest:
+                    problem = "its checksum does not match (torn or changed)"
+                elif type(offset) is not int or not 0 < offset <= size:
+                    problem = f"it covers {offset!r} bytes of a {size}-byte log"
+                elif os.pread(fd, 1, offset - 1) != b"\n" or prefix != _prefix_hash(fd, offset):
+                    problem = "the log before its offset is not the one it was made from"
+                else:
+                    state = json.loads(body)
+                    if type(state) is dict:
+                        return state, offset
+                    problem = "it does not hold a JSON object"
+        except (ValueError, KeyError, TypeError) as exc:
+            problem = f"{problem}: {exc}"
+        _log.warning("file store: ignoring the checkpoint of %s (%s): %s; replaying the whole log",
+                     instance_id, path, problem)
+        return None, 0
+
+    def _write_checkpoint(self, instance_id: str, folder: Path, state: Mapping[str, Any], offset: int) -> None:
+        """Write ``state`` as the checkpoint of the log's first ``offset`` bytes: temp file, rename."""
+        body = _encode_line(state).encode()
+        fd = self._logs.get((instance_id, ENTRIES_FILE))
+        own = fd is None
+        if own:
+            fd = os.open(folder / ENTRIES_FILE, os.O_RDONLY | _O_CLOEXEC)
+        try:
+            prefix = _prefix_hash(fd, offset)
+        finally:
+            if own:
+                os.close(fd)
+        frame = {"v": _CHECKPOINT_FRAME, "offset": offset, "prefix": prefix,
+                 "sha256": hashlib.sha256(body).hexdigest()}
+        data = (_encode_line(frame) + "\n").encode() + body + b"\n"
+        tmp = folder / f".{CHECKPOINT_FILE}.{os.getpid()}.{next(_TMP_NUMBERS)}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o600)
+        try:
             try:
-                obj = loads(line)
-            except ValueError as exc:
-                if number == last and ended_clean:
-                    break  # a torn last line: dropped, and cut before the next append
-                raise StoreError(f"{path}: line {number + 1} is not valid JSON: {exc}",
-                                 instance_id=instance_id) from exc
-            if type(obj) is not dict:
-                if number == last and ended_clean:
-                    break
-                raise StoreError(f"{path}: line {number + 1} holds a JSON {type(obj).__name__}, "
-                                 "not an object", instance_id=instance_id)
-            out.append(obj)
-        return out
+                _write_all(fd, data)
+            finally:
+                os.close(fd)
+            tmp.replace(folder / CHECKPOINT_FILE)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
+
+
+def _prefix_hash(fd: int, offset: int) -> str:
+    """Hash the (at most :data:`_PREFIX_BYTES`) bytes of a log before ``offset``, and the offset itself."""
+    start = max(0, offset - _PREFIX_BYTES)
+    h = hashlib.sha256(str(offset).encode())
+    h.update(os.pread(fd, offset - start, start))
+    return h.hexdigest()
+
+
+def _parse_lines(data: bytes, path: Path, start: int, instance_id: str) -> tuple[list[dict[str, Any]], int]:
+    """Parse a log's bytes (from byte ``start`` of the file) into objects; return them and the bytes used.
+
+    A torn last line (not valid JSON, or no trailing newline) is dropped and not counted as
+    used; a corrupt line anywhere else raises :class:`StoreError` naming the file and line.
+    """
+    lines = data.split(b"\n")
+    # With a trailing newline the split ends with b""; otherwise that piece is a torn line.
+    torn = len(lines.pop())
+    used = len(data) - torn
+    out: list[dict[str, Any]] = []
+    loads = json.loads
+    last = len(lines) - 1
+    ended_clean = torn == 0
+    where = "line" if start == 0 else f"byte {start} + line"
+    for number, line in enumerate(lines):
+        try:
+            obj = loads(line)
+        except ValueError as exc:
+            if number == last and ended_clean:
+                return out, used - len(line) - 1  # a torn last line: dropped, and cut before the next append
+            raise StoreError(f"{path}: {where} {number + 1} is not valid JSON: {exc}",
+                             instance_id=instance_id) from exc
+        if type(obj) is not dict:
+            if number == last and ended_clean:
+                return out, used - len(line) - 1
+            raise StoreError(f"{path}: {where} {number + 1} holds a JSON {type(obj).__name__}, "
+                             "not an object", instance_id=instance_id)
+        out.append(obj)
+    return out, used
