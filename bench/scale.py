@@ -4,6 +4,7 @@
     python bench/scale.py                      # both parts: 1,000 instances at once, then resume
     python bench/scale.py many --n 10000       # 10,000 instances at once
     python bench/scale.py resume --turns 10000 # get_agent in a fresh process: 10,000 turns vs 10
+    python bench/scale.py turn                 # CPU per turn alone, and where it goes (cProfile)
 
 No HTTP: the model is an in-process provider (kind ``inproc``) that answers after
 ``--latency-ms`` of ``asyncio.sleep``, with a tool call of the async ``add`` tool for the first
@@ -173,6 +174,59 @@ async def many(n: int, k: int, latency_ms: float, store_dir: Path) -> dict[str, 
     return out
 
 
+# -- one turn, profiled -------------------------------------------------------------------------
+
+
+async def turn_profile(runs: int, k: int, store_dir: Path, top: int) -> dict[str, Any]:
+    """Run ``runs`` instances one after the other (no latency); CPU per turn, then under cProfile."""
+    import cProfile  # noqa: PLC0415 - only this part needs it
+    import pstats  # noqa: PLC0415
+
+    plugin = BenchPlugin(k, 0.0)
+    defn = definition(k)
+    async with runtime(new_store(store_dir, "turn"), plugin) as rt:
+        for _ in range(20):
+            await _burst(rt, defn, 1)
+        gc.collect()
+        c0 = time.process_time()
+        for _ in range(runs):
+            await _burst(rt, defn, 1)
+        cpu = time.process_time() - c0
+        prof = cProfile.Profile(time.process_time)
+        prof.enable()
+        for _ in range(runs):
+            await _burst(rt, defn, 1)
+        prof.disable()
+    turns = runs * (k + 1)
+    stats = pstats.Stats(prof)
+    by_pkg: dict[str, float] = {}
+    rows = []
+    for (file, line, func), (_cc, nc, tt, ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+        pkg = _package(file)
+        by_pkg[pkg] = by_pkg.get(pkg, 0.0) + tt
+        rows.append((tt, ct, nc, f"{pkg}:{Path(file).name}:{line}({func})"))
+    rows.sort(reverse=True)
+    total = sum(by_pkg.values())
+    scale_to = cpu / total if total else 1.0  # cProfile's overhead: scaled back to the plain run
+    return {
+        "runs": runs, "k": k, "cpu_us_per_turn": round(cpu * 1e6 / turns, 1),
+        "profile_us_per_turn_by_package": {p: round(t * scale_to * 1e6 / turns, 1)
+                                           for p, t in sorted(by_pkg.items(), key=lambda x: -x[1])},
+        "top_self_us_per_turn": [(name, round(tt * scale_to * 1e6 / turns, 1), round(nc / turns, 2))
+                                 for tt, _ct, nc, name in rows[:top]],
+    }
+
+
+def _package(file: str) -> str:
+    if "loopwright" in file and "site-packages" not in file:
+        return "loopwright." + Path(file).stem
+    if "site-packages" in file:
+        return file.split("site-packages/")[1].split("/", maxsplit=1)[0].split(".", maxsplit=1)[0]
+    if file.startswith("<") or file == "~":
+        return "builtins"
+    return "stdlib:" + Path(file).stem
+
+
 # -- resume ------------------------------------------------------------------------------------
 
 _CHILD = """
@@ -244,7 +298,9 @@ def resume(turns: int, repeat: int, store_dir: Path) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("part", nargs="?", choices=["all", "many", "resume"], default="all")
+    ap.add_argument("part", nargs="?", choices=["all", "many", "resume", "turn"], default="all")
+    ap.add_argument("--runs", type=int, default=200, help="sequential instances (turn)")
+    ap.add_argument("--top", type=int, default=25, help="functions listed (turn)")
     ap.add_argument("--n", type=int, default=1000, help="instances at once (many)")
     ap.add_argument("--k", type=int, default=3, help="tool turns per instance (many)")
     ap.add_argument("--latency-ms", type=float, default=50.0, help="model latency (many)")
@@ -273,6 +329,15 @@ def main() -> None:
         print(f"resume: get_agent in a fresh process: {r['turns']} turns ({r['long']['messages']} messages) "
               f"{r['long']['get_agent_ms']} ms, 10 turns {r['short']['get_agent_ms']} ms: {r['ratio']}x; "
               f"one more turn: {r['long']['one_more_turn_cpu_ms']} ms CPU vs {r['short']['one_more_turn_cpu_ms']} ms")
+    if args.part == "turn":
+        t = asyncio.run(turn_profile(args.runs, 10, args.store_dir, args.top))
+        out["turn"] = t
+        print(f"turn: in-process provider, file store, {t['runs']} runs of 11 turns: "
+              f"{t['cpu_us_per_turn']} us CPU per turn")
+        for p, us in t["profile_us_per_turn_by_package"].items():
+            print(f"  {us:8.1f} us  {p}")
+        for name, us, calls in t["top_self_us_per_turn"]:
+            print(f"  {us:8.1f} us  {calls:6.2f}/turn  {name}")
     out["load_after"] = os.getloadavg()[0]
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(out, indent=2) + "\n")

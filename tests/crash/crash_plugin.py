@@ -116,6 +116,9 @@ TOOL_FLAGS: dict[str, tuple[bool, bool]] = {
 
 LEDGER = "ledger.jsonl"
 _SLOW = float(os.environ.get("LOOPWRIGHT_CRASH_SLOW", "0.3"))
+# Checkpoint the entry log at every rest (the default waits for 256 KiB of new log), so every
+# resume of the matrix loads a checkpoint and the log's tail after it.
+file_store.FileStore.checkpoint_bytes = int(os.environ.get("LOOPWRIGHT_CRASH_CHECKPOINT_BYTES", "1"))
 
 
 # ---------------------------------------------------------------------------------------------
