@@ -21,9 +21,11 @@ its times are not reported).
 
 **resume** builds two instances (``--turns`` tool turns, and 10) in a store under
 ``--store-dir``, lets them rest, then for each one starts a **fresh Python process** that opens
-a runtime on that store and times ``get_agent`` (header, log, rebuild) ``--repeat`` times, each
-in its own process, alternating the two; it reports the median and the ratio of the two, plus
-the time to save one more turn (``resume`` the instance for one more tool turn) at both sizes.
+a runtime on that store, loads a third, 2-turn instance (so that first-use costs such as the
+converters' generated code are not counted) and times ``get_agent`` (header, log, rebuild) of the
+instance, ``--repeat`` times, each in its own process, alternating the two; it reports the
+median and the ratio of the two, plus the CPU time of one more tool turn (a message, one tool
+turn, a final answer) at both sizes.
 
 The stores go to ``--store-dir`` (default ``bench/out/stores``, kept: see bench/README.md,
 "Where the stores go"). ``--json PATH`` writes the figures.
@@ -233,19 +235,21 @@ _CHILD = """
 import asyncio, json, sys, time
 sys.path.insert(0, {here!r})
 import scale
+import loopwright._config  # start-up imports (the definition loader): not what resume costs
 async def main():
     plugin = scale.BenchPlugin(0, 0.0)
     async with scale.runtime(__import__("pathlib").Path({store!r}), plugin) as rt:
+        await rt.get_agent({warm!r})  # first-use costs (converters, the definition loader): not resume's
         t0 = time.perf_counter(); c0 = time.process_time()
         run = await rt.get_agent({iid!r})
         wall = time.perf_counter() - t0; cpu = time.process_time() - c0
-        print(json.dumps({{"wall": wall, "cpu": cpu, "messages": len(run.transcript)}}))
+        print(json.dumps({{"wall": wall, "cpu": cpu, "messages": len(run.inst.transcript)}}))
 asyncio.run(main())
 """
 
 
-def _load_in_child(store: Path, iid: str) -> dict[str, Any]:
-    code = _CHILD.format(here=str(HERE), store=str(store), iid=iid)
+def _load_in_child(store: Path, iid: str, warm: str) -> dict[str, Any]:
+    code = _CHILD.format(here=str(HERE), store=str(store), iid=iid, warm=warm)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -259,7 +263,7 @@ async def _build(store: Path, turns: int) -> tuple[str, float]:
         assert result.text == "FAKE_FINAL", result
         iid = run.instance_id
     # One more tool turn on the rested instance, timed (turn, tool, answer: 2 model calls).
-    plugin = BenchPlugin(turns + 1, 0.0)
+    plugin = BenchPlugin(1, 0.0)
     async with runtime(store, plugin) as rt:
         run = await rt.get_agent(iid)
         c0 = time.process_time()
@@ -274,11 +278,12 @@ def resume(turns: int, repeat: int, store_dir: Path) -> dict[str, Any]:
     store = new_store(store_dir, "resume")
     long_id, long_more = asyncio.run(_build(store, turns))
     short_id, short_more = asyncio.run(_build(store, 10))
+    warm_id, _ = asyncio.run(_build(store, 2))
     long_t: list[dict[str, Any]] = []
     short_t: list[dict[str, Any]] = []
     for _ in range(repeat):
-        long_t.append(_load_in_child(store, long_id))
-        short_t.append(_load_in_child(store, short_id))
+        long_t.append(_load_in_child(store, long_id, warm_id))
+        short_t.append(_load_in_child(store, short_id, warm_id))
     lw = statistics.median(t["wall"] for t in long_t)
     sw = statistics.median(t["wall"] for t in short_t)
     return {

@@ -16,6 +16,8 @@ On-disk layout, one folder per instance (folders and files are created owner-onl
         records.jsonl    the record log: append-only, one compact JSON object per line
         posts.jsonl      the mailbox: messages and cancel requests any process may append
                          (created by the first post)
+        checkpoint.json  a checkpoint of the entry log (created once the log is long; see
+                         :meth:`FileStore.checkpoint`): a frame line, then the state line
 
 Creating a name in a folder is the expensive part of a new instance on many filesystems (a few
 hundred microseconds each here), so an instance gets only the names it needs: the lock is an
@@ -35,12 +37,22 @@ Durability:
 * **The header is always atomic.** It is written to a temporary file in the same folder,
   fsynced and ``os.replace``-d over ``instance.json``: any reader sees the old header or the new
   one, never a mix, and the new one's bytes are on disk before it replaces the old. The
-  runtime writes the header when the instance's state changes, not on every turn.
+  runtime writes the header when the instance's state changes, not on every turn. While
+  several instances run, headers written at the same time are group-committed: their temp
+  files are written, one ``syncfs(2)`` flushes the filesystem for all of them (one disk flush
+  instead of one per header), then each is renamed (:meth:`FileStore.write_header`).
 * **fsync: true** adds an ``os.fsync`` after every append and of the folder after every header
   rename and instance creation, so everything also survives power loss or a kernel crash. It
   costs a disk flush per append (from tens of microseconds on fast NVMe to milliseconds
   elsewhere); without it, a power loss may lose the last few seconds of appends (never the
   header's atomicity).
+
+Loading costs the same at turn 10,000 as at turn 100 (apart from the transcript itself):
+:meth:`FileStore.read_resume` reads the checkpoint and the log's tail after it. The checkpoint's
+frame ``{"v": 1, "offset": N, "prefix": SHA256, "sha256": SHA256}`` ties it to the log: its state
+line must hash to ``sha256``, ``N`` must end a line of the log, and the log's (at most 64 KiB of)
+bytes before ``N`` must hash to ``prefix``; otherwise it is ignored and the whole log is read.
+Anything that ever rewrites an entry log in place must delete ``checkpoint.json`` first.
 
 Appending costs the same at turn 10,000 as at turn 1: logs are never re-read or rewritten, and
 open log handles are kept in a small LRU (:attr:`FileStore.max_open_logs`) closed by
