@@ -15,7 +15,7 @@ import pytest
 from helpers import Harness, call, defn, make_runtime, reply, run_to_rest
 
 from loopwright import Limits, Message, ToolCall, tool
-from loopwright._instance import CHECKPOINT_VERSION, Instance, fold_checkpoint, message_from_json, rebuild
+from loopwright._instance import CHECKPOINT_VERSION, Instance, fold_checkpoint, message_from_json, rebuild, restore
 from loopwright._instance import _message_structure as converter_structure
 from loopwright.abc import StoreSettings
 from loopwright.builtins.file_store import CHECKPOINT_FILE, FileStore
@@ -179,11 +179,17 @@ async def test_damaged_checkpoint_is_ignored_and_nothing_is_lost(
     caplog.set_level(logging.WARNING, logger="loopwright.builtins.file_store")
     checkpoint, entries = await store.read_resume(IID)
     if damage in ("version", "state"):
-        # The frame checks out, so the store hands it over; the replay refuses it, and the
-        # runtime must not guess: loading raises rather than losing a turn silently.
+        # The frame checks out, so the store hands it over; the replay cannot read it, so
+        # loading (restore) replays the whole log instead, with a warning.
         assert checkpoint is not None
         with pytest.raises(ValueError, match="checkpoint"):
             state(entries, checkpoint)
+        inst = Instance(id=IID, definition=defn(), header={})
+        caplog.clear()
+        await restore(inst, store)
+        assert list(inst.transcript) == (await full(store))["transcript"]
+        assert inst.turn == (await full(store))["turn"]
+        assert "replaying the whole entry log" in caplog.text
         return
     assert checkpoint is None
     assert entries == await store.read_entries(IID)

@@ -30,9 +30,10 @@ Nothing is rewritten: saving a turn costs the same at turn 10,000 as at turn 1.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 import cattrs
@@ -53,7 +54,12 @@ from loopwright._types import (
     Usage,
 )
 
-__all__ = ["CHECKPOINT_VERSION", "Instance", "fold_checkpoint", "log_totals", "now_iso", "rebuild"]
+if TYPE_CHECKING:
+    from loopwright.abc import Store
+
+__all__ = ["CHECKPOINT_VERSION", "Instance", "fold_checkpoint", "log_totals", "now_iso", "rebuild", "restore"]
+
+_log = logging.getLogger(__name__)
 
 _message_unstructure = converter.get_unstructure_hook(Message)
 _message_structure = converter.get_structure_hook(Message)
@@ -424,7 +430,10 @@ def rebuild(instance: Instance, entries: Sequence[Mapping[str, Any]],
     :raises ValueError: ``checkpoint`` is malformed (a store verifies its checkpoints, so this
         means the store returned one it should not have).
     """
-    r = _replay(entries, None if checkpoint is None else _Replay.from_json(checkpoint))
+    _apply(instance, _replay(entries, None if checkpoint is None else _Replay.from_json(checkpoint)))
+
+
+def _apply(instance: Instance, r: _Replay) -> None:
     instance.transcript = Transcript(_call_order([message_from_json(m) for m in r.messages]))
     instance.usage = r.usage
     instance.cost = r.cost
@@ -439,6 +448,25 @@ def rebuild(instance: Instance, entries: Sequence[Mapping[str, Any]],
     instance.begun = r.begun
     instance.task_given = r.task_given
     instance.last_initial = r.last_initial
+
+
+async def restore(instance: Instance, store: Store) -> None:
+    """Load ``instance``'s entry log from ``store`` (from its checkpoint where it keeps one) and :func:`rebuild` it.
+
+    A checkpoint the store vouches for but this version cannot read (another version's, or
+    malformed) is dropped for the whole log, with a logged warning: it never stops a load.
+    """
+    checkpoint, entries = await store.read_resume(instance.id)
+    if checkpoint is not None:
+        try:
+            start = _Replay.from_json(checkpoint)
+        except ValueError as exc:
+            _log.warning("instance %s: replaying the whole entry log: %s", instance.id, exc)
+            entries = await store.read_entries(instance.id)
+        else:
+            _apply(instance, _replay(entries, start))
+            return
+    rebuild(instance, entries)
 
 
 def fold_checkpoint(checkpoint: Mapping[str, Any] | None, entries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -40,7 +40,7 @@ from loopwright._definition import (
     gates_from_json,
     with_gates,
 )
-from loopwright._instance import Instance, fold_checkpoint, log_totals, message_to_json, now_iso, rebuild
+from loopwright._instance import Instance, fold_checkpoint, log_totals, message_to_json, now_iso, restore
 from loopwright._loop import Loop
 from loopwright._plugins import PluginHost
 from loopwright._pricing import PriceTable
@@ -937,11 +937,10 @@ class Runtime:
         header = await self.store.read_header(run.instance_id)
         if header.get("updatedAt") == run.inst.header.get("updatedAt"):
             return
-        checkpoint, entries = await self.store.read_resume(run.instance_id)
         inst = run.inst
+        await restore(inst, self.store)  # replaces nothing if the log cannot be read
         inst.header = header
         inst.grants = self._saved_grants(run.instance_id, header)
-        rebuild(inst, entries, checkpoint)
 
     async def _join_tree(self, inst: Instance) -> None:
         """Make an instance loaded from the store draw from its tree's one budget.
@@ -1083,11 +1082,10 @@ class Runtime:
             self._runs[instance_id] = run
             return run
         header = await self.store.read_header(instance_id)
-        checkpoint, entries = await self.store.read_resume(instance_id)
         defn = self._definition_from_header(instance_id, header)
         grants = self._saved_grants(instance_id, header)
         inst = Instance(id=instance_id, definition=defn, header=header, grants=grants)
-        rebuild(inst, entries, checkpoint)
+        await restore(inst, self.store)
         self._instances[instance_id] = inst
         run = AgentRun(self, inst)
         self._runs[instance_id] = run

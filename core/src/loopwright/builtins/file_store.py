@@ -401,17 +401,20 @@ class FileStore(Store):
         # Every header is still on disk before its rename, and before this returns.
         pending = _PendingHeader(instance_id, folder, data)
         self._header_queue.append(pending)
-        while not pending.done:
-            if self._committing is not None:
-                await self._committing.wait()
-                continue
-            group, self._header_queue = self._header_queue, []
-            self._committing = committed = anyio.Event()
-            try:
-                await anyio.to_thread.run_sync(self._commit_headers, group)
-            finally:
-                self._committing = None
-                committed.set()
+        # Shielded, like the inline write: a cancelled writer must not leave its header queued,
+        # to land later over a newer one.
+        with anyio.CancelScope(shield=True):
+            while not pending.done:
+                if self._committing is not None:
+                    await self._committing.wait()
+                    continue
+                group, self._header_queue = self._header_queue, []
+                self._committing = committed = anyio.Event()
+                try:
+                    await anyio.to_thread.run_sync(self._commit_headers, group)
+                finally:
+                    self._committing = None
+                    committed.set()
         if pending.error is not None:
             raise pending.error
 
