@@ -132,6 +132,7 @@ async def test_checkpoint_then_more_entries_replays_only_the_tail(store: FileSto
 async def test_checkpoint_waits_until_the_log_grew_enough(tmp_path: Path) -> None:
     """Below ``checkpoint_bytes`` of new log nothing is written: short instances never get one."""
     s = FileStore(StoreSettings(kind="file", base_dir=tmp_path, options={}))
+    s.checkpoint_bytes = 256 * 1024  # the default
     try:
         await s.create(IID, {"id": IID})
         await s.append_entries(IID, HISTORY[0] + HISTORY[1])
