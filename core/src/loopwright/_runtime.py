@@ -1027,15 +1027,17 @@ class Runtime:
                 loop.record(inst, "error", {"message": f"{type(exc).__name__}: {exc}", "internal": True})
                 await loop.set_state(run, State.ERROR, StopReason.ERROR, error=f"{type(exc).__name__}: {exc}")
         finally:
-            # At rest, still holding the lease: a store may fold its log into a checkpoint
-            # (only when it grew enough since the last one), so loading it later costs O(1).
-            with anyio.CancelScope(shield=True):
-                await self.store.checkpoint(inst.id, fold_checkpoint)
-            lease.release()
-            run._scope = None  # noqa: SLF001
-            run._cancelled = False  # noqa: SLF001
-            run._done.set()  # noqa: SLF001
-            run.close_followers()
+            try:
+                # At rest, still holding the lease: a store may fold its log into a checkpoint
+                # (only when it grew enough since the last one), so loading it later costs O(1).
+                with anyio.CancelScope(shield=True):
+                    await self.store.checkpoint(inst.id, fold_checkpoint)
+            finally:
+                lease.release()
+                run._scope = None  # noqa: SLF001
+                run._cancelled = False  # noqa: SLF001
+                run._done.set()  # noqa: SLF001
+                run.close_followers()
 
     async def _watch_for_cancel(self) -> None:
         """While the runtime is open, look for posts other processes made to the instances running here.
