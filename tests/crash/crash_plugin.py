@@ -180,6 +180,11 @@ TOOL_FLAGS: dict[str, tuple[bool, bool]] = {
 
 LEDGER = "ledger.jsonl"
 _SLOW = float(os.environ.get("LOOPWRIGHT_CRASH_SLOW", "0.3"))
+# Checkpoint the entry log at every rest (the default waits for 256 KiB of new log), so every
+# resume of the matrix loads a checkpoint and the log's tail after it. Only in the loopwright
+# processes: the harness imports this file too (kill_matrix._plugin), inside pytest.
+if __name__ != "loopwright_crash_plugin_for_harness":
+    file_store.FileStore.checkpoint_bytes = int(os.environ.get("LOOPWRIGHT_CRASH_CHECKPOINT_BYTES", "1"))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -30,11 +30,13 @@ Nothing is rewritten: saving a turn costs the same at turn 10,000 as at turn 1.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
+import cattrs
 
 from loopwright._convert import converter
 from loopwright._definition import Capabilities, Definition
@@ -46,11 +48,27 @@ from loopwright._types import (
     PendingApproval,
     State,
     StopReason,
+    ToolCall,
+    ToolStatus,
     Transcript,
     Usage,
 )
 
-__all__ = ["Instance", "entry_totals", "log_totals", "now_iso", "rebuild"]
+if TYPE_CHECKING:
+    from loopwright.abc import Store
+
+__all__ = [
+    "CHECKPOINT_VERSION",
+    "Instance",
+    "entry_totals",
+    "fold_checkpoint",
+    "log_totals",
+    "now_iso",
+    "rebuild",
+    "restore",
+]
+
+_log = logging.getLogger(__name__)
 
 _message_unstructure = converter.get_unstructure_hook(Message)
 _message_structure = converter.get_structure_hook(Message)
@@ -82,8 +100,76 @@ def message_to_json(message: Message) -> dict[str, Any]:
 
 
 def message_from_json(data: Mapping[str, Any]) -> Message:
-    """Parse the JSON form of a message."""
-    return _message_structure(data, Message)  # type: ignore[no-any-return]
+    """Parse the JSON form of a message.
+
+    Loading an instance parses every message of its transcript, so the shapes loopwright
+    writes (every value of its JSON type) are built directly, several times faster than the
+    converter; anything else goes through the converter, which converts or raises as it does.
+    """
+    try:
+        return _fast_message(data)
+    except _NotFast:
+        return _message_structure(data, Message)  # type: ignore[no-any-return]
+
+
+class _NotFast(Exception):  # noqa: N818 - a signal, not an error
+    """A message's JSON is not of the plain shape :func:`_fast_message` builds."""
+
+
+_ROLES: Final = frozenset(("system", "user", "assistant", "tool"))
+_STATUSES: Final = {s.value: s for s in ToolStatus}
+_MESSAGE_KEYS: Final = frozenset(("role", "content", "toolCalls", "toolCallId", "name", "status", "source",
+                                  "injected", "model", "providerData"))
+_CALL_KEYS: Final = frozenset(("id", "name", "arguments", "rawArguments", "injected"))
+
+
+_PLAIN: Final = frozenset((str, type(None)))
+
+
+def _fast_call(data: Any) -> ToolCall:
+    if type(data) is not dict or not _CALL_KEYS.issuperset(data):
+        raise _NotFast
+    get = data.get
+    call_id, name, arguments, raw = get("id"), get("name"), get("arguments", {}), get("rawArguments")
+    injected = get("injected", False)
+    if (type(call_id) is not str or type(name) is not str or type(arguments) is not dict
+            or type(injected) is not bool or type(raw) not in _PLAIN):
+        raise _NotFast
+    return ToolCall(id=call_id, name=name, arguments=dict(arguments), raw_arguments=raw, injected=injected)
+
+
+def _fast_message(data: Any) -> Message:
+    """Build a message from JSON whose every key is known and every value of its JSON type."""
+    if type(data) is not dict or not _MESSAGE_KEYS.issuperset(data):
+        raise _NotFast
+    get = data.get
+    role, content, call_id, name, source, model = (get("role"), get("content"), get("toolCallId"), get("name"),
+                                                   get("source"), get("model"))
+    if role not in _ROLES or not _PLAIN.issuperset((type(content), type(call_id), type(name), type(source),
+                                                    type(model))):
+        raise _NotFast
+    calls = get("toolCalls")
+    if calls is None:
+        tool_calls: tuple[ToolCall, ...] = ()
+    elif type(calls) is list:
+        tool_calls = tuple([_fast_call(c) for c in calls])
+    else:
+        raise _NotFast
+    status = get("status")
+    if status is not None:
+        status = _STATUSES.get(status) if type(status) is str else None
+        if status is None:
+            raise _NotFast
+    provider_data = get("providerData")
+    if provider_data is not None:
+        if type(provider_data) is not dict:
+            raise _NotFast
+        provider_data = dict(provider_data)
+    injected = get("injected", False)
+    if type(injected) is not bool:
+        raise _NotFast
+    return Message(role=role, content=content, tool_calls=tool_calls, tool_call_id=call_id, name=name,
+                   status=status, source=source, injected=injected, model=model, provider_data=provider_data)
 
 
 @attrs.define(kw_only=True)
@@ -230,10 +316,14 @@ class Instance:
 
 
 class _Replay:
-    """The running totals of an entry-log replay (see :func:`rebuild`)."""
+    """The running totals of an entry-log replay (see :func:`rebuild`).
+
+    Messages are kept in their JSON form: replaying (and folding a checkpoint) never builds a
+    :class:`Message`; :func:`rebuild` structures them once, at the end.
+    """
 
     def __init__(self) -> None:
-        self.messages: list[Message] = []
+        self.messages: list[Mapping[str, Any]] = []
         self.usage = Usage()
         self.cost = Cost()
         self.turn = 0
@@ -245,9 +335,11 @@ class _Replay:
         self.last_initial = -1
 
     def message(self, entry: Mapping[str, Any]) -> None:
-        m = message_from_json(entry["m"])
+        m = entry["m"]
+        if type(m) is not dict and not isinstance(m, Mapping):
+            message_from_json(m)  # raises the converter's error, as it always did
         self.messages.append(m)
-        if m.role == "assistant":
+        if m.get("role") == "assistant":
             self.started = set()
         self.task_given = self.task_given or bool(entry.get("task"))
         if "ip" in entry:
@@ -278,14 +370,80 @@ class _Replay:
         self.seg_iter = self.seg_tools = self.seg_tokens = 0
         self.seg_cost = 0.0
 
+    # -- checkpoints ---------------------------------------------------------------------------
 
-def rebuild(instance: Instance, entries: Sequence[Mapping[str, Any]]) -> None:
+    def to_json(self) -> dict[str, Any]:
+        """Return the state as a checkpoint (see :data:`CHECKPOINT_VERSION`)."""
+        return {
+            "v": CHECKPOINT_VERSION,
+            "messages": self.messages,
+            "usage": _usage_unstructure(self.usage),
+            "cost": self.cost.amount,
+            "turn": self.turn,
+            "contextTokens": self.context_tokens,
+            "segIterations": self.seg_iter,
+            "segToolCalls": self.seg_tools,
+            "segTokens": self.seg_tokens,
+            "segCost": self.seg_cost,
+            "toolCalls": self.tools,
+            "started": sorted(self.started),
+            "begun": self.begun,
+            "taskGiven": self.task_given,
+            "lastInitial": self.last_initial,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> _Replay:
+        """Return the state a checkpoint holds; raise ``ValueError`` if it is not one this version wrote."""
+        if data.get("v") != CHECKPOINT_VERSION:
+            msg = f"checkpoint version {data.get('v')!r}, not {CHECKPOINT_VERSION}"
+            raise ValueError(msg)
+        r = cls()
+        try:
+            messages = data["messages"]
+            if type(messages) is not list or not all(type(m) is dict for m in messages):
+                msg = "checkpoint messages are not a list of objects"
+                raise ValueError(msg)
+            r.messages = messages
+            r.usage = _usage_structure(data["usage"], Usage)
+            r.cost = Cost(amount=data["cost"])
+            r.turn = int(data["turn"])
+            r.context_tokens = None if data["contextTokens"] is None else int(data["contextTokens"])
+            r.seg_iter, r.seg_tools = int(data["segIterations"]), int(data["segToolCalls"])
+            r.seg_tokens, r.tools = int(data["segTokens"]), int(data["toolCalls"])
+            r.seg_cost = None if data["segCost"] is None else float(data["segCost"])
+            r.started = {str(s) for s in data["started"]}
+            r.begun, r.task_given = bool(data["begun"]), bool(data["taskGiven"])
+            r.last_initial = int(data["lastInitial"])
+        except (KeyError, TypeError, cattrs.BaseValidationError) as exc:
+            msg = f"malformed checkpoint: {exc!r}"
+            raise ValueError(msg) from exc
+        return r
+
+
+#: The version of the checkpoint format (:meth:`_Replay.to_json`). A checkpoint of any other
+#: version is ignored and the log replayed whole, so a change of what a replay keeps (a new
+#: entry type whose effect the fields above cannot hold) bumps it and stays safe.
+CHECKPOINT_VERSION = 1
+
+
+def rebuild(instance: Instance, entries: Sequence[Mapping[str, Any]],
+            checkpoint: Mapping[str, Any] | None = None) -> None:
     """Replay an entry log into ``instance``: transcript, counters, usage and cost.
 
+    With ``checkpoint`` (a :func:`fold_checkpoint` result, as :meth:`Store.read_resume
+    <loopwright.abc.Store.read_resume>` returns it), ``entries`` are those after it and the
+    replay starts from its state; the result is the same as replaying the whole log.
     Tool results of one assistant message are put back in call order.
+
+    :raises ValueError: ``checkpoint`` is malformed (a store verifies its checkpoints, so this
+        means the store returned one it should not have).
     """
-    r = _replay(entries)
-    instance.transcript = Transcript(_call_order(r.messages))
+    _apply(instance, _replay(entries, None if checkpoint is None else _Replay.from_json(checkpoint)))
+
+
+def _apply(instance: Instance, r: _Replay) -> None:
+    instance.transcript = Transcript(_call_order([message_from_json(m) for m in r.messages]))
     instance.usage = r.usage
     instance.cost = r.cost
     instance.turn = r.turn
@@ -301,8 +459,36 @@ def rebuild(instance: Instance, entries: Sequence[Mapping[str, Any]]) -> None:
     instance.last_initial = r.last_initial
 
 
-def _replay(entries: Sequence[Mapping[str, Any]]) -> _Replay:
-    r = _Replay()
+async def restore(instance: Instance, store: Store) -> None:
+    """Load ``instance``'s entry log from ``store`` (from its checkpoint where it keeps one) and :func:`rebuild` it.
+
+    A checkpoint the store vouches for but this version cannot read (another version's, or
+    malformed) is dropped for the whole log, with a logged warning: it never stops a load.
+    """
+    checkpoint, entries = await store.read_resume(instance.id)
+    if checkpoint is not None:
+        try:
+            start = _Replay.from_json(checkpoint)
+        except ValueError as exc:
+            _log.warning("instance %s: replaying the whole entry log: %s", instance.id, exc)
+            entries = await store.read_entries(instance.id)
+        else:
+            _apply(instance, _replay(entries, start))
+            return
+    rebuild(instance, entries)
+
+
+def fold_checkpoint(checkpoint: Mapping[str, Any] | None, entries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Return the checkpoint of a log: ``checkpoint`` (of its prefix, or ``None``) with ``entries`` replayed onto it.
+
+    The ``fold`` of :meth:`Store.checkpoint <loopwright.abc.Store.checkpoint>`. Built from the
+    log alone (never from a live instance), so loading from it is the same as a full replay.
+    """
+    return _replay(entries, None if checkpoint is None else _Replay.from_json(checkpoint)).to_json()
+
+
+def _replay(entries: Sequence[Mapping[str, Any]], start: _Replay | None = None) -> _Replay:
+    r = start or _Replay()
     for entry in entries:
         t = entry.get("t")
         if t == "msg":
@@ -314,7 +500,11 @@ def _replay(entries: Sequence[Mapping[str, Any]]) -> _Replay:
         elif t == "seg":
             r.segment()
         elif t == "reset":
-            r.messages = [message_from_json(m) for m in entry["messages"]]
+            messages = entry["messages"]
+            for m in messages:
+                if not isinstance(m, Mapping):
+                    message_from_json(m)
+            r.messages = list(messages)
             r.context_tokens = None
             if entry.get("spend"):
                 r.spend(entry["spend"])

@@ -44,7 +44,15 @@ from loopwright._definition import (
     with_gates,
 )
 from loopwright._hooks import notify
-from loopwright._instance import Instance, entry_totals, log_totals, message_to_json, now_iso, rebuild
+from loopwright._instance import (
+    Instance,
+    entry_totals,
+    fold_checkpoint,
+    log_totals,
+    message_to_json,
+    now_iso,
+    restore,
+)
 from loopwright._loop import Loop, SegmentEnd, parse_output
 from loopwright._patterns import schema_validator
 from loopwright._plugins import PluginHost, checked_guardrail, checked_verifier, hook_set
@@ -1070,11 +1078,10 @@ class Runtime:
         header = await self.store.read_header(run.instance_id)
         if header.get("updatedAt") == run.inst.header.get("updatedAt"):
             return
-        entries = await self.store.read_entries(run.instance_id)
         inst = run.inst
+        await restore(inst, self.store)  # replaces nothing if the log cannot be read
         inst.header = header
         inst.grants = self._saved_grants(run.instance_id, header)
-        rebuild(inst, entries)
 
     async def _join_tree(self, inst: Instance) -> None:
         """Make an instance loaded from the store draw from its tree's one budget.
@@ -1161,11 +1168,17 @@ class Runtime:
                 loop.record(inst, "error", {"message": f"{type(exc).__name__}: {exc}", "internal": True})
                 await loop.set_state(run, State.ERROR, StopReason.ERROR, error=f"{type(exc).__name__}: {exc}")
         finally:
-            lease.release()
-            run._scope = None  # noqa: SLF001
-            run._cancelled = False  # noqa: SLF001
-            run._done.set()  # noqa: SLF001
-            run.close_followers()
+            try:
+                # At rest, still holding the lease: a store may fold its log into a checkpoint
+                # (only when it grew enough since the last one), so loading it later costs O(1).
+                with anyio.CancelScope(shield=True):
+                    await self.store.checkpoint(inst.id, fold_checkpoint)
+            finally:
+                lease.release()
+                run._scope = None  # noqa: SLF001
+                run._cancelled = False  # noqa: SLF001
+                run._done.set()  # noqa: SLF001
+                run.close_followers()
 
     async def _watch_for_cancel(self) -> None:
         """While the runtime is open, look for posts other processes made to the instances running here.
@@ -1212,11 +1225,10 @@ class Runtime:
             self._runs[instance_id] = run
             return run
         header = await self.store.read_header(instance_id)
-        entries = await self.store.read_entries(instance_id)
         defn = self._definition_from_header(instance_id, header)
         grants = self._saved_grants(instance_id, header)
         inst = Instance(id=instance_id, definition=defn, header=header, grants=grants)
-        rebuild(inst, entries)
+        await restore(inst, self.store)
         self._instances[instance_id] = inst
         run = AgentRun(self, inst)
         self._runs[instance_id] = run

@@ -187,6 +187,29 @@ class Store(_AsyncClosing, abc.ABC):
         """Return every instance's header, oldest first."""
         raise NotImplementedError
 
+    async def read_resume(self, instance_id: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+        """Return ``(checkpoint, entries after it)``: what loading an instance needs.
+
+        ``checkpoint`` is the JSON object last given to :meth:`checkpoint`'s ``fold`` (the state
+        replayed from a prefix of the entry log), or ``None``; the entries are those after that
+        prefix. A store must return ``None`` and the whole log for a checkpoint it cannot verify
+        (torn, corrupt, or not a prefix of this log): a checkpoint is a cache of the log, never
+        a second truth. The default has no checkpoints: ``(None, await self.read_entries(...))``.
+        """
+        return None, await self.read_entries(instance_id)
+
+    async def checkpoint(self, instance_id: str,
+                         fold: Callable[[Mapping[str, Any] | None, list[dict[str, Any]]], dict[str, Any]],
+                         ) -> None:
+        """Maybe save a checkpoint of an instance at rest, so that loading it costs O(1) in its log's length.
+
+        A store that keeps checkpoints calls ``fold(checkpoint, entries_after_it)`` when enough
+        was appended since its last one, and saves the JSON object it returns atomically as the
+        checkpoint of the log up to the last entry given. Only the lease holder calls this.
+        The default keeps none.
+        """
+        del instance_id, fold
+
     async def acquire(self, instance_id: str, owner: str) -> Lease:
         """Take the instance's runner lease without waiting: one runner per instance.
 

@@ -16,6 +16,8 @@ On-disk layout, one folder per instance (folders and files are created owner-onl
         records.jsonl    the record log: append-only, one compact JSON object per line
         posts.jsonl      the mailbox: messages and cancel requests any process may append
                          (created by the first post)
+        checkpoint.json  a checkpoint of the entry log (created once the log is long; see
+                         :meth:`FileStore.checkpoint`): a frame line, then the state line
 
 Creating a name in a folder is the expensive part of a new instance on many filesystems (a few
 hundred microseconds each here), so an instance gets only the names it needs: the lock is an
@@ -35,12 +37,22 @@ Durability:
 * **The header is always atomic.** It is written to a temporary file in the same folder,
   fsynced and ``os.replace``-d over ``instance.json``: any reader sees the old header or the new
   one, never a mix, and the new one's bytes are on disk before it replaces the old. The
-  runtime writes the header when the instance's state changes, not on every turn.
+  runtime writes the header when the instance's state changes, not on every turn. While
+  several instances run, headers written at the same time are group-committed: their temp
+  files are written, one ``syncfs(2)`` flushes the filesystem for all of them (one disk flush
+  instead of one per header), then each is renamed (:meth:`FileStore.write_header`).
 * **fsync: true** adds an ``os.fsync`` after every append and of the folder after every header
   rename and instance creation, so everything also survives power loss or a kernel crash. It
   costs a disk flush per append (from tens of microseconds on fast NVMe to milliseconds
   elsewhere); without it, a power loss may lose the last few seconds of appends (never the
   header's atomicity).
+
+Loading costs the same at turn 10,000 as at turn 100 (apart from the transcript itself):
+:meth:`FileStore.read_resume` reads the checkpoint and the log's tail after it. The checkpoint's
+frame ``{"v": 1, "offset": N, "prefix": SHA256, "sha256": SHA256}`` ties it to the log: its state
+line must hash to ``sha256``, ``N`` must end a line of the log, and the log's (at most 64 KiB of)
+bytes before ``N`` must hash to ``prefix``; otherwise it is ignored and the whole log is read.
+Anything that ever rewrites an entry log in place must delete ``checkpoint.json`` first.
 
 Appending costs the same at turn 10,000 as at turn 1: logs are never re-read or rewritten, and
 open log handles are kept in a small LRU (:attr:`FileStore.max_open_logs`) closed by
@@ -74,11 +86,13 @@ import contextlib
 import errno
 import fcntl
 import functools
+import hashlib
 import itertools
 import json
 import logging
 import os
 import re
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Self
@@ -111,6 +125,11 @@ HEADER_FILE: Final = "instance.json"
 ENTRIES_FILE: Final = "entries.jsonl"
 RECORDS_FILE: Final = "records.jsonl"
 POSTS_FILE: Final = "posts.jsonl"
+CHECKPOINT_FILE: Final = "checkpoint.json"
+#: The version of the checkpoint file's own frame (its first line); the state inside has its own.
+_CHECKPOINT_FRAME: Final = 1
+#: How many bytes before a checkpoint's offset are hashed to tie it to its log.
+_PREFIX_BYTES: Final = 64 * 1024
 
 _ID_RE: Final = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}")
 _OPTIONS: Final = frozenset({"path", "fsync"})
@@ -261,9 +280,12 @@ class FileStore(Store):
         root: The store folder, absolute. Created on the first :meth:`create`.
         fsync: Whether every append is fsynced.
         max_open_logs: How many log files stay open for appending (least recently used closed first).
+        checkpoint_bytes: How much an entry log grows between two checkpoints (see :meth:`checkpoint`).
     """
 
     max_open_logs: int = 512
+    #: How many bytes must be appended to an entry log since its checkpoint before :meth:`checkpoint` writes a new one.
+    checkpoint_bytes: int = 256 * 1024
 
     def __init__(self, settings: StoreSettings) -> None:
         """Check the options and resolve the store folder; nothing is created yet."""
@@ -297,6 +319,11 @@ class FileStore(Store):
         self._post_fds: collections.OrderedDict[str, int] = collections.OrderedDict()
         # instance_id -> the mailbox's path, for instances whose mailbox does not exist yet.
         self._post_paths: dict[str, str] = {}
+        # instance_id -> the entry-log offset its checkpoint covers (0: none), once known here.
+        self._checkpointed: dict[str, int] = {}
+        # Header writes waiting for the group commit in progress (see write_header).
+        self._header_queue: list[_PendingHeader] = []
+        self._committing: anyio.Event | None = None
 
     def __repr__(self) -> str:
         """Show the store folder and the fsync option."""
@@ -341,6 +368,7 @@ class FileStore(Store):
                 _fsync_dir(folder)
             if self.fsync:
                 _fsync_dir(self.root)
+            self._note_checkpoint(instance_id, 0)
         except BaseException:
             # Leave no header-less folder behind: it would block the id and look like litter.
             for name in (ENTRIES_FILE, RECORDS_FILE):
@@ -362,13 +390,33 @@ class FileStore(Store):
         """
         folder = self.root / _check_id(instance_id)
         data = self._header_bytes(instance_id, header)
-        if len(self._held) > 1:
-            # Several instances run at once: the fsync (milliseconds on many disks) goes to a
-            # worker thread so that it does not stall every other instance on the event loop.
-            # One runner alone keeps it inline, which costs less CPU than the thread hop.
-            await anyio.to_thread.run_sync(self._replace_header, instance_id, folder, data)
-        else:
+        if len(self._held) <= 1:
+            # One runner alone: inline, which costs less CPU than a thread hop.
             self._replace_header(instance_id, folder, data)
+            return
+        # Several instances run at once: a group commit. Each header fsync is a disk flush
+        # (milliseconds on many disks, and flushes of different files queue behind each other),
+        # so the headers written while one flush runs wait for it and are then committed
+        # together, in a worker thread, with one flush for the group (see _commit_headers).
+        # Every header is still on disk before its rename, and before this returns.
+        pending = _PendingHeader(instance_id, folder, data)
+        self._header_queue.append(pending)
+        # Shielded, like the inline write: a cancelled writer must not leave its header queued,
+        # to land later over a newer one.
+        with anyio.CancelScope(shield=True):
+            while not pending.done:
+                if self._committing is not None:
+                    await self._committing.wait()
+                    continue
+                group, self._header_queue = self._header_queue, []
+                self._committing = committed = anyio.Event()
+                try:
+                    await anyio.to_thread.run_sync(self._commit_headers, group)
+                finally:
+                    self._committing = None
+                    committed.set()
+        if pending.error is not None:
+            raise pending.error
 
     async def read_header(self, instance_id: str) -> dict[str, Any]:
         """Return the header.
@@ -459,6 +507,50 @@ class FileStore(Store):
     async def read_records(self, instance_id: str) -> list[dict[str, Any]]:
         """Return the whole record log in order; same contract as :meth:`read_entries`."""
         return self._read_log(instance_id, RECORDS_FILE)
+
+    # -- checkpoints -----------------------------------------------------------------------------
+
+    async def read_resume(self, instance_id: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+        """Return ``(checkpoint, entries after it)``, or ``(None, all entries)`` without a valid checkpoint.
+
+        ``checkpoint.json`` is used only if its checksum matches, its offset lies within the
+        entry log on a line boundary, and the log's bytes before that offset hash as when it was
+        written; otherwise it is ignored (with a logged warning) and the whole log is read. The
+        cost is that of the checkpoint and the log's tail after it, whatever the log's length.
+        Same errors as :meth:`read_entries`.
+        """
+        checkpoint, entries, offset, _end = self._read_resume(instance_id)
+        self._note_checkpoint(instance_id, offset if checkpoint is not None else 0)
+        return checkpoint, entries
+
+    async def checkpoint(self, instance_id: str,
+                         fold: Callable[[Mapping[str, Any] | None, list[dict[str, Any]]], dict[str, Any]],
+                         ) -> None:
+        """Write a new checkpoint if the entry log grew by :attr:`checkpoint_bytes` since the last one.
+
+        Otherwise this costs one ``fstat``. The new one is ``fold(checkpoint, entries after it)``
+        over the complete lines of the log, written to a temporary file and renamed over
+        ``checkpoint.json`` (no fsync: a checkpoint torn by a power loss fails its checksum and
+        the log is replayed whole). A checkpoint is a cache: any failure here is logged on the
+        ``loopwright.builtins.file_store`` logger and the log stays as it was.
+        """
+        folder = self.root / _check_id(instance_id)
+        try:
+            fd = self._logs.get((instance_id, ENTRIES_FILE))
+            size = os.fstat(fd).st_size if fd is not None else (folder / ENTRIES_FILE).stat().st_size
+            done = self._checkpointed.get(instance_id)
+            if done is None:
+                done = self._checkpoint_offset(folder)
+                self._note_checkpoint(instance_id, done)
+            if size - done < self.checkpoint_bytes:
+                return
+            checkpoint, entries, _offset, end = self._read_resume(instance_id)
+            state = fold(checkpoint, entries)
+            self._write_checkpoint(instance_id, folder, state, end)
+        except Exception as exc:  # noqa: BLE001 - a cache must never fail the run it follows
+            _log.warning("file store: no checkpoint for %s: %s: %s", instance_id, type(exc).__name__, exc)
+            return
+        self._note_checkpoint(instance_id, end)
 
     # -- mailbox ---------------------------------------------------------------------------------
 
@@ -639,6 +731,72 @@ class FileStore(Store):
         except (TypeError, ValueError) as exc:
             raise StoreError(f"the header is not JSON-ready: {exc}", instance_id=instance_id) from exc
 
+    def _commit_headers(self, group: list[_PendingHeader]) -> None:
+        """Replace several headers with one disk flush: write each temp file, ``syncfs`` once, rename each.
+
+        Where ``syncfs`` is not available (not Linux), or the group is a single header, each is
+        written as :meth:`_replace_header` writes one. Runs in a worker thread.
+        """
+        if len(group) == 1 or _syncfs is None:
+            for p in group:
+                self._replace_one(p)
+            return
+        ready = [(p, tmp) for p in group if (tmp := self._write_temp(p)) is not None]
+        if not ready:
+            return
+        # One flush of the filesystem the store is on makes every temp file above durable
+        # (what an fsync of each would do, with one disk flush instead of one per header).
+        try:
+            _syncfs(self.root)
+        except OSError as exc:
+            for p, tmp in ready:
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
+                p.finish(StoreError(f"cannot sync {self.root}: {exc}", instance_id=p.instance_id))
+            return
+        for p, tmp in ready:
+            try:
+                tmp.replace(p.folder / HEADER_FILE)
+                if self.fsync:
+                    _fsync_dir(p.folder)
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
+                p.finish(StoreError(f"cannot write {p.folder / HEADER_FILE}: {exc}", instance_id=p.instance_id))
+                continue
+            p.finish(None)
+
+    @staticmethod
+    def _write_temp(p: _PendingHeader) -> Path | None:
+        """Write a pending header to a new temp file (no fsync) and return its path; on failure, finish it."""
+        tmp = p.folder / f".{HEADER_FILE}.{os.getpid()}.{next(_TMP_NUMBERS)}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o600)
+        except (FileNotFoundError, NotADirectoryError):
+            p.finish(InstanceNotFoundError(p.instance_id))
+            return None
+        except OSError as exc:
+            p.finish(StoreError(f"cannot write {p.folder / HEADER_FILE}: {exc}", instance_id=p.instance_id))
+            return None
+        try:
+            _write_all(fd, p.data)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            p.finish(StoreError(f"cannot write {p.folder / HEADER_FILE}: {exc}", instance_id=p.instance_id))
+            return None
+        finally:
+            os.close(fd)
+        return tmp
+
+    def _replace_one(self, p: _PendingHeader) -> None:
+        try:
+            self._replace_header(p.instance_id, p.folder, p.data)
+        except Exception as exc:  # noqa: BLE001 - handed to the writer waiting for it
+            p.finish(exc)
+        else:
+            p.finish(None)
+
     def _replace_header(self, instance_id: str, folder: Path, data: bytes) -> None:
         """Write ``data`` to a temp file in ``folder``, fsync, rename it over the header.
 
@@ -763,25 +921,190 @@ class FileStore(Store):
             return []
         except OSError as exc:
             raise StoreError(f"cannot read {path}: {exc}", instance_id=instance_id) from exc
-        lines = data.split(b"\n")
-        # With a trailing newline the split ends with b""; otherwise that piece is a torn line.
-        lines.pop()
-        out: list[dict[str, Any]] = []
-        loads = json.loads
-        last = len(lines) - 1
-        ended_clean = data.endswith(b"\n")
-        for number, line in enumerate(lines):
+        return _parse_lines(data, path, 0, instance_id)[0]
+
+    def _note_checkpoint(self, instance_id: str, offset: int) -> None:
+        """Remember the offset an instance's checkpoint covers (a bounded map: forgetting costs one read)."""
+        marks = self._checkpointed
+        marks[instance_id] = offset
+        if len(marks) > 16 * self.max_open_logs:
+            marks.pop(next(iter(marks)))
+
+    @staticmethod
+    def _checkpoint_offset(folder: Path) -> int:
+        """Return the offset the checkpoint's frame names (0 without one); the frame alone is read."""
+        try:
+            with (folder / CHECKPOINT_FILE).open("rb") as f:
+                frame = json.loads(f.readline())
+            return int(frame["offset"]) if type(frame) is dict else 0
+        except (OSError, ValueError, KeyError, TypeError):
+            return 0
+
+    def _read_resume(self, instance_id: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]], int, int]:
+        """Return the verified checkpoint (or ``None``), the entries after it, its offset, and where they end."""
+        folder = self.root / _check_id(instance_id)
+        path = folder / ENTRIES_FILE
+        try:
+            fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
+        except (FileNotFoundError, NotADirectoryError):
+            if not (folder / HEADER_FILE).is_file():
+                raise InstanceNotFoundError(instance_id) from None
+            return None, [], 0, 0
+        except OSError as exc:
+            raise StoreError(f"cannot read {path}: {exc}", instance_id=instance_id) from exc
+        try:
+            size = os.fstat(fd).st_size
+            checkpoint, offset = self._verified_checkpoint(instance_id, folder, fd, size)
+            data = os.pread(fd, size - offset, offset)
+        except OSError as exc:
+            raise StoreError(f"cannot read {path}: {exc}", instance_id=instance_id) from exc
+        finally:
+            os.close(fd)
+        entries, used = _parse_lines(data, path, offset, instance_id)
+        return checkpoint, entries, offset, offset + used
+
+    @staticmethod
+    def _verified_checkpoint(instance_id: str, folder: Path, fd: int, size: int) -> tuple[dict[str, Any] | None, int]:
+        """Return the checkpoint and its offset if it checks out against the log ``fd``, else ``(None, 0)``."""
+        path = folder / CHECKPOINT_FILE
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None, 0
+        except OSError as exc:
+            _log.warning("file store: ignoring the checkpoint of %s: cannot read %s: %s", instance_id, path, exc)
+            return None, 0
+        problem = "its frame is not valid"
+        try:
+            head, _nl, body = data.partition(b"\n")
+            body = body.removesuffix(b"\n")
+            frame = json.loads(head)
+            if type(frame) is dict and frame.get("v") == _CHECKPOINT_FRAME:
+                offset, prefix, digest = frame["offset"], frame["prefix"], frame["sha256"]
+                if hashlib.sha256(body).hexdigest() != digest:
+                    problem = "its checksum does not match (torn or changed)"
+                elif type(offset) is not int or not 0 < offset <= size:
+                    problem = f"it covers {offset!r} bytes of a {size}-byte log"
+                elif os.pread(fd, 1, offset - 1) != b"\n" or prefix != _prefix_hash(fd, offset):
+                    problem = "the log before its offset is not the one it was made from"
+                else:
+                    state = json.loads(body)
+                    if type(state) is dict:
+                        return state, offset
+                    problem = "it does not hold a JSON object"
+        except (ValueError, KeyError, TypeError) as exc:
+            problem = f"{problem}: {exc}"
+        _log.warning("file store: ignoring the checkpoint of %s (%s): %s; replaying the whole log",
+                     instance_id, path, problem)
+        return None, 0
+
+    def _write_checkpoint(self, instance_id: str, folder: Path, state: Mapping[str, Any], offset: int) -> None:
+        """Write ``state`` as the checkpoint of the log's first ``offset`` bytes: temp file, rename."""
+        body = _encode_line(state).encode()
+        fd = self._logs.get((instance_id, ENTRIES_FILE))
+        own = fd is None
+        if own:
+            fd = os.open(folder / ENTRIES_FILE, os.O_RDONLY | _O_CLOEXEC)
+        try:
+            prefix = _prefix_hash(fd, offset)
+        finally:
+            if own:
+                os.close(fd)
+        frame = {"v": _CHECKPOINT_FRAME, "offset": offset, "prefix": prefix,
+                 "sha256": hashlib.sha256(body).hexdigest()}
+        data = (_encode_line(frame) + "\n").encode() + body + b"\n"
+        tmp = folder / f".{CHECKPOINT_FILE}.{os.getpid()}.{next(_TMP_NUMBERS)}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o600)
+        try:
             try:
-                obj = loads(line)
-            except ValueError as exc:
-                if number == last and ended_clean:
-                    break  # a torn last line: dropped, and cut before the next append
-                raise StoreError(f"{path}: line {number + 1} is not valid JSON: {exc}",
-                                 instance_id=instance_id) from exc
-            if type(obj) is not dict:
-                if number == last and ended_clean:
-                    break
-                raise StoreError(f"{path}: line {number + 1} holds a JSON {type(obj).__name__}, "
-                                 "not an object", instance_id=instance_id)
-            out.append(obj)
-        return out
+                _write_all(fd, data)
+            finally:
+                os.close(fd)
+            tmp.replace(folder / CHECKPOINT_FILE)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
+
+
+@attrs.define(eq=False)
+class _PendingHeader:
+    """A header write waiting for a group commit (see :meth:`FileStore.write_header`)."""
+
+    instance_id: str
+    folder: Path
+    data: bytes
+    done: bool = False
+    error: Exception | None = None
+
+    def finish(self, error: Exception | None) -> None:
+        self.error = error
+        self.done = True
+
+
+def _load_syncfs() -> Callable[[Path], None] | None:
+    """Return ``syncfs(2)`` (flush one filesystem) through libc, or ``None`` where there is none."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes  # noqa: PLC0415 - only on Linux, once
+    import ctypes.util  # noqa: PLC0415
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        call = libc.syncfs
+    except (OSError, AttributeError):
+        return None
+
+    def syncfs(path: Path) -> None:
+        fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
+        try:
+            if call(fd) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, os.strerror(err), str(path))
+        finally:
+            os.close(fd)
+
+    return syncfs
+
+
+_syncfs: Final = _load_syncfs()
+
+
+def _prefix_hash(fd: int, offset: int) -> str:
+    """Hash the (at most :data:`_PREFIX_BYTES`) bytes of a log before ``offset``, and the offset itself."""
+    start = max(0, offset - _PREFIX_BYTES)
+    h = hashlib.sha256(str(offset).encode())
+    h.update(os.pread(fd, offset - start, start))
+    return h.hexdigest()
+
+
+def _parse_lines(data: bytes, path: Path, start: int, instance_id: str) -> tuple[list[dict[str, Any]], int]:
+    """Parse a log's bytes (from byte ``start`` of the file) into objects; return them and the bytes used.
+
+    A torn last line (not valid JSON, or no trailing newline) is dropped and not counted as
+    used; a corrupt line anywhere else raises :class:`StoreError` naming the file and line.
+    """
+    lines = data.split(b"\n")
+    # With a trailing newline the split ends with b""; otherwise that piece is a torn line.
+    torn = len(lines.pop())
+    used = len(data) - torn
+    out: list[dict[str, Any]] = []
+    loads = json.loads
+    last = len(lines) - 1
+    ended_clean = torn == 0
+    where = "line" if start == 0 else f"byte {start} + line"
+    for number, line in enumerate(lines):
+        try:
+            obj = loads(line)
+        except ValueError as exc:
+            if number == last and ended_clean:
+                return out, used - len(line) - 1  # a torn last line: dropped, and cut before the next append
+            raise StoreError(f"{path}: {where} {number + 1} is not valid JSON: {exc}",
+                             instance_id=instance_id) from exc
+        if type(obj) is not dict:
+            if number == last and ended_clean:
+                return out, used - len(line) - 1
+            raise StoreError(f"{path}: {where} {number + 1} holds a JSON {type(obj).__name__}, "
+                             "not an object", instance_id=instance_id)
+        out.append(obj)
+    return out, used
