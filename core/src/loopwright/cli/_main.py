@@ -222,21 +222,34 @@ def run_command(settings: CliSettings, definition: str, prompt: str | None, inpu
 
 @_command("approve")
 @click.argument("instance_id", metavar="ID")
-@click.option("--call", "call_id", metavar="CALL_ID", help="Approve only this call (default: every held call).")
+@click.option("--call", "call_id", metavar="CALL_ID",
+              help="Approve only this call, held by ID or by any agent below it (default: every call ID holds).")
+@click.option("--subtree", is_flag=True, help="Approve every call held in ID's tree, and print each.")
 @_pass_settings
-def approve_command(settings: CliSettings, instance_id: str, call_id: str | None) -> int:
-    """Approve held tool calls of instance ID, then follow it until it rests."""
-    return _invoke("approve", settings, instance_id, call_id)
+def approve_command(settings: CliSettings, instance_id: str, call_id: str | None, subtree: bool) -> int:
+    """Approve held tool calls of instance ID or its tree, then follow ID until it rests.
+
+    The instance holding the call goes on, and so do the agents above it waiting for it. A
+    call that is no longer waiting is an error (exit 2).
+    """
+    if subtree and call_id is not None:
+        raise click.UsageError("give --call or --subtree, not both")
+    return _invoke("approve", settings, instance_id, call_id, subtree)
 
 
 @_command("deny")
 @click.argument("instance_id", metavar="ID")
-@click.option("--call", "call_id", metavar="CALL_ID", help="Deny only this call (default: every held call).")
+@click.option("--call", "call_id", metavar="CALL_ID",
+              help="Deny only this call, held by ID or by any agent below it (default: every call ID holds).")
+@click.option("--subtree", is_flag=True, help="Deny every call held in ID's tree, and print each.")
 @click.option("--reason", help="Why; the model reads it in the call's 'denied' result.")
 @_pass_settings
-def deny_command(settings: CliSettings, instance_id: str, call_id: str | None, reason: str | None) -> int:
-    """Deny held tool calls of instance ID, then follow it until it rests."""
-    return _invoke("deny", settings, instance_id, call_id, reason)
+def deny_command(settings: CliSettings, instance_id: str, call_id: str | None, subtree: bool,
+                 reason: str | None) -> int:
+    """Deny held tool calls of instance ID or its tree, then follow ID until it rests."""
+    if subtree and call_id is not None:
+        raise click.UsageError("give --call or --subtree, not both")
+    return _invoke("deny", settings, instance_id, call_id, reason, subtree)
 
 
 @_command("message")
@@ -275,16 +288,23 @@ def cancel_command(settings: CliSettings, instance_id: str) -> int:
 @click.argument("instance_id", metavar="ID")
 @_pass_settings
 def show_command(settings: CliSettings, instance_id: str) -> int:
-    """Show the state, usage, cost and pending approvals of instance ID."""
+    """Show the state, usage, cost and pending approvals of instance ID, and its tree.
+
+    Calls held anywhere below ID are listed with the path to their holder; the tree shows each
+    agent's name, state, turns, pending approvals and subtree cost.
+    """
     return _invoke("show", settings, instance_id)
 
 
 @_command("ls")
 @click.option("--state", type=click.Choice(_STATES), help="Only instances in this state.")
+@click.option("--tree", is_flag=True, help="Draw every tree in the store (nested objects with --json).")
 @_pass_settings
-def ls_command(settings: CliSettings, state: str | None) -> int:
+def ls_command(settings: CliSettings, state: str | None, tree: bool) -> int:
     """List the instances in the store, oldest first."""
-    return _invoke("ls", settings, state)
+    if tree and state is not None:
+        raise click.UsageError("give --state or --tree, not both")
+    return _invoke("ls", settings, state, tree)
 
 
 @_command("records")
