@@ -357,6 +357,7 @@ class Runtime:
         #: The agents each instance running here waits for in ``await_agent`` now, by instance id
         #: (kept by :class:`loopwright._agents.Agents`; :meth:`stalled` reads it).
         self.awaiting: dict[str, tuple[str, ...]] = {}
+        self._header_locks: dict[str, anyio.Lock] = {}
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str] | None = None, **kwargs: Any) -> Self:
@@ -781,8 +782,22 @@ class Runtime:
                     instance_id, "observer_error", {"plugin": plugin, "error": f"{type(exc).__name__}: {exc}"}))
 
     async def write_header(self, inst: Instance) -> None:
-        """Save the instance's header atomically."""
-        await self.store.write_header(inst.id, inst.header)
+        """Save the instance's header atomically, one write at a time per instance.
+
+        Writes of one instance's header are applied in the order they were asked for, each
+        with the header as it is when its turn comes: two writes in flight at once (two agents
+        started in parallel by the same caller, a store that writes in a worker thread) can
+        never leave the older copy on disk.
+        """
+        lock = self._header_locks.get(inst.id)
+        if lock is None:
+            lock = self._header_locks[inst.id] = anyio.Lock()
+        try:
+            async with lock:
+                await self.store.write_header(inst.id, inst.header)
+        finally:
+            if not lock.locked() and not lock.statistics().tasks_waiting and self._header_locks.get(inst.id) is lock:
+                del self._header_locks[inst.id]
 
     # -- starting and finding instances -----------------------------------------------------
 
@@ -1539,7 +1554,8 @@ class Runtime:
         """Whether the instance can go on only after a person decides calls held in its tree.
 
         True for an instance resting in ``waiting_for_approval``, and for one running here that
-        waits in ``await_agent`` only for agents that are all stalled. Read from what this
+        waits in ``await_agent`` for agents of which some are stalled and the others finished
+        (a wait for all of them cannot end before the stalled ones go on). Read from what this
         runtime holds in memory (no store access): for the CLI, to stop following a tree that
         waits for its operator.
         """
@@ -1556,7 +1572,18 @@ class Runtime:
         if not run.running:
             return run.inst.state is State.WAITING_FOR_APPROVAL
         ids = self.awaiting.get(instance_id)
-        return bool(ids) and all(self._stalled(i, seen) for i in ids)
+        if not ids:
+            return False
+        stalled = [i for i in ids if self._stalled(i, seen)]
+        return bool(stalled) and all(i in stalled or self._finished(i) for i in ids)
+
+    def _finished(self, instance_id: str) -> bool:
+        """Whether an instance known here rests in a state that ends a wait for it (not for approval)."""
+        run = self._runs.get(instance_id)
+        inst = run.inst if run is not None else self._instances.get(instance_id)
+        if inst is None or (run is not None and run.running):
+            return False
+        return inst.state not in {State.RUNNING, State.WAITING_FOR_APPROVAL}
 
     async def tree_events(self, run: AgentRun) -> AsyncIterator[Event]:  # noqa: C901 - one follower per instance
         """Yield the events of ``run`` and of every agent below it that runs here (see :meth:`AgentRun.events`).
