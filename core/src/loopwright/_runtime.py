@@ -358,6 +358,8 @@ class Runtime:
         #: (kept by :class:`loopwright._agents.Agents`; :meth:`stalled` reads it).
         self.awaiting: dict[str, tuple[str, ...]] = {}
         self._header_locks: dict[str, anyio.Lock] = {}
+        #: Called with each run whose segment starts here (the followers of :meth:`tree_events`).
+        self._segment_watchers: list[Callable[[AgentRun], None]] = []
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str] | None = None, **kwargs: Any) -> Self:
@@ -993,6 +995,8 @@ class Runtime:
         run._done = anyio.Event()  # noqa: SLF001 - the runtime drives its runs
         run._history.clear()  # noqa: SLF001
         run.failure = None
+        for watch in list(self._segment_watchers):
+            watch(run)
         self._tg.start_soon(self._drive, run, new_segment, prelude, lease)
 
     async def _refresh(self, run: AgentRun) -> None:
@@ -1594,9 +1598,9 @@ class Runtime:
         if self._tg is None:
             raise LoopwrightError("the runtime is not open: use 'async with runtime:'")
         send, receive = anyio.create_memory_object_stream[Event](math.inf)
-        followed: set[str] = {run.instance_id}
         root = run.instance_id
         scope = anyio.CancelScope()
+        group: list[TaskGroup] = []
 
         def depth_of(inst: Instance) -> int | None:
             depth = 0
@@ -1606,36 +1610,31 @@ class Runtime:
                 depth += 1
             return depth if current is not None else None
 
-        async def pump(target: AgentRun, depth: int, tg: TaskGroup) -> None:
+        async def pump(target: AgentRun, depth: int) -> None:
             async for event in target.events():
                 send.send_nowait(attrs.evolve(event, data={**event.data, "depth": depth,
                                                             "agent": target.inst.definition.name}))
-                adopt(tg)
 
-        def adopt(tg: TaskGroup) -> None:
-            for other in list(self._runs.values()):
-                if other.instance_id in followed or not other.running:
-                    continue
-                depth = depth_of(other.inst)
-                if depth is not None:
-                    followed.add(other.instance_id)
-                    tg.start_soon(pump, other, depth, tg)
-
-        async def look(tg: TaskGroup) -> None:
-            while True:
-                adopt(tg)
-                await anyio.sleep(_CANCEL_POLL)
+        def started(other: AgentRun) -> None:
+            """Follow a segment starting here if it belongs to the tree (its events are kept from its start)."""
+            depth = depth_of(other.inst) if other is not run else None
+            if depth is not None and group:
+                group[0].start_soon(pump, other, depth)
 
         async def drive() -> None:
             try:
                 with scope:
                     async with anyio.create_task_group() as tg:
-                        tg.start_soon(look, tg)
-                        await pump(run, 0, tg)  # until this instance rests
+                        group.append(tg)
+                        for other in self.running():
+                            started(other)
+                        await pump(run, 0)  # until this instance rests
                         tg.cancel_scope.cancel()
             finally:
+                self._segment_watchers.remove(started)
                 send.close()
 
+        self._segment_watchers.append(started)
         self._tg.start_soon(drive)
         try:
             async with receive:
