@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -81,6 +82,14 @@ PLUGIN = textwrap.dedent('''
             if "await_agent" not in done:
                 return _calls(role, turn, ("await_agent", {"ids": _started(messages)}))
             return Message(role="assistant", content="middle done")
+        if role in {"chat", "quiet"}:
+            said = [m.content for m in messages if m.role == "user" and m.source != "runtime"]
+            return Message(role="assistant", content="seen: " + "|".join(said))
+        if role == "spawnchat":
+            last = messages[-1]
+            if last.role == "user" and last.content == "spawn":
+                return _calls(role, turn, ("run_agent_async", {"agentSwarmUri": "quiet", "prompt": "x"}))
+            return Message(role="assistant", content="spawned" if last.role == "tool" else "hello")
         if role == "pair" and "touch" not in done:
             return _calls(role, turn, ("touch", {"name": "P1"}), ("touch", {"name": "P2"}))
         name = {"holder": "A", "grand": "G", "solo": "S", "pair": "P"}[role]
@@ -132,6 +141,9 @@ class Project:
             "grand": {"tools": ["touch"], "requiresApproval": ["touch"]},
             "solo": {"tools": ["touch"], "requiresApproval": ["touch"]},
             "pair": {"tools": ["touch"], "requiresApproval": ["touch"]},
+            "chat": {"tools": []},
+            "quiet": {"tools": []},
+            "spawnchat": {"tools": ["run_agent_async"]},
         }
         (root / "agents").mkdir()
         for name, keys in agents.items():
@@ -449,4 +461,96 @@ def test_calls_held_in_a_child_and_a_grandchild_survive_a_kill_and_are_approved_
     assert (final["state"], final["text"]) == ("waiting", "root done")
     assert all(h["state"] == "waiting" for h in project.headers())
 
+
+# ------------------------------------------------------------------------------------------
+# 4. Rewind and fork
+# ------------------------------------------------------------------------------------------
+
+
+def _chat(project: Project, *lines: str) -> str:
+    """Run ``chat`` on the first line and send it the others, each from a new process; return its id."""
+    first = project.cli_json("run", "chat", "-p", lines[0])
+    for line in lines[1:]:
+        assert project.cli_json("message", first["instanceId"], line)["state"] == "waiting"
+    return str(first["instanceId"])
+
+
+def test_fork_at_a_turn_from_a_new_process_and_go_on_from_there(project: Project) -> None:
+    """``fork ID --at 1`` makes a new resting instance with ID's history up to turn 1; it answers from there,
+    and ID is unchanged."""
+    iid = _chat(project, "one", "two", "three")
+    done = project.cli("fork", iid, "--at", "1")
+    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
+    fork = done.stdout.strip()
+    assert fork != iid
+    header = json.loads((project.root / "store" / fork / "instance.json").read_text())
+    original = json.loads((project.root / "store" / iid / "instance.json").read_text())
+    assert header["forkedFrom"] == {"instanceId": iid, "turn": 1}
+    assert header["state"] == "waiting"
+    assert header["capabilities"] == original["capabilities"]
+    assert header["pendingApprovals"] == []
+    valid = project.cli("validate", str(project.root / "store" / fork / "instance.json"))
+    assert valid.returncode == 0, valid.stdout
+    went_on = project.cli_json("message", fork, "again")
+    assert went_on["text"] == "seen: one|again"
+    assert project.cli_json("show", iid)["tree"]["turns"] == 3
+    shown = project.cli("show", fork)
+    assert re.search(rf"^forked from +{iid} at turn 1$", shown.stdout, re.MULTILINE), shown.stdout
+    default = project.cli("fork", iid)
+    assert default.returncode == 0, default.stderr
+    assert project.cli_json("message", default.stdout.strip(), "four")["text"] == "seen: one|two|three|four"
+
+
+def test_rewind_goes_back_and_the_log_keeps_what_came_after(project: Project) -> None:
+    """``rewind ID --to 1``: the next message continues from turn 1; the log and the records keep turns 2 and 3."""
+    iid = _chat(project, "one", "two", "three")
+    done = project.cli("rewind", iid, "--to", "1")
+    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
+    assert project.cli_json("show", iid)["tree"]["turns"] == 1
+    assert project.cli_json("message", iid, "four")["text"] == "seen: one|four"
+    log = (project.root / "store" / iid / "entries.jsonl").read_text()
+    assert '"three"' in log
+    assert '"t":"rewind"' in log
+    records = project.cli("records", iid, "--kind", "rewind")
+    (record,) = [json.loads(line) for line in records.stdout.splitlines()]
+    assert (record["data"]["from"], record["data"]["to"]) == (3, 1)
+    far = project.cli("rewind", iid, "--to", "9")
+    assert far.returncode == 2
+    assert "turn 9 is not in its history" in far.stderr
+
+
+def test_fork_and_rewind_never_land_in_a_held_turn(project: Project) -> None:
+    """A held turn (a call waiting for approval) cannot be forked at or rewound to: exit 2 with the reason."""
+    done = project.cli("run", "solo", "-p", "go")
+    assert done.returncode == 3
+    iid = project.header("solo")["instanceId"]
+    refused = project.cli("fork", iid)
+    assert refused.returncode == 2, refused.stderr
+    assert "that turn is held" in refused.stderr
+    rewound = project.cli("rewind", iid, "--to", "1")
+    assert rewound.returncode == 2, rewound.stderr
+    assert "wait for approval" in rewound.stderr
+    assert len(project.headers()) == 1
+    assert project.cli("fork", iid, "--at", "0").returncode == 0  # before the held turn: fine
+
+
+def test_a_fork_does_not_copy_agents_and_its_model_is_told_they_belong_to_the_original(project: Project) -> None:
+    """Agents started after the fork point are not copied; the fork's history says they are the original's."""
+    first = project.cli_json("run", "spawnchat", "-p", "hi")
+    iid = first["instanceId"]
+    assert project.cli_json("message", iid, "spawn")["text"] == "spawned"
+    child = project.header("quiet")["instanceId"]
+    done = project.cli("fork", iid, "--at", "1")
+    assert done.returncode == 0, done.stderr
+    fork = done.stdout.strip()
+    assert [h["name"] for h in project.headers()].count("spawnchat") == 2
+    assert [h["name"] for h in project.headers()].count("quiet") == 1
+    header = json.loads((project.root / "store" / fork / "instance.json").read_text())
+    assert header["children"] == []
+    (entry,) = [json.loads(line) for line in (project.root / "store" / fork / "entries.jsonl").read_text().splitlines()]
+    note = entry["messages"][-1]["content"]
+    assert f"fork of instance {iid}" in note
+    assert child in note
+    assert "belong to it, not to you" in note
+    assert "are not in this history" in note
 

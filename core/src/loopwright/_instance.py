@@ -50,7 +50,7 @@ from loopwright._types import (
     Usage,
 )
 
-__all__ = ["Instance", "log_totals", "now_iso", "rebuild"]
+__all__ = ["Instance", "history_at", "log_totals", "now_iso", "rebuild"]
 
 _message_unstructure = converter.get_unstructure_hook(Message)
 _message_structure = converter.get_structure_hook(Message)
@@ -301,8 +301,8 @@ def rebuild(instance: Instance, entries: Sequence[Mapping[str, Any]]) -> None:
     instance.last_initial = r.last_initial
 
 
-def _replay(entries: Sequence[Mapping[str, Any]]) -> _Replay:
-    r = _Replay()
+def _replay(entries: Sequence[Mapping[str, Any]], into: _Replay | None = None) -> _Replay:
+    r = into if into is not None else _Replay()
     for entry in entries:
         t = entry.get("t")
         if t == "msg":
@@ -320,7 +320,42 @@ def _replay(entries: Sequence[Mapping[str, Any]]) -> _Replay:
                 r.spend(entry["spend"])
         elif t == "spend":
             r.spend(entry)
+        elif t in {"fork", "rewind"}:
+            # The history as it was at the end of a turn (a fork's first entry, or a rewind):
+            # what the log holds after it is kept for the records, and no longer in the transcript.
+            r.messages = [message_from_json(m) for m in entry["messages"]]
+            r.turn = int(entry.get("turn") or 0)
+            r.context_tokens = None
+            r.started = set()
+            r.begun = r.task_given = True
     return r
+
+
+def history_at(entries: Sequence[Mapping[str, Any]], turn: int | None) -> tuple[list[Message], int]:
+    """Return the transcript as it stood at the end of ``turn`` (default: as it stands), and that turn.
+
+    The end of a turn is after its model call's message and the results of its tool calls,
+    before whatever led to the next model call (a message that arrived, the next turn).
+
+    :raises ValueError: ``turn`` is below 0 or above the turns the log holds.
+    """
+    r = _Replay()
+    cut: list[Message] | None = None
+    for entry in entries:
+        if turn is not None and entry.get("t") == "msg" and "turn" in entry and cut is None:
+            n = int((entry.get("turn") or {}).get("n", r.turn + 1))
+            if n > turn:
+                cut = list(r.messages)
+        _replay([entry], r)
+    last = r.turn
+    if turn is None:
+        return _call_order(r.messages), last
+    if turn < 0 or turn > last:
+        raise ValueError(f"turn {turn} is not in its history (it has {last} turn{'' if last == 1 else 's'})")
+    messages = _call_order(cut if cut is not None else r.messages)
+    while messages and messages[-1].role == "user" and turn > 0:
+        messages.pop()  # what led to the next turn is not part of this one
+    return messages, turn
 
 
 def log_totals(entries: Sequence[Mapping[str, Any]]) -> tuple[Usage, Cost, int]:

@@ -40,7 +40,15 @@ from loopwright._definition import (
     gates_from_json,
     with_gates,
 )
-from loopwright._instance import Instance, log_totals, message_to_json, now_iso, rebuild, unanswered_calls
+from loopwright._instance import (
+    Instance,
+    history_at,
+    log_totals,
+    message_to_json,
+    now_iso,
+    rebuild,
+    unanswered_calls,
+)
 from loopwright._loop import Loop
 from loopwright._plugins import PluginHost
 from loopwright._pricing import PriceTable
@@ -1303,6 +1311,123 @@ class Runtime:
         await self._start_resumed(run, lease)
         return run
 
+    # -- fork and rewind ---------------------------------------------------------------------
+
+    async def _history_point(self, run: AgentRun, turn: int | None, what: str,
+                             ) -> tuple[list[Message], int, list[str]]:
+        """Return the history at the end of ``turn``, that turn, and the agents started after it.
+
+        :raises LoopwrightError: The instance is running, ``turn`` is not in its history, or the
+            point is inside a held turn (a call without its result: held for approval, or an
+            ``ask_user`` question not yet answered).
+        """
+        inst = run.inst
+        if run.running or inst.state is State.RUNNING:
+            raise LoopwrightError(f"cannot {what} instance {inst.id}: it is running; let it rest first")
+        entries = await self.store.read_entries(inst.id)
+        try:
+            messages, at = history_at(entries, turn)
+        except ValueError as exc:
+            raise LoopwrightError(f"cannot {what} instance {inst.id} at turn {turn}: {exc}") from None
+        _assistant, unanswered = unanswered_calls(messages)
+        if unanswered:
+            ids = ", ".join(c.id for c in unanswered)
+            raise LoopwrightError(
+                f"cannot {what} instance {inst.id} at turn {at}: that turn is held (its calls {ids} wait for "
+                "approval or an answer); decide them first, or choose an earlier turn")
+        known = {c.id for m in messages for c in m.tool_calls}
+        later: list[str] = []
+        for child in inst.header.get("children") or []:
+            try:
+                link = (await self.store.read_header(child)).get("callerToolCallId")
+            except InstanceNotFoundError:
+                continue
+            if link not in known:
+                later.append(str(child))
+        return messages, at, later
+
+    async def fork(self, instance_id: str, at_turn: int | None = None) -> AgentRun:
+        """Create a new instance whose history is ``instance_id``'s up to the end of ``at_turn``.
+
+        By default the history as it stands (the instance rests). The new instance records
+        ``forkedFrom: {instanceId, turn}``, keeps the original's grants, gates and budget (never
+        wider: its saved grants intersected with this runtime's), starts no agent and copies
+        none, and rests ``waiting``, ready for a message. The original is not changed. Its
+        history ends with a note that the agents the original started belong to the original.
+
+        :raises LoopwrightError: The original is running, the turn is not in its history, or
+            it is inside a held turn.
+        """
+        src = await self.get_agent(instance_id)
+        if not src.running:
+            await self._refresh(src)  # what another process saved since wins
+        messages, at, later = await self._history_point(src, at_turn, "fork")
+        original = src.inst.header
+        grants = self._saved_grants(instance_id, original)
+        iid = _new_id()
+        header = {key: value for key, value in original.items() if key not in _NOT_FORKED}
+        header.update({
+            "instanceId": iid, "state": State.WAITING.value, "stopReason": StopReason.WAITING.value,
+            "cancelled": False, "error": None, "capabilities": capabilities_to_dict(grants),
+            "capabilitiesRecorded": True, "pendingApprovals": [], "inbox": [], "children": [],
+            "spawnerInstanceId": None, "callerInstanceId": None, "callerToolCallId": None,
+            "forkedFrom": {"instanceId": instance_id, "turn": at}, "createdAt": now_iso(), "updatedAt": now_iso(),
+            "runner": self.owner, "turns": at, "usage": {}, "cost": 0.0, "toolCallsStarted": 0,
+        })
+        children = [str(c) for c in original.get("children") or []]
+        if children:
+            messages.append(Message(role="user", source="runtime", content=_fork_note(instance_id, at, children,
+                                                                                        later)))
+        await self.store.create(iid, header)
+        await self.store.append_entries(iid, [
+            {"t": "fork", "from": instance_id, "turn": at, "messages": [message_to_json(m) for m in messages]}])
+        self.queue_record(iid, "fork", {"from": instance_id, "turn": at, "agentsOfTheOriginal": children})
+        self.queue_record(instance_id, "fork", {"to": iid, "turn": at})
+        await self.flush_records(iid)
+        await self.flush_records(instance_id)
+        return await self.get_agent(iid)
+
+    async def rewind(self, instance_id: str, to_turn: int) -> AgentRun:
+        """Move a resting instance back to the end of ``to_turn``; it rests ``waiting``, ready for a message.
+
+        The entry log stays append-only: a ``rewind`` entry holds the history at that point, and
+        what came after stays in the log and the records (a ``rewind`` record marks it). Agents it
+        started after the point keep running or resting as they were; the history ends with a
+        note naming them.
+
+        :raises LoopwrightError: It is running or waiting for approval, the turn is not in its
+            history, or the point is inside a held turn.
+        :raises InstanceLockedError: Another process runs it.
+        """
+        run = await self.get_agent(instance_id)
+        if run.running:
+            raise LoopwrightError(f"cannot rewind instance {instance_id}: it is running; let it rest first")
+        lease = await self.store.acquire(instance_id, self.owner)
+        try:
+            await self._refresh(run)
+            inst = run.inst
+            if inst.state is State.WAITING_FOR_APPROVAL:
+                raise LoopwrightError(
+                    f"cannot rewind instance {instance_id}: calls wait for approval; decide them first")
+            messages, at, later = await self._history_point(run, to_turn, "rewind")
+            if later:
+                messages.append(Message(role="user", source="runtime", content=(
+                    f"[loopwright] This conversation was rewound to the end of turn {at}. Agents you started after "
+                    f"that point still exist: {', '.join(later)}.")))
+            entry = {"t": "rewind", "turn": at, "from": inst.turn, "at": now_iso(),
+                     "messages": [message_to_json(m) for m in messages]}
+            await self.store.append_entries(instance_id, [entry])
+            rebuild(inst, await self.store.read_entries(instance_id))
+            inst.header.pop("awaitingAnswer", None)
+            inst.header.update({"state": State.WAITING.value, "stopReason": StopReason.WAITING.value,
+                                "cancelled": False, "error": None, "turns": at, "updatedAt": now_iso()})
+            self.queue_record(instance_id, "rewind", {"from": entry["from"], "to": at, "agentsStartedAfter": later})
+            await self.write_header(inst)
+            await self.flush_records(instance_id)
+        finally:
+            lease.release()
+        return run
+
     async def _start_resumed(self, run: AgentRun, lease: Lease) -> None:
         """Start the segment that continues an instance a dead runner left ``running`` (lease held)."""
         loop = self.loop
@@ -1765,6 +1890,21 @@ def _children_in(header: Mapping[str, Any], by_id: Mapping[Any, Mapping[str, Any
         below = _subtree_in(by_id[child], by_id, seen)
         total = None if total is None or below is None else total + below
     return total
+
+
+#: Header keys a fork does not take from its original (it has its own, set by :meth:`Runtime.fork`).
+_NOT_FORKED = frozenset({"awaitingAnswer", "children", "inboxCursor", "monitors", "pausedAt", "segment",
+                         "segmentStartedAt", "servedBy", "text", "output", "limit", "contextTokens",
+                         "delegationPrompt", "agentSwarmUri"})
+
+
+def _fork_note(original: str, turn: int, children: Sequence[str], later: Sequence[str]) -> str:
+    """Return what a fork's model is told about the agents of the instance it was forked from."""
+    text = (f"[loopwright] This conversation is a fork of instance {original} at the end of turn {turn}. "
+            f"The agents that instance started belong to it, not to you: {', '.join(children)}.")
+    if later:
+        text += f" These were started after turn {turn} and are not in this history: {', '.join(later)}."
+    return text
 
 
 def _tree_node(header: Mapping[str, Any], by_id: Mapping[Any, Mapping[str, Any]], seen: set[Any]) -> dict[str, Any]:

@@ -39,11 +39,13 @@ __all__ = [
     "approve",
     "cancel",
     "deny",
+    "fork",
     "ls",
     "message",
     "plugins",
     "records",
     "resume",
+    "rewind",
     "run",
     "show",
     "validate",
@@ -227,6 +229,52 @@ async def resume(settings: CliSettings, instance_id: str) -> int:
                        err=True)
         agent = await rt.resume(instance_id)
         return await _follow(settings, agent)
+
+
+@_sync
+async def fork(settings: CliSettings, instance_id: str, at_turn: int | None) -> int:
+    """``loopwright fork``: a new instance with ID's history up to the end of a turn; prints its summary."""
+    async with _runtime(settings) as rt:
+        await _lookup(rt, instance_id)
+        try:
+            agent = await rt.fork(instance_id, at_turn)
+        except LoopwrightError as exc:
+            if type(exc) is not LoopwrightError:
+                raise
+            raise CliError(str(exc), EXIT_USAGE) from None
+        data = await rt.summary(agent.instance_id)
+        if settings.json:
+            echo_json(data)
+        else:
+            forked = data["tree"].get("forkedFrom") or {}
+            click.echo(agent.instance_id)
+            click.echo(f"forked from {instance_id} at turn {forked.get('turn')}; it rests, ready for a message: "
+                       f"loopwright message {agent.instance_id} TEXT", err=True)
+        return EXIT_OK
+
+
+@_sync
+async def rewind(settings: CliSettings, instance_id: str, to_turn: int) -> int:
+    """``loopwright rewind``: move ID back to the end of a turn (the log keeps what came after)."""
+    from loopwright.errors import InstanceLockedError  # noqa: PLC0415
+
+    async with _runtime(settings) as rt:
+        await _lookup(rt, instance_id)
+        try:
+            await rt.rewind(instance_id, to_turn)
+        except InstanceLockedError as exc:
+            raise CliError(f"cannot rewind: {exc}", EXIT_USAGE) from None
+        except LoopwrightError as exc:
+            if type(exc) is not LoopwrightError:
+                raise
+            raise CliError(str(exc), EXIT_USAGE) from None
+        data = await rt.summary(instance_id)
+        if settings.json:
+            echo_json(data)
+        else:
+            click.echo(f"instance {instance_id} is back at the end of turn {to_turn}; it rests, ready for a "
+                       f"message: loopwright message {instance_id} TEXT", err=True)
+        return EXIT_OK
 
 
 @_sync

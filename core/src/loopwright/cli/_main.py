@@ -276,6 +276,35 @@ def resume_command(settings: CliSettings, instance_id: str) -> int:
     return _invoke("resume", settings, instance_id)
 
 
+@_command("fork")
+@click.argument("instance_id", metavar="ID")
+@click.option("--at", "at_turn", type=click.IntRange(min=0), metavar="TURN",
+              help="Fork at the end of this turn.  [default: the history as it stands]")
+@_pass_settings
+def fork_command(settings: CliSettings, instance_id: str, at_turn: int | None) -> int:
+    """Create a new instance whose history is ID's up to the end of a turn; print its id.
+
+    The new instance keeps ID's grants and gates (never wider), records forkedFrom, copies no
+    agent ID started, and rests, ready for a message. ID is not changed. A turn whose calls
+    still wait (for approval or an answer) cannot be forked at (exit 2).
+    """
+    return _invoke("fork", settings, instance_id, at_turn)
+
+
+@_command("rewind")
+@click.argument("instance_id", metavar="ID")
+@click.option("--to", "to_turn", type=click.IntRange(min=0), metavar="TURN", required=True,
+              help="The turn to go back to the end of.")
+@_pass_settings
+def rewind_command(settings: CliSettings, instance_id: str, to_turn: int) -> int:
+    """Move resting instance ID back to the end of turn TURN; it rests, ready for a message.
+
+    The log stays append-only: a rewind entry marks the point, and what came after stays in the
+    records. A held turn, or an instance waiting for approval, is refused (exit 2).
+    """
+    return _invoke("rewind", settings, instance_id, to_turn)
+
+
 @_command("cancel")
 @click.argument("instance_id", metavar="ID")
 @_pass_settings
