@@ -145,3 +145,29 @@ def test_the_digest_is_of_canonical_json() -> None:
     assert call_digest("touch", {"a": 1, "b": "é"}) == call_digest("touch", {"b": "é", "a": 1})
     assert call_digest("touch", {"a": 1}) != call_digest("touch", {"a": 2})
     assert call_digest("touch", {"a": 1}) != call_digest("note", {"a": 1})
+
+
+async def test_runtime_fork_after_a_restart_keeps_grants_and_goes_on_from_the_turn(tmp_path: Path) -> None:
+    """``Runtime.fork(id, at_turn=1)`` in a new runtime: the fork rests, records forkedFrom, keeps the grants,
+    and its next turn sees the history up to turn 1 only."""
+    grants = Capabilities(network=False)
+    first = Harness(reply("a1"), reply("a2"), provider="s")
+    async with make_runtime(tmp_path, first, capabilities=grants) as rt:
+        run = await rt.start_agent(defn(), prompt="one")
+        await run.wait()
+        await run.message("two")
+        result = await run.wait()
+        assert result.text == "a2"
+        original = run.instance_id
+    second = Harness(reply("b"), provider="s")
+    async with make_runtime(tmp_path, second, capabilities=grants) as rt:
+        fork = await rt.fork(original, at_turn=1)
+        header = await rt.store.read_header(fork.instance_id)
+        assert header["forkedFrom"] == {"instanceId": original, "turn": 1}
+        assert header["state"] == "waiting"
+        assert header["capabilities"] == (await rt.store.read_header(original))["capabilities"]
+        await fork.message("three")
+        assert (await fork.wait()).text == "b"
+        assert [m.content for m in second.sent[0] if m.role == "user"] == ["one", "three"]
+        with pytest.raises(LoopwrightError, match="turn 5 is not in its history"):
+            await rt.fork(original, at_turn=5)
