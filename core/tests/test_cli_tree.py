@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 #: Generous hang guards only; no test asserts how fast anything is.
-TIMEOUT = 30
+TIMEOUT = 120
 
 PLUGIN = textwrap.dedent('''
     import json
