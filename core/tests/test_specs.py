@@ -146,7 +146,8 @@ _PAIRS: list[tuple[type, str, str, dict[str, str], set[str], set[str]]] = [
     (_D.FileGrants, "assembly", "/$defs/capabilities/properties/files", {}, set(), set()),
     (_D.Capabilities, "assembly", "/$defs/capabilities",
      {"agents_spawn": "agents", "agents_max_depth": "agents", "agents_max_agents": "agents"}, set(), set()),
-    (_types.PendingApproval, "instance", "/$defs/pendingApproval", {}, set(), set()),
+    # instance_id and path belong to a tree's list of approvals (AgentRun.pending_approvals), never to a header.
+    (_types.PendingApproval, "instance", "/$defs/pendingApproval", {}, {"instance_id", "path"}, set()),
     (_types.Usage, "instance", "/$defs/usage", {}, set(), set()),
     (_types.Record, "record", "", {}, set(), set()),
 ]

@@ -148,14 +148,20 @@ def test_a_message_posted_to_a_resting_instance_is_answered(project: Path) -> No
 
 
 def test_an_approval_decided_elsewhere_continues_in_the_worker(project: Path) -> None:
-    """A decision written to the header of a waiting_for_approval instance makes the worker continue it."""
+    """A decision written to the header of a waiting_for_approval instance makes the worker continue it.
+
+    A decision is bound to its call by ``decisionDigest`` (issue 11): one written without it is held again.
+    """
     iid = run_json(project, "approve.yaml")["instanceId"]
     undecided = lw(project, "worker", "--once", "--json")
     assert (undecided.returncode, undecided.stdout) == (0, "")  # a call still waits: no work
 
     async def decide(store: FileStore) -> None:
         h = await store.read_header(iid)
-        h["pendingApprovals"] = [{**p, "decision": "approved"} for p in h["pendingApprovals"]]
+        from loopwright._types import call_digest  # noqa: PLC0415
+
+        h["pendingApprovals"] = [{**p, "decision": "approved", "decisionDigest": call_digest(p["tool"], p["arguments"])}
+                                 for p in h["pendingApprovals"]]
         await store.write_header(iid, h)
 
     store_call(project, decide)

@@ -57,6 +57,9 @@ __all__ = ["Agents", "Monitors", "parse_context_at"]
 
 _RESTING = frozenset({State.WAITING.value, State.WAITING_FOR_APPROVAL.value, State.STOPPED.value,
                       State.ERROR.value})
+#: The states that end an ``await_agent`` wait: an agent waiting for approval is waited for, since
+#: the operator decides its calls from the root (the caller stays ``running`` meanwhile).
+_DONE = _RESTING - {State.WAITING_FOR_APPROVAL.value}
 _POLL = 0.05
 #: How often the runtime checks the armed monitors, in seconds.
 _CHECK_EVERY = 0.25
@@ -265,7 +268,9 @@ class Agents:
 
         Returns early, with ``done: false``, when a message for the caller arrives (it is read
         at the caller's next turn boundary) or before the call's timeout runs out. A child left
-        ``running`` by a crashed process is resumed here.
+        ``running`` by a crashed process is resumed here. A child waiting for approval has not
+        finished: the wait goes on until someone decides its calls (from this tree's root, in
+        any process), and meanwhile :attr:`Runtime.awaiting` names the agents waited for.
         """
         if not ids:
             raise ToolError("ids must name at least one agent")
@@ -284,23 +289,27 @@ class Agents:
         cursor = int(self.caller.header.get("inboxCursor") or 0)
         pause = _POLL
         interrupted = None
-        while True:
-            states = {agent_id: await self._state(run) for agent_id, run in runs.items()}
-            rested = [agent_id for agent_id, state in states.items() if state in _RESTING]
-            if (len(rested) == len(runs)) if all_ else rested:
-                break
-            posts, _ = await rt.store.read_posts(self.caller.id, cursor)
-            if any(p.get("type") == "message" for p in posts):
-                interrupted = "a message for you arrived; it is read after this turn"
-                break
-            if time.monotonic() + pause > deadline:
-                interrupted = "the wait reached this call's time limit; call await_agent again to keep waiting"
-                break
-            await anyio.sleep(pause)
-            pause = min(pause * 2, _MAX_POLL)
+        rt.awaiting[self.caller.id] = tuple(unique)
+        try:
+            while True:
+                states = {agent_id: await self._state(run) for agent_id, run in runs.items()}
+                rested = [agent_id for agent_id, state in states.items() if state in _DONE]
+                if (len(rested) == len(runs)) if all_ else rested:
+                    break
+                posts, _ = await rt.store.read_posts(self.caller.id, cursor)
+                if any(p.get("type") == "message" for p in posts):
+                    interrupted = "a message for you arrived; it is read after this turn"
+                    break
+                if time.monotonic() + pause > deadline:
+                    interrupted = "the wait reached this call's time limit; call await_agent again to keep waiting"
+                    break
+                await anyio.sleep(pause)
+                pause = min(pause * 2, _MAX_POLL)
+        finally:
+            rt.awaiting.pop(self.caller.id, None)
         reports = [await self._report(agent_id, runs[agent_id]) for agent_id in unique]
-        done = all(r["state"] in _RESTING for r in reports) if all_ else any(
-            r["state"] in _RESTING for r in reports)
+        done = all(r["state"] in _DONE for r in reports) if all_ else any(
+            r["state"] in _DONE for r in reports)
         return {"done": done and interrupted is None, "interrupted": interrupted, "agents": reports}
 
     async def _header_of(self, run: AgentRun) -> dict[str, Any]:

@@ -62,6 +62,7 @@ __all__ = [
     "Instance",
     "entry_totals",
     "fold_checkpoint",
+    "history_at",
     "log_totals",
     "now_iso",
     "rebuild",
@@ -487,7 +488,7 @@ def fold_checkpoint(checkpoint: Mapping[str, Any] | None, entries: Sequence[Mapp
     return _replay(entries, None if checkpoint is None else _Replay.from_json(checkpoint)).to_json()
 
 
-def _replay(entries: Sequence[Mapping[str, Any]], start: _Replay | None = None) -> _Replay:
+def _replay(entries: Sequence[Mapping[str, Any]], start: _Replay | None = None) -> _Replay:  # noqa: C901 - one branch per entry kind
     r = start or _Replay()
     for entry in entries:
         t = entry.get("t")
@@ -510,7 +511,42 @@ def _replay(entries: Sequence[Mapping[str, Any]], start: _Replay | None = None) 
                 r.spend(entry["spend"])
         elif t == "spend":
             r.spend(entry)
+        elif t in {"fork", "rewind"}:
+            # The history as it was at the end of a turn (a fork's first entry, or a rewind):
+            # what the log holds after it is kept for the records, and no longer in the transcript.
+            r.messages = list(entry["messages"])  # JSON, as the replay keeps them (see _Replay)
+            r.turn = int(entry.get("turn") or 0)
+            r.context_tokens = None
+            r.started = set()
+            r.begun = r.task_given = True
     return r
+
+
+def history_at(entries: Sequence[Mapping[str, Any]], turn: int | None) -> tuple[list[Message], int]:
+    """Return the transcript as it stood at the end of ``turn`` (default: as it stands), and that turn.
+
+    The end of a turn is after its model call's message and the results of its tool calls,
+    before whatever led to the next model call (a message that arrived, the next turn).
+
+    :raises ValueError: ``turn`` is below 0 or above the turns the log holds.
+    """
+    r = _Replay()
+    cut: list[Mapping[str, Any]] | None = None
+    for entry in entries:
+        if turn is not None and entry.get("t") == "msg" and "turn" in entry and cut is None:
+            n = int((entry.get("turn") or {}).get("n", r.turn + 1))
+            if n > turn:
+                cut = list(r.messages)
+        _replay([entry], r)
+    last = r.turn
+    if turn is None:
+        return _call_order([message_from_json(m) for m in r.messages]), last
+    if turn < 0 or turn > last:
+        raise ValueError(f"turn {turn} is not in its history (it has {last} turn{'' if last == 1 else 's'})")
+    messages = _call_order([message_from_json(m) for m in (cut if cut is not None else r.messages)])
+    while messages and messages[-1].role == "user" and turn > 0:
+        messages.pop()  # what led to the next turn is not part of this one
+    return messages, turn
 
 
 def log_totals(entries: Sequence[Mapping[str, Any]]) -> tuple[Usage, Cost, int]:

@@ -48,17 +48,32 @@ from loopwright._instance import (
     Instance,
     entry_totals,
     fold_checkpoint,
+    history_at,
     log_totals,
     message_to_json,
     now_iso,
+    rebuild,
     restore,
+    unanswered_calls,
 )
 from loopwright._loop import Loop, SegmentEnd, parse_output
 from loopwright._patterns import schema_validator
 from loopwright._plugins import PluginHost, checked_guardrail, checked_verifier, hook_set
 from loopwright._pricing import PriceTable
 from loopwright._template import render, render_value, resolve_inputs
-from loopwright._types import AgentResult, Cost, Event, Message, Record, State, StopReason, ToolCall, Usage
+from loopwright._types import (
+    AgentResult,
+    Cost,
+    Event,
+    Message,
+    PendingApproval,
+    Record,
+    State,
+    StopReason,
+    ToolCall,
+    Usage,
+    call_digest,
+)
 from loopwright.abc import ProviderSettings, StoreSettings
 from loopwright.errors import (
     ConfigError,
@@ -81,7 +96,15 @@ if TYPE_CHECKING:
     from loopwright._types import ToolSpec
     from loopwright.abc import ContextStrategy, Lease, Provider, RecordSink, Store
 
-__all__ = ["AgentRun", "Runtime", "all_todos_done", "result_to_json", "summary", "usage_to_json"]
+__all__ = [
+    "AgentRun",
+    "Runtime",
+    "all_todos_done",
+    "approval_to_json",
+    "result_to_json",
+    "summary",
+    "usage_to_json",
+]
 
 _log = logging.getLogger("loopwright")
 
@@ -172,12 +195,21 @@ class AgentRun:
         for send in self._subscribers:
             send.send_nowait(event)
 
-    async def events(self) -> AsyncIterator[Event]:
+    async def events(self, *, subtree: bool = False) -> AsyncIterator[Event]:
         """Yield the events of the current run segment, from its start, until the instance rests.
 
         Events: ``state``, ``text``, ``usage``, ``tool_call``, ``tool_result`` and ``approval``.
         If no segment is running, yields what the last segment produced and returns.
+
+        :param subtree: Also yield the events of every agent it starts (and theirs) that runs
+            in this runtime, as they happen, until this instance rests. Each event's ``data``
+            then carries ``depth`` (0 for this instance) and ``agent`` (its definition's name),
+            and ``instance_id`` names its instance, so that a host can draw a live tree.
         """
+        if subtree:
+            async for event in self._rt.tree_events(self):
+                yield event
+            return
         backlog = list(self._history)
         if not self.running:
             for event in backlog:
@@ -211,9 +243,19 @@ class AgentRun:
         """
         await self._done.wait()
         inst = self.inst
-        if inst.header.get("children"):
-            inst.children_cost = Cost(amount=await self._rt.children_cost(inst.header))
-        return inst.result()
+        if not inst.header.get("children"):
+            return inst.result()
+        inst.children_cost = Cost(amount=await self._rt.children_cost(inst.header))
+        return attrs.evolve(inst.result(), pending_approvals=tuple(await self._rt.tree_approvals(self.instance_id)))
+
+    async def pending_approvals(self) -> tuple[PendingApproval, ...]:
+        """Return every undecided call in this instance's subtree (its own first), read from the store.
+
+        Each entry names the instance that holds it (``instance_id``) and the ``path`` from
+        this instance down to that one; decide any of them with :meth:`approve` or
+        :meth:`deny` and its ``tool_call_id``.
+        """
+        return tuple(await self._rt.tree_approvals(self.instance_id))
 
     async def result(self) -> AgentResult:
         """Wait until the instance rests and return its :class:`~loopwright.AgentResult`.
@@ -238,11 +280,18 @@ class AgentRun:
     # -- steering ---------------------------------------------------------------------------
 
     async def approve(self, tool_call_id: str | None = None) -> None:
-        """Approve a held call (all of them when ``tool_call_id`` is None); the run goes on once all are decided."""
+        """Approve a held call (all of this instance's when ``tool_call_id`` is None).
+
+        ``tool_call_id`` may name a call held anywhere in this instance's subtree: it is
+        decided on the instance that holds it, which goes on once all its calls are decided,
+        and so do the callers above it that wait for it.
+
+        :raises LoopwrightError: No such call is waiting for approval (any more).
+        """
         await self._rt.decide(self, tool_call_id, "approved", None)
 
     async def deny(self, tool_call_id: str | None = None, reason: str | None = None) -> None:
-        """Deny a held call (all when ``tool_call_id`` is None); the model sees a ``denied`` result with ``reason``."""
+        """Deny a held call (as :meth:`approve` finds it); the model sees a ``denied`` result with ``reason``."""
         await self._rt.decide(self, tool_call_id, "denied", reason)
 
     async def message(self, text: str, *, source: str = "api") -> None:
@@ -323,6 +372,12 @@ class Runtime:
         self._instances: weakref.WeakValueDictionary[str, Instance] = weakref.WeakValueDictionary()
         #: Who runs instances here, as saved in their headers' ``runner`` key.
         self.owner = f"loopwright (host {socket.gethostname()}, pid {os.getpid()})"
+        #: The agents each instance running here waits for in ``await_agent`` now, by instance id
+        #: (kept by :class:`loopwright._agents.Agents`; :meth:`stalled` reads it).
+        self.awaiting: dict[str, tuple[str, ...]] = {}
+        self._header_locks: dict[str, anyio.Lock] = {}
+        #: Called with each run whose segment starts here (the followers of :meth:`tree_events`).
+        self._segment_watchers: list[Callable[[AgentRun], None]] = []
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str] | None = None, **kwargs: Any) -> Self:
@@ -879,8 +934,22 @@ class Runtime:
                     instance_id, "observer_error", {"plugin": plugin, "error": f"{type(exc).__name__}: {exc}"}))
 
     async def write_header(self, inst: Instance) -> None:
-        """Save the instance's header atomically."""
-        await self.store.write_header(inst.id, inst.header)
+        """Save the instance's header atomically, one write at a time per instance.
+
+        Writes of one instance's header are applied in the order they were asked for, each
+        with the header as it is when its turn comes: two writes in flight at once (two agents
+        started in parallel by the same caller, a store that writes in a worker thread) can
+        never leave the older copy on disk.
+        """
+        lock = self._header_locks.get(inst.id)
+        if lock is None:
+            lock = self._header_locks[inst.id] = anyio.Lock()
+        try:
+            async with lock:
+                await self.store.write_header(inst.id, inst.header)
+        finally:
+            if not lock.locked() and not lock.statistics().tasks_waiting and self._header_locks.get(inst.id) is lock:
+                del self._header_locks[inst.id]
 
     # -- starting and finding instances -----------------------------------------------------
 
@@ -1071,6 +1140,8 @@ class Runtime:
         run._done = anyio.Event()  # noqa: SLF001 - the runtime drives its runs
         run._history.clear()  # noqa: SLF001
         run.failure = None
+        for watch in list(self._segment_watchers):
+            watch(run)
         self._tg.start_soon(self._drive, run, new_segment, prelude, lease)
 
     async def _refresh(self, run: AgentRun) -> None:
@@ -1285,13 +1356,18 @@ class Runtime:
     async def summary(self, instance_id: str) -> dict[str, Any]:
         """Return one instance's summary (``show``), its ``subtreeCost`` read through its children.
 
-        The totals of an instance saved as ``running`` and not run here come from its entry log:
-        its header has them only as of its last state change (a killed process saved turns since).
+        Also ``treePendingApprovals`` (every undecided call in its subtree, each with its holder's
+        ``instanceId`` and ``path``) and ``tree`` (see :meth:`tree`). The totals of an instance
+        saved as ``running`` and not run here come from its entry log: its header has them only as
+        of its last state change (a killed process saved turns since).
         """
         header = await self.store.read_header(instance_id)
         if header.get("state") == State.RUNNING.value and instance_id not in self._runs:
             header = {**header, **entry_totals(await self.store.read_entries(instance_id))}
-        return summary(header, subtree_cost=await self.subtree_cost(instance_id, header))
+        data = summary(header, subtree_cost=await self.subtree_cost(instance_id, header))
+        data["tree"] = await self.tree(instance_id)
+        data["treePendingApprovals"] = [approval_to_json(p) for p in await self.tree_approvals(instance_id)]
+        return data
 
     async def subtree_cost(self, instance_id: str, header: Mapping[str, Any] | None = None) -> float | None:
         """Return the instance's cost plus that of every agent it started, directly or not.
@@ -1387,6 +1463,123 @@ class Runtime:
         await self._start_resumed(run, lease)
         return run
 
+    # -- fork and rewind ---------------------------------------------------------------------
+
+    async def _history_point(self, run: AgentRun, turn: int | None, what: str,
+                             ) -> tuple[list[Message], int, list[str]]:
+        """Return the history at the end of ``turn``, that turn, and the agents started after it.
+
+        :raises LoopwrightError: The instance is running, ``turn`` is not in its history, or the
+            point is inside a held turn (a call without its result: held for approval, or an
+            ``ask_user`` question not yet answered).
+        """
+        inst = run.inst
+        if run.running or inst.state is State.RUNNING:
+            raise LoopwrightError(f"cannot {what} instance {inst.id}: it is running; let it rest first")
+        entries = await self.store.read_entries(inst.id)
+        try:
+            messages, at = history_at(entries, turn)
+        except ValueError as exc:
+            raise LoopwrightError(f"cannot {what} instance {inst.id} at turn {turn}: {exc}") from None
+        _assistant, unanswered = unanswered_calls(messages)
+        if unanswered:
+            ids = ", ".join(c.id for c in unanswered)
+            raise LoopwrightError(
+                f"cannot {what} instance {inst.id} at turn {at}: that turn is held (its calls {ids} wait for "
+                "approval or an answer); decide them first, or choose an earlier turn")
+        known = {c.id for m in messages for c in m.tool_calls}
+        later: list[str] = []
+        for child in inst.header.get("children") or []:
+            try:
+                link = (await self.store.read_header(child)).get("callerToolCallId")
+            except InstanceNotFoundError:
+                continue
+            if link not in known:
+                later.append(str(child))
+        return messages, at, later
+
+    async def fork(self, instance_id: str, at_turn: int | None = None) -> AgentRun:
+        """Create a new instance whose history is ``instance_id``'s up to the end of ``at_turn``.
+
+        By default the history as it stands (the instance rests). The new instance records
+        ``forkedFrom: {instanceId, turn}``, keeps the original's grants, gates and budget (never
+        wider: its saved grants intersected with this runtime's), starts no agent and copies
+        none, and rests ``waiting``, ready for a message. The original is not changed. Its
+        history ends with a note that the agents the original started belong to the original.
+
+        :raises LoopwrightError: The original is running, the turn is not in its history, or
+            it is inside a held turn.
+        """
+        src = await self.get_agent(instance_id)
+        if not src.running:
+            await self._refresh(src)  # what another process saved since wins
+        messages, at, later = await self._history_point(src, at_turn, "fork")
+        original = src.inst.header
+        grants = self._saved_grants(instance_id, original)
+        iid = _new_id()
+        header = {key: value for key, value in original.items() if key not in _NOT_FORKED}
+        header.update({
+            "instanceId": iid, "state": State.WAITING.value, "stopReason": StopReason.WAITING.value,
+            "cancelled": False, "error": None, "capabilities": capabilities_to_dict(grants),
+            "capabilitiesRecorded": True, "pendingApprovals": [], "inbox": [], "children": [],
+            "spawnerInstanceId": None, "callerInstanceId": None, "callerToolCallId": None,
+            "forkedFrom": {"instanceId": instance_id, "turn": at}, "createdAt": now_iso(), "updatedAt": now_iso(),
+            "runner": self.owner, "turns": at, "usage": {}, "cost": 0.0, "toolCallsStarted": 0,
+        })
+        children = [str(c) for c in original.get("children") or []]
+        if children:
+            messages.append(Message(role="user", source="runtime", content=_fork_note(instance_id, at, children,
+                                                                                        later)))
+        await self.store.create(iid, header)
+        await self.store.append_entries(iid, [
+            {"t": "fork", "from": instance_id, "turn": at, "messages": [message_to_json(m) for m in messages]}])
+        self.queue_record(iid, "fork", {"from": instance_id, "turn": at, "agentsOfTheOriginal": children})
+        self.queue_record(instance_id, "fork", {"to": iid, "turn": at})
+        await self.flush_records(iid)
+        await self.flush_records(instance_id)
+        return await self.get_agent(iid)
+
+    async def rewind(self, instance_id: str, to_turn: int) -> AgentRun:
+        """Move a resting instance back to the end of ``to_turn``; it rests ``waiting``, ready for a message.
+
+        The entry log stays append-only: a ``rewind`` entry holds the history at that point, and
+        what came after stays in the log and the records (a ``rewind`` record marks it). Agents it
+        started after the point keep running or resting as they were; the history ends with a
+        note naming them.
+
+        :raises LoopwrightError: It is running or waiting for approval, the turn is not in its
+            history, or the point is inside a held turn.
+        :raises InstanceLockedError: Another process runs it.
+        """
+        run = await self.get_agent(instance_id)
+        if run.running:
+            raise LoopwrightError(f"cannot rewind instance {instance_id}: it is running; let it rest first")
+        lease = await self.store.acquire(instance_id, self.owner)
+        try:
+            await self._refresh(run)
+            inst = run.inst
+            if inst.state is State.WAITING_FOR_APPROVAL:
+                raise LoopwrightError(
+                    f"cannot rewind instance {instance_id}: calls wait for approval; decide them first")
+            messages, at, later = await self._history_point(run, to_turn, "rewind")
+            if later:
+                messages.append(Message(role="user", source="runtime", content=(
+                    f"[loopwright] This conversation was rewound to the end of turn {at}. Agents you started after "
+                    f"that point still exist: {', '.join(later)}.")))
+            entry = {"t": "rewind", "turn": at, "from": inst.turn, "at": now_iso(),
+                     "messages": [message_to_json(m) for m in messages]}
+            await self.store.append_entries(instance_id, [entry])
+            rebuild(inst, await self.store.read_entries(instance_id))
+            inst.header.pop("awaitingAnswer", None)
+            inst.header.update({"state": State.WAITING.value, "stopReason": StopReason.WAITING.value,
+                                "cancelled": False, "error": None, "turns": at, "updatedAt": now_iso()})
+            self.queue_record(instance_id, "rewind", {"from": entry["from"], "to": at, "agentsStartedAfter": later})
+            await self.write_header(inst)
+            await self.flush_records(instance_id)
+        finally:
+            lease.release()
+        return run
+
     async def _start_resumed(self, run: AgentRun, lease: Lease) -> None:
         """Start the segment that continues an instance a dead runner left ``running`` (lease held)."""
         loop = self.loop
@@ -1451,31 +1644,107 @@ class Runtime:
 
     async def decide(
         self, run: AgentRun, tool_call_id: str | None, decision: Literal["approved", "denied"], reason: str | None,
-    ) -> None:
+    ) -> list[PendingApproval]:
         """Record a decision on held calls; continue the segment once every one is decided.
 
-        The decision is written under the instance's lease, on a fresh copy of its header, so a
-        decision from another process is never lost.
+        With ``tool_call_id``, the call may be held anywhere in ``run``'s subtree: it is decided
+        on the instance that holds it (:meth:`decide_held`), whose callers then go on too. Without,
+        every undecided call held by ``run``'s own instance is decided.
 
-        :raises InstanceLockedError: The instance is running elsewhere (it cannot be waiting).
+        :return: What was decided, each entry naming its holder and path.
+        :raises LoopwrightError: No such call is waiting for approval (any more), or it is held
+            by more than one instance of the tree (name the holder instead).
+        """
+        if tool_call_id is None:
+            return await self.decide_held(run, None, decision, reason)
+        header = await self.store.read_header(run.instance_id)
+        own = {p.get("toolCallId") for p in header.get("pendingApprovals") or [] if p.get("decision") is None}
+        if tool_call_id in own and header.get("state") == State.WAITING_FOR_APPROVAL.value:
+            return await self.decide_held(run, tool_call_id, decision, reason)
+        found = [p for p in await self.tree_approvals(run.instance_id) if p.tool_call_id == tool_call_id]
+        if not found:
+            raise LoopwrightError(f"no call {tool_call_id!r} is waiting for approval in the tree of instance "
+                                  f"{run.instance_id} (it was decided already, or never held)")
+        if len({p.instance_id for p in found}) > 1:
+            holders = ", ".join(str(p.instance_id) for p in found)
+            raise LoopwrightError(f"call {tool_call_id!r} is held by more than one instance ({holders}); "
+                                  "decide it on its holder: approve HOLDER --call CALL_ID")
+        holder = await self.get_agent(str(found[0].instance_id))
+        decided = await self.decide_held(holder, tool_call_id, decision, reason)
+        await self.wake_callers(holder.instance_id)
+        path = found[0].path
+        return [attrs.evolve(p, instance_id=holder.instance_id, path=path) for p in decided]
+
+    async def decide_subtree(
+        self, run: AgentRun, decision: Literal["approved", "denied"], reason: str | None,
+    ) -> list[PendingApproval]:
+        """Decide every undecided call in ``run``'s subtree, holder by holder (deepest first).
+
+        :return: What was decided, each entry naming its holder and path.
+        :raises LoopwrightError: Nothing in the tree waits for approval.
+        """
+        entries = await self.tree_approvals(run.instance_id)
+        if not entries:
+            raise LoopwrightError(f"no call is waiting for approval in the tree of instance {run.instance_id}")
+        holders: dict[str, list[PendingApproval]] = {}
+        for p in entries:
+            holders.setdefault(str(p.instance_id), []).append(p)
+        decided: list[PendingApproval] = []
+        for holder_id in sorted(holders, key=lambda h: -len(holders[h][0].path)):
+            holder = await self.get_agent(holder_id)
+            path = holders[holder_id][0].path
+            done = await self.decide_held(holder, None, decision, reason)
+            decided += [attrs.evolve(p, instance_id=holder_id, path=path) for p in done]
+            if holder_id != run.instance_id:
+                await self.wake_callers(holder_id)
+        return decided
+
+    async def decide_held(
+        self, run: AgentRun, tool_call_id: str | None, decision: Literal["approved", "denied"], reason: str | None,
+    ) -> list[PendingApproval]:
+        """Record a decision on calls ``run``'s own instance holds; continue once every one is decided.
+
+        The decision is written under the instance's lease, on a fresh copy of its header, so a
+        decision from another process is never lost, and two processes deciding the same call
+        at once decide (and run) it once: the other one is refused. Each decision records the
+        :func:`~loopwright._types.call_digest` of the call as shown; a held entry whose call in
+        the log is not the one shown is refused and stays held.
+
+        :return: The entries decided.
+        :raises LoopwrightError: Nothing (or not that call) is waiting for approval, or the
+            instance runs in another process (which is deciding or running its calls).
         """
         if run.running:
             raise LoopwrightError(f"instance {run.instance_id} is running; it has no call waiting for approval")
-        lease = await self.store.acquire(run.instance_id, self.owner)
+        try:
+            lease = await self.store.acquire(run.instance_id, self.owner)
+        except InstanceLockedError:
+            raise LoopwrightError(f"instance {run.instance_id} is running in another process, which is deciding "
+                                  "or running its calls: none of them waits for approval here") from None
         try:
             await self._refresh(run)
             inst = run.inst
             pending = inst.pending_approvals
             undecided = [p for p in pending if p.decision is None]
-            if not undecided:
+            if not undecided or inst.state is not State.WAITING_FOR_APPROVAL:
                 raise LoopwrightError(f"instance {inst.id} has no call waiting for approval")  # noqa: TRY301
             if tool_call_id is not None and tool_call_id not in {p.tool_call_id for p in undecided}:
                 raise LoopwrightError(  # noqa: TRY301 - the lease is released by the handler below
                     f"instance {inst.id} has no undecided call {tool_call_id!r}; waiting: "
                     f"{', '.join(p.tool_call_id for p in undecided)}")
+            chosen = [p for p in undecided if tool_call_id is None or p.tool_call_id == tool_call_id]
+            calls = {c.id: c for c in unanswered_calls(inst.transcript)[1]}
+            for p in chosen:
+                held = calls.get(p.tool_call_id)
+                if held is None or call_digest(held.name, held.arguments) != call_digest(p.tool, p.arguments):
+                    raise LoopwrightError(  # noqa: TRY301
+                        f"instance {inst.id}: the held call {p.tool_call_id!r} in its log is not the call shown "
+                        f"for approval ({p.tool} {_short_json(p.arguments)}); it stays held, undecided")
+            ids = {p.tool_call_id for p in chosen}
             decided = [
-                attrs.evolve(p, decision=decision, decision_reason=reason)
-                if p.decision is None and (tool_call_id is None or p.tool_call_id == tool_call_id) else p
+                attrs.evolve(p, decision=decision, decision_reason=reason,
+                             decision_digest=call_digest(p.tool, p.arguments))
+                if p.tool_call_id in ids else p
                 for p in pending]
             inst.set_pending(decided)
             inst.header["updatedAt"] = now_iso()
@@ -1485,17 +1754,210 @@ class Runtime:
             raise
         if not all(p.decision is not None for p in decided):
             lease.release()
-            return
-        await self._continue_decided(run, lease)
+        else:
+            await self._continue_decided(run, lease)
+        return [p for p in decided if p.tool_call_id in ids]
+
+    async def wake_callers(self, instance_id: str) -> list[str]:
+        """Continue, in order up to the root, the callers of ``instance_id`` a stopped process left ``running``.
+
+        A caller that waited in ``await_agent`` when its process stopped is resumed here (its
+        wait runs again); one running here or in another process is left to its runner.
+
+        :return: The ids of the callers resumed.
+        """
+        woken: list[str] = []
+        seen = {instance_id}
+        current = await self.store.read_header(instance_id)
+        while True:
+            spawner = current.get("spawnerInstanceId")
+            if not isinstance(spawner, str) or not spawner or spawner in seen:
+                return woken
+            seen.add(spawner)
+            try:
+                current = await self.store.read_header(spawner)
+            except InstanceNotFoundError:
+                return woken
+            live = self._runs.get(spawner)
+            if current.get("state") != State.RUNNING.value or (live is not None and live.running):
+                continue
+            try:
+                await self.resume(spawner)
+            except InstanceLockedError:
+                continue
+            woken.append(spawner)
+
+    async def tree_approvals(self, instance_id: str) -> list[PendingApproval]:
+        """Return every undecided call in the subtree of ``instance_id``, read from the store.
+
+        Depth first, in the order the agents were started, an instance's own calls before its
+        children's. Each entry carries ``instance_id`` (its holder) and ``path`` (from
+        ``instance_id`` down to the holder, each ``{"instanceId", "name"}``).
+        """
+        from loopwright._convert import converter  # noqa: PLC0415
+
+        out: list[PendingApproval] = []
+
+        def walk(node: Mapping[str, Any], path: tuple[Mapping[str, Any], ...]) -> None:
+            here = (*path, {"instanceId": node["instanceId"], "name": node["name"]})
+            for raw in node["pendingApprovals"]:
+                entry = converter.structure(raw, PendingApproval)
+                out.append(attrs.evolve(entry, instance_id=node["instanceId"], path=here))
+            for child in node["children"]:
+                walk(child, here)
+
+        walk(await self.tree(instance_id), ())
+        return out
+
+    async def tree(self, instance_id: str) -> dict[str, Any]:
+        """Return the instance tree below ``instance_id`` as nested objects (``show --json``'s ``tree``).
+
+        Each node: ``instanceId``, ``name``, ``state``, ``stopReason``, ``turns``, ``depth``,
+        ``pendingApprovals`` (its own undecided calls), ``waitingOn`` (undecided calls in its
+        subtree), ``cost``, ``subtreeCost``, ``forkedFrom`` and ``children`` (nodes).
+        """
+        header = await self.store.read_header(instance_id)
+        by_id = {**await self._descendant_headers(header), header.get("instanceId"): header}
+        return _tree_node(header, by_id, set())
+
+    async def trees(self) -> list[dict[str, Any]]:
+        """Return every tree in the store (``ls --tree``): one node per root, oldest first.
+
+        A root is an instance no listed instance started (its spawner is gone or it has none).
+        """
+        headers = await self.store.list_headers()
+        by_id = {h.get("instanceId"): h for h in headers}
+        return [_tree_node(h, by_id, set()) for h in headers if h.get("spawnerInstanceId") not in by_id]
+
+    def stalled(self, instance_id: str) -> bool:
+        """Whether the instance can go on only after a person decides calls held in its tree.
+
+        True for an instance resting in ``waiting_for_approval``, and for one running here that
+        waits in ``await_agent`` for agents of which some are stalled and the others finished
+        (a wait for all of them cannot end before the stalled ones go on). Read from what this
+        runtime holds in memory (no store access): for the CLI, to stop following a tree that
+        waits for its operator.
+        """
+        return self._stalled(instance_id, set())
+
+    def _stalled(self, instance_id: str, seen: set[str]) -> bool:
+        if instance_id in seen:
+            return False
+        seen.add(instance_id)
+        run = self._runs.get(instance_id)
+        if run is None:
+            inst = self._instances.get(instance_id)
+            return inst is not None and inst.state is State.WAITING_FOR_APPROVAL
+        if not run.running:
+            return run.inst.state is State.WAITING_FOR_APPROVAL
+        ids = self.awaiting.get(instance_id)
+        if not ids:
+            return False
+        stalled = [i for i in ids if self._stalled(i, seen)]
+        return bool(stalled) and all(i in stalled or self._finished(i) for i in ids)
+
+    def _finished(self, instance_id: str) -> bool:
+        """Whether an instance known here rests in a state that ends a wait for it (not for approval)."""
+        run = self._runs.get(instance_id)
+        inst = run.inst if run is not None else self._instances.get(instance_id)
+        if inst is None or (run is not None and run.running):
+            return False
+        return inst.state not in {State.RUNNING, State.WAITING_FOR_APPROVAL}
+
+    async def tree_events(self, run: AgentRun) -> AsyncIterator[Event]:  # noqa: C901 - one follower per instance
+        """Yield the events of ``run`` and of every agent below it that runs here (see :meth:`AgentRun.events`).
+
+        Each event keeps its ``instance_id``; its ``data`` gets ``depth`` (0 for ``run``) and
+        ``agent`` (the instance's definition name).
+        """
+        if self._tg is None:
+            raise LoopwrightError("the runtime is not open: use 'async with runtime:'")
+        send, receive = anyio.create_memory_object_stream[Event](math.inf)
+        root = run.instance_id
+        scope = anyio.CancelScope()
+        group: list[TaskGroup] = []
+
+        def depth_of(inst: Instance) -> int | None:
+            depth = 0
+            current: Instance | None = inst
+            while current is not None and current.id != root:
+                current = current.spawner
+                depth += 1
+            return depth if current is not None else None
+
+        async def pump(target: AgentRun, depth: int) -> None:
+            async for event in target.events():
+                send.send_nowait(attrs.evolve(event, data={**event.data, "depth": depth,
+                                                            "agent": target.inst.definition.name}))
+
+        def started(other: AgentRun) -> None:
+            """Follow a segment starting here if it belongs to the tree (its events are kept from its start)."""
+            depth = depth_of(other.inst) if other is not run else None
+            if depth is not None and group:
+                group[0].start_soon(pump, other, depth)
+
+        async def drive() -> None:
+            try:
+                with scope:
+                    async with anyio.create_task_group() as tg:
+                        group.append(tg)
+                        for other in self.running():
+                            started(other)
+                        await pump(run, 0)  # until this instance rests
+                        tg.cancel_scope.cancel()
+            finally:
+                self._segment_watchers.remove(started)
+                send.close()
+
+        self._segment_watchers.append(started)
+        self._tg.start_soon(drive)
+        try:
+            async with receive:
+                async for event in receive:
+                    yield event
+        finally:
+            scope.cancel()
 
     async def _continue_decided(self, run: AgentRun, lease: Lease) -> None:
-        """Go on with a segment whose held calls are all decided (the lease is handed over)."""
+        """Go on with a segment whose held calls are all decided (the lease is handed over).
+
+        A decision applies only to the call it was made on (its ``decisionDigest``): a held call
+        whose name or arguments in the log differ from it now is held again, undecided, and
+        the segment rests waiting for approval without running anything.
+        """
         loop = self.loop
 
         async def prelude() -> None:
+            from loopwright._loop import SegmentEnd  # noqa: PLC0415
+
+            if self._hold_changed(run.inst):
+                await self.write_header(run.inst)
+                await self.flush_records(run.instance_id)
+                raise SegmentEnd(State.WAITING_FOR_APPROVAL, StopReason.WAITING_FOR_APPROVAL)
             await loop.continue_after_decisions(run)
 
         await self._start_segment(run, new_segment=False, prelude=prelude, lease=lease)
+
+    def _hold_changed(self, inst: Instance) -> bool:
+        """Undo the decisions whose call changed since (see :meth:`_continue_decided`); return whether any did."""
+        calls = {c.id: c for c in unanswered_calls(inst.transcript)[1]}
+        changed = False
+        kept: list[PendingApproval] = []
+        for p in inst.pending_approvals:
+            held = calls.get(p.tool_call_id)
+            now = call_digest(held.name, held.arguments) if held is not None else None
+            if p.decision is not None and now != p.decision_digest:
+                changed = True
+                self.queue_record(inst.id, "approval", {
+                    "toolCallId": p.tool_call_id, "tool": p.tool, "decision": None,
+                    "reason": "held again: the call is not the one that was decided"})
+                p = attrs.evolve(p, decision=None, decision_reason=None, decision_digest=None,  # noqa: PLW2901
+                                 tool=held.name if held is not None else p.tool,
+                                 arguments=dict(held.arguments) if held is not None else p.arguments)
+            kept.append(p)
+        if changed:
+            inst.set_pending(kept)
+        return changed
 
     async def _start_for_mail(self, run: AgentRun, lease: Lease) -> None:
         """Start a new segment of a resting instance to read its mail (the lease is handed over)."""
@@ -1580,6 +2042,63 @@ def _children_in(header: Mapping[str, Any], by_id: Mapping[Any, Mapping[str, Any
     return total
 
 
+#: Header keys a fork does not take from its original (it has its own, set by :meth:`Runtime.fork`).
+_NOT_FORKED = frozenset({"awaitingAnswer", "children", "inboxCursor", "monitors", "pausedAt", "segment",
+                         "segmentStartedAt", "servedBy", "text", "output", "limit", "contextTokens",
+                         "delegationPrompt", "agentSwarmUri"})
+
+
+def _fork_note(original: str, turn: int, children: Sequence[str], later: Sequence[str]) -> str:
+    """Return what a fork's model is told about the agents of the instance it was forked from."""
+    text = (f"[loopwright] This conversation is a fork of instance {original} at the end of turn {turn}. "
+            f"The agents that instance started belong to it, not to you: {', '.join(children)}.")
+    if later:
+        text += f" These were started after turn {turn} and are not in this history: {', '.join(later)}."
+    return text
+
+
+def _tree_node(header: Mapping[str, Any], by_id: Mapping[Any, Mapping[str, Any]], seen: set[Any]) -> dict[str, Any]:
+    """Return the ``tree`` node of ``header``'s instance, its children's nodes from ``by_id`` (a loop is cut)."""
+    seen.add(header.get("instanceId"))
+    children = [_tree_node(by_id[c], by_id, seen) for c in header.get("children") or []
+                if c in by_id and c not in seen]
+    own = [_approval_json(p) for p in header.get("pendingApprovals") or [] if p.get("decision") is None]
+    cost = header.get("cost", 0.0)
+    below = [c["subtreeCost"] for c in children]
+    subtree = None if cost is None or None in below else cost + sum(below)
+    return {
+        "instanceId": header.get("instanceId"), "name": header.get("name"), "state": header.get("state"),
+        "stopReason": header.get("stopReason"), "turns": int(header.get("turns") or 0),
+        "depth": int(header.get("depth") or 0), "pendingApprovals": own,
+        "waitingOn": len(own) + sum(c["waitingOn"] for c in children),
+        "cost": cost, "subtreeCost": subtree, "forkedFrom": header.get("forkedFrom"), "children": children,
+    }
+
+
+def _approval_json(p: Mapping[str, Any]) -> dict[str, Any]:
+    return {"toolCallId": p.get("toolCallId"), "tool": p.get("tool"), "arguments": p.get("arguments"),
+            "reason": p.get("reason"), "requestedAt": p.get("requestedAt"), "decision": p.get("decision")}
+
+
+def approval_to_json(p: PendingApproval) -> dict[str, Any]:
+    """Return the ``--json`` form of a pending approval: with its holder and path when it has them."""
+    out: dict[str, Any] = {"toolCallId": p.tool_call_id, "tool": p.tool, "arguments": dict(p.arguments),
+                           "reason": p.reason}
+    if p.instance_id is not None:
+        out["instanceId"] = p.instance_id
+        out["path"] = [dict(step) for step in p.path]
+    if p.decision is not None:
+        out["decision"] = p.decision
+    return out
+
+
+def _short_json(value: Any, limit: int = 200) -> str:
+    import json  # noqa: PLC0415
+
+    text = json.dumps(value, default=str, ensure_ascii=False)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def summary(header: Mapping[str, Any], *, subtree_cost: float | object | None = ...) -> dict[str, Any]:
     """Return the JSON summary of an instance (``show`` and ``ls``), camelCase keys.
 
@@ -1624,9 +2143,7 @@ def result_to_json(result: AgentResult) -> dict[str, Any]:
         "usage": usage_to_json(result.usage),
         "cost": result.cost.amount,
         "subtreeCost": result.subtree_cost.amount,
-        "pendingApprovals": [
-            {"toolCallId": p.tool_call_id, "tool": p.tool, "arguments": dict(p.arguments), "reason": p.reason}
-            for p in result.pending_approvals if p.decision is None],
+        "pendingApprovals": [approval_to_json(p) for p in result.pending_approvals if p.decision is None],
         "error": result.error,
         "cancelled": result.cancelled,
         "limit": result.limit,

@@ -34,6 +34,7 @@ __all__ = [
     "ToolStatus",
     "Transcript",
     "Usage",
+    "call_digest",
 ]
 
 Role = Literal["system", "user", "assistant", "tool"]
@@ -424,6 +425,12 @@ class PendingApproval:
         requested_at: When it was held (ISO 8601, UTC).
         decision: ``approved``, ``denied`` or ``None`` while undecided.
         decision_reason: The reason given with a denial.
+        decision_digest: :func:`call_digest` of the call as it was decided: the decision
+            applies to that exact call (name and arguments) and to no other.
+        instance_id: In a tree's list (``AgentRun.pending_approvals`` of a root), the instance
+            that holds the call; ``None`` in the holder's own header.
+        path: In a tree's list, the instances from the root down to the holder, each
+            ``{"instanceId", "name"}``.
     """
 
     tool_call_id: str
@@ -433,6 +440,23 @@ class PendingApproval:
     requested_at: str
     decision: Literal["approved", "denied"] | None = None
     decision_reason: str | None = None
+    decision_digest: str | None = None
+    instance_id: str | None = None
+    path: tuple[Mapping[str, Any], ...] = ()
+
+
+def call_digest(name: str, arguments: Mapping[str, Any]) -> str:
+    """Return the digest a decision is bound to: sha256 of the call's canonical JSON, in hex.
+
+    Canonical JSON: ``{"arguments": ..., "name": ...}`` with sorted keys, no spaces, non-ASCII
+    kept as is. Two calls with the same name and the same arguments have the same digest.
+    """
+    import hashlib  # noqa: PLC0415 - only when a call is decided
+    import json  # noqa: PLC0415
+
+    text = json.dumps({"arguments": arguments, "name": name}, sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 @attrs.frozen(kw_only=True)

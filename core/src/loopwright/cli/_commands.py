@@ -12,9 +12,10 @@ import importlib.metadata
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
+import attrs
 import click
 
 from loopwright._plugins import BUILTIN_PLUGINS, ENTRY_POINT_GROUP
@@ -22,7 +23,14 @@ from loopwright._runtime import AgentRun, Runtime, summary
 from loopwright._template import resolve_inputs
 from loopwright._types import State
 from loopwright.cli._exits import EXIT_OK, EXIT_USAGE, CliError
-from loopwright.cli._output import echo_json, print_instance, print_instances, print_plugins, report
+from loopwright.cli._output import (
+    echo_json,
+    print_instance,
+    print_instances,
+    print_plugins,
+    print_tree,
+    report,
+)
 from loopwright.cli._progress import follow, make_progress, terminal_approver
 from loopwright.cli._worker import worker as serve
 from loopwright.display import safe_json, safe_text
@@ -35,11 +43,13 @@ __all__ = [
     "approve",
     "cancel",
     "deny",
+    "fork",
     "ls",
     "message",
     "plugins",
     "records",
     "resume",
+    "rewind",
     "run",
     "show",
     "validate",
@@ -105,10 +115,17 @@ async def _follow(settings: CliSettings, agent: AgentRun) -> int:
     progress = make_progress(settings)
     progress.start_from(agent.inst.turn, agent.inst.usage.total_tokens or
                         agent.inst.usage.input_tokens + agent.inst.usage.output_tokens, agent.inst.cost.amount)
-    result, interrupted = await follow(agent, progress)
+    rt = agent.runtime
+    result, interrupted = await follow(agent, progress, stalled=lambda: rt.stalled(agent.instance_id))
     settings.streamed_text = progress.streamed_answer()
+    if result.state is State.RUNNING and not interrupted:
+        # It waits only for calls held in its tree (here, or by another process that left it).
+        waiting = await rt.tree_approvals(agent.instance_id)
+        if waiting:
+            result = attrs.evolve(result, pending_approvals=tuple(waiting))
+            return report(result, settings, turns=agent.inst.turn)
     code = report(result, settings, turns=agent.inst.turn)
-    others = agent.runtime.running()
+    others = rt.running()
     if others and not interrupted:
         if not settings.json:
             click.echo(f"waiting for {len(others)} agent(s) it started to rest "
@@ -137,33 +154,56 @@ async def run(settings: CliSettings, definition: str, prompt: str | None, inputs
         return await _follow(settings, agent)
 
 
-async def _decide(settings: CliSettings, instance_id: str, act: Callable[[Runtime], Awaitable[AgentRun]],
-                  stream: bool) -> int:
+async def _decide(settings: CliSettings, instance_id: str, call_id: str | None, *, subtree: bool,
+                  decision: Literal["approved", "denied"], reason: str | None, stream: bool = False) -> int:
+    """Decide held calls of ``instance_id``'s tree, then follow it (see ``approve``)."""
+    from loopwright.errors import InstanceLockedError  # noqa: PLC0415
+
     async with _runtime(settings) as rt:
         agent = await _lookup(rt, instance_id)
         agent.stream = stream
-        if agent.state is not State.WAITING_FOR_APPROVAL:
-            raise CliError(f"instance {instance_id} is {agent.state.value}, not waiting for approval", EXIT_USAGE)
+        if call_id is None and not subtree and agent.state is not State.WAITING_FOR_APPROVAL:
+            waiting = await rt.tree_approvals(instance_id)
+            hint = (f"; {len(waiting)} call{'' if len(waiting) == 1 else 's'} wait{'s' if len(waiting) == 1 else ''} "
+                    f"in its tree: decide one with --call CALL_ID, or all with --subtree") if waiting else ""
+            raise CliError(f"instance {instance_id} is {agent.state.value}, not waiting for approval{hint}",
+                           EXIT_USAGE)
         try:
-            agent = await act(rt)
+            if subtree:
+                decided = await rt.decide_subtree(agent, decision, reason)
+            else:
+                decided = await rt.decide(agent, call_id, decision, reason)
+        except InstanceLockedError as exc:
+            raise CliError(f"{exc}: its calls are being decided or run there, none waits here", EXIT_USAGE) from None
         except LoopwrightError as exc:
             if type(exc) is not LoopwrightError:
                 raise
             raise CliError(str(exc), EXIT_USAGE) from None
+        if not settings.json:
+            for p in decided:
+                where = " > ".join(f"{safe_text(step.get('name'))} {safe_text(step.get('instanceId'))}"
+                                   for step in p.path) or safe_text(p.instance_id or instance_id)
+                click.echo(f"{decision}: {safe_text(p.tool_call_id)} {safe_text(p.tool)} (in {where})", err=True)
         return await _follow(settings, agent)
 
 
 @_sync
-async def approve(settings: CliSettings, instance_id: str, call_id: str | None, stream: bool) -> int:
-    """``loopwright approve``: approve held calls, then follow the instance (``stream``: ask to stream)."""
-    return await _decide(settings, instance_id, lambda rt: rt.approve(instance_id, call_id), stream)
+async def approve(settings: CliSettings, instance_id: str, call_id: str | None, subtree: bool = False,
+                  stream: bool = False) -> int:
+    """``loopwright approve``: approve held calls (anywhere in its tree with ``--call``, ``--subtree``), then follow.
+
+    ``stream`` asks the provider to stream the answers that follow.
+    """
+    return await _decide(settings, instance_id, call_id, subtree=subtree, decision="approved", reason=None,
+                         stream=stream)
 
 
 @_sync
-async def deny(settings: CliSettings, instance_id: str, call_id: str | None, reason: str | None,
-               stream: bool) -> int:
+async def deny(settings: CliSettings, instance_id: str, call_id: str | None, reason: str | None,  # noqa: PLR0917 - click passes them in order
+               subtree: bool = False, stream: bool = False) -> int:
     """``loopwright deny``: deny held calls (the model sees ``denied: REASON``), then follow the instance."""
-    return await _decide(settings, instance_id, lambda rt: rt.deny(instance_id, call_id, reason), stream)
+    return await _decide(settings, instance_id, call_id, subtree=subtree, decision="denied", reason=reason,
+                         stream=stream)
 
 
 @_sync
@@ -203,6 +243,52 @@ async def resume(settings: CliSettings, instance_id: str, stream: bool) -> int:
 
 
 @_sync
+async def fork(settings: CliSettings, instance_id: str, at_turn: int | None) -> int:
+    """``loopwright fork``: a new instance with ID's history up to the end of a turn; prints its summary."""
+    async with _runtime(settings) as rt:
+        await _lookup(rt, instance_id)
+        try:
+            agent = await rt.fork(instance_id, at_turn)
+        except LoopwrightError as exc:
+            if type(exc) is not LoopwrightError:
+                raise
+            raise CliError(str(exc), EXIT_USAGE) from None
+        data = await rt.summary(agent.instance_id)
+        if settings.json:
+            echo_json(data)
+        else:
+            forked = data["tree"].get("forkedFrom") or {}
+            click.echo(agent.instance_id)
+            click.echo(f"forked from {instance_id} at turn {forked.get('turn')}; it rests, ready for a message: "
+                       f"loopwright message {agent.instance_id} TEXT", err=True)
+        return EXIT_OK
+
+
+@_sync
+async def rewind(settings: CliSettings, instance_id: str, to_turn: int) -> int:
+    """``loopwright rewind``: move ID back to the end of a turn (the log keeps what came after)."""
+    from loopwright.errors import InstanceLockedError  # noqa: PLC0415
+
+    async with _runtime(settings) as rt:
+        await _lookup(rt, instance_id)
+        try:
+            await rt.rewind(instance_id, to_turn)
+        except InstanceLockedError as exc:
+            raise CliError(f"cannot rewind: {exc}", EXIT_USAGE) from None
+        except LoopwrightError as exc:
+            if type(exc) is not LoopwrightError:
+                raise
+            raise CliError(str(exc), EXIT_USAGE) from None
+        data = await rt.summary(instance_id)
+        if settings.json:
+            echo_json(data)
+        else:
+            click.echo(f"instance {instance_id} is back at the end of turn {to_turn}; it rests, ready for a "
+                       f"message: loopwright message {instance_id} TEXT", err=True)
+        return EXIT_OK
+
+
+@_sync
 async def cancel(settings: CliSettings, instance_id: str) -> int:
     """``loopwright cancel``: mark the instance stopped and cancelled, print its result, exit 0."""
     async with _runtime(settings) as rt:
@@ -219,7 +305,7 @@ async def cancel(settings: CliSettings, instance_id: str) -> int:
 
 @_sync
 async def show(settings: CliSettings, instance_id: str) -> int:
-    """``loopwright show``: one instance's summary."""
+    """``loopwright show``: one instance's summary, and the tree of the agents it started."""
     async with _runtime(settings) as rt:
         header = await _header(rt, instance_id)
         data = await rt.summary(instance_id)
@@ -231,9 +317,19 @@ async def show(settings: CliSettings, instance_id: str) -> int:
 
 
 @_sync
-async def ls(settings: CliSettings, state: str | None) -> int:
-    """``loopwright ls``: every instance's summary, optionally only those in ``state``."""
+async def ls(settings: CliSettings, state: str | None, tree: bool = False) -> int:
+    """``loopwright ls``: every instance's summary, optionally only those in ``state``; or every tree."""
     async with _runtime(settings) as rt:
+        if tree:
+            trees = await rt.trees()
+            if settings.json:
+                echo_json(trees)
+            elif not trees:
+                click.echo("no instances", err=True)
+            else:
+                for node in trees:
+                    print_tree(node)
+            return EXIT_OK
         summaries = await rt.list_instances(state)
         if settings.json:
             echo_json(summaries)

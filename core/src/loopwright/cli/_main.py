@@ -199,24 +199,36 @@ def run_command(settings: CliSettings, definition: str, prompt: str | None, inpu
 
 @_command("approve")
 @click.argument("instance_id", metavar="ID")
-@click.option("--call", "call_id", metavar="CALL_ID", help="Approve only this call (default: every held call).")
+@click.option("--call", "call_id", metavar="CALL_ID",
+              help="Approve only this call, held by ID or by any agent below it (default: every call ID holds).")
+@click.option("--subtree", is_flag=True, help="Approve every call held in ID's tree, and print each.")
 @click.option("--stream", is_flag=True, help="Ask the provider to stream its answers.")
 @_pass_settings
-def approve_command(settings: CliSettings, instance_id: str, call_id: str | None, stream: bool) -> int:
-    """Approve held tool calls of instance ID, then follow it until it rests."""
-    return _invoke("approve", settings, instance_id, call_id, stream)
+def approve_command(settings: CliSettings, instance_id: str, call_id: str | None, subtree: bool, stream: bool) -> int:
+    """Approve held tool calls of instance ID or its tree, then follow ID until it rests.
+
+    The instance holding the call goes on, and so do the agents above it waiting for it. A
+    call that is no longer waiting is an error (exit 2).
+    """
+    if subtree and call_id is not None:
+        raise click.UsageError("give --call or --subtree, not both")
+    return _invoke("approve", settings, instance_id, call_id, subtree, stream)
 
 
 @_command("deny")
 @click.argument("instance_id", metavar="ID")
-@click.option("--call", "call_id", metavar="CALL_ID", help="Deny only this call (default: every held call).")
+@click.option("--call", "call_id", metavar="CALL_ID",
+              help="Deny only this call, held by ID or by any agent below it (default: every call ID holds).")
+@click.option("--subtree", is_flag=True, help="Deny every call held in ID's tree, and print each.")
 @click.option("--reason", help="Why; the model reads it in the call's 'denied' result.")
 @click.option("--stream", is_flag=True, help="Ask the provider to stream its answers.")
 @_pass_settings
-def deny_command(settings: CliSettings, instance_id: str, call_id: str | None, reason: str | None,
-                 stream: bool) -> int:
-    """Deny held tool calls of instance ID, then follow it until it rests."""
-    return _invoke("deny", settings, instance_id, call_id, reason, stream)
+def deny_command(settings: CliSettings, instance_id: str, call_id: str | None, subtree: bool,  # noqa: PLR0917 - click
+                 reason: str | None, stream: bool) -> int:
+    """Deny held tool calls of instance ID or its tree, then follow ID until it rests."""
+    if subtree and call_id is not None:
+        raise click.UsageError("give --call or --subtree, not both")
+    return _invoke("deny", settings, instance_id, call_id, reason, subtree, stream)
 
 
 @_command("message")
@@ -245,6 +257,35 @@ def resume_command(settings: CliSettings, instance_id: str, stream: bool) -> int
     return _invoke("resume", settings, instance_id, stream)
 
 
+@_command("fork")
+@click.argument("instance_id", metavar="ID")
+@click.option("--at", "at_turn", type=click.IntRange(min=0), metavar="TURN",
+              help="Fork at the end of this turn.  [default: the history as it stands]")
+@_pass_settings
+def fork_command(settings: CliSettings, instance_id: str, at_turn: int | None) -> int:
+    """Create a new instance whose history is ID's up to the end of a turn; print its id.
+
+    The new instance keeps ID's grants and gates (never wider), records forkedFrom, copies no
+    agent ID started, and rests, ready for a message. ID is not changed. A turn whose calls
+    still wait (for approval or an answer) cannot be forked at (exit 2).
+    """
+    return _invoke("fork", settings, instance_id, at_turn)
+
+
+@_command("rewind")
+@click.argument("instance_id", metavar="ID")
+@click.option("--to", "to_turn", type=click.IntRange(min=0), metavar="TURN", required=True,
+              help="The turn to go back to the end of.")
+@_pass_settings
+def rewind_command(settings: CliSettings, instance_id: str, to_turn: int) -> int:
+    """Move resting instance ID back to the end of turn TURN; it rests, ready for a message.
+
+    The log stays append-only: a rewind entry marks the point, and what came after stays in the
+    records. A held turn, or an instance waiting for approval, is refused (exit 2).
+    """
+    return _invoke("rewind", settings, instance_id, to_turn)
+
+
 @_command("cancel")
 @click.argument("instance_id", metavar="ID")
 @_pass_settings
@@ -257,16 +298,23 @@ def cancel_command(settings: CliSettings, instance_id: str) -> int:
 @click.argument("instance_id", metavar="ID")
 @_pass_settings
 def show_command(settings: CliSettings, instance_id: str) -> int:
-    """Show the state, usage, cost and pending approvals of instance ID."""
+    """Show the state, usage, cost and pending approvals of instance ID, and its tree.
+
+    Calls held anywhere below ID are listed with the path to their holder; the tree shows each
+    agent's name, state, turns, pending approvals and subtree cost.
+    """
     return _invoke("show", settings, instance_id)
 
 
 @_command("ls")
 @click.option("--state", type=click.Choice(_STATES), help="Only instances in this state.")
+@click.option("--tree", is_flag=True, help="Draw every tree in the store (nested objects with --json).")
 @_pass_settings
-def ls_command(settings: CliSettings, state: str | None) -> int:
+def ls_command(settings: CliSettings, state: str | None, tree: bool) -> int:
     """List the instances in the store, oldest first."""
-    return _invoke("ls", settings, state)
+    if tree and state is not None:
+        raise click.UsageError("give --state or --tree, not both")
+    return _invoke("ls", settings, state, tree)
 
 
 @_command("records")

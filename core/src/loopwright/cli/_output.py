@@ -39,6 +39,7 @@ __all__ = [
     "print_instance",
     "print_instances",
     "print_plugins",
+    "print_tree",
     "report",
     "status_line",
 ]
@@ -138,19 +139,33 @@ def _arguments(arguments: Mapping[str, Any]) -> str:
 
 def _print_pending(result: AgentResult) -> None:
     waiting = [p for p in result.pending_approvals if p.decision is None]
-    click.echo(f"instance {result.instance_id} is waiting for approval of {len(waiting)} "
-               f"call{'' if len(waiting) == 1 else 's'}:")
+    calls = f"{len(waiting)} call{'' if len(waiting) == 1 else 's'}"
+    in_tree = any(p.instance_id not in {None, result.instance_id} for p in waiting)
+    if result.state is State.WAITING_FOR_APPROVAL and not in_tree:
+        click.echo(f"instance {result.instance_id} is waiting for approval of {calls}:")
+    else:
+        click.echo(f"instance {result.instance_id} is {result.state.value}, waiting on {len(waiting)} "
+                   f"approval{'' if len(waiting) == 1 else 's'} in its tree:")
     for p in waiting:
         click.echo(f"  {safe_text(p.tool_call_id)}  {safe_text(p.tool)} {_arguments(p.arguments)}")
+        if p.instance_id not in {None, result.instance_id}:
+            click.echo(f"      in {_path(p.path)}")
         if p.reason:
             click.echo(f"      {safe_text(p.reason)}")
-    more = " [--call CALL_ID]" if len(waiting) > 1 else ""
+    more = " [--call CALL_ID]" if len(waiting) > 1 and not in_tree else " --call CALL_ID" if in_tree else ""
     click.echo(f"approve with: loopwright approve {result.instance_id}{more}")
     click.echo(f"deny with:    loopwright deny {result.instance_id}{more} --reason TEXT")
+    if in_tree:
+        click.echo(f"all at once:  loopwright approve {result.instance_id} --subtree")
 
 
-def report(result: AgentResult, settings: CliSettings, *, turns: int | None, cancel_command: bool = False,
-           ) -> int:
+def _path(path: Sequence[Mapping[str, Any]]) -> str:
+    """``root 2026... > child 2026...``: a path from a root, made safe to show."""
+    return " > ".join(f"{safe_text(step.get('name'))} {safe_text(step.get('instanceId'))}" for step in path)
+
+
+def report(result: AgentResult, settings: CliSettings, *, turns: int | None,  # noqa: C901 - one branch per outcome
+           cancel_command: bool = False) -> int:
     """Print a result as ``run`` does and return its exit code.
 
     With ``--json``: :func:`~loopwright._runtime.result_to_json` on stdout. Without: the final
@@ -161,6 +176,8 @@ def report(result: AgentResult, settings: CliSettings, *, turns: int | None, can
     :param cancel_command: For ``cancel``: no hint, and exit 0 (the command did what it was asked).
     """
     code = exit_code(result)
+    if result.state is State.RUNNING and any(p.decision is None for p in result.pending_approvals):
+        code = EXIT_APPROVAL  # running, but only waiting for calls held in its tree
     if settings.json:
         data = result_to_json(result)
         # Every usage key is present even when 0 (the converter drops defaults).
@@ -194,7 +211,7 @@ def report(result: AgentResult, settings: CliSettings, *, turns: int | None, can
 
 
 #: The rows of ``show`` that hold prose: their line breaks are kept.
-_PROSE_ROWS = frozenset({"delegation prompt", "error", "text"})
+_PROSE_ROWS = frozenset({"delegation prompt", "error", "pending in tree", "text", "tree"})
 
 
 def _instance_rows(summary: Mapping[str, Any], header: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -202,11 +219,16 @@ def _instance_rows(summary: Mapping[str, Any], header: Mapping[str, Any]) -> lis
     return [(key, safe_text(value, multiline=key in _PROSE_ROWS)) for key, value in _raw_rows(summary, header)]
 
 
-def _raw_rows(summary: Mapping[str, Any], header: Mapping[str, Any]) -> list[tuple[str, str]]:  # noqa: C901
+def _raw_rows(summary: Mapping[str, Any], header: Mapping[str, Any]) -> list[tuple[str, str]]:  # noqa: C901, PLR0912
+    state = _state_text(summary.get("state"), summary.get("stopReason"), header.get("limit"))
+    tree = summary.get("tree") or {}
+    below = int(tree.get("waitingOn") or 0) - len(tree.get("pendingApprovals") or [])
+    if below > 0:
+        state += f", waiting on {below} approval{'' if below == 1 else 's'} in its tree"
     rows = [
         ("instance", str(summary.get("instanceId"))),
         ("name", str(summary.get("name") or "")),
-        ("state", _state_text(summary.get("state"), summary.get("stopReason"), header.get("limit"))),
+        ("state", state),
     ]
     if summary.get("cancelled"):
         rows.append(("cancelled", "true"))
@@ -231,11 +253,49 @@ def _raw_rows(summary: Mapping[str, Any], header: Mapping[str, Any]) -> list[tup
         if p.get("decision") is None:
             call = f"{p.get('toolCallId')} {p.get('tool')} {_arguments(p.get('arguments') or {})}"
             rows.append(("pending approval", call))
-    for child in summary.get("children") or []:
-        rows.append(("child", str(child.get("instanceId") if isinstance(child, Mapping) else child)))
+    for p in summary.get("treePendingApprovals") or []:
+        if p.get("instanceId") not in {None, summary.get("instanceId")}:
+            call = f"{safe_text(p.get('toolCallId'))} {safe_text(p.get('tool'))} {_arguments(p.get('arguments') or {})}"
+            rows.append(("pending in tree", f"{call}\nin {_path(p.get('path') or [])}"))
+    forked = header.get("forkedFrom")
+    if isinstance(forked, Mapping):
+        rows.append(("forked from", f"{forked.get('instanceId')} at turn {forked.get('turn')}"))
+    if tree.get("children"):
+        rows.append(("tree", "\n".join(_tree_lines(tree))))
+    elif summary.get("children"):
+        for child in summary.get("children") or []:
+            rows.append(("child", str(child.get("instanceId") if isinstance(child, Mapping) else child)))
     if header.get("text"):
         rows.append(("text", str(header["text"])))
     return rows
+
+
+def _tree_lines(node: Mapping[str, Any], prefix: str = "", last: bool = True, *, top: bool = True) -> list[str]:
+    """Return the lines that draw ``node`` and its children, each value made safe to show (one line each)."""
+    turns = int(node.get("turns") or 0)
+    waiting = int(node.get("waitingOn") or 0)
+    own = len(node.get("pendingApprovals") or [])
+    parts = [f"{safe_text(node.get('name'))} {safe_text(node.get('instanceId'))}",
+             safe_text(_state_text(node.get("state"), node.get("stopReason"))),
+             f"{turns} turn{'' if turns == 1 else 's'}"]
+    if own:
+        parts.append(f"{own} pending approval{'' if own == 1 else 's'}")
+    if waiting > own:
+        parts.append(f"waiting on {waiting - own} below")
+    parts.append(f"subtree cost {format_cost(node.get('subtreeCost'))}")
+    branch = "" if top else ("└─ " if last else "├─ ")
+    lines = [prefix + branch + ", ".join(parts)]
+    children = node.get("children") or []
+    inner = prefix if top else prefix + ("   " if last else "│  ")
+    for i, child in enumerate(children):
+        lines += _tree_lines(child, inner, i == len(children) - 1, top=False)
+    return lines
+
+
+def print_tree(node: Mapping[str, Any]) -> None:
+    """Print one instance tree (``ls --tree``), one line per instance, every value made safe to show."""
+    for line in _tree_lines(node):
+        click.echo(line)
 
 
 def print_instance(summary: Mapping[str, Any], header: Mapping[str, Any]) -> None:

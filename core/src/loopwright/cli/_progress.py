@@ -29,7 +29,7 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Self, TextIO
 
 import anyio
@@ -81,6 +81,7 @@ class Progress:
         tool_calls: Tool calls started in this segment.
         tokens: Tokens the instance used, from :meth:`start_from` on.
         cost: What the instance cost, from :meth:`start_from` on; ``None`` once any price is unknown.
+        agents: The agents below the followed one seen so far: ``{instance id: (name, state)}``.
     """
 
     def __init__(self) -> None:
@@ -92,6 +93,7 @@ class Progress:
         self._said: tuple[int | None, str] | None = None
         #: The turn being streamed and its text so far.
         self.streamed: tuple[int | None, str] = (None, "")
+        self.agents: dict[str, tuple[str, str]] = {}
 
     #: Whether this display prints streamed text as it arrives.
     shows_deltas = False
@@ -121,9 +123,17 @@ class Progress:
     ) -> None:
         return None
 
-    def event(self, event: Event) -> None:
-        """Take one event: update the counters, then show it."""
+    def event(self, event: Event) -> None:  # noqa: C901 - one branch per event kind
+        """Take one event: update the counters, then show it.
+
+        An event of an agent below the followed one (``depth`` above 0) adds to the tokens and
+        the cost, and its tool calls, results, approvals and states are shown as that agent's.
+        """
         data = event.data
+        depth = int(data.get("depth") or 0)
+        if depth:
+            self._agent_event(event, depth)
+            return
         if event.turn is not None:
             self.turn = max(self.turn, event.turn)
         if event.kind == "usage":
@@ -157,8 +167,27 @@ class Progress:
             self._said = None
         self.show(event)
 
+    def _agent_event(self, event: Event, depth: int) -> None:
+        data = event.data
+        if event.kind == "usage":
+            usage = data.get("usage") or {}
+            self.tokens += int(usage.get("totalTokens") or 0)
+            amount = data.get("cost")
+            self.cost = None if self.cost is None or amount is None else self.cost + float(amount)
+        elif event.kind == "state":
+            self.agents[event.instance_id] = (str(data.get("agent") or ""), str(data.get("state") or ""))
+        if event.kind in {"tool_call", "tool_result", "approval", "state"}:
+            self.show_agent(event, depth)
+
     def show(self, event: Event) -> None:
         """Show an event (nothing here)."""
+
+    def show_agent(self, event: Event, depth: int) -> None:
+        """Show an event of an agent ``depth`` levels below the followed one (nothing here)."""
+
+    def running_agents(self) -> int:
+        """How many agents below the followed one are running, as their last state events said."""
+        return sum(1 for _name, state in self.agents.values() if state == "running")
 
     def show_text(self, turn: int | None, text: str) -> None:
         """Show what the model said before calling tools (nothing here)."""
@@ -193,6 +222,14 @@ class PlainProgress(Progress):
         elif event.kind == "approval":
             self._line(f"{at}{safe_text(data.get('tool'))} waits for approval: "
                        f"{safe_text(data.get('reason') or '')}".rstrip())
+
+    def show_agent(self, event: Event, depth: int) -> None:
+        """Write a line, indented by depth, for an agent's tool calls, results, approvals and states."""
+        data = event.data
+        who = f"{'  ' * depth}[{safe_text(data.get('agent'))} {safe_text(event.instance_id)}] "
+        line = _agent_line(event)
+        if line:
+            self._line(who + line)
 
     def show_text(self, turn: int | None, text: str) -> None:
         """Write the model's words before its tool calls, shortened."""
@@ -262,8 +299,10 @@ class LiveProgress(Progress):
 
     def _status(self) -> str:
         calls = f"{self.tool_calls} tool call{'' if self.tool_calls == 1 else 's'}"
+        running = self.running_agents()
+        agents = f" · {running} agent{'' if running == 1 else 's'} running" if running else ""
         return (f"turn {self.turn or 1} · {calls} · {self.tokens:,} tokens · "
-                f"cost {format_cost(self.cost)}")
+                f"cost {format_cost(self.cost)}{agents}")
 
     def start_from(self, turn: int, tokens: int, cost: float | None) -> None:
         """Count on from an instance's totals, and show them from the first frame."""
@@ -295,6 +334,16 @@ class LiveProgress(Progress):
             self._console.print(f"[yellow]⏸ {escape(safe_text(data.get('tool')))} waits for approval[/]: "
                                 f"{escape(safe_text(data.get('reason') or ''))}", highlight=False)
 
+    def show_agent(self, event: Event, depth: int) -> None:
+        """Print an agent's line above the spinner, indented by depth; the spinner counts running agents."""
+        from rich.markup import escape  # noqa: PLC0415
+
+        line = _agent_line(event)
+        if line:
+            who = f"{safe_text(event.data.get('agent'))} {safe_text(event.instance_id)}"
+            self._console.print(f"{'  ' * depth}[magenta]└ {escape(who)}[/] {escape(line)}", highlight=False)
+        self._spinner.update(text=self._status())
+
     def show_text(self, turn: int | None, text: str) -> None:  # noqa: ARG002 - the spinner shows the turn
         """Print the model's words before its tool calls, dimmed and shortened."""
         from rich.markup import escape  # noqa: PLC0415 - rich only when a terminal shows it
@@ -308,6 +357,20 @@ class LiveProgress(Progress):
         self._console.print(f"[yellow]{escape(safe_text(text, multiline=True))}[/]", highlight=False)
 
 
+def _agent_line(event: Event) -> str:
+    """Return the text shown for an event of an agent below the followed one ("" for none), made safe."""
+    data = event.data
+    if event.kind == "tool_call":
+        return f"→ {safe_text(data.get('name'))} {_args(data.get('arguments'))}"
+    if event.kind == "tool_result":
+        return f"{safe_text(data.get('name'))} -> {safe_text(data.get('status'))}"
+    if event.kind == "approval":
+        return f"{safe_text(data.get('tool'))} waits for approval: {safe_text(data.get('reason') or '')}".rstrip()
+    if event.kind == "state":
+        return f"is {safe_text(data.get('state'))}"
+    return ""
+
+
 def make_progress(settings: CliSettings) -> Progress:
     """Return the display for this process: silent under ``--json``, live on a terminal, plain when piped."""
     if settings.json:
@@ -317,13 +380,16 @@ def make_progress(settings: CliSettings) -> Progress:
     return PlainProgress()
 
 
-async def follow(run: AgentRun, progress: Progress) -> tuple[AgentResult, bool]:
-    """Show ``run``'s events until its instance rests; Ctrl-C cancels it.
+async def follow(run: AgentRun, progress: Progress, *, stalled: Callable[[], bool] | None = None,
+                 ) -> tuple[AgentResult, bool]:
+    """Show ``run``'s events, and those of the agents it starts, until its instance rests; Ctrl-C cancels it.
 
     Call it right after the run was started or continued, before anything else awaits: the
     loop publishes some events only while somebody follows the run, so the subscription must
     happen before the run's task gets to execute. Nothing here awaits before it.
 
+    :param stalled: Looked at a few times a second: once it returns true (the tree waits for
+        approvals only), following stops and the result is the run's as it stands (``running``).
     :return: The result, and whether the user interrupted.
     """
     interrupted = False
@@ -350,9 +416,14 @@ async def follow(run: AgentRun, progress: Progress) -> tuple[AgentResult, bool]:
             async with anyio.create_task_group() as tg:
                 if signals is not None:
                     tg.start_soon(watch, signals)
-                async for event in run.events():
-                    progress.event(event)
-                result = await run.wait()
+                with anyio.CancelScope() as following:
+                    if stalled is not None:
+                        tg.start_soon(_watch_stall, stalled, following)
+                    async for event in run.events(subtree=True):
+                        progress.event(event)
+                    result = await run.wait()
+                if following.cancelled_caught:
+                    result = run.inst.result()
                 tg.cancel_scope.cancel()
     finally:
         _current = None
@@ -361,6 +432,16 @@ async def follow(run: AgentRun, progress: Progress) -> tuple[AgentResult, bool]:
     return result, interrupted
 
 
+async def _watch_stall(stalled: Callable[[], bool], scope: anyio.CancelScope) -> None:
+    """Cancel ``scope`` once ``stalled()`` holds on two looks in a row (the tree waits for its operator)."""
+    seen = 0
+    while seen < 2:  # noqa: PLR2004 - twice: a decision taken in between resets it
+        await anyio.sleep(_STALL_POLL)
+        seen = seen + 1 if stalled() else 0
+    scope.cancel()
+
+
+_STALL_POLL = 0.1
 _current: Progress | None = None
 _prompt_lock: anyio.Lock | None = None
 
