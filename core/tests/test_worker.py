@@ -158,7 +158,7 @@ def test_an_approval_decided_elsewhere_continues_in_the_worker(project: Path) ->
 
     async def decide(store: FileStore) -> None:
         h = await store.read_header(iid)
-        from loopwright._types import call_digest  # noqa: PLC0415
+        from loopwright import call_digest  # noqa: PLC0415
 
         h["pendingApprovals"] = [{**p, "decision": "approved", "decisionDigest": call_digest(p["tool"], p["arguments"])}
                                  for p in h["pendingApprovals"]]

@@ -62,6 +62,7 @@ if TYPE_CHECKING:
         ToolStatus,
         Transcript,
         Usage,
+        call_digest,
     )
     from loopwright.abc import ProviderSettings, StoreSettings
     from loopwright.errors import ToolError
@@ -113,6 +114,7 @@ __all__ = [
     "ToolStatus",
     "Transcript",
     "Usage",
+    "call_digest",
     "hookimpl",
     "intersect",
     "parse_duration",
@@ -172,6 +174,7 @@ _LAZY: dict[str, str] = {
     "ToolStatus": "loopwright._types",
     "Transcript": "loopwright._types",
     "Usage": "loopwright._types",
+    "call_digest": "loopwright._types",
     "hookimpl": "loopwright.hookspecs",
     "intersect": "loopwright._capabilities",
     "parse_duration": "loopwright._duration",

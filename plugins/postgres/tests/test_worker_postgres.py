@@ -20,6 +20,7 @@ from typing import Any
 import anyio
 import pytest
 
+from loopwright import call_digest
 from loopwright.abc import StoreSettings
 
 LOOPWRIGHT = str(Path(sys.executable).with_name("loopwright"))
@@ -120,7 +121,10 @@ def test_mail_and_decisions_written_elsewhere_are_picked_up(project: Path, pg_ds
 
     async def decide(store: Any) -> None:
         h = await store.read_header(held)
-        h["pendingApprovals"] = [{**p, "decision": "denied", "decisionReason": "no"} for p in h["pendingApprovals"]]
+        # A decision is bound to its call by ``decisionDigest`` (issue 11): one written without it is held again.
+        h["pendingApprovals"] = [{**p, "decision": "denied", "decisionReason": "no",
+                                  "decisionDigest": call_digest(p["tool"], p["arguments"])}
+                                 for p in h["pendingApprovals"]]
         await store.write_header(held, h)
 
     post_message(pg_dsn, pg_schema, chat, "from elsewhere")
