@@ -12,6 +12,7 @@ import json
 import os
 import pty
 import select
+import shutil
 import subprocess
 import sys
 import time
@@ -20,40 +21,8 @@ from typing import Any
 
 import pytest
 
-TOOLS = '''
-from pathlib import Path
-
-import anyio
-
-import loopwright
-
-
-@loopwright.tool(requires_approval=True)
-def delete(path: str) -> str:
-    """Pretend to delete a file.
-
-    Args:
-        path: The file.
-    """
-    return f"deleted {path}"
-
-
-@loopwright.tool
-async def slow(marker: str) -> str:
-    """Write a marker file, then take a minute.
-
-    Args:
-        marker: The file written when the tool starts.
-    """
-    Path(marker).write_text("started")
-    await anyio.sleep(60)
-    return "done"
-
-
-@loopwright.hookimpl
-def loopwright_register_tools(register):
-    register(delete, slow)
-'''
+#: The CLI tests' plugin file (tools ``delete`` and ``slow``, among others), copied into each project.
+TOOLS = Path(__file__).parent / "cli_fixtures" / "replay_plugin.py"
 
 USAGE = {"inputTokens": 10, "outputTokens": 5}
 DELETE = {"toolCalls": [{"name": "delete", "arguments": {"path": "a.txt"}, "id": "c1"}], "usage": USAGE}
@@ -73,7 +42,7 @@ def _lw(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def _project(tmp_path: Path, replies: list[Any], tools: str = "delete", extra: str = "") -> Path:
     project = tmp_path / "p"
     project.mkdir()
-    (project / "tools.py").write_text(TOOLS)
+    shutil.copy(TOOLS, project / "tools.py")
     (project / "loopwright.yaml").write_text(
         "store: {kind: file, path: ./store}\n"
         "plugins: [testing, tools.py]\n"
