@@ -9,8 +9,12 @@ from __future__ import annotations
 import inspect
 import itertools
 import json
+import os
+import pty
+import select
 import signal
 import subprocess
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -207,3 +211,25 @@ def kill(proc: subprocess.Popen[str]) -> None:
     for pipe in (proc.stdout, proc.stderr):
         if pipe is not None:
             pipe.close()
+
+
+def in_terminal(cwd: Path, *args: str, env: Mapping[str, str]) -> tuple[int, str]:
+    """Run ``python -m loopwright.cli ARGS`` on a pseudo-terminal (120 columns); return its exit code and screen."""
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "loopwright.cli", *args], cwd=cwd, stdin=follower,
+                            stdout=follower, stderr=follower, env={**env, "COLUMNS": "120", "TERM": "xterm"})
+    os.close(follower)
+    chunks = []
+    try:
+        while select.select([leader], [], [], 30)[0]:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the terminal closed
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(leader)
+        proc.wait(30)
+    return proc.returncode, b"".join(chunks).decode(errors="replace")

@@ -11,9 +11,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
-import pty
 import re
-import select
 import shutil
 import signal
 import subprocess
@@ -26,6 +24,7 @@ from typing import Any
 
 import attrs
 import pytest
+from helpers import in_terminal
 
 from loopwright._plugins import BUILTIN_PLUGINS, ENTRY_POINT_GROUP
 
@@ -532,24 +531,7 @@ def test_python_errors_print_one_line_unless_debugging(early: dict[str, Future[D
 
 
 def _in_terminal(cwd: Path, *args: str) -> tuple[int, str]:
-    leader, follower = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "loopwright.cli", *args], cwd=cwd, stdin=follower,
-                            stdout=follower, stderr=follower, env=_env(COLUMNS="120", TERM="xterm"))
-    os.close(follower)
-    chunks = []
-    try:
-        while select.select([leader], [], [], 30)[0]:
-            try:
-                chunk = os.read(leader, 65536)
-            except OSError:  # the terminal closed
-                break
-            if not chunk:
-                break
-            chunks.append(chunk)
-    finally:
-        os.close(leader)
-        proc.wait(30)
-    return proc.returncode, b"".join(chunks).decode(errors="replace")
+    return in_terminal(cwd, *args, env=_env())
 
 
 def test_live_progress_on_a_terminal(project: Path) -> None:

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import pty
-import select
 import shutil
 import subprocess
 import sys
@@ -20,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import in_terminal
 
 #: The CLI tests' plugin file (tools ``delete`` and ``slow``, among others), copied into each project.
 TOOLS = Path(__file__).parent / "cli_fixtures" / "replay_plugin.py"
@@ -129,24 +128,7 @@ def test_resume_takes_stream(tmp_path: Path) -> None:
 
 
 def _in_terminal(cwd: Path, *args: str) -> tuple[int, str]:
-    leader, follower = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "loopwright.cli", *args], cwd=cwd, stdin=follower,
-                            stdout=follower, stderr=follower, env={**_env(), "COLUMNS": "120", "TERM": "xterm"})
-    os.close(follower)
-    chunks = []
-    try:
-        while select.select([leader], [], [], 30)[0]:
-            try:
-                chunk = os.read(leader, 65536)
-            except OSError:  # the terminal closed
-                break
-            if not chunk:
-                break
-            chunks.append(chunk)
-    finally:
-        os.close(leader)
-        proc.wait(30)
-    return proc.returncode, b"".join(chunks).decode(errors="replace")
+    return in_terminal(cwd, *args, env=_env())
 
 
 def test_the_live_line_of_approve_starts_from_the_instances_totals(tmp_path: Path) -> None:
