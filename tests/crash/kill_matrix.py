@@ -102,7 +102,9 @@ class Stage:
     Attributes:
         kind: ``point`` (it kills itself at ``point``), ``random`` (killed after ``delay``),
             ``mail`` (once it holds the instance, ``loopwright message`` posts to it; then as
-            ``random``), ``double`` (two resumes at once, no kill) or ``plain``.
+            ``random``), ``deadmail`` (as ``point``; then ``loopwright message`` posts to the
+            instance its runner left ``running``, and carries it on), ``double`` (two resumes at
+            once, no kill) or ``plain``.
         point: The kill point, for ``point``.
         delay: Seconds after the process holds the instance, for ``random``.
     """
@@ -118,6 +120,8 @@ class Stage:
             return f"random@{self.delay:.2f}s"
         if self.kind == "mail":
             return f"mail+random@{self.delay:.2f}s"
+        if self.kind == "deadmail":
+            return f"{self.point}+mail"
         return self.kind
 
 
@@ -245,6 +249,10 @@ CURATED: tuple[tuple[Any, ...], ...] = (
     ("mixed", ("random", "random"), "sqlite"),
     # Messages arriving mid-turn (then a random kill), read at a turn boundary, exactly once.
     ("mixed", ("mail", "random")),
+    # A message to an instance whose runner died: the message's process takes it over (a resume).
+    ("mixed", ("deadmail:entry:prompt:1:before",)),            # was lost-task: the task prompt never saved
+    ("mixed", ("deadmail:tool:charge:1:after",)),              # a call in flight when the runner died
+    ("approve", ("plain", "deadmail:tool:wire_slow:1:after")),  # an approved call in flight
     ("burst", ("random", "mail")),
     ("approve", ("mail", "random")),
     ("complete", ("model:2", "random")),
@@ -336,6 +344,8 @@ def scenarios(kills: int, seed: int) -> Iterator[Scenario]:
             return Stage(kind, delay=round(rng.uniform(0.0, span), 3))
         if raw in ("double", "plain"):
             return Stage(raw)
+        if raw.startswith("deadmail:"):
+            return Stage("deadmail", point=raw.removeprefix("deadmail:"))
         return Stage("point", point=raw)
 
     def make(index: int, script: str, raws: Sequence[str], store: str = "file") -> Scenario:
@@ -366,7 +376,7 @@ def curated_kills() -> int:
 
 def planned_kills(scenario: Scenario) -> int:
     """Return how many kills ``scenario`` plans (random ones and those in resumes may not land)."""
-    return sum(1 for s in scenario.stages if s.kind in ("point", "random", "mail"))
+    return sum(1 for s in scenario.stages if s.kind in ("point", "random", "mail", "deadmail"))
 
 
 def plan(kills: int, seed: int) -> list[Scenario]:
@@ -554,7 +564,7 @@ def start(folder: Path, args: Sequence[str], stage: Stage) -> subprocess.Popen[s
     return subprocess.Popen(
         [sys.executable, "-m", "loopwright.cli", *args, "--json"], cwd=folder, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        env=environment(stage.point if stage.kind == "point" else None))
+        env=environment(stage.point if stage.kind in ("point", "deadmail") else None))
 
 
 def finish(folder: Path, command: str, proc: subprocess.Popen[str], stage: Stage, timeout: float = 120) -> Proc:  # noqa: C901
@@ -667,7 +677,7 @@ def classify(folder: Path) -> str:  # noqa: PLR0911 - one return per category
     return "during a model call: random"
 
 
-def run_scenario(root: Path, scenario: Scenario) -> Outcome:
+def run_scenario(root: Path, scenario: Scenario) -> Outcome:  # noqa: C901 - one branch per kind of stage
     """Play ``scenario`` in ``root/<name>``, then check the resting instance."""
     t0 = time.monotonic()
     folder = root / scenario.name
@@ -677,7 +687,7 @@ def run_scenario(root: Path, scenario: Scenario) -> Outcome:
     first = stages.pop(0) if stages else Stage("plain")
     proc = finish(folder, "run", start(folder, ["run", "agent.yaml", "-p", PROMPT], first), first)
     outcome.procs.append(proc)
-    if first.kind == "point" and not proc.killed:
+    if first.kind in ("point", "deadmail") and not proc.killed:
         outcome.violations.append(Violation("harness", f"kill point {first.point} was not reached"))
     ids = instance_ids(folder)
     if len(ids) != 1:
@@ -688,6 +698,8 @@ def run_scenario(root: Path, scenario: Scenario) -> Outcome:
         outcome.violations += check_never_created(folder, outcome)
         outcome.seconds = time.monotonic() - t0
         return outcome
+    if first.kind == "deadmail":
+        _mail_the_dead(folder, iid, proc, outcome)
     resumes = 0
     while (command := _next_command(folder, iid, scenario.script)) is not None:
         stage = stages.pop(0) if stages else Stage("plain")
@@ -696,6 +708,9 @@ def run_scenario(root: Path, scenario: Scenario) -> Outcome:
             proc = finish(folder, command[0], start(folder, command, stage), stage)
             outcome.procs.append(proc)
             resumes += 1
+            if stage.kind == "deadmail" and proc.killed:
+                _mail_the_dead(folder, iid, proc, outcome)
+                continue
             if proc.code not in (0, 3, -signal.SIGKILL):  # 3: it rests waiting for approval again
                 outcome.violations.append(Violation("decide", f"{command[0]} exited {proc.code}: "
                                                               f"{proc.err.strip()[-300:]}"))
@@ -717,6 +732,20 @@ def run_scenario(root: Path, scenario: Scenario) -> Outcome:
     outcome.violations += check(folder, iid, outcome)
     outcome.seconds = time.monotonic() - t0
     return outcome
+
+
+def _mail_the_dead(folder: Path, iid: str, dead: Proc, outcome: Outcome) -> None:
+    """Post a message to ``iid`` after its runner ``dead`` was killed (a ``deadmail`` stage).
+
+    The instance still says ``running``: the message's process takes it over, and must carry on
+    from where the kill left it (as a resume does), then read the message.
+    """
+    text = f"mail after pid {dead.pid}"
+    posted = _cli(folder, "message", iid, text)
+    posted.mailed = text if posted.code in (0, 3) else None  # 3: it ran on until a call was held
+    outcome.procs.append(posted)
+    if posted.mailed is None:
+        outcome.violations.append(Violation("mail", f"message exited {posted.code}: {posted.err.strip()[-300:]}"))
 
 
 def double_resume(folder: Path, iid: str, stage: Stage) -> list[Proc]:

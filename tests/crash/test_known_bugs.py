@@ -16,12 +16,20 @@ from kill_matrix import Scenario, Stage
 pytestmark = pytest.mark.slow
 
 
+def _stage(raw: str) -> Stage:
+    if raw == "plain":
+        return Stage("plain")
+    if raw.startswith("deadmail:"):
+        return Stage("deadmail", raw.removeprefix("deadmail:"))
+    return Stage("point", raw)
+
+
 def _violations(tmp_path: Path, script: str, *points: str) -> list[str]:
-    """Play one scenario (``plain`` or a kill point per process); return its violations.
+    """Play one scenario (``plain``, a kill point, or ``deadmail:POINT`` per process); return its violations.
 
     A kill point that was not reached raises RuntimeError, so a broken harness fails loudly.
     """
-    stages = tuple(Stage("plain") if p == "plain" else Stage("point", p) for p in points)
+    stages = tuple(_stage(p) for p in points)
     outcome = kill_matrix.run_scenario(tmp_path, Scenario(0, script, stages))
     if not outcome.kills:
         raise RuntimeError(f"no kill landed:\n{outcome.describe()}")
@@ -95,3 +103,17 @@ def test_a_kill_after_an_answer_is_saved_does_not_answer_the_question_twice(tmp_
 def test_a_kill_in_the_turn_after_an_answer_does_not_answer_the_question_again(tmp_path: Path) -> None:
     """Killed in a call of the turn after the answer: the answer is not appended again at the end."""
     assert _violations(tmp_path, "faults", "plain", "tool:priced:1:after") == []
+
+
+def test_a_message_to_an_instance_killed_before_its_prompt_was_saved_keeps_the_prompt(tmp_path: Path) -> None:
+    """Killed before the task prompt is saved, then messaged: the message's process resumes it, prompt first.
+
+    The message's process used to start a plain new segment for the mail, so the task prompt was
+    never given and the interrupted turn never finished (found by the matrix: seed 100859066).
+    """
+    assert _violations(tmp_path, "mixed", "deadmail:entry:prompt:1:before") == []
+
+
+def test_a_message_to_an_instance_killed_in_a_call_gives_the_call_one_result(tmp_path: Path) -> None:
+    """Killed in a non-idempotent call, then messaged: the call gets unknown_outcome once, then the mail is read."""
+    assert _violations(tmp_path, "mixed", "deadmail:tool:charge:1:after") == []

@@ -1972,8 +1972,9 @@ class Runtime:
         """Deliver a message (see :meth:`AgentRun.message`) through the instance's mailbox.
 
         A running instance (here or in another process) reads it at its next turn boundary; one
-        waiting for approval reads it once the calls are decided; any other resting instance
-        starts a new segment here at once.
+        waiting for approval reads it once the calls are decided; one left ``running`` by a dead
+        runner is resumed here (as by :meth:`resume`) and reads it then; any other resting
+        instance starts a new segment here at once.
         """
         await self.store.post(run.instance_id, {"type": "message", "text": text, "source": source, "at": now_iso()})
         if run.running or run.inst.state is State.WAITING_FOR_APPROVAL:
@@ -1989,6 +1990,11 @@ class Runtime:
             raise
         if run.inst.header.get("state") == State.WAITING_FOR_APPROVAL.value:  # refreshed just now
             lease.release()  # another process held a call meanwhile: read once it is decided
+            return
+        if run.inst.state is State.RUNNING:
+            # Its runner died (we hold the lease): carry on as a resume does, which finishes the
+            # interrupted turn (and a beginning cut short) before it reads the mail.
+            await self._start_resumed(run, lease)
             return
         await self._start_for_mail(run, lease)
 
