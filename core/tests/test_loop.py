@@ -261,6 +261,37 @@ async def test_cancel_while_a_tool_runs_keeps_the_partial_turn(tmp_path: Path) -
         assert (result.state, result.cancelled, result.stop_reason) == (State.STOPPED, True, StopReason.CANCELLED)
         assistant = [m for m in again.inst.transcript if m.role == "assistant"]
         assert [c.id for c in assistant[-1].tool_calls] == ["s1"]
+        # The call the cancel cut off has its one result at rest: it started, so its outcome is unknown.
+        assert result_for(again.inst.transcript, "s1").status is ToolStatus.UNKNOWN_OUTCOME
+
+
+async def test_cancel_skips_held_calls_and_an_open_question(tmp_path: Path) -> None:
+    """Cancelling an instance that waits (for approval, for an answer) gives each open call one skipped result."""
+
+    @loopwright.tool(requires_approval=True)
+    def wire(to: str) -> str:
+        """Wire money."""
+        return f"wired {to}"
+
+    h = Harness(reply(None, call("wire", "w1", to="x")), tools=[wire])
+    async with make_runtime(tmp_path, h) as rt:
+        run, result = await run_to_rest(rt, defn(tools=[wire]))
+        assert result.state is State.WAITING_FOR_APPROVAL
+        await rt.cancel(run.instance_id)
+        assert (run.state, run.inst.pending_approvals) == (State.STOPPED, [])
+        held = result_for(run.inst.transcript, "w1")
+        assert (held.status, held.content) == (ToolStatus.SKIPPED, "skipped: the instance was cancelled")
+        assert not await run.pending_approvals()
+
+    h = Harness(reply(None, call("ask_user", "q1", question="Which colour?")))
+    async with make_runtime(tmp_path, h, store_dir="store2") as rt:
+        run, result = await run_to_rest(rt, defn(tools=["ask_user"]))
+        assert result.state is State.WAITING
+        await rt.cancel(run.instance_id)
+        assert run.state is State.STOPPED
+        assert "awaitingAnswer" not in run.inst.header
+        asked = result_for(run.inst.transcript, "q1")
+        assert asked.status is ToolStatus.SKIPPED
 
 
 async def test_message_after_cancel_gives_the_interrupted_call_a_result(tmp_path: Path) -> None:

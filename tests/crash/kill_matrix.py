@@ -103,8 +103,11 @@ class Stage:
         kind: ``point`` (it kills itself at ``point``), ``random`` (killed after ``delay``),
             ``mail`` (once it holds the instance, ``loopwright message`` posts to it; then as
             ``random``), ``deadmail`` (as ``point``; then ``loopwright message`` posts to the
-            instance its runner left ``running``, and carries it on), ``double`` (two resumes at
-            once, no kill) or ``plain``.
+            instance its runner left ``running``, and carries it on), ``cancel`` (``delay`` after
+            it holds the instance, ``loopwright cancel`` stops it; no kill), ``cancelkill`` (as
+            ``cancel``, and SIGKILL right after the cancel is posted), ``deadcancel`` (as
+            ``point``; then ``loopwright cancel`` stops the instance its runner left ``running``),
+            ``double`` (two resumes at once, no kill) or ``plain``.
         point: The kill point, for ``point``.
         delay: Seconds after the process holds the instance, for ``random``.
     """
@@ -120,8 +123,10 @@ class Stage:
             return f"random@{self.delay:.2f}s"
         if self.kind == "mail":
             return f"mail+random@{self.delay:.2f}s"
-        if self.kind == "deadmail":
-            return f"{self.point}+mail"
+        if self.kind in ("deadmail", "deadcancel"):
+            return f"{self.point}+{self.kind.removeprefix('dead')}"
+        if self.kind in ("cancel", "cancelkill"):
+            return f"{self.kind}@{self.delay:.2f}s"
         return self.kind
 
 
@@ -253,6 +258,20 @@ CURATED: tuple[tuple[Any, ...], ...] = (
     ("mixed", ("deadmail:entry:prompt:1:before",)),            # was lost-task: the task prompt never saved
     ("mixed", ("deadmail:tool:charge:1:after",)),              # a call in flight when the runner died
     ("approve", ("plain", "deadmail:tool:wire_slow:1:after")),  # an approved call in flight
+    # Cancel from another process: while it runs, with a SIGKILL right after the request is
+    # posted (the next process must still stop it), and after the runner died.
+    ("mixed", ("cancel",)),
+    ("burst", ("cancel",)),
+    ("faults", ("cancel",)),                                   # may cut off the ask_user's wait
+    ("approve", ("plain", "cancel")),                          # the approved call in flight
+    ("mixed", ("cancelkill",)),
+    ("burst", ("cancelkill",)),
+    ("mixed", ("deadcancel:tool:charge:1:after",)),            # a call in flight when the runner died
+    ("burst", ("deadcancel:tool:upload_slow:2:after",)),       # concurrent calls in flight
+    ("mixed", ("deadcancel:entry:prompt:1:before",)),          # before the task prompt was saved
+    ("faults", ("deadcancel:entry:start:4:after",)),           # ask_user started, its wait not saved
+    ("approve", ("plain", "deadcancel:tool:wire_slow:1:after")),  # an approved call in flight
+    ("mixed", ("cancelkill",), "sqlite"),
     ("burst", ("random", "mail")),
     ("approve", ("mail", "random")),
     ("complete", ("model:2", "random")),
@@ -328,7 +347,7 @@ RESUME_POINTS = ("model:1", "model:2", "tool:*:1:after", "tool:*:1:before", "too
                  "header:1:rename", "header:1:torn", "header:1:after", "header:2:after", "record:1:torn")
 
 
-def scenarios(kills: int, seed: int) -> Iterator[Scenario]:
+def scenarios(kills: int, seed: int) -> Iterator[Scenario]:  # noqa: C901 - one branch per kind of stage
     """Yield the scenarios of a matrix of about ``kills`` kills: the curated ones, then random ones forever.
 
     Below the curated size, the curated scenarios come in a seeded order, so that the first ones
@@ -344,8 +363,11 @@ def scenarios(kills: int, seed: int) -> Iterator[Scenario]:
             return Stage(kind, delay=round(rng.uniform(0.0, span), 3))
         if raw in ("double", "plain"):
             return Stage(raw)
-        if raw.startswith("deadmail:"):
-            return Stage("deadmail", point=raw.removeprefix("deadmail:"))
+        if raw.startswith(("deadmail:", "deadcancel:")):
+            kind, point = raw.split(":", 1)
+            return Stage(kind, point=point)
+        if raw in ("cancel", "cancelkill"):
+            return Stage(raw, delay=round(rng.uniform(0.0, script_seconds(script) * (1.1 if first else 0.5)), 3))
         return Stage("point", point=raw)
 
     def make(index: int, script: str, raws: Sequence[str], store: str = "file") -> Scenario:
@@ -362,7 +384,7 @@ def scenarios(kills: int, seed: int) -> Iterator[Scenario]:
         store = rng.choice(("file", "file", "file", "fsync", "sqlite"))
         later = [p for p in RESUME_POINTS if write_points_work(store) or p.split(":")[0] in ("model", "tool")]
         drawn = [rng.choice(catalog(script, store) if i == 0 else later) if rng.random() < 0.5
-                 else rng.choice(("random", "random", "random", "mail"))
+                 else rng.choice(("random", "random", "random", "mail", "cancel" if i else "cancelkill"))
                  for i in range(rng.choice((1, 2, 2, 3)))]
         if len(drawn) > 1 and rng.random() < 0.1:
             drawn.append("double")
@@ -374,9 +396,13 @@ def curated_kills() -> int:
     return sum(1 for _script, raws, *_store in CURATED for r in raws if r not in ("plain", "double"))
 
 
+#: The kinds of stage that plan a SIGKILL.
+KILLING_STAGES = frozenset({"point", "random", "mail", "deadmail", "cancelkill", "deadcancel"})
+
+
 def planned_kills(scenario: Scenario) -> int:
     """Return how many kills ``scenario`` plans (random ones and those in resumes may not land)."""
-    return sum(1 for s in scenario.stages if s.kind in ("point", "random", "mail", "deadmail"))
+    return sum(1 for s in scenario.stages if s.kind in KILLING_STAGES)
 
 
 def plan(kills: int, seed: int) -> list[Scenario]:
@@ -408,6 +434,7 @@ class Proc:
         err: Its stderr.
         kill: Where it was killed (a category, see :func:`category`), or None if it was not.
         mailed: The message ``loopwright message`` posted while it ran (``mail`` stages).
+        cancelled: ``loopwright cancel`` was run on the instance while or after this process ran it.
     """
 
     command: str
@@ -418,6 +445,7 @@ class Proc:
     err: str
     kill: str | None = None
     mailed: str | None = None
+    cancelled: bool = False
 
     @property
     def killed(self) -> bool:
@@ -564,11 +592,51 @@ def start(folder: Path, args: Sequence[str], stage: Stage) -> subprocess.Popen[s
     return subprocess.Popen(
         [sys.executable, "-m", "loopwright.cli", *args, "--json"], cwd=folder, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        env=environment(stage.point if stage.kind in ("point", "deadmail") else None))
+        env=environment(stage.point if stage.kind in ("point", "deadmail", "deadcancel") else None))
+
+
+def _cancel_posted(folder: Path, iid: str) -> bool:
+    """Whether a cancel request is in the instance's mailbox."""
+    if (folder / SQLITE_FILE).exists():
+        return any('"cancel"' in text for (text,) in _sqlite(
+            folder, "SELECT json FROM posts WHERE instance_id = ?", iid))
+    posts = folder / "store" / iid / "posts.jsonl"
+    return posts.exists() and b'"cancel"' in posts.read_bytes()
+
+
+def _cancel_while_running(folder: Path, command: str, proc: subprocess.Popen[str], stage: Stage,
+                          timeout: float) -> Proc:
+    """Play a ``cancel``/``cancelkill`` stage: ``loopwright cancel`` once ``proc`` holds the instance."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and not _holds(folder, command, proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    end = time.monotonic() + (stage.delay or 0.0)
+    while proc.poll() is None and time.monotonic() < end:
+        time.sleep(0.005)
+    canceller = subprocess.Popen(
+        [sys.executable, "-m", "loopwright.cli", "cancel", instance_ids(folder)[0], "--json"],
+        cwd=folder, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environment())
+    if stage.kind == "cancelkill":
+        iid = instance_ids(folder)[0]
+        while canceller.poll() is None and proc.poll() is None and time.monotonic() < deadline and not (
+                _cancel_posted(folder, iid)):
+            time.sleep(0.002)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+    out, err = proc.communicate(timeout=timeout)
+    done = Proc(command, stage, proc.pid, proc.returncode, out, err, cancelled=True)
+    if done.killed:
+        done.kill = category(stage, err, folder, command)
+    _c_out, c_err = canceller.communicate(timeout=timeout)
+    if canceller.returncode not in (0, 130):
+        done.err += f"\n(harness: cancel exited {canceller.returncode}: {c_err.strip()[-200:]})"
+    return done
 
 
 def finish(folder: Path, command: str, proc: subprocess.Popen[str], stage: Stage, timeout: float = 120) -> Proc:  # noqa: C901
     """Wait for ``proc`` (killing it at ``stage.delay`` for random stages) and classify its kill."""
+    if stage.kind in ("cancel", "cancelkill"):
+        return _cancel_while_running(folder, command, proc, stage, timeout)
     mailed, poster = None, None
     if stage.kind in ("random", "mail"):
         deadline = time.monotonic() + timeout
@@ -687,7 +755,7 @@ def run_scenario(root: Path, scenario: Scenario) -> Outcome:  # noqa: C901 - one
     first = stages.pop(0) if stages else Stage("plain")
     proc = finish(folder, "run", start(folder, ["run", "agent.yaml", "-p", PROMPT], first), first)
     outcome.procs.append(proc)
-    if first.kind in ("point", "deadmail") and not proc.killed:
+    if first.kind in ("point", "deadmail", "deadcancel") and not proc.killed:
         outcome.violations.append(Violation("harness", f"kill point {first.point} was not reached"))
     ids = instance_ids(folder)
     if len(ids) != 1:
@@ -698,8 +766,7 @@ def run_scenario(root: Path, scenario: Scenario) -> Outcome:  # noqa: C901 - one
         outcome.violations += check_never_created(folder, outcome)
         outcome.seconds = time.monotonic() - t0
         return outcome
-    if first.kind == "deadmail":
-        _mail_the_dead(folder, iid, proc, outcome)
+    _after_death(folder, iid, proc, outcome)
     resumes = 0
     while (command := _next_command(folder, iid, scenario.script)) is not None:
         stage = stages.pop(0) if stages else Stage("plain")
@@ -708,8 +775,7 @@ def run_scenario(root: Path, scenario: Scenario) -> Outcome:  # noqa: C901 - one
             proc = finish(folder, command[0], start(folder, command, stage), stage)
             outcome.procs.append(proc)
             resumes += 1
-            if stage.kind == "deadmail" and proc.killed:
-                _mail_the_dead(folder, iid, proc, outcome)
+            if _after_death(folder, iid, proc, outcome):
                 continue
             if proc.code not in (0, 3, -signal.SIGKILL):  # 3: it rests waiting for approval again
                 outcome.violations.append(Violation("decide", f"{command[0]} exited {proc.code}: "
@@ -734,6 +800,17 @@ def run_scenario(root: Path, scenario: Scenario) -> Outcome:  # noqa: C901 - one
     return outcome
 
 
+def _after_death(folder: Path, iid: str, dead: Proc, outcome: Outcome) -> bool:
+    """Play the second half of a ``deadmail``/``deadcancel`` stage once its process was killed; return if it did."""
+    if not dead.killed or dead.stage.kind not in ("deadmail", "deadcancel"):
+        return False
+    if dead.stage.kind == "deadmail":
+        _mail_the_dead(folder, iid, dead, outcome)
+    else:
+        _cancel_the_dead(folder, iid, dead, outcome)
+    return True
+
+
 def _mail_the_dead(folder: Path, iid: str, dead: Proc, outcome: Outcome) -> None:
     """Post a message to ``iid`` after its runner ``dead`` was killed (a ``deadmail`` stage).
 
@@ -746,6 +823,15 @@ def _mail_the_dead(folder: Path, iid: str, dead: Proc, outcome: Outcome) -> None
     outcome.procs.append(posted)
     if posted.mailed is None:
         outcome.violations.append(Violation("mail", f"message exited {posted.code}: {posted.err.strip()[-300:]}"))
+
+
+def _cancel_the_dead(folder: Path, iid: str, dead: Proc, outcome: Outcome) -> None:
+    """Cancel ``iid`` after its runner ``dead`` was killed (a ``deadcancel`` stage): it must come to rest stopped."""
+    dead.cancelled = True
+    stopped = _cli(folder, "cancel", iid)
+    outcome.procs.append(stopped)
+    if stopped.code not in (0, 130):
+        outcome.violations.append(Violation("cancel", f"cancel exited {stopped.code}: {stopped.err.strip()[-300:]}"))
 
 
 def double_resume(folder: Path, iid: str, stage: Stage) -> list[Proc]:
@@ -956,10 +1042,11 @@ def check(folder: Path, iid: str, outcome: Outcome) -> list[Violation]:
     seen = _read(folder, iid, outcome, out)
     out += check_transcript(seen)
     mailed = [p.mailed for p in outcome.procs if p.mailed]
-    out += check_script(seen, outcome.scenario.script, len(mailed))
+    out += check_script(seen, outcome.scenario.script, len(mailed),
+                        cancelled=any(p.cancelled for p in outcome.procs))
     out += check_mail(seen, mailed)
     out += check_ledger(seen, read_ledger(folder, iid), {p.pid for p in outcome.procs if p.killed}, outcome.stats,
-                        outcome.scenario.script)
+                        outcome.scenario.script, cancelled=any(p.cancelled for p in outcome.procs))
     out += check_counters(seen)
     if seen.header.get("pendingApprovals"):
         out.append(Violation("approval", f"the resting header still lists held calls: "
@@ -1022,7 +1109,8 @@ def check_transcript(seen: Seen) -> list[Violation]:
         if loaded != [(m["role"], m.get("toolCallId")) for m in _call_ordered(seen.messages)]:
             out.append(Violation("load", "the loaded transcript differs from the entry log replayed in call order"))
     first = next((m for m in seen.history if m.get("role") != "system"), None)
-    if first is None or first.get("role") != "user" or first.get("content") != PROMPT:
+    never_began = first is None and seen.header.get("stopReason") == "cancelled"  # cancelled before its prompt
+    if not never_began and (first is None or first.get("role") != "user" or first.get("content") != PROMPT):
         shown = first and {k: first.get(k) for k in ("role", "content")}
         out.append(Violation("prompt", f"the transcript does not start with the task prompt (first: {shown})"))
     messages = seen.messages
@@ -1051,11 +1139,13 @@ def check_mail(seen: Seen, mailed: Sequence[str]) -> list[Violation]:
             for text in mailed if users.count(text) != 1]
 
 
-def check_script(seen: Seen, script_name: str, mailed: int = 0) -> list[Violation]:
+def check_script(seen: Seen, script_name: str, mailed: int = 0, *, cancelled: bool = False) -> list[Violation]:
     """Every scripted answer is there once, in order, nothing was asked past the end; the state fits.
 
     A message that came after the script's last answer is answered (past the end): ``mailed``
     messages allow that many more answers, each :data:`crash_plugin.PAST_END`, each after one.
+    With ``cancelled`` (``loopwright cancel`` ran), an instance that rests stopped and cancelled
+    may have only the first answers; one that rested before the cancel came must be complete.
     """
     out = []
     script = SCRIPTS[script_name]
@@ -1066,13 +1156,15 @@ def check_script(seen: Seen, script_name: str, mailed: int = 0) -> list[Violatio
         extra = 0  # each answers a message that came after the script's end
     if actual[: len(expected)] != expected[: len(actual)]:
         out.append(Violation("script", f"the answers differ from the script: {actual} != {expected}"))
-    elif extra < 0:
+    elif extra < 0 and not (cancelled and seen.header.get("stopReason") == "cancelled"):
         out.append(Violation("script", f"only {len(actual)} of {len(expected)} scripted answers were saved"))
     elif extra > 0:
         out.append(Violation("script", f"the model was asked {extra} more time(s) after the script's last answer"))
     ends_complete = any(c[0] == "task_complete" for r in script if not isinstance(r, str) for c in r)
     want = ("stopped", "completed") if ends_complete else ("waiting", "waiting")
     got = (seen.header.get("state"), seen.header.get("stopReason"))
+    if cancelled and got == ("stopped", "cancelled") and seen.header.get("cancelled") is True:
+        return out
     if got != want:
         out.append(Violation("final state", f"{'/'.join(map(str, got))}, expected {'/'.join(want)}"))
     return out
@@ -1080,9 +1172,12 @@ def check_script(seen: Seen, script_name: str, mailed: int = 0) -> list[Violatio
 
 def check_ledger(  # noqa: C901, PLR0912, PLR0915 - one branch per invariant
     seen: Seen, ledger: list[dict[str, Any]], killed: set[int], stats: collections.Counter[str] | None = None,
-    script: str = "",
+    script: str = "", *, cancelled: bool = False,
 ) -> list[Violation]:
     """No completed call ran twice; non-idempotent calls at most once; idempotent ones again only if interrupted.
+
+    With ``cancelled``, a call the cancel stopped is ``skipped`` (it never ran) or ``unknown_outcome``
+    (it had started; an idempotent one is not run again).
 
     :param ledger: The instance's ledger lines (one per execution).
     :param killed: The pids of the processes SIGKILLed.
@@ -1109,6 +1204,10 @@ def check_ledger(  # noqa: C901, PLR0912, PLR0915 - one branch per invariant
             stats["unknown_outcome" + ("_ran" if runs else "")] += 1
         if len(runs) > 1:
             stats["idempotent reruns"] += len(runs) - 1
+        if cancelled and status == "skipped":
+            if runs:
+                out.append(Violation("cancel", f"{where}: a call skipped by the cancel ran"))
+            continue
         if name in plugin.BUILTINS:  # not in the ledger
             if status != "success":
                 out.append(Violation("ledger", f"{where}: {name} did not succeed"))
@@ -1142,7 +1241,7 @@ def check_ledger(  # noqa: C901, PLR0912, PLR0915 - one branch per invariant
             if status == "unknown_outcome" and cid not in seen.starts:
                 out.append(Violation("ledger", f"{where}: unknown_outcome without a start marker"))
             continue
-        if status == "unknown_outcome":
+        if status == "unknown_outcome" and not cancelled:
             out.append(Violation("ledger", f"{where}: an idempotent call should have run again"))
         if status == "success" and not runs:
             out.append(Violation("ledger", f"{where}: success without running"))
@@ -1169,6 +1268,8 @@ def check_counters(seen: Seen) -> list[Violation]:  # noqa: C901, PLR0912 - one 
         usage.update({k: v for k, v in (spent.get("usage") or {}).items() if isinstance(v, int)})
     for key in ("inputTokens", "outputTokens", "totalTokens"):
         saved = (seen.header.get("usage") or {}).get(key)
+        if saved is None and not turns and not usage[key]:
+            continue  # never asked a model (cancelled before its first call): no count, not 0
         if saved != usage[key]:
             out.append(Violation("usage", f"header {key} {saved} != log {usage[key]}"))
         if seen.summary and seen.summary["usage"].get(key) != usage[key]:

@@ -98,8 +98,8 @@ def test_the_plan_is_a_function_of_the_seed() -> None:
     assert kill_matrix.plan(120, 7) == kill_matrix.plan(120, 7)
     assert kill_matrix.plan(120, 7) != kill_matrix.plan(120, 8)
     ci = kill_matrix.plan(kill_matrix.curated_kills() + RANDOM_PART, 1)
-    planned = {(f"deadmail:{s.point}" if s.kind == "deadmail" else str(s.point), sc.script, sc.store)
-               for sc in ci for s in sc.stages if s.kind in ("point", "deadmail")}
+    planned = {(str(s.point) if s.kind == "point" else f"{s.kind}:{s.point}", sc.script, sc.store)
+               for sc in ci for s in sc.stages if s.kind in ("point", "deadmail", "deadcancel")}
     curated = {(p, script, (*store, "file")[0]) for script, stages, *store in kill_matrix.CURATED
                for p in stages if ":" in p}
     assert curated <= planned

@@ -36,7 +36,7 @@ from loopwright._decisions import (
     Respond,
 )
 from loopwright._hooks import intercept, notify
-from loopwright._instance import Instance, message_to_json, now_iso, unanswered_calls
+from loopwright._instance import Instance, message_to_json, now_iso, rebuild, unanswered_calls
 from loopwright._retry import retry_transient
 from loopwright._tools import ToolContext, run_in_daemon_thread
 from loopwright._types import (
@@ -1092,6 +1092,41 @@ class Loop:
                 inst.transcript.append(_tool_message(item))
             elif item.awaiting_user:
                 run.awaiting_after_repair.add(call.id)
+        _restore_call_order(inst)
+
+    async def settle_cancelled(self, run: AgentRun) -> None:
+        """Give each call still without a result one, as the instance stops cancelled; run nothing.
+
+        A cancel ends the calls of the last turn where they stand: one that started (its start
+        marker is saved) may have had its effect, so the model is told its outcome is unknown;
+        one that never started, one held for approval and a question still waiting for its
+        answer are skipped. Held calls leave the header's pending approvals, and the question
+        leaves ``awaitingAnswer``. So a cancelled instance rests with every call answered once,
+        and a message that continues it later starts from a whole transcript.
+        """
+        inst = run.inst
+        # The log is the truth: calls cut off mid-batch saved their results there, not yet in
+        # the transcript in memory (a batch's results join it together, in call order).
+        rebuild(inst, await self.store.read_entries(inst.id))
+        _settle_answered_question(inst)
+        asked = (inst.header.get("awaitingAnswer") or {}).get("toolCallId")
+        _assistant, unanswered = unanswered_calls(inst.transcript)
+        for index, call in enumerate(unanswered):
+            item = _Call(index, call)
+            if call.id == asked or call.name == "ask_user":  # asked, or about to be: no answer came
+                item.result = _result(call, ToolStatus.SKIPPED,
+                                      "skipped: the instance was cancelled before the question was answered")
+            elif call.id in inst.started_calls:
+                item.result = _result(call, ToolStatus.UNKNOWN_OUTCOME,
+                                      "the call was interrupted (the instance was cancelled while it ran); "
+                                      "its outcome is unknown. Check before calling it again.")
+            else:
+                item.result = _result(call, ToolStatus.SKIPPED, "skipped: the instance was cancelled")
+            await self._finish(run, item, inst.turn, save=True)
+            inst.transcript.append(_tool_message(item))
+        if inst.pending_approvals:
+            inst.set_pending([])
+        inst.header.pop("awaitingAnswer", None)
         _restore_call_order(inst)
 
     async def finish_interrupted_turn(self, run: AgentRun) -> None:  # noqa: C901 - one case per way a turn ends

@@ -10,6 +10,7 @@ stops them (an interrupted instance stays ``running`` in the store and ``resume`
 from __future__ import annotations
 
 import collections
+import contextlib
 import inspect
 import logging
 import math
@@ -1132,7 +1133,11 @@ class Runtime:
         try:
             if not fresh:
                 await self._refresh(run)
-                await self.loop.absorb_mail(run, running=False)  # drops cancel requests that came too late
+                # A cancel posted to a segment that has ended came too late and is dropped; one
+                # posted to an instance its dead runner left running still stands: it stops the
+                # instance before anything more runs (see _drive).
+                if await self.loop.absorb_mail(run, running=run.inst.state is State.RUNNING):
+                    run._cancelled = True  # noqa: SLF001 - the runtime drives its runs
                 await self._join_tree(run.inst)
         except BaseException:
             lease.release()
@@ -1226,6 +1231,7 @@ class Runtime:
                     await loop.run_segment(run, new_segment=new_segment, prelude=prelude)
                 if scope.cancelled_caught and run._cancelled:  # noqa: SLF001
                     with anyio.CancelScope(shield=True):
+                        await loop.settle_cancelled(run)
                         await loop.set_state(run, State.STOPPED, StopReason.CANCELLED, cancelled=True)
                     break
                 # A message that arrived after the last turn boundary starts the next segment
@@ -2006,16 +2012,23 @@ class Runtime:
                 run._scope.cancel()  # noqa: SLF001
             await run.wait()
             return
+        lease: Lease | None = None
         try:
             lease = await self.store.acquire(run.instance_id, self.owner)
         except InstanceLockedError:
             await self.store.post(run.instance_id, {"type": "cancel", "at": now_iso()})
             with anyio.move_on_after(timeout):
-                # Another process owns the run: there is nothing local to wait on but its header.
-                while (await self.store.read_header(run.instance_id)).get("state") == State.RUNNING.value:  # noqa: ASYNC110
+                # Another process owns the run: there is nothing local to wait on but its header,
+                # and its lease: if that comes free while the header still says running, the
+                # runner died before it read the request, and the instance is stopped here.
+                while (await self.store.read_header(run.instance_id)).get("state") == State.RUNNING.value:
                     await anyio.sleep(0.05)
-            await self._refresh(run)
-            return
+                    with contextlib.suppress(InstanceLockedError):
+                        lease = await self.store.acquire(run.instance_id, self.owner)
+                        break
+            if lease is None:
+                await self._refresh(run)
+                return
         try:
             await self._refresh(run)
             inst = run.inst
@@ -2023,6 +2036,8 @@ class Runtime:
                 return
             run._done = anyio.Event()  # noqa: SLF001
             try:
+                # A dead runner's calls, held calls and an open question each get their result.
+                await self.loop.settle_cancelled(run)
                 await self.loop.set_state(run, State.STOPPED, StopReason.CANCELLED, cancelled=True)
             finally:
                 run._done.set()  # noqa: SLF001
