@@ -418,9 +418,14 @@ HOST = textwrap.dedent("""
         async with loopwright.Runtime.from_file("loopwright.yaml") as rt:
             run = await rt.start_agent("root", prompt="go")
             store = pathlib.Path("store")
+            def state(path):
+                try:
+                    return json.loads(path.read_text())["state"]
+                except ValueError:  # an instance being created: its first header is written in place
+                    return None
+
             while True:
-                held = [h for h in (json.loads(p.read_text()) for p in store.glob("*/instance.json"))
-                        if h["state"] == "waiting_for_approval"]
+                held = [p for p in store.glob("*/instance.json") if state(p) == "waiting_for_approval"]
                 if len(held) == 2:
                     break
                 await asyncio.sleep(0.05)
