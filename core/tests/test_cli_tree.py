@@ -424,9 +424,15 @@ HOST = textwrap.dedent("""
                 except ValueError:  # an instance being created: its first header is written in place
                     return None
 
+            def awaiting(path):  # its await_agent call is saved: the agents it started are in its log
+                log = path.parent / "entries.jsonl"
+                return log.exists() and '"await_agent"' in log.read_text()
+
             while True:
-                held = [p for p in store.glob("*/instance.json") if state(p) == "waiting_for_approval"]
-                if len(held) == 2:
+                headers = list(store.glob("*/instance.json"))
+                held = [p for p in headers if state(p) == "waiting_for_approval"]
+                callers = [p for p in headers if state(p) == "running"]
+                if len(held) == 2 and len(callers) == 2 and all(awaiting(p) for p in callers):
                     break
                 await asyncio.sleep(0.05)
             print(run.instance_id, flush=True)
