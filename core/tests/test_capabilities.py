@@ -347,3 +347,49 @@ def test_the_runtime_resolves_relative_roots_against_the_assembly_folder(
     rt = Runtime(load_assembly(tmp_path / "a" / "loopwright.yaml"))
     got = rt.assembly.capabilities.files
     assert (got.read, got.write) == ((str(tmp_path / "a" / "x"),), (str(tmp_path / "y"),))
+
+
+# Found by mutation testing (docs/testing.md, "Mutation score"): each of these survived a mutant.
+
+SHELL_MODES = ("none", "loopApproval", "approval", "allow")  # strictest first, as docs/security.md says
+
+
+@pytest.mark.parametrize("parent", SHELL_MODES)
+@pytest.mark.parametrize("requested", SHELL_MODES)
+def test_every_pair_of_shell_modes_takes_the_stricter(parent: str, requested: str) -> None:
+    """For every pair, the intersection is the stricter mode in the documented order."""
+    stricter = SHELL_MODES[min(SHELL_MODES.index(parent), SHELL_MODES.index(requested))]
+    assert intersect(caps(shell=parent), caps(shell=requested)).shell == stricter
+
+
+def test_a_saved_entry_without_its_keys_fails_closed_to_the_defaults() -> None:
+    """Missing keys mean: no network, no spawning, depth 8, the default count; never more."""
+    got = capabilities_from_dict({})
+    assert (got.network, got.agents_spawn, got.shell) == (False, False, "none")
+    assert (got.agents_max_depth, got.agents_max_agents) == (8, 64)
+    assert capabilities_from_dict({"agents": {"spawn": True}}).agents_max_depth == 8
+
+
+def test_saved_counts_of_zero_load_and_negative_ones_are_malformed() -> None:
+    """0 is a count (no children); -1 is not."""
+    got = capabilities_from_dict({"agents": {"maxDepth": 0, "maxAgents": 0}})
+    assert (got.agents_max_depth, got.agents_max_agents) == (0, 0)
+    for bad in ({"maxDepth": -1}, {"maxAgents": -1}):
+        with pytest.raises(ValueError, match="whole numbers"):
+            capabilities_from_dict({"agents": bad})
+
+
+@pytest.mark.parametrize("entry", [{"files": [], "agents": {}}, {"files": {}, "agents": []}])
+def test_saved_files_or_agents_that_are_not_mappings_are_malformed(entry: dict[str, Any]) -> None:
+    """Either one being a list makes the entry malformed."""
+    with pytest.raises(ValueError, match="mappings"):
+        capabilities_from_dict(entry)
+
+
+def test_no_grants_grants_nothing() -> None:
+    """What a malformed saved grant fails closed to: no roots, no shell, no network, no agents."""
+    from loopwright._capabilities import NO_GRANTS  # noqa: PLC0415 - the one test of the constant
+
+    assert capabilities_to_dict(NO_GRANTS) == {
+        "files": {"read": [], "write": []}, "shell": "none", "network": False,
+        "agents": {"spawn": False, "maxDepth": 0, "maxAgents": 0}}
