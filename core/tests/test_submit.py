@@ -445,3 +445,26 @@ def test_with_an_engine_that_runs_elsewhere_a_plain_run_submits_and_follows(proj
         "start", "start", "approval"], err
     told = (project / "submitted.txt").read_text().split()
     assert told == [result["instanceId"], iid, iid]
+
+
+def test_worker_runs_the_engines_own_worker_when_it_has_one(project: Path) -> None:
+    (project / "queue_engine.py").write_text(
+        "import loopwright\n"
+        "from loopwright.abc import Engine\n"
+        "class QueueEngine(Engine):\n"
+        "    def __init__(self, options, runtime):\n"
+        "        pass\n"
+        "    async def submit(self, instance_id):\n"
+        "        pass\n"
+        "    async def run_worker(self, *, poll, max_concurrent, once, grace):\n"
+        "        print(f'queue worker: {max_concurrent} slots, once={once}')\n"
+        "        return 0\n"
+        "@loopwright.hookimpl\n"
+        "def loopwright_register_engines(register):\n"
+        "    register('queue', QueueEngine)\n")
+    (project / "loopwright.yaml").write_text(
+        "store: {kind: file, path: ./store}\nplugins: [worker_plugin.py, queue_engine.py]\nengine: {kind: queue}\n")
+    lw(project, "run", "--detach", "chat.yaml", "-p", "x")
+    done = lw(project, "worker", "--once", "--max-concurrent", "3")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "queue worker: 3 slots, once=True\n"  # the store was not polled: nothing picked up

@@ -364,6 +364,22 @@ class Engine(_AsyncClosing, abc.ABC):
         """
         raise NotImplementedError
 
+    async def run_worker(self, *, poll: float, max_concurrent: int, once: bool, grace: float) -> int | None:
+        """Serve this engine's work in this process until stopped (``loopwright worker``); return the exit code.
+
+        An engine whose runners take work from somewhere other than the store's
+        :meth:`Store.find_work` (a Temporal task queue) runs its own worker here, advancing each
+        instance with :meth:`loopwright.Runtime.pick_up`, and handles SIGTERM and SIGINT as
+        ``loopwright worker`` documents (stop taking work, let segments rest for ``grace``
+        seconds, exit 0, or 130 after SIGINT). The arguments are the command's options.
+        Return ``None`` (the default) to have the command poll the store instead, as for the
+        ``local`` engine.
+
+        .. versionadded:: 0.1
+        """
+        del poll, max_concurrent, once, grace
+        return None
+
 
 class Lease:
     """A held runner lease; :meth:`release` gives it back (twice is harmless).
