@@ -512,3 +512,14 @@ async def test_whoever_takes_over_an_interrupted_instance_writes_its_lost_record
     assert sum(t["usage"]["totalTokens"] for t in turns) == header["usage"]["totalTokens"]
     calls = [r["data"] for r in records if r["kind"] == "tool_call"]
     assert [(c["toolCallId"], c["status"]) for c in calls] == [("c_hang", "unknown_outcome")] * (how != "cancel")
+
+
+async def test_a_message_to_a_queued_instance_starts_it_with_the_message(tmp_path: Path) -> None:
+    """Delivering a message in-process to a submitted instance starts it (prompts first), never as a dead runner's."""
+    async with make_runtime(tmp_path, Harness()) as rt:
+        iid = await rt.submit(defn(system_prompt="sys"), prompt="go")
+    async with make_runtime(tmp_path, Harness(reply("done"))) as rt:
+        run = await rt.message(iid, "and this")
+        await run.wait()
+        assert [m.content for m in run.inst.transcript] == ["sys", "go", "and this", "done"]
+        assert "queued" not in await rt.store.read_header(iid)

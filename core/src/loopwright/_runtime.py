@@ -2231,6 +2231,9 @@ class Runtime:
         if run.inst.header.get("state") == State.WAITING_FOR_APPROVAL.value:  # refreshed just now
             lease.release()  # another process held a call meanwhile: read once it is decided
             return
+        if run.inst.header.get("queued") is True:  # submitted, never started: it starts here, and reads it
+            await self._start_queued(run, lease)
+            return
         await self._start_for_mail(run, lease)
 
     async def cancel_run(self, run: AgentRun, *, timeout: float = 30.0) -> None:  # noqa: ASYNC109
