@@ -117,3 +117,13 @@ def test_a_message_to_an_instance_killed_before_its_prompt_was_saved_keeps_the_p
 def test_a_message_to_an_instance_killed_in_a_call_gives_the_call_one_result(tmp_path: Path) -> None:
     """Killed in a non-idempotent call, then messaged: the call gets unknown_outcome once, then the mail is read."""
     assert _violations(tmp_path, "mixed", "deadmail:tool:charge:1:after") == []
+
+
+def test_a_kill_after_an_answer_is_saved_keeps_its_turn_record(tmp_path: Path) -> None:
+    """Killed after the answer's line, before its records are written: the turn records still add up (item 7)."""
+    assert _violations(tmp_path, "mixed", "entry:answer:2:after") == []
+
+
+def test_a_kill_after_a_tool_result_is_saved_keeps_its_tool_call_record(tmp_path: Path) -> None:
+    """Killed after a tool result's line, before the turn's records are written: each result has its record."""
+    assert _violations(tmp_path, "mixed", "entry:result:2:after") == []
