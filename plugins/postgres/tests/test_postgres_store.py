@@ -135,13 +135,13 @@ pytestmark = pytest.mark.anyio
 async def test_tables_are_created_in_the_schema_and_appends_are_rows(
     store_factory, pg_dsn: str, pg_schema: str,
 ) -> None:
-    """The first call creates the four tables in the schema; each entry is one row, the header one row."""
+    """The first call creates the five tables in the schema; each entry is one row, the header one row."""
     store = store_factory()
     try:
         await store.create("t1", {"state": "waiting", "text": "é ✓"})
         tables = query(pg_dsn, "SELECT table_name FROM information_schema.tables WHERE table_schema = %s "
                                "ORDER BY table_name", pg_schema)
-        assert [t[0] for t in tables] == ["entries", "instances", "posts", "records"]
+        assert [t[0] for t in tables] == ["entries", "instances", "leases", "posts", "records"]
         await store.append_entries("t1", [{"n": 0}, {"n": 1}])
         await store.append_entries("t1", [{"n": 2}])
         await store.append_records("t1", [{"kind": "turn"}])
@@ -216,21 +216,21 @@ async def test_a_failed_batch_writes_nothing(store_factory, pg_dsn: str, pg_sche
 # -- leases ---------------------------------------------------------------------------------------
 
 
-async def test_lease_is_an_advisory_lock_dropped_on_release(store_factory, pg_dsn: str) -> None:
-    """A held lease shows in pg_locks as an advisory lock; release() drops it, and names the runner when held."""
+async def test_lease_is_a_row_whose_epoch_grows_and_release_frees_it(store_factory, pg_dsn: str) -> None:
+    """A held lease is a row naming the store's session; release() frees it, keeping its epoch; the next one is +1."""
     store = store_factory()
     try:
         await store.create("lk", {"runner": "runner-a (host h, pid 1)"})
         lease = await store.acquire("lk", "runner-a (host h, pid 1)")
         assert isinstance(lease, Lease)
-        assert lease.previous_holder is None
+        assert (lease.previous_holder, lease.epoch) == (None, 1)
 
-        def advisory() -> int:
-            rows = query(pg_dsn, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
-                                 "AND ((classid::bigint << 32) | objid::bigint) = %s", lease.key)
-            return int(rows[0][0])  # type: ignore[call-overload]
+        def row() -> tuple[object, ...]:
+            rows = query(pg_dsn, f"SELECT epoch, holder, session IS NOT NULL FROM {store.schema}.leases "  # noqa: S608
+                                 "WHERE instance_id = 'lk'")
+            return tuple(rows[0])
 
-        assert advisory() == 1
+        assert row() == (1, "runner-a (host h, pid 1)", True)
         with pytest.raises(InstanceLockedError) as info:
             await store.acquire("lk", "runner-b")
         assert info.value.holder is not None
@@ -238,9 +238,10 @@ async def test_lease_is_an_advisory_lock_dropped_on_release(store_factory, pg_ds
         lease.release()
         lease.release()
         assert lease.released
-        with anyio.fail_after(5):
-            while advisory():
-                await anyio.sleep(0.01)
+        assert row() == (1, None, False)
+        again = await store.acquire("lk", "runner-b")
+        assert again.epoch == 2
+        again.release()
     finally:
         await store.aclose()
 

@@ -29,7 +29,13 @@ from loopwright._runtime import Runtime, result_to_json
 from loopwright.cli._exits import EXIT_CANCELLED, EXIT_ERROR, EXIT_OK
 from loopwright.cli._output import status_line
 from loopwright.display import safe_json, safe_text
-from loopwright.errors import InstanceLockedError, InstanceNotFoundError, LoopwrightError
+from loopwright.errors import (
+    InstanceLockedError,
+    InstanceNotFoundError,
+    LeaseLostError,
+    LoopwrightError,
+    StoreUnavailableError,
+)
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup
@@ -140,8 +146,26 @@ class Worker:
             self._wake = anyio.Event()
             if self._stopped.is_set():
                 return
-            with anyio.move_on_after(self.poll):
-                await self._wake.wait()
+            await self._wait()
+
+    async def _wait(self) -> None:
+        """Wait for a wake-up (a slot freed, a signal), work the store notifies, or the poll interval."""
+        with anyio.move_on_after(self.poll):
+            async with anyio.create_task_group() as tg:
+
+                async def woken() -> None:
+                    await self._wake.wait()
+                    tg.cancel_scope.cancel()
+
+                async def notified() -> None:
+                    try:
+                        await self.rt.store.wait_for_work(self.poll)
+                    except LoopwrightError:  # a store that cannot listen now: the poll interval it is
+                        return
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(woken)
+                tg.start_soon(notified)
 
     async def _fill(self, tg: TaskGroup) -> int:
         """Start segments for the work the store lists, up to the free slots; return how many."""
@@ -189,6 +213,11 @@ class Worker:
         finally:
             self._active.pop(run.instance_id, None)
             self._wake.set()
+        if isinstance(run.failure, (LeaseLostError, StoreUnavailableError)):
+            # Not finished: another runner has it now, or the store was out of reach too long.
+            self._line({"event": "left", "instanceId": run.instance_id, "reason": str(run.failure), "at": now_iso()},
+                       f"left {run.instance_id}: {run.failure}")
+            return
         self._line({"event": "finished", "at": now_iso(), **result_to_json(result)},
                    f"finished {status_line(result, run.inst.turn)}")
 
