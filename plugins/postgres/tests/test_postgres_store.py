@@ -374,3 +374,55 @@ async def test_unknown_instance_is_not_found_in_the_mailbox(store_factory) -> No
     finally:
         await store.aclose()
 
+
+
+async def test_a_runner_whose_lease_was_taken_over_cannot_write(store_factory, pg_dsn: str) -> None:
+    """Fencing: once another store took the lease (here: after it expired), every write of the old holder is refused."""
+    from loopwright.errors import LeaseLostError  # noqa: PLC0415
+
+    old, new = store_factory(leaseTtl=600), store_factory()  # old renews every 100 s: not during the test
+    try:
+        await old.create("f", {"state": "running", "n": 0})
+        stale = await old.acquire("f", "old runner")
+        await old.append_entries("f", [{"n": 1}])
+        # The old holder was cut off for longer than the lease lasts: it expired, and the new one took it.
+        query(pg_dsn, f"UPDATE {old.schema}.leases SET expires_at = now() - interval '1 second' "  # noqa: S608
+                      "RETURNING instance_id")
+        fresh = await new.acquire("f", "new runner")
+        assert fresh.epoch == stale.epoch + 1
+        for write in (old.write_header("f", {"state": "running", "n": "stale"}),
+                      old.append_entries("f", [{"n": "stale"}]), old.append_records("f", [{"kind": "stale"}])):
+            with pytest.raises(LeaseLostError) as info:
+                await write
+            assert info.value.instance_id == "f"
+        assert stale.lost
+        await new.append_entries("f", [{"n": 2}])
+        await new.write_header("f", {"state": "waiting", "n": 2})
+        stale.release()  # gives back nothing: the lease is the new runner's
+        with pytest.raises(InstanceLockedError):
+            await old.acquire("f", "old runner")
+        assert await new.read_entries("f") == [{"n": 1}, {"n": 2}]
+        assert await new.read_header("f") == {"state": "waiting", "n": 2}
+        assert await new.read_records("f") == []
+        fresh.release()
+    finally:
+        await old.aclose()
+        await new.aclose()
+
+
+async def test_a_lease_of_a_live_store_is_renewed_and_not_taken(store_factory) -> None:
+    """The keeper renews a held lease: after more than its ttl, another store still cannot take it."""
+    holder, other = store_factory(leaseTtl=3), store_factory()
+    try:
+        await holder.create("kept", {})
+        lease = await holder.acquire("kept", "holder")
+        await anyio.sleep(4.5)
+        with pytest.raises(InstanceLockedError):
+            await other.acquire("kept", "other")
+        await holder.append_entries("kept", [{"still": "mine"}])
+        assert not lease.lost
+        lease.release()
+        (await other.acquire("kept", "other")).release()
+    finally:
+        await holder.aclose()
+        await other.aclose()
