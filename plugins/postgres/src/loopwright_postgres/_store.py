@@ -91,7 +91,8 @@ _WORK: Final = ("(state = 'running' OR (state = 'waiting_for_approval' AND decid
                 "OR (state IN ('waiting', 'stopped', 'error') AND last_post > inbox_cursor))")
 #: Columns added to ``instances`` for find_work, with their types (added to older tables too).
 _WORK_COLUMNS: Final = (("state", "text"), ("inbox_cursor", "bigint NOT NULL DEFAULT 0"),
-                        ("decided", "boolean NOT NULL DEFAULT false"), ("last_post", "bigint NOT NULL DEFAULT 0"))
+                        ("decided", "boolean NOT NULL DEFAULT false"), ("last_post", "bigint NOT NULL DEFAULT 0"),
+                        ("queued", "boolean NOT NULL DEFAULT false"))
 _PG14: Final = 140000  # idle_session_timeout appeared in PostgreSQL 14
 # On the keeper's session: how soon the server notices a holder whose machine vanished
 # (idle 20 s, then 4 probes 5 s apart: about 40 s). Ignored over unix sockets.
@@ -160,20 +161,22 @@ def _loads(text: str) -> object:
         return None
 
 
-def _work_columns(header: object) -> tuple[str | None, int, bool]:
-    """Return the ``state``, ``inbox_cursor`` and ``decided`` columns for a header (see find_work).
+def _work_columns(header: object) -> tuple[str | None, int, bool, bool]:
+    """Return the ``state``, ``inbox_cursor``, ``decided`` and ``queued`` columns for a header (see find_work).
 
     ``decided``: the instance holds calls for approval and every one of them is decided.
+    ``queued``: submitted for any worker and not started yet (the header's ``queued: true``).
     """
     if not isinstance(header, Mapping):
-        return None, 0, False
+        return None, 0, False, False
     state = header.get("state")
     cursor = header.get("inboxCursor")
     pending = header.get("pendingApprovals")
     decided = bool(pending) and isinstance(pending, list) and all(
         isinstance(p, Mapping) and p.get("decision") is not None for p in pending)
     return (state if isinstance(state, str) else None,
-            cursor if type(cursor) is int and -(1 << 63) <= cursor < 1 << 63 else 0, decided)
+            cursor if type(cursor) is int and -(1 << 63) <= cursor < 1 << 63 else 0, decided,
+            header.get("queued") is True)
 
 
 def _runner_of(header: object) -> str | None:
@@ -368,14 +371,21 @@ class PostgresStore(Store):
         # carries the lease's epoch and session (and the count the writer expects).
         fence = ("WITH l AS (UPDATE {s}.leases SET writes = writes + 1 WHERE instance_id = %s AND epoch = %s "
                  "AND session = %s AND writes = %s RETURNING 1) ")
-        header_set = "SET header = %s::json, updated_at = now(), state = %s, inbox_cursor = %s, decided = %s"
+        header_set = ("SET header = %s::json, updated_at = now(), state = %s, inbox_cursor = %s, decided = %s, "
+                      "queued = %s")
         texts = {
             # New work (a new instance to run, a decision, a message) wakes the workers listening.
-            "create": ("WITH i AS (INSERT INTO {s}.instances (id, header, state, inbox_cursor, decided) "  # noqa: S608
-                       "VALUES (%s, %s::json, %s, %s, %s) RETURNING id, " + _WORK + " AS work) "
+            "create": ("WITH i AS (INSERT INTO {s}.instances (id, header, state, inbox_cursor, decided, "  # noqa: S608
+                       "queued) VALUES (%s, %s::json, %s, %s, %s, %s) RETURNING id, " + _WORK + " AS work) "
                        "SELECT " + notify + " FROM i"),
             "write_header": ("WITH i AS (UPDATE {s}.instances " + header_set + " WHERE id = %s "  # noqa: S608
                              "RETURNING id, " + _WORK + " AS work) SELECT " + notify + " FROM i"),
+            # A new instance and its lease in one statement (create_leased): never seen with a free lease.
+            "create_leased": ("WITH i AS (INSERT INTO {s}.instances (id, header, state, inbox_cursor, decided, "
+                              "queued) VALUES (%s, %s::json, %s, %s, %s, %s) RETURNING id) "
+                              "INSERT INTO {s}.leases (instance_id, epoch, holder, session, writes, server_start, "
+                              "expires_at) SELECT id, 1, %s, %s, 0, pg_postmaster_start_time(), "
+                              "now() + make_interval(secs => %s) FROM i"),
             "write_header_fenced": fence + "UPDATE {s}.instances " + header_set + " FROM l WHERE id = %s",
             "lease_state": "SELECT epoch, session, writes FROM {s}.leases WHERE instance_id = %s",
             "read_header": "SELECT header::text FROM {s}.instances WHERE id = %s",
@@ -419,7 +429,7 @@ class PostgresStore(Store):
                           + " AND NOT EXISTS (SELECT 1 FROM {s}.leases AS l WHERE l.instance_id = i.id "
                           "AND l.session IS NOT NULL AND l.expires_at >= now() AND (l.server_start <> "
                           "pg_postmaster_start_time() OR l.session = ANY(%s)))"
-                          " ORDER BY state = 'running', updated_at, id LIMIT %s"),
+                          " ORDER BY state = 'running', queued, updated_at, id LIMIT %s"),
         }
         for table in ("entries", "records"):
             rows = "SELECT %s, u.d::json FROM {from_}unnest(%s::text[]) WITH ORDINALITY AS u(d, n) ORDER BY u.n"
@@ -491,10 +501,12 @@ class PostgresStore(Store):
     def _create_tables(self, conn: psycopg.Connection[Any]) -> None:
         s = sql.Identifier(self.schema)
         present = conn.execute(
-            "SELECT count(to_regclass(format('%%I.%%I', %s::text, t))) FROM unnest(%s::text[]) AS t",
-            (self.schema, [*_TABLES, "instances_work"]),
+            "SELECT count(to_regclass(format('%%I.%%I', %s::text, t))) + (SELECT count(*) FROM "
+            "information_schema.columns WHERE table_schema = %s AND table_name = 'instances' "
+            "AND column_name = %s) FROM unnest(%s::text[]) AS t",
+            (self.schema, self.schema, _WORK_COLUMNS[-1][0], [*_TABLES, "instances_work"]),
         ).fetchone()
-        if present is not None and present[0] == len(_TABLES) + 1:
+        if present is not None and present[0] == len(_TABLES) + 2:
             return
         with conn.transaction():
             # Many processes may start at once: concurrent CREATE ... IF NOT EXISTS can still
@@ -544,8 +556,8 @@ class PostgresStore(Store):
         """Set the find_work columns of rows written before they existed (once, while setting up)."""
         s = sql.Identifier(self.schema)
         rows = conn.execute(sql.SQL("SELECT id, header::text FROM {s}.instances").format(s=s)).fetchall()
-        update = sql.SQL("UPDATE {s}.instances SET state = %s, inbox_cursor = %s, decided = %s WHERE id = %s"
-                         ).format(s=s)
+        update = sql.SQL("UPDATE {s}.instances SET state = %s, inbox_cursor = %s, decided = %s, queued = %s "
+                         "WHERE id = %s").format(s=s)
         with conn.cursor() as cur:
             cur.executemany(update, [(*_work_columns(_loads(text)), iid) for iid, text in rows])
         conn.execute(sql.SQL(
@@ -672,6 +684,49 @@ class PostgresStore(Store):
 
         await self._run(instance_id, "create the instance", create)
         self._known.add(instance_id)
+
+    async def create_leased(self, instance_id: str, header: Mapping[str, Any], owner: str) -> Lease:
+        """Create the instance and take its lease (epoch 1) in one statement, and return the lease.
+
+        No other process ever sees the new instance with its lease free, so no worker takes it
+        for a dead runner's. The keeper is started and connected first, as for :meth:`acquire`.
+        Nothing is notified: the instance is this process's to run. Raise as :meth:`create`.
+        """
+        _check_id(instance_id)
+        if self._closed:
+            raise StoreError("the store is closed", instance_id=instance_id)
+        if instance_id in self._held:
+            raise StoreError(f"already exists (schema {self.schema})", instance_id=instance_id)
+        data = self._header_text(instance_id, header)
+        columns = _work_columns(header)
+        tries = 0
+
+        def create(conn: psycopg.Connection[Any]) -> None:
+            nonlocal tries
+            tries += 1
+            try:
+                conn.execute(self._sql["create_leased"], (instance_id, data, *columns, owner, self._session,
+                                                          self.lease_ttl))
+            except psycopg.errors.UniqueViolation:
+                if tries > 1:  # an attempt whose reply was lost may have made it: are the rows ours?
+                    row = conn.execute(self._sql["read_header"], (instance_id,)).fetchone()
+                    lease = conn.execute(self._sql["lease_state"], (instance_id,)).fetchone()
+                    if row is not None and _loads(row[0]) == _loads(data) and lease is not None \
+                            and tuple(lease) == (1, self._session, 0):
+                        return
+                raise StoreError(f"already exists (schema {self.schema})", instance_id=instance_id) from None
+
+        self._held[instance_id] = Lease(instance_id=instance_id, owner=owner, epoch=0)  # claimed here
+        try:
+            await self._run(instance_id, "create the instance", self._keeper_up)
+            await self._run(instance_id, "create the instance", create)
+        except BaseException:
+            del self._held[instance_id]
+            raise
+        lease = Lease(instance_id=instance_id, owner=owner, epoch=1, on_release=self._released)
+        self._held[instance_id] = lease
+        self._known.add(instance_id)
+        return lease
 
     async def write_header(self, instance_id: str, header: Mapping[str, Any]) -> None:
         """Replace the header with one ``UPDATE`` (atomic: a reader sees the old or the new one).
@@ -840,8 +895,9 @@ class PostgresStore(Store):
         Those ``waiting_for_approval`` with every held call decided, and resting ones
         (``waiting``, ``stopped``, ``error``) whose latest post (``last_post``, set by
         :meth:`post`) is after the header's ``inboxCursor``, come first; then instances left
-        ``running``, least recently updated first. ``state``, ``inbox_cursor`` and ``decided``
-        are columns written with each header. Instances whose lease is held (by a live session,
+        ``running`` by a runner that began them, least recently updated first; then the queue
+        (submitted, ``queued: true``), oldest first. ``state``, ``inbox_cursor``, ``decided`` and
+        ``queued`` are columns written with each header. Instances whose lease is held (by a live session,
         or renewed before a server restart and not yet expired) are left out, so a dead
         runner's instance is found without trying live ones' leases. The query reads only the
         rows of the partial index ``instances_work`` (running, waiting for approval, or with
