@@ -426,3 +426,22 @@ async def test_a_lease_of_a_live_store_is_renewed_and_not_taken(store_factory) -
     finally:
         await holder.aclose()
         await other.aclose()
+
+
+async def test_create_leased_is_never_free_and_the_queue_comes_after_dead_runners(store_factory) -> None:
+    """create_leased: the new instance's lease is held from the start; find_work lists the queue last."""
+    store, other = store_factory(), store_factory()
+    try:
+        lease = await store.create_leased("mine", {"state": "running", "runner": "me"}, "me")
+        assert lease.epoch == 1
+        with pytest.raises(InstanceLockedError):
+            await other.acquire("mine", "other")
+        await store.create("queued", {"state": "running", "queued": True})
+        await store.create("dead", {"state": "running", "runner": "gone"})
+        assert await other.find_work(limit=10) == ["dead", "queued"]
+        await store.append_entries("mine", [{"n": 1}])  # fenced under the lease create_leased took
+        lease.release()
+        assert await other.find_work(limit=10) == ["mine", "dead", "queued"]  # least recently updated first
+    finally:
+        await store.aclose()
+        await other.aclose()
