@@ -276,3 +276,36 @@ def test_a_worker_wakes_on_notify_not_on_its_poll(tmp_path: Path, pg_dsn: str, p
         worker.send_signal(signal.SIGTERM)
         worker.communicate(timeout=60)
     assert worker.returncode == 0
+
+
+def test_a_killed_workers_instances_are_taken_over_before_the_poll(tmp_path: Path, pg_dsn: str, pg_schema: str) -> None:
+    """SIGKILL of a worker mid-call: an idle worker with a 10-minute poll resumes its instance at once.
+
+    No write notifies a death: the waiting worker's keeper looks for work under dead processes'
+    leases every 2 s.
+    """
+    project = make_project(tmp_path, pg_dsn, steps=1, schema=pg_schema)
+    (iid,) = create_resting(project, 1)
+    doomed = start_worker(project, pg_dsn, "--poll", "10m", LW_STEP_SECONDS="600")
+    post_go(pg_dsn, [iid], pg_schema)
+    wait_until("the call to start", lambda: len(effects(project)) == 1)
+    heir = subprocess.Popen([LOOPWRIGHT, "worker", "--poll", "10m"], cwd=project, env=env(pg_dsn),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert heir.stderr is not None
+        assert heir.stderr.readline().startswith("worker: serving")
+        time.sleep(2)  # its first look found the instance held by a live worker; it waits now
+        doomed.kill()
+        doomed.communicate()
+        killed = time.monotonic()
+        assert heir.stdout is not None
+        line = heir.stdout.readline()
+        assert line.startswith(f"picked up {iid}: resume"), line
+        assert time.monotonic() - killed < 300  # well before the 600 s poll
+        wait_until("the instance to finish", lambda: states(pg_dsn, pg_schema) == Counter({"waiting": 1}))
+    finally:
+        heir.send_signal(signal.SIGTERM)
+        heir.communicate(timeout=60)
+        doomed.kill()
+    assert heir.returncode == 0
+    check_all(project, [iid], 1)

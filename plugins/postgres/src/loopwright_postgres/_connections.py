@@ -128,14 +128,18 @@ class Keeper(threading.Thread):
     :param beat: Called with the connection at each heartbeat (and at once after a reconnect);
         renews the store's leases and gives back those whose release failed.
     :param on_notify: Called with each payload received on :data:`CHANNEL`, and with ``None``
-        after a reconnect (notifications sent while disconnected are lost: look again).
+        after a reconnect (notifications sent while disconnected are lost: look again) or when
+        ``probe`` finds work.
+    :param probe: Called with the connection every ``probe_interval`` seconds; a true answer is
+        reported to ``on_notify`` (work that no write notified: a dead process's leases).
 
     :attr:`connected` is set while the connection is up and the session lock held.
     """
 
-    def __init__(self, connect: Callable[[], psycopg.Connection[Any]], session: int, interval: float,
+    def __init__(self, connect: Callable[[], psycopg.Connection[Any]], session: int, *, interval: float,
                  beat: Callable[[psycopg.Connection[Any]], None],
-                 on_notify: Callable[[str | None], None]) -> None:
+                 on_notify: Callable[[str | None], None],
+                 probe: Callable[[psycopg.Connection[Any]], bool], probe_interval: float) -> None:
         """Describe the keeper; :meth:`start` runs it."""
         super().__init__(name="loopwright-postgres-keeper", daemon=True)
         self._connect = connect
@@ -143,6 +147,9 @@ class Keeper(threading.Thread):
         self._interval = interval
         self._beat = beat
         self._on_notify = on_notify
+        self._probe = probe
+        self._probe_interval = probe_interval
+        self._due = self._probe_due = 0.0
         self._stop = threading.Event()
         self._beat_now = threading.Event()
         self.connected = threading.Event()
@@ -172,7 +179,6 @@ class Keeper(threading.Thread):
         """Keep the connection, beat and listen until stopped."""
         conn: psycopg.Connection[Any] | None = None
         delay = _FIRST_DELAY
-        due = 0.0
         while not self._stop.is_set():
             if conn is None:
                 try:
@@ -182,20 +188,12 @@ class Keeper(threading.Thread):
                     self._stop.wait(jittered(delay))
                     delay = min(delay * 2, _MAX_DELAY)
                     continue
-                delay, due = _FIRST_DELAY, 0.0
+                delay = _FIRST_DELAY
+                self._due = self._probe_due = 0.0
                 self.connected.set()
                 self._on_notify(None)
             try:
-                now = time.monotonic()
-                if now >= due or self._beat_now.is_set():
-                    self._beat_now.clear()
-                    self._beat(conn)
-                    due = time.monotonic() + self._interval
-                wait = max(0.0, min(_TICK, due - time.monotonic()))
-                for note in conn.notifies(timeout=wait):
-                    self._on_notify(note.payload)
-                    if self._stop.is_set() or self._beat_now.is_set():
-                        break
+                self._tick(conn)
             except psycopg.Error as exc:
                 _log.info("postgres store keeper: lost its connection: %s", exc)
                 self.connected.clear()
@@ -205,3 +203,20 @@ class Keeper(threading.Thread):
         if conn is not None:
             with contextlib.suppress(psycopg.Error):
                 conn.close()
+
+    def _tick(self, conn: psycopg.Connection[Any]) -> None:
+        """Beat and probe when due, then wait for notifications until the next duty (at most a second)."""
+        now = time.monotonic()
+        if now >= self._due or self._beat_now.is_set():
+            self._beat_now.clear()
+            self._beat(conn)
+            self._due = time.monotonic() + self._interval
+        if now >= self._probe_due:
+            self._probe_due = time.monotonic() + self._probe_interval
+            if self._probe(conn):
+                self._on_notify(None)
+        wait = max(0.0, min(_TICK, self._due - time.monotonic(), self._probe_due - time.monotonic()))
+        for note in conn.notifies(timeout=wait):
+            self._on_notify(note.payload)
+            if self._stop.is_set() or self._beat_now.is_set():
+                break

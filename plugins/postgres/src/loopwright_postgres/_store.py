@@ -89,6 +89,9 @@ _TABLES: Final = ("instances", "entries", "records", "posts", "leases")
 # header: they refuse a string holding U+0000).
 _WORK: Final = ("(state = 'running' OR (state = 'waiting_for_approval' AND decided) "
                 "OR (state IN ('waiting', 'stopped', 'error') AND last_post > inbox_cursor))")
+# The same, for the instances table under the alias ``i``.
+_WORK_OF_I: Final = ("(i.state = 'running' OR (i.state = 'waiting_for_approval' AND i.decided) "
+                     "OR (i.state IN ('waiting', 'stopped', 'error') AND i.last_post > i.inbox_cursor))")
 #: Columns added to ``instances`` for find_work, with their types (added to older tables too).
 _WORK_COLUMNS: Final = (("state", "text"), ("inbox_cursor", "bigint NOT NULL DEFAULT 0"),
                         ("decided", "boolean NOT NULL DEFAULT false"), ("last_post", "bigint NOT NULL DEFAULT 0"),
@@ -104,6 +107,9 @@ _KEEPER_SESSION_SETTINGS: Final = (
 #: Seconds a lease lasts after its last heartbeat, and the longest outage ridden out, by default.
 DEFAULT_LEASE_TTL: Final = 30.0
 DEFAULT_OUTAGE_TOLERANCE: Final = 300.0
+# While a worker waits for work: how often its keeper looks for leases of dead processes (no
+# write notifies those), which bounds the take-over of a killed worker's instances.
+_PROBE_INTERVAL: Final = 2.0
 # Retries of a call during an outage: from 50 ms, doubling, at most 2 s, with jitter.
 _FIRST_RETRY: Final = 0.05
 _MAX_RETRY: Final = 2.0
@@ -419,6 +425,13 @@ class PostgresStore(Store):
             "post": ("WITH p AS (INSERT INTO {s}.posts (instance_id, data) VALUES (%s, %s::json) "  # noqa: S608
                      "RETURNING seq), i AS (UPDATE {s}.instances SET last_post = p.seq FROM p WHERE id = %s "
                      "RETURNING id, " + _WORK + " AS work) SELECT " + notify + " FROM i"),
+            # Is there work under a lease whose holder is gone (a killed process) or that expired?
+            "orphans": ("WITH live AS MATERIALIZED (SELECT (classid::bigint << 32) | objid::bigint AS session "  # noqa: S608
+                        "FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 AND granted) "
+                        "SELECT EXISTS (SELECT 1 FROM {s}.leases AS l JOIN {s}.instances AS i ON i.id = l.instance_id "
+                        "WHERE l.session IS NOT NULL AND (l.expires_at < now() OR (l.server_start = "
+                        "pg_postmaster_start_time() AND l.session NOT IN (SELECT session FROM live))) AND "
+                        + _WORK_OF_I + ")"),
             # Sessions alive now (each store's keeper holds the lock of its session key).
             "live_sessions": ("SELECT (classid::bigint << 32) | objid::bigint FROM pg_locks WHERE locktype = "
                               "'advisory' AND objsubid = 1 AND granted AND database = "
@@ -493,8 +506,9 @@ class PostgresStore(Store):
         with self._leases_mutex:
             keeper = self._keeper
             if keeper is None:
-                keeper = self._keeper = Keeper(self._keeper_connection, self._session, self.lease_ttl / 6,
-                                               self._heartbeat, self._noted)
+                keeper = self._keeper = Keeper(self._keeper_connection, self._session, interval=self.lease_ttl / 6,
+                                               beat=self._heartbeat, on_notify=self._noted, probe=self._orphans,
+                                               probe_interval=_PROBE_INTERVAL)
                 keeper.start()
         return keeper
 
@@ -942,6 +956,13 @@ class PostgresStore(Store):
             self._waiters.discard(waiter)
         self._notes_seen = self._notes
         return event.is_set()
+
+    def _orphans(self, conn: psycopg.Connection[Any]) -> bool:
+        """Whether a worker waiting here should look: work under a dead or expired lease (in the keeper)."""
+        if not self._waiters:
+            return False
+        row = conn.execute(self._sql["orphans"]).fetchone()
+        return bool(row and row[0])
 
     def _noted(self, payload: str | None) -> None:
         """Count a notification and wake the waiters (in the keeper's thread)."""
