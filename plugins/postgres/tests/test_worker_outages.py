@@ -148,6 +148,16 @@ async def _check(project: Path, ids: list[str], steps: int) -> dict[str, str]:
     return statuses
 
 
+def keeper_up(dsn: str, pid: int) -> bool:
+    """Whether process ``pid`` has its keeper connected: its worker made its first look and waits now."""
+    import psycopg  # noqa: PLC0415
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                           (f"loopwright keeper (pid {pid})",)).fetchone()
+    return bool(row and row[0])
+
+
 def check_all(project: Path, ids: list[str], steps: int) -> dict[str, str]:
     """The invariants of the module docstring, for every instance; return each call's result status."""
     return anyio.run(_check, project, ids, steps)
@@ -263,7 +273,7 @@ def test_a_worker_wakes_on_notify_not_on_its_poll(tmp_path: Path, pg_dsn: str, p
     try:
         assert worker.stderr is not None
         assert worker.stderr.readline().startswith("worker: serving")
-        time.sleep(2)  # its first look found nothing; it waits now
+        wait_until("the worker to wait", lambda: keeper_up(pg_dsn, worker.pid))  # its first look found nothing
         posted = time.monotonic()
         post_go(pg_dsn, [iid], pg_schema)
         assert worker.stdout is not None
@@ -294,7 +304,8 @@ def test_a_killed_workers_instances_are_taken_over_before_the_poll(tmp_path: Pat
     try:
         assert heir.stderr is not None
         assert heir.stderr.readline().startswith("worker: serving")
-        time.sleep(2)  # its first look found the instance held by a live worker; it waits now
+        # Its first look found the instance held by a live worker; it waits now.
+        wait_until("the worker to wait", lambda: keeper_up(pg_dsn, heir.pid))
         doomed.kill()
         doomed.communicate()
         killed = time.monotonic()

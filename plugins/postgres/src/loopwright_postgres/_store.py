@@ -467,7 +467,9 @@ class PostgresStore(Store):
         return psycopg.connect(self._dsn, autocommit=True, connect_timeout=max(1, round(self.connect_timeout)))
 
     def _keeper_connection(self) -> psycopg.Connection[Any]:
-        conn = self._connect()
+        # Named, so that pg_stat_activity shows each process's keeper (and its pid).
+        conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=max(1, round(self.connect_timeout)),
+                               application_name=f"loopwright keeper (pid {os.getpid()})")
         try:
             for statement in _KEEPER_SESSION_SETTINGS:
                 conn.execute(statement.encode())
