@@ -1318,7 +1318,12 @@ class Runtime:
             for run in list(self._runs.values()):
                 if not run.running or run._scope is None or run.mail_read_at > fresh:  # noqa: SLF001
                     continue
-                if await self.loop.cancel_posted(run):
+                try:
+                    posted = await self.loop.cancel_posted(run)
+                except StoreError as exc:  # the store is out of reach: look again at the next poll
+                    _log.warning("instance %s: cannot look for a cancel request: %s", run.instance_id, exc)
+                    continue
+                if posted:
                     run.request_cancel()
 
     def running(self) -> list[AgentRun]:

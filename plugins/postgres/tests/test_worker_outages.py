@@ -320,3 +320,28 @@ def test_a_killed_workers_instances_are_taken_over_before_the_poll(tmp_path: Pat
         doomed.kill()
     assert heir.returncode == 0
     check_all(project, [iid], 1)
+
+
+def test_sigterm_during_an_outage_stops_the_worker_and_loses_nothing(tmp_path: Path, own_cluster: Any) -> None:
+    """A worker told to stop while the server is down exits 0; once it is back, another worker finishes the work."""
+    steps = 4
+    project = make_project(tmp_path, own_cluster.dsn, steps=steps, store="  leaseTtl: 3\n")
+    ids = create_resting(project, 6)
+    worker = start_worker(project, own_cluster.dsn, "--poll", "200ms", "--grace", "1s")
+    post_go(own_cluster.dsn, ids)
+    wait_until("work to start", lambda: len(effects(project)) >= 4)
+    own_cluster.stop("fast")
+    try:
+        worker.send_signal(signal.SIGTERM)
+        _out, err = worker.communicate(timeout=120)
+        assert worker.returncode == 0, err[-3000:]
+    finally:
+        worker.kill()
+        own_cluster.start()
+    assert set(states(own_cluster.dsn)) <= {"running", "waiting"}
+    heir = start_worker(project, own_cluster.dsn, "--poll", "200ms")
+    try:
+        wait_until("every instance to finish", lambda: states(own_cluster.dsn) == Counter({"waiting": 6}))
+    finally:
+        stop_workers([heir])
+    check_all(project, ids, steps)

@@ -78,6 +78,7 @@ class Worker:
         self._signal: int | None = None
         self._signals = 0
         self._failed = False
+        self._filling: anyio.CancelScope | None = None
 
     # -- output -----------------------------------------------------------------------------------
 
@@ -137,10 +138,15 @@ class Worker:
                     self._signal = int(signum)
                 self._stopped.set()
                 self._wake.set()
+                if self._filling is not None:
+                    self._filling.cancel()
 
     async def _take_work(self, tg: TaskGroup) -> None:
         while not self._stopped.is_set():
-            started = await self._fill(tg)
+            started = 0
+            with anyio.CancelScope() as self._filling:  # a stop signal ends a look the store keeps retrying
+                started = await self._fill(tg)
+            self._filling = None
             if self.once and not started and not self._active:
                 return
             self._wake = anyio.Event()
