@@ -196,18 +196,20 @@ def test_a_server_restart_mid_run_never_lets_two_runners_write(tmp_path: Path, o
 @pytest.mark.parametrize("seconds", [3, 15])
 def test_workers_ride_out_an_outage(tmp_path: Path, own_cluster: Any, seconds: int) -> None:
     """A 3 s and a 15 s outage under 2 workers: every instance completes, none in error, both exit 0."""
-    steps = 6
+    steps = 8
     project = make_project(tmp_path, own_cluster.dsn, steps=steps)
-    ids = create_resting(project, 24)
-    workers = [start_worker(project, own_cluster.dsn, "--poll", "200ms", "--max-concurrent", "8") for _ in range(2)]
+    ids = create_resting(project, 32)
+    # Short steps: many writes are in flight when the server stops.
+    workers = [start_worker(project, own_cluster.dsn, "--poll", "200ms", "--max-concurrent", "8",
+                            LW_STEP_SECONDS="0.02") for _ in range(2)]
     try:
         post_go(own_cluster.dsn, ids)
-        wait_until("work to start", lambda: sum(effects(project).values()) >= 10)
+        wait_until("work to start", lambda: sum(effects(project).values()) >= 16)
         own_cluster.stop("fast")
         time.sleep(seconds)
         assert [w.poll() for w in workers] == [None, None], "a worker exited during the outage"
         own_cluster.start()
-        wait_until("every instance to finish", lambda: states(own_cluster.dsn) == Counter({"waiting": 24}))
+        wait_until("every instance to finish", lambda: states(own_cluster.dsn) == Counter({"waiting": 32}))
     finally:
         stop_workers(workers)
     check_all(project, ids, steps)

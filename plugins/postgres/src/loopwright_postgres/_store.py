@@ -757,7 +757,7 @@ class PostgresStore(Store):
         data = self._header_text(instance_id, header)
         columns = _work_columns(header)
         lease = self._held.get(instance_id)
-        if lease is not None:
+        if lease is not None and lease.epoch:  # epoch 0: a lease being taken, not held yet
             statement = self._sql["write_header_fenced"]
             await self._fenced(lease, "write the header", lambda conn, expected: conn.execute(
                 statement, (*self._fence_args(lease, expected), data, *columns, instance_id)).rowcount)
@@ -830,7 +830,7 @@ class PostgresStore(Store):
         if not lines:
             return
         lease = self._held.get(instance_id)
-        if lease is not None:
+        if lease is not None and lease.epoch:
             fenced = self._sql[f"append_{table}_fenced"]
             await self._fenced(lease, f"append to {table}", lambda conn, expected: conn.execute(
                 fenced, (*self._fence_args(lease, expected), instance_id, lines)).rowcount)
