@@ -82,10 +82,12 @@ from loopwright.errors import (
     GrantsError,
     InstanceLockedError,
     InstanceNotFoundError,
+    LeaseLostError,
     LoopwrightError,
     RunCancelledError,
     RunError,
     StoreError,
+    StoreUnavailableError,
 )
 
 if TYPE_CHECKING:
@@ -162,6 +164,8 @@ class AgentRun:
         self._done.set()
         self._scope: anyio.CancelScope | None = None
         self._cancelled = False
+        #: The copy in memory may be ahead of the store (a segment ended on a refused or failed write).
+        self._stale = False
         #: When (``time.monotonic()``) the loop last read the mailbox at a turn boundary.
         self.mail_read_at = 0.0
 
@@ -1183,12 +1187,13 @@ class Runtime:
     async def _refresh(self, run: AgentRun) -> None:
         """Reload the instance if another process changed it since this copy was read."""
         header = await self.store.read_header(run.instance_id)
-        if header.get("updatedAt") == run.inst.header.get("updatedAt"):
+        if header.get("updatedAt") == run.inst.header.get("updatedAt") and not run._stale:  # noqa: SLF001
             return
         inst = run.inst
         await restore(inst, self.store)  # replaces nothing if the log cannot be read
         inst.header = header
         inst.grants = self._saved_grants(run.instance_id, header)
+        run._stale = False  # noqa: SLF001 - the runtime drives its runs
 
     async def _join_tree(self, inst: Instance) -> None:
         """Make an instance loaded from the store draw from its tree's one budget.
@@ -1270,17 +1275,34 @@ class Runtime:
                 if inst.state is State.WAITING_FOR_APPROVAL or not await loop.has_mail(run):
                     break
                 new_segment, prelude = True, None
+        except (LeaseLostError, StoreUnavailableError) as exc:
+            # Not the instance's failure: another runner took it over (this one's write was
+            # refused), or the store stayed out of reach. Its state stays as last saved, for its
+            # new runner or the next worker; the copy here may be ahead of the store.
+            run.failure = exc
+            run._stale = True  # noqa: SLF001
+            self._records.pop(inst.id, None)  # the segment's unsaved records go with it
+            _log.warning("instance %s: segment ended without a state change: %s", inst.id, exc)
         except Exception as exc:  # noqa: BLE001 - a bug must not leave the instance "running"
             run.failure = exc
             with anyio.CancelScope(shield=True):
                 loop.record(inst, "error", {"message": f"{type(exc).__name__}: {exc}", "internal": True})
-                await loop.set_state(run, State.ERROR, StopReason.ERROR, error=f"{type(exc).__name__}: {exc}")
+                try:
+                    await loop.set_state(run, State.ERROR, StopReason.ERROR, error=f"{type(exc).__name__}: {exc}")
+                except StoreError as saving:
+                    # Saving the error failed too: the instance stays as last saved (a worker
+                    # resumes it); this must not take down the other segments of the runtime.
+                    run._stale = True  # noqa: SLF001
+                    _log.warning("instance %s: cannot save the error state: %s", inst.id, saving)
         finally:
             try:
                 # At rest, still holding the lease: a store may fold its log into a checkpoint
                 # (only when it grew enough since the last one), so loading it later costs O(1).
-                with anyio.CancelScope(shield=True):
-                    await self.store.checkpoint(inst.id, fold_checkpoint)
+                if not run._stale:  # noqa: SLF001 - no checkpoint of a copy that may be ahead of the store
+                    with anyio.CancelScope(shield=True):
+                        await self.store.checkpoint(inst.id, fold_checkpoint)
+            except StoreError as exc:
+                _log.warning("instance %s: no checkpoint: %s", inst.id, exc)
             finally:
                 lease.release()
                 run._scope = None  # noqa: SLF001
@@ -1302,7 +1324,12 @@ class Runtime:
             for run in list(self._runs.values()):
                 if not run.running or run._scope is None or run.mail_read_at > fresh:  # noqa: SLF001
                     continue
-                if await self.loop.cancel_posted(run):
+                try:
+                    posted = await self.loop.cancel_posted(run)
+                except StoreError as exc:  # the store is out of reach: look again at the next poll
+                    _log.warning("instance %s: cannot look for a cancel request: %s", run.instance_id, exc)
+                    continue
+                if posted:
                     run.request_cancel()
 
     def running(self) -> list[AgentRun]:

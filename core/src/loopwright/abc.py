@@ -236,6 +236,12 @@ class Store(_AsyncClosing, abc.ABC):
         any process) holds it; a lease whose holder died must be taken over. The default grants
         every request (a store that cannot lock cannot stop two runners); the file store locks
         with ``flock``.
+
+        A store whose leases can be lost while held (a lease on a server that the holder can be
+        cut off from) must *fence*: refuse, in the same step as the write, every write of this
+        store to the instance once another runner took the lease over, raising
+        :class:`~loopwright.errors.LeaseLostError` with nothing written. The runtime ends the
+        segment without changing the instance's state then. The postgres store fences.
         """
         del instance_id, owner
         return Lease()
@@ -300,6 +306,24 @@ class Store(_AsyncClosing, abc.ABC):
                 if any(p.get("type") == "message" for p in posts):
                     mail.append(instance_id)
         return [*decided, *mail, *(iid for _at, iid in sorted(running)), *queued][:limit]
+
+    async def wait_for_work(self, timeout: float) -> bool:  # noqa: ASYNC109 - a wait with a bound is the contract
+        """Wait up to ``timeout`` seconds for work to be written, for a worker between polls.
+
+        A store that can be told when work is written (the postgres store listens for the
+        ``NOTIFY`` of every write that gives an instance work: a new instance, a message or
+        cancel, a decision, a lease released while its instance is unfinished) returns as soon
+        as such a write happens, or at once if one happened since its previous call, and says
+        ``True``. Either way the worker then calls :meth:`find_work`, so waking without work is
+        harmless and a missed notification costs at most one poll interval. The default sleeps
+        ``timeout`` seconds and returns ``False``: the worker polls.
+
+        .. versionadded:: 0.1
+        """
+        import anyio  # noqa: PLC0415 - loaded by the runtime anyway; keeps this module's imports light
+
+        await anyio.sleep(timeout)
+        return False
 
     def locations(self) -> Sequence[Path]:
         """Return the folders and files this store keeps data in.

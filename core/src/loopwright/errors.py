@@ -10,6 +10,8 @@ The tree::
     ├── StoreError                   the instance store failed or holds bad data (.instance_id)
     │   ├── InstanceNotFoundError    no instance with that id (.instance_id)
     │   ├── InstanceLockedError      another process is running the instance (.instance_id, .holder)
+    │   ├── LeaseLostError           this runner's lease was taken over: its write was refused (.instance_id)
+    │   ├── StoreUnavailableError    the store stayed unreachable past its outage tolerance (.instance_id)
     │   └── GrantsError              saved grants are malformed: fail closed (.instance_id)
     ├── CapabilityError              a grant would widen, or the store lies in an agent's reach
     ├── RunError                     a run ended in the ``error`` state (.result)
@@ -41,6 +43,7 @@ __all__ = [
     "HookBlockedError",
     "InstanceLockedError",
     "InstanceNotFoundError",
+    "LeaseLostError",
     "LoopwrightError",
     "PluginError",
     "ProviderError",
@@ -48,6 +51,7 @@ __all__ = [
     "RunCancelledError",
     "RunError",
     "StoreError",
+    "StoreUnavailableError",
     "ToolCallDenied",
     "ToolError",
 ]
@@ -200,6 +204,27 @@ class InstanceLockedError(StoreError):
         self.holder = holder
         by = f" by {holder}" if holder else ""
         super().__init__(f"is running elsewhere{by}", instance_id=instance_id)
+
+
+class LeaseLostError(StoreError):
+    """The runner's lease on the instance is no longer its own: the store refused the write.
+
+    A store that fences (the postgres store) checks, in the same statement as every write to an
+    instance whose lease it holds, that the lease is still the one it took; when another runner
+    took the instance over meanwhile (this one was cut off from the database for longer than the
+    lease lasts), nothing is written and this is raised. The runtime then ends the segment
+    without changing the instance's state: the instance belongs to its new runner.
+    """
+
+
+class StoreUnavailableError(StoreError):
+    """The store could not be reached, and kept failing for longer than its outage tolerance.
+
+    Raised by a store that rides out outages (the postgres store retries with backoff for
+    ``outageTolerance`` seconds). Transient by nature: the runtime ends the segment without
+    changing the instance's state (it stays as last saved, for any worker to pick up again),
+    and a worker backs off and retries instead of exiting.
+    """
 
 
 class GrantsError(StoreError):

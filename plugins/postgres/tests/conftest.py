@@ -65,3 +65,13 @@ def store_factory(pg_dsn: str, pg_schema: str, tmp_path: Path):
         return PostgresStore(StoreSettings(kind="postgres", base_dir=tmp_path, options=opts))
 
     return make
+
+
+@pytest.fixture
+def own_cluster() -> Iterator[object]:
+    """A PostgreSQL server of the test's own (see pg_cluster.py), for tests that stop or restart it."""
+    from pg_cluster import Cluster  # noqa: PLC0415
+
+    cluster = Cluster()
+    yield cluster
+    cluster.remove()

@@ -135,13 +135,13 @@ pytestmark = pytest.mark.anyio
 async def test_tables_are_created_in_the_schema_and_appends_are_rows(
     store_factory, pg_dsn: str, pg_schema: str,
 ) -> None:
-    """The first call creates the four tables in the schema; each entry is one row, the header one row."""
+    """The first call creates the five tables in the schema; each entry is one row, the header one row."""
     store = store_factory()
     try:
         await store.create("t1", {"state": "waiting", "text": "é ✓"})
         tables = query(pg_dsn, "SELECT table_name FROM information_schema.tables WHERE table_schema = %s "
                                "ORDER BY table_name", pg_schema)
-        assert [t[0] for t in tables] == ["entries", "instances", "posts", "records"]
+        assert [t[0] for t in tables] == ["entries", "instances", "leases", "posts", "records"]
         await store.append_entries("t1", [{"n": 0}, {"n": 1}])
         await store.append_entries("t1", [{"n": 2}])
         await store.append_records("t1", [{"kind": "turn"}])
@@ -216,21 +216,21 @@ async def test_a_failed_batch_writes_nothing(store_factory, pg_dsn: str, pg_sche
 # -- leases ---------------------------------------------------------------------------------------
 
 
-async def test_lease_is_an_advisory_lock_dropped_on_release(store_factory, pg_dsn: str) -> None:
-    """A held lease shows in pg_locks as an advisory lock; release() drops it, and names the runner when held."""
+async def test_lease_is_a_row_whose_epoch_grows_and_release_frees_it(store_factory, pg_dsn: str) -> None:
+    """A held lease is a row naming the store's session; release() frees it, keeping its epoch; the next one is +1."""
     store = store_factory()
     try:
         await store.create("lk", {"runner": "runner-a (host h, pid 1)"})
         lease = await store.acquire("lk", "runner-a (host h, pid 1)")
         assert isinstance(lease, Lease)
-        assert lease.previous_holder is None
+        assert (lease.previous_holder, lease.epoch) == (None, 1)
 
-        def advisory() -> int:
-            rows = query(pg_dsn, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
-                                 "AND ((classid::bigint << 32) | objid::bigint) = %s", lease.key)
-            return int(rows[0][0])  # type: ignore[call-overload]
+        def row() -> tuple[object, ...]:
+            rows = query(pg_dsn, f"SELECT epoch, holder, session IS NOT NULL FROM {store.schema}.leases "  # noqa: S608
+                                 "WHERE instance_id = 'lk'")
+            return tuple(rows[0])
 
-        assert advisory() == 1
+        assert row() == (1, "runner-a (host h, pid 1)", True)
         with pytest.raises(InstanceLockedError) as info:
             await store.acquire("lk", "runner-b")
         assert info.value.holder is not None
@@ -238,9 +238,10 @@ async def test_lease_is_an_advisory_lock_dropped_on_release(store_factory, pg_ds
         lease.release()
         lease.release()
         assert lease.released
-        with anyio.fail_after(5):
-            while advisory():
-                await anyio.sleep(0.01)
+        assert row() == (1, None, False)
+        again = await store.acquire("lk", "runner-b")
+        assert again.epoch == 2
+        again.release()
     finally:
         await store.aclose()
 
@@ -373,3 +374,74 @@ async def test_unknown_instance_is_not_found_in_the_mailbox(store_factory) -> No
     finally:
         await store.aclose()
 
+
+
+async def test_a_runner_whose_lease_was_taken_over_cannot_write(store_factory, pg_dsn: str) -> None:
+    """Fencing: once another store took the lease (here: after it expired), every write of the old holder is refused."""
+    from loopwright.errors import LeaseLostError  # noqa: PLC0415
+
+    old, new = store_factory(leaseTtl=600), store_factory()  # old renews every 100 s: not during the test
+    try:
+        await old.create("f", {"state": "running", "n": 0})
+        stale = await old.acquire("f", "old runner")
+        await old.append_entries("f", [{"n": 1}])
+        # The old holder was cut off for longer than the lease lasts: it expired, and the new one took it.
+        query(pg_dsn, f"UPDATE {old.schema}.leases SET expires_at = now() - interval '1 second' "  # noqa: S608
+                      "RETURNING instance_id")
+        fresh = await new.acquire("f", "new runner")
+        assert fresh.epoch == stale.epoch + 1
+        for write in (old.write_header("f", {"state": "running", "n": "stale"}),
+                      old.append_entries("f", [{"n": "stale"}]), old.append_records("f", [{"kind": "stale"}])):
+            with pytest.raises(LeaseLostError) as info:
+                await write
+            assert info.value.instance_id == "f"
+        assert stale.lost
+        await new.append_entries("f", [{"n": 2}])
+        await new.write_header("f", {"state": "waiting", "n": 2})
+        stale.release()  # gives back nothing: the lease is the new runner's
+        with pytest.raises(InstanceLockedError):
+            await old.acquire("f", "old runner")
+        assert await new.read_entries("f") == [{"n": 1}, {"n": 2}]
+        assert await new.read_header("f") == {"state": "waiting", "n": 2}
+        assert await new.read_records("f") == []
+        fresh.release()
+    finally:
+        await old.aclose()
+        await new.aclose()
+
+
+async def test_a_lease_of_a_live_store_is_renewed_and_not_taken(store_factory) -> None:
+    """The keeper renews a held lease: after more than its ttl, another store still cannot take it."""
+    holder, other = store_factory(leaseTtl=3), store_factory()
+    try:
+        await holder.create("kept", {})
+        lease = await holder.acquire("kept", "holder")
+        await anyio.sleep(4.5)
+        with pytest.raises(InstanceLockedError):
+            await other.acquire("kept", "other")
+        await holder.append_entries("kept", [{"still": "mine"}])
+        assert not lease.lost
+        lease.release()
+        (await other.acquire("kept", "other")).release()
+    finally:
+        await holder.aclose()
+        await other.aclose()
+
+
+async def test_create_leased_is_never_free_and_the_queue_comes_after_dead_runners(store_factory) -> None:
+    """create_leased: the new instance's lease is held from the start; find_work lists the queue last."""
+    store, other = store_factory(), store_factory()
+    try:
+        lease = await store.create_leased("mine", {"state": "running", "runner": "me"}, "me")
+        assert lease.epoch == 1
+        with pytest.raises(InstanceLockedError):
+            await other.acquire("mine", "other")
+        await store.create("queued", {"state": "running", "queued": True})
+        await store.create("dead", {"state": "running", "runner": "gone"})
+        assert await other.find_work(limit=10) == ["dead", "queued"]
+        await store.append_entries("mine", [{"n": 1}])  # fenced under the lease create_leased took
+        lease.release()
+        assert await other.find_work(limit=10) == ["mine", "dead", "queued"]  # least recently updated first
+    finally:
+        await store.aclose()
+        await other.aclose()

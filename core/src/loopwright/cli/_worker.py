@@ -32,7 +32,13 @@ from loopwright.builtins.local_engine import LocalEngine
 from loopwright.cli._exits import EXIT_CANCELLED, EXIT_ERROR, EXIT_OK
 from loopwright.cli._output import status_line
 from loopwright.display import safe_json, safe_text
-from loopwright.errors import InstanceLockedError, InstanceNotFoundError, LoopwrightError
+from loopwright.errors import (
+    InstanceLockedError,
+    InstanceNotFoundError,
+    LeaseLostError,
+    LoopwrightError,
+    StoreUnavailableError,
+)
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup
@@ -75,6 +81,7 @@ class Worker:
         self._signal: int | None = None
         self._signals = 0
         self._failed = False
+        self._filling: anyio.CancelScope | None = None
 
     # -- output -----------------------------------------------------------------------------------
 
@@ -143,19 +150,42 @@ class Worker:
                     self._signal = int(signum)
                 self._stopped.set()
                 self._wake.set()
+                if self._filling is not None:
+                    self._filling.cancel()
 
     async def _take_work(self, tg: TaskGroup) -> None:
         while not self._stopped.is_set():
             # A fresh event before looking: a segment that rests (or work submitted here) while
             # the store is read wakes the wait below at once, instead of at the next poll.
             self._wake = anyio.Event()
-            started = await self._fill(tg)
+            started = 0
+            with anyio.CancelScope() as self._filling:  # a stop signal ends a look the store keeps retrying
+                started = await self._fill(tg)
+            self._filling = None
             if self.once and not started and not self._active:
                 return
             if self._stopped.is_set():
                 return
-            with anyio.move_on_after(self.poll):
-                await self._wake.wait()
+            await self._wait()
+
+    async def _wait(self) -> None:
+        """Wait for a wake-up (a slot freed, a signal), work the store notifies, or the poll interval."""
+        with anyio.move_on_after(self.poll):
+            async with anyio.create_task_group() as tg:
+
+                async def woken() -> None:
+                    await self._wake.wait()
+                    tg.cancel_scope.cancel()
+
+                async def notified() -> None:
+                    try:
+                        await self.rt.store.wait_for_work(self.poll)
+                    except LoopwrightError:  # a store that cannot listen now: the poll interval it is
+                        return
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(woken)
+                tg.start_soon(notified)
 
     async def _fill(self, tg: TaskGroup) -> int:
         """Start segments for the work the store lists, up to the free slots; return how many."""
@@ -203,6 +233,11 @@ class Worker:
         finally:
             self._active.pop(run.instance_id, None)
             self._wake.set()
+        if isinstance(run.failure, (LeaseLostError, StoreUnavailableError)):
+            # Not finished: another runner has it now, or the store was out of reach too long.
+            self._line({"event": "left", "instanceId": run.instance_id, "reason": str(run.failure), "at": now_iso()},
+                       f"left {run.instance_id}: {run.failure}")
+            return
         self._line({"event": "finished", "at": now_iso(), **result_to_json(result)},
                    f"finished {status_line(result, run.inst.turn)}")
 

@@ -1,19 +1,22 @@
 """loopwright's PostgreSQL store plugin: the ``postgres`` store kind.
 
 Many worker processes on many machines share instances through one database: each instance runs
-in one place at a time (a lease is a PostgreSQL advisory lock, dropped by the server when its
-holder dies), and messages, cancels and approvals can be posted from anywhere. Found through the
-entry point ``postgres = "loopwright_postgres"`` of group ``loopwright``. An assembly uses it as::
+in one place at a time (a lease is a row of the ``leases`` table with an epoch that fences every
+write of its holder; it is free at once when its holder dies), and messages, cancels and
+approvals can be posted from anywhere. Found through the entry point
+``postgres = "loopwright_postgres"`` of group ``loopwright``. An assembly uses it as::
 
     store:
       kind: postgres
       dsnEnv: LOOPWRIGHT_DSN        # or dsn: "postgresql://user@db.internal/agents"
       schema: loopwright            # default
-      poolSize: 4                   # default: connections for reads and writes
+      poolSize: 4                   # default: connections for statements (plus one keeper)
       connectTimeout: 10            # default, seconds
+      leaseTtl: 30                  # default, seconds a lease lasts after its last heartbeat
+      outageTolerance: 300          # default, seconds a call retries while the server is unreachable
 
-The tables (``instances``, ``entries``, ``records``, ``posts``) are created in the schema on first
-use. ``docs/stores/postgres.md`` describes the options, the tables, the leases and how to run many
+The tables (``instances``, ``entries``, ``records``, ``posts``, ``leases``) are created in the
+schema on first use. ``docs/stores/postgres.md`` describes the options, the tables, the leases and how to run many
 processes against one database.
 
 Importing this module is cheap: it imports neither psycopg nor the store, which load when a

@@ -10,10 +10,24 @@ tens of microseconds, well under a round trip to a database server. The wait for
 is not cancellable: a write that started finishes (or fails) before the caller sees a
 cancellation, so it is never left half-known.
 
-Leases are session-level advisory locks (``pg_try_advisory_lock``), each held on a connection of
-its own for as long as the lease is held. The server drops the lock when that connection ends,
-which happens at once when the holding process dies (the kernel closes its socket) and, for a
-machine that vanished, once TCP keepalives give up (set on the lock's session to about 40 s).
+Leases are rows of the ``leases`` table: ``(instance_id, epoch, holder, session, writes,
+server_start, expires_at)``. Taking one bumps its *epoch* (a fencing token), and every write this
+store makes to an instance whose lease it holds checks, in the same statement, that the row
+still carries that epoch and this store's session (and counts the write in ``writes``, which
+makes a retried write idempotent); a write of a runner whose lease was taken over is refused
+with :class:`~loopwright.errors.LeaseLostError`, never applied. A lease is free when it was
+released, when it expired (``leaseTtl`` after its last heartbeat), or at once when its holder's
+process died: each store holds a session-level advisory lock on its random *session key* on its
+one keeper connection (:class:`~loopwright_postgres._connections.Keeper`), which also renews all
+of the store's leases in one statement every ``leaseTtl / 6`` seconds and listens (``LISTEN``) for work.
+A lease whose session lock is gone while the server that granted it still runs belongs to a dead
+process; after a server restart every session lock is gone, so a lease renewed before the
+restart is left to its holder until it expires (the holder reconnects and renews it). A process
+thus needs ``poolSize + 1`` connections, however many instances it runs.
+
+An outage (the server unreachable after the store first worked) is ridden out: every call
+retries with bounded exponential backoff and jitter for up to ``outageTolerance`` seconds
+(default 300), then raises :class:`~loopwright.errors.StoreUnavailableError`.
 """
 
 from __future__ import annotations
@@ -22,9 +36,12 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import re
+import secrets
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
 
@@ -33,7 +50,6 @@ import attrs
 import psycopg
 import psycopg.conninfo
 import psycopg.errors
-import psycopg_pool
 from psycopg import sql
 
 from loopwright.abc import Lease as BaseLease
@@ -43,8 +59,11 @@ from loopwright.errors import (
     ConfigProblem,
     InstanceLockedError,
     InstanceNotFoundError,
+    LeaseLostError,
     StoreError,
+    StoreUnavailableError,
 )
+from loopwright_postgres._connections import CHANNEL, Keeper, Pool, PoolBusyError, jittered
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -58,31 +77,45 @@ _T = TypeVar("_T")
 #: The schema the tables live in when ``schema`` is not set.
 DEFAULT_SCHEMA: Final = "loopwright"
 
-_OPTIONS: Final = ("connectTimeout", "dsn", "dsnEnv", "poolSize", "schema")
+_OPTIONS: Final = ("connectTimeout", "dsn", "dsnEnv", "leaseTtl", "outageTolerance", "poolSize", "schema")
 # The file store's rule, so that an id is valid in every store.
 _ID_RE: Final = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}")
 # Lower case only: the name then needs no quoting in psql or anywhere else.
 _SCHEMA_RE: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-_TABLES: Final = ("instances", "entries", "records", "posts")
+_TABLES: Final = ("instances", "entries", "records", "posts", "leases")
 # Instances that may have work for a worker (see find_work): the predicate of the partial index
 # instances_work, repeated word for word in the query so that the planner uses that index. The
 # columns are copies of header keys, written with the header (json operators cannot read every
 # header: they refuse a string holding U+0000).
 _WORK: Final = ("(state = 'running' OR (state = 'waiting_for_approval' AND decided) "
                 "OR (state IN ('waiting', 'stopped', 'error') AND last_post > inbox_cursor))")
+# The same, for the instances table under the alias ``i``.
+_WORK_OF_I: Final = ("(i.state = 'running' OR (i.state = 'waiting_for_approval' AND i.decided) "
+                     "OR (i.state IN ('waiting', 'stopped', 'error') AND i.last_post > i.inbox_cursor))")
 #: Columns added to ``instances`` for find_work, with their types (added to older tables too).
 _WORK_COLUMNS: Final = (("state", "text"), ("inbox_cursor", "bigint NOT NULL DEFAULT 0"),
-                        ("decided", "boolean NOT NULL DEFAULT false"), ("last_post", "bigint NOT NULL DEFAULT 0"))
+                        ("decided", "boolean NOT NULL DEFAULT false"), ("last_post", "bigint NOT NULL DEFAULT 0"),
+                        ("queued", "boolean NOT NULL DEFAULT false"))
 _PG14: Final = 140000  # idle_session_timeout appeared in PostgreSQL 14
-# How many released lease connections are kept open for the next acquire (saves a connect).
-_IDLE_LOCK_CONNECTIONS: Final = 8
-# On each lease's session: how soon the server notices a holder whose machine vanished
+# On the keeper's session: how soon the server notices a holder whose machine vanished
 # (idle 20 s, then 4 probes 5 s apart: about 40 s). Ignored over unix sockets.
-_LOCK_SESSION_SETTINGS: Final = (
+_KEEPER_SESSION_SETTINGS: Final = (
     "SET tcp_keepalives_idle = 20",
     "SET tcp_keepalives_interval = 5",
     "SET tcp_keepalives_count = 4",
 )
+#: Seconds a lease lasts after its last heartbeat, and the longest outage ridden out, by default.
+DEFAULT_LEASE_TTL: Final = 30.0
+DEFAULT_OUTAGE_TOLERANCE: Final = 300.0
+# While a worker waits for work: how often its keeper looks for leases of dead processes (no
+# write notifies those), which bounds the take-over of a killed worker's instances.
+_PROBE_INTERVAL: Final = 2.0
+# Retries of a call during an outage: from 50 ms, doubling, at most 2 s, with jitter.
+_FIRST_RETRY: Final = 0.05
+_MAX_RETRY: Final = 2.0
+# A lease whose holder is alive: a live session, under the server that granted it, unexpired.
+_FREE_LEASE: Final = ("l.session IS NULL OR l.expires_at < now() OR (l.server_start = pg_postmaster_start_time() "
+                      "AND pg_try_advisory_xact_lock(l.session))")
 
 
 def _to_json(obj: object) -> object:
@@ -134,20 +167,22 @@ def _loads(text: str) -> object:
         return None
 
 
-def _work_columns(header: object) -> tuple[str | None, int, bool]:
-    """Return the ``state``, ``inbox_cursor`` and ``decided`` columns for a header (see find_work).
+def _work_columns(header: object) -> tuple[str | None, int, bool, bool]:
+    """Return the ``state``, ``inbox_cursor``, ``decided`` and ``queued`` columns for a header (see find_work).
 
     ``decided``: the instance holds calls for approval and every one of them is decided.
+    ``queued``: submitted for any worker and not started yet (the header's ``queued: true``).
     """
     if not isinstance(header, Mapping):
-        return None, 0, False
+        return None, 0, False, False
     state = header.get("state")
     cursor = header.get("inboxCursor")
     pending = header.get("pendingApprovals")
     decided = bool(pending) and isinstance(pending, list) and all(
         isinstance(p, Mapping) and p.get("decision") is not None for p in pending)
     return (state if isinstance(state, str) else None,
-            cursor if type(cursor) is int and -(1 << 63) <= cursor < 1 << 63 else 0, decided)
+            cursor if type(cursor) is int and -(1 << 63) <= cursor < 1 << 63 else 0, decided,
+            header.get("queued") is True)
 
 
 def _runner_of(header: object) -> str | None:
@@ -169,41 +204,51 @@ def _safe_dsn(dsn: str) -> str:
 class Lease(BaseLease):
     """An exclusive hold on one instance, from :meth:`PostgresStore.acquire` until :meth:`release`.
 
-    A session-level advisory lock held on a connection of the lease's own. :meth:`release`
-    unlocks it at once (one round trip; the connection is kept for the next lease), so any
-    process can take the lease when it returns. If the holding process dies, the server drops
-    the lock with the connection. Also a context manager that releases on exit.
+    A row of the ``leases`` table that names this store's session and carries the lease's
+    ``epoch``; while it is held, every write the store makes to the instance is fenced with that
+    epoch. :meth:`release` frees the row at once (one round trip), so any process can take the
+    lease when it returns; if the server cannot be reached, the store's keeper frees it later.
+    If the holding process dies, its session lock goes with its connection and the lease is free.
+    Also a context manager that releases on exit.
 
     Attributes:
         instance_id: The instance held.
         owner: The owner given to :meth:`~PostgresStore.acquire`.
-        key: The advisory-lock key (see ``pg_locks.objid``/``classid``).
+        epoch: The fencing token: one more than the epoch of the lease's previous holder.
         previous_holder: The ``runner`` of a header left ``running`` by another owner when the
             lease was taken: a process that died mid-run, else ``None``.
+        writes: The fenced writes made under this epoch (a write retried after a lost reply is
+            recognised by it and not applied twice).
+        lost: Whether the store found that another runner took the lease over.
     """
 
     instance_id: str
     owner: str
-    key: int
+    epoch: int
     previous_holder: str | None = None
-    _conn: psycopg.Connection[Any] | None = attrs.field(default=None, repr=False, alias="conn")
-    _on_release: Callable[[Lease, psycopg.Connection[Any]], None] | None = attrs.field(
-        default=None, repr=False, alias="on_release")
+    writes: int = 0
+    lost: bool = False
+    _on_release: Callable[[Lease], None] | None = attrs.field(default=None, repr=False, alias="on_release")
+    _released: bool = attrs.field(default=False, repr=False, init=False)
+    _mutex: anyio.Lock = attrs.field(factory=anyio.Lock, repr=False, init=False)
 
     @property
     def released(self) -> bool:
         """Whether :meth:`release` was called."""
-        return self._conn is None
+        return self._released
+
+    @property
+    def mutex(self) -> anyio.Lock:
+        """The lock the store's fenced writes to the instance take turns on (the write count is shared)."""
+        return self._mutex
 
     def release(self) -> None:
-        """Give the lock back. Calling it again does nothing."""
-        conn, self._conn = self._conn, None
-        if conn is None:
+        """Give the lease back. Calling it again does nothing."""
+        if self._released:
             return
+        self._released = True
         if self._on_release is not None:
-            self._on_release(self, conn)
-        else:
-            conn.close()
+            self._on_release(self)
 
     def __enter__(self) -> Self:
         """Return the lease itself."""
@@ -222,19 +267,25 @@ class PostgresStore(Store):
     :param settings: ``settings.options`` holds ``dsn`` (a libpq connection string or URI) or
         ``dsnEnv`` (the name of an environment variable holding one), exactly one of them;
         ``schema`` (default ``loopwright``: lower-case letters, digits and ``_``, up to 63);
-        ``poolSize`` (the most connections used for reads and writes at once, default 4; each
-        held lease has one more of its own); ``connectTimeout`` (seconds, default 10). Any other
-        key, a missing DSN or a value of the wrong type raises
-        :class:`~loopwright.errors.ConfigError` with the option's path (``$.store.KEY``).
+        ``poolSize`` (the most connections used for statements at once, default 4; the store
+        has one more, its keeper's, once it holds a lease or waits for work);
+        ``connectTimeout`` (seconds, default 10); ``leaseTtl`` (seconds a lease lasts after its
+        last heartbeat, default 30, at least 3); ``outageTolerance`` (seconds a call keeps
+        retrying while the server is unreachable, default 300). Any other key, a missing DSN or
+        a value of the wrong type raises :class:`~loopwright.errors.ConfigError` with the
+        option's path (``$.store.KEY``).
 
     Nothing connects until the first call; that call creates the schema and its tables if they
-    are missing. Every write commits before it returns, so when ``append_entries`` returns,
-    any process can read the entries.
+    are missing (and fails at once if the server cannot be reached: a store that never worked
+    is misconfigured, not in an outage). Every write commits before it returns, so when
+    ``append_entries`` returns, any process can read the entries.
 
     Attributes:
         schema: The schema the tables are in.
         pool_size: The most pooled connections.
         connect_timeout: Seconds to wait for a connection.
+        lease_ttl: Seconds a lease lasts without a heartbeat.
+        outage_tolerance: Seconds of failed attempts before a call gives up.
     """
 
     def __init__(self, settings: StoreSettings) -> None:
@@ -254,25 +305,40 @@ class PostgresStore(Store):
         pool_size = options.get("poolSize", 4)
         if type(pool_size) is not int or pool_size < 1:
             problems.append(ConfigProblem("must be a whole number of at least 1", path="$.store.poolSize"))
-        timeout = options.get("connectTimeout", 10)
-        if type(timeout) not in (int, float) or not timeout > 0:
-            problems.append(ConfigProblem("must be a number of seconds above 0", path="$.store.connectTimeout"))
+        timeout = self._seconds(options, "connectTimeout", 10, 0, problems)
+        ttl = self._seconds(options, "leaseTtl", DEFAULT_LEASE_TTL, 3, problems, least=True)
+        tolerance = self._seconds(options, "outageTolerance", DEFAULT_OUTAGE_TOLERANCE, 0, problems, least=True)
         if problems:
             raise ConfigError("invalid options for the postgres store", problems=problems)
         self.schema: str = schema
         self.pool_size: int = pool_size
-        self.connect_timeout: float = float(timeout)
+        self.connect_timeout: float = timeout
+        self.lease_ttl: float = ttl
+        self.outage_tolerance: float = tolerance
         self._dsn: str = dsn
-        self._pool: psycopg_pool.ConnectionPool[Any] | None = None
-        self._ready = False
+        self._pool: Pool | None = None
         self._setup_lock = threading.Lock()
         self._closed = False
         self._known: set[str] = set()  # ids seen to exist (instances are never deleted)
-        self._held: dict[str, str] = {}  # instance id -> the owner holding its lease here
-        self._leases: set[Lease] = set()
-        self._idle_locks: list[psycopg.Connection[Any]] = []
-        self._locks_mutex = threading.Lock()
+        self._held: dict[str, Lease] = {}  # instance id -> the lease held here
+        self._unreleased: dict[str, Lease] = {}  # released here, but the server was not told yet
+        self._leases_mutex = threading.Lock()
+        self._session = secrets.randbits(62)  # this store's session key (positive: pg_locks shows it as is)
+        self._keeper: Keeper | None = None
+        self._notes = 0  # notifications received on the work channel (and reconnects)
+        self._notes_seen = 0  # the count at the end of the last wait_for_work
+        self._waiters: set[tuple[Callable[[Callable[[], object]], object], anyio.Event]] = set()
         self._sql = self._statements(schema)
+
+    @staticmethod
+    def _seconds(options: Mapping[str, Any], key: str, default: float, low: float, problems: list[ConfigProblem],
+                 *, least: bool = False) -> float:
+        value = options.get(key, default)
+        if type(value) not in (int, float) or not (value >= low if least else value > low) or not math.isfinite(value):
+            above = f"of at least {low:g}" if least else f"above {low:g}"
+            problems.append(ConfigProblem(f"must be a number of seconds {above}", path=f"$.store.{key}"))
+            return float(default)
+        return float(value)
 
     @staticmethod
     def _dsn_option(options: Mapping[str, Any], problems: list[ConfigProblem]) -> str:
@@ -306,31 +372,87 @@ class PostgresStore(Store):
     def _statements(schema: str) -> dict[str, bytes]:
         """Build every statement once, with the schema quoted in."""
         s = sql.Identifier(schema)
+        notify = f"CASE WHEN work THEN pg_notify('{CHANNEL}', id) END"
+        # A fenced write first counts itself on its lease's row, and writes only if that row still
+        # carries the lease's epoch and session (and the count the writer expects).
+        fence = ("WITH l AS (UPDATE {s}.leases SET writes = writes + 1 WHERE instance_id = %s AND epoch = %s "
+                 "AND session = %s AND writes = %s RETURNING 1) ")
+        header_set = ("SET header = %s::json, updated_at = now(), state = %s, inbox_cursor = %s, decided = %s, "
+                      "queued = %s")
         texts = {
-            "create": ("INSERT INTO {s}.instances (id, header, state, inbox_cursor, decided) "
-                       "VALUES (%s, %s::json, %s, %s, %s)"),
-            "write_header": ("UPDATE {s}.instances SET header = %s::json, updated_at = now(), state = %s, "
-                             "inbox_cursor = %s, decided = %s WHERE id = %s"),
+            # New work (a new instance to run, a decision, a message) wakes the workers listening.
+            "create": ("WITH i AS (INSERT INTO {s}.instances (id, header, state, inbox_cursor, decided, "  # noqa: S608
+                       "queued) VALUES (%s, %s::json, %s, %s, %s, %s) RETURNING id, " + _WORK + " AS work) "
+                       "SELECT " + notify + " FROM i"),
+            "write_header": ("WITH i AS (UPDATE {s}.instances " + header_set + " WHERE id = %s "  # noqa: S608
+                             "RETURNING id, " + _WORK + " AS work) SELECT " + notify + " FROM i"),
+            # A new instance and its lease in one statement (create_leased): never seen with a free lease.
+            "create_leased": ("WITH i AS (INSERT INTO {s}.instances (id, header, state, inbox_cursor, decided, "
+                              "queued) VALUES (%s, %s::json, %s, %s, %s, %s) RETURNING id) "
+                              "INSERT INTO {s}.leases (instance_id, epoch, holder, session, writes, server_start, "
+                              "expires_at) SELECT id, 1, %s, %s, 0, pg_postmaster_start_time(), "
+                              "now() + make_interval(secs => %s) FROM i"),
+            "write_header_fenced": fence + "UPDATE {s}.instances " + header_set + " FROM l WHERE id = %s",
+            "lease_state": "SELECT epoch, session, writes FROM {s}.leases WHERE instance_id = %s",
             "read_header": "SELECT header::text FROM {s}.instances WHERE id = %s",
             "exists": "SELECT 1 FROM {s}.instances WHERE id = %s",
             "list": ("SELECT header::text FROM {s}.instances ORDER BY CASE json_typeof(header->'createdAt') "
                      "WHEN 'string' THEN header->>'createdAt' ELSE '' END COLLATE \"C\", id COLLATE \"C\""),
-            "lock": ("SELECT header::text, pg_try_advisory_lock(%s) FROM {s}.instances WHERE id = %s"),
+            # Take a free lease (see _FREE_LEASE; or one of this store's own whose release is
+            # pending), bumping its epoch; or make its row. Returns the header, the epoch taken
+            # (NULL if the lease is held) and the holder before.
+            "acquire": ("WITH i AS (SELECT id, header::text AS header FROM {s}.instances WHERE id = %(id)s), "  # noqa: S608
+                        "t AS (INSERT INTO {s}.leases AS l (instance_id, epoch, holder, session, writes, server_start, "
+                        "expires_at) SELECT id, 1, %(holder)s, %(session)s, 0, pg_postmaster_start_time(), "
+                        "now() + make_interval(secs => %(ttl)s) FROM i ON CONFLICT (instance_id) DO UPDATE SET "
+                        "epoch = l.epoch + 1, holder = excluded.holder, session = excluded.session, writes = 0, "
+                        "server_start = excluded.server_start, expires_at = excluded.expires_at "
+                        "WHERE l.session = %(session)s OR " + _FREE_LEASE + " RETURNING epoch) "
+                        "SELECT i.header, (SELECT epoch FROM t), "
+                        "(SELECT holder FROM {s}.leases WHERE instance_id = %(id)s) FROM i"),
+            # Free the leases (ids and epochs) that are still this session's; wake the workers
+            # for those left unfinished (a worker that stopped, a segment given up).
+            "release": ("WITH r AS (UPDATE {s}.leases AS l SET session = NULL, holder = NULL, "  # noqa: S608
+                        "expires_at = NULL FROM unnest(%s::text[], %s::bigint[]) AS u(id, epoch) "
+                        "WHERE l.instance_id = u.id AND l.epoch = u.epoch AND l.session = %s RETURNING l.instance_id) "
+                        "SELECT pg_notify('" + CHANNEL + "', id) FROM {s}.instances, r "
+                        "WHERE id = r.instance_id AND " + _WORK),
+            "heartbeat": ("UPDATE {s}.leases SET expires_at = now() + make_interval(secs => %s), "
+                          "server_start = pg_postmaster_start_time() WHERE session = %s AND instance_id = ANY(%s) "
+                          "RETURNING instance_id, epoch"),
             "post_lock": "SELECT pg_advisory_xact_lock(%s)",
             "read_mailbox": "SELECT seq, data::text FROM {s}.posts WHERE instance_id = %s AND seq > %s ORDER BY seq",
-            "post": ("WITH p AS (INSERT INTO {s}.posts (instance_id, data) VALUES (%s, %s::json) RETURNING seq) "
-                     "UPDATE {s}.instances SET last_post = p.seq FROM p WHERE id = %s"),
-            "held_leases": ("SELECT (classid::bigint << 32) | objid::bigint FROM pg_locks WHERE locktype = 'advisory' "
-                            "AND objsubid = 1 AND granted AND database = "
-                            "(SELECT oid FROM pg_database WHERE datname = current_database())"),
-            "find_work": ("SELECT id FROM {s}.instances WHERE " + _WORK  # noqa: S608 - constant text
-                          + " ORDER BY state = 'running', updated_at, id LIMIT %s"),
+            "post": ("WITH p AS (INSERT INTO {s}.posts (instance_id, data) VALUES (%s, %s::json) "  # noqa: S608
+                     "RETURNING seq), i AS (UPDATE {s}.instances SET last_post = p.seq FROM p WHERE id = %s "
+                     "RETURNING id, " + _WORK + " AS work) SELECT " + notify + " FROM i"),
+            # Is there work under a lease whose holder is gone (a killed process) or that expired?
+            "orphans": ("WITH live AS MATERIALIZED (SELECT (classid::bigint << 32) | objid::bigint AS session "  # noqa: S608
+                        "FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 AND granted) "
+                        "SELECT EXISTS (SELECT 1 FROM {s}.leases AS l JOIN {s}.instances AS i ON i.id = l.instance_id "
+                        "WHERE l.session IS NOT NULL AND (l.expires_at < now() OR (l.server_start = "
+                        "pg_postmaster_start_time() AND l.session NOT IN (SELECT session FROM live))) AND "
+                        + _WORK_OF_I + ")"),
+            # Sessions alive now (each store's keeper holds the lock of its session key).
+            "live_sessions": ("SELECT (classid::bigint << 32) | objid::bigint FROM pg_locks WHERE locktype = "
+                              "'advisory' AND objsubid = 1 AND granted AND database = "
+                              "(SELECT oid FROM pg_database WHERE datname = current_database())"),
+            # Work whose lease is free: no row, released, expired, or its holder's session is gone
+            # under the server that granted it (a process that died).
+            "find_work": ("SELECT id FROM {s}.instances AS i WHERE " + _WORK  # noqa: S608 - constant text
+                          + " AND NOT EXISTS (SELECT 1 FROM {s}.leases AS l WHERE l.instance_id = i.id "
+                          "AND l.session IS NOT NULL AND l.expires_at >= now() AND (l.server_start <> "
+                          "pg_postmaster_start_time() OR l.session = ANY(%s)))"
+                          " ORDER BY state = 'running', queued, updated_at, id LIMIT %s"),
         }
+        for table in ("entries", "records"):
+            rows = "SELECT %s, u.d::json FROM {from_}unnest(%s::text[]) WITH ORDINALITY AS u(d, n) ORDER BY u.n"
+            texts[f"append_{table}"] = "INSERT INTO {s}.{t} (instance_id, data) " + rows.format(from_="")
+            texts[f"append_{table}_fenced"] = (fence + "INSERT INTO {s}.{t} (instance_id, data) "
+                                               + rows.format(from_="l, "))
         for table in ("entries", "records", "posts"):
-            texts[f"append_{table}"] = "INSERT INTO {s}.{t} (instance_id, data) VALUES (%s, %s::json)"
             texts[f"read_{table}"] = "SELECT data::text FROM {s}.{t} WHERE instance_id = %s ORDER BY seq"
         return {
-            name: sql.SQL(text).format(s=s, t=sql.Identifier(name.partition("_")[2])).as_bytes(None)
+            name: sql.SQL(text).format(s=s, t=sql.Identifier(name.split("_")[1])).as_bytes(None)
             if "{t}" in text else sql.SQL(text).format(s=s).as_bytes(None)
             for name, text in texts.items()
         }
@@ -344,40 +466,63 @@ class PostgresStore(Store):
     def _connect(self) -> psycopg.Connection[Any]:
         return psycopg.connect(self._dsn, autocommit=True, connect_timeout=max(1, round(self.connect_timeout)))
 
-    def _setup(self) -> psycopg_pool.ConnectionPool[Any]:
-        """Connect once to create the schema and tables if missing, then open the pool (in a thread)."""
+    def _keeper_connection(self) -> psycopg.Connection[Any]:
+        # Named, so that pg_stat_activity shows each process's keeper (and its pid).
+        conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=max(1, round(self.connect_timeout)),
+                               application_name=f"loopwright keeper (pid {os.getpid()})")
+        try:
+            for statement in _KEEPER_SESSION_SETTINGS:
+                conn.execute(statement.encode())
+            if conn.info.server_version >= _PG14:
+                # A server-wide idle_session_timeout would end the session, and with it the leases.
+                conn.execute(b"SET idle_session_timeout = 0")
+        except psycopg.Error:
+            conn.close()
+            raise
+        return conn
+
+    def _setup(self) -> Pool:
+        """Connect once to create the schema and tables if missing, then make the pool (in a thread)."""
         with self._setup_lock:
             if self._closed:
                 raise StoreError("the store is closed")
             if self._pool is not None:
                 return self._pool
             try:
-                with self._connect() as conn:
+                conn = self._connect()
+                try:
                     self._create_tables(conn)
+                except BaseException:
+                    conn.close()
+                    raise
             except psycopg.Error as exc:
                 raise StoreError(f"cannot set up the postgres store ({_safe_dsn(self._dsn)}, "
                                  f"schema {self.schema}): {exc}") from exc
-            pool: psycopg_pool.ConnectionPool[Any] = psycopg_pool.ConnectionPool(
-                self._dsn, min_size=1, max_size=self.pool_size, open=False, timeout=self.connect_timeout,
-                kwargs={"autocommit": True, "connect_timeout": max(1, round(self.connect_timeout))},
-                name=f"loopwright-{self.schema}",
-            )
-            try:
-                pool.open(wait=True, timeout=self.connect_timeout)
-            except psycopg_pool.PoolTimeout as exc:
-                pool.close()
-                raise StoreError(f"cannot open connections to {_safe_dsn(self._dsn)} within "
-                                 f"{self.connect_timeout:g} s: {exc}") from exc
+            pool = Pool(self._connect, self.pool_size, self.connect_timeout)
+            pool.put(conn)
             self._pool = pool
             return pool
+
+    def _start_keeper(self) -> Keeper:
+        """Start the keeper thread if it is not running (in a worker thread, once set up)."""
+        with self._leases_mutex:
+            keeper = self._keeper
+            if keeper is None:
+                keeper = self._keeper = Keeper(self._keeper_connection, self._session, interval=self.lease_ttl / 6,
+                                               beat=self._heartbeat, on_notify=self._noted, probe=self._orphans,
+                                               probe_interval=_PROBE_INTERVAL)
+                keeper.start()
+        return keeper
 
     def _create_tables(self, conn: psycopg.Connection[Any]) -> None:
         s = sql.Identifier(self.schema)
         present = conn.execute(
-            "SELECT count(to_regclass(format('%%I.%%I', %s::text, t))) FROM unnest(%s::text[]) AS t",
-            (self.schema, [*_TABLES, "instances_work"]),
+            "SELECT count(to_regclass(format('%%I.%%I', %s::text, t))) + (SELECT count(*) FROM "
+            "information_schema.columns WHERE table_schema = %s AND table_name = 'instances' "
+            "AND column_name = %s) FROM unnest(%s::text[]) AS t",
+            (self.schema, self.schema, _WORK_COLUMNS[-1][0], [*_TABLES, "instances_work"]),
         ).fetchone()
-        if present is not None and present[0] == len(_TABLES) + 1:
+        if present is not None and present[0] == len(_TABLES) + 2:
             return
         with conn.transaction():
             # Many processes may start at once: concurrent CREATE ... IF NOT EXISTS can still
@@ -397,6 +542,18 @@ class PostgresStore(Store):
                     " seq bigint GENERATED ALWAYS AS IDENTITY,"
                     " data json NOT NULL,"
                     " PRIMARY KEY (instance_id, seq))").format(s=s, t=sql.Identifier(table)))
+            # One row per instance ever leased; the epoch only grows (a freed lease keeps it).
+            conn.execute(sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {s}.leases ("
+                ' instance_id text COLLATE "C" PRIMARY KEY REFERENCES {s}.instances (id) ON DELETE CASCADE,'
+                " epoch bigint NOT NULL,"
+                " holder text,"
+                " session bigint,"
+                " writes bigint NOT NULL DEFAULT 0,"
+                " server_start timestamptz,"
+                " expires_at timestamptz)").format(s=s))
+            conn.execute(sql.SQL("CREATE INDEX IF NOT EXISTS leases_session ON {s}.leases (session) "
+                                 "WHERE session IS NOT NULL").format(s=s))
             # Copies of the header keys find_work looks at, and the seq of the latest post, so
             # that finding work reads one small partial index; added to tables made before them.
             have = {row[0] for row in conn.execute(
@@ -415,8 +572,8 @@ class PostgresStore(Store):
         """Set the find_work columns of rows written before they existed (once, while setting up)."""
         s = sql.Identifier(self.schema)
         rows = conn.execute(sql.SQL("SELECT id, header::text FROM {s}.instances").format(s=s)).fetchall()
-        update = sql.SQL("UPDATE {s}.instances SET state = %s, inbox_cursor = %s, decided = %s WHERE id = %s"
-                         ).format(s=s)
+        update = sql.SQL("UPDATE {s}.instances SET state = %s, inbox_cursor = %s, decided = %s, queued = %s "
+                         "WHERE id = %s").format(s=s)
         with conn.cursor() as cur:
             cur.executemany(update, [(*_work_columns(_loads(text)), iid) for iid, text in rows])
         conn.execute(sql.SQL(
@@ -425,26 +582,95 @@ class PostgresStore(Store):
             "WHERE i.id = m.instance_id").format(s=s))
 
     def _call(self, instance_id: str | None, what: str, fn: Callable[[psycopg.Connection[Any]], _T]) -> _T:
-        """Run ``fn`` on a pooled connection (in the worker thread); wrap database errors in StoreError."""
+        """Run ``fn`` on a pooled connection (in a worker thread); wrap database errors in StoreError.
+
+        A failure to reach the server (no connection, a connection that broke, a server shutting
+        down) raises :class:`~loopwright.errors.StoreUnavailableError`, which :meth:`_run` retries.
+        """
         pool = self._pool if self._pool is not None and not self._closed else self._setup()
         try:
             with pool.connection() as conn:
                 return fn(conn)
         except psycopg.errors.ForeignKeyViolation:
             raise InstanceNotFoundError(instance_id or "?") from None
-        except psycopg_pool.PoolTimeout as exc:
-            raise StoreError(f"cannot {what}: no database connection within {self.connect_timeout:g} s "
-                             f"({_safe_dsn(self._dsn)}): {exc}", instance_id=instance_id) from exc
+        except PoolBusyError as exc:
+            raise StoreUnavailableError(f"cannot {what}: no database connection within {self.connect_timeout:g} s "
+                                        f"({_safe_dsn(self._dsn)}): {exc}", instance_id=instance_id) from exc
         except psycopg.OperationalError as exc:
-            pool.check()  # drop the pool's other connections to a server that went away
-            raise StoreError(f"cannot {what}: {exc}", instance_id=instance_id) from exc
+            raise StoreUnavailableError(f"cannot {what}: {exc}", instance_id=instance_id) from exc
         except psycopg.Error as exc:
             raise StoreError(f"cannot {what}: {exc}", instance_id=instance_id) from exc
 
     async def _run(self, instance_id: str | None, what: str, fn: Callable[[psycopg.Connection[Any]], _T]) -> _T:
-        if self._closed:
-            raise StoreError("the store is closed", instance_id=instance_id)
-        return await anyio.to_thread.run_sync(self._call, instance_id, what, fn)
+        """Run ``fn`` in a worker thread, retrying while the server is unreachable.
+
+        Retries wait from 50 ms, doubling up to 2 s, with jitter, for up to ``outageTolerance``
+        seconds since the first failure; then the last :class:`StoreUnavailableError` is raised.
+        ``fn`` must be safe to run again after a failure (every statement here is: a fenced write
+        is counted on its lease's row, see :meth:`_fenced`). The waits between attempts can be
+        cancelled; an attempt cannot (a write that started finishes, or fails, first).
+        """
+        deadline: float | None = None
+        delay = _FIRST_RETRY
+        while True:
+            if self._closed:
+                raise StoreError("the store is closed", instance_id=instance_id)
+            try:
+                return await anyio.to_thread.run_sync(self._call, instance_id, what, fn)
+            except StoreUnavailableError as exc:
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + self.outage_tolerance
+                    if self.outage_tolerance > 0:
+                        _log.warning("postgres store: %s; retrying for up to %g s", exc, self.outage_tolerance)
+                if now >= deadline:
+                    if self.outage_tolerance > 0:
+                        raise StoreUnavailableError(
+                            f"cannot {what}: the database stayed unreachable for {self.outage_tolerance:g} s "
+                            f"(outageTolerance): {exc}", instance_id=instance_id) from exc
+                    raise
+            await anyio.sleep(min(jittered(delay), max(deadline - time.monotonic(), 0.0)))
+            delay = min(delay * 2, _MAX_RETRY)
+
+    async def _fenced(self, lease: Lease, what: str, write: Callable[[psycopg.Connection[Any], int], int]) -> None:
+        """Make a write under ``lease``: applied only if the lease is still this store's, exactly once.
+
+        ``write(conn, expected)`` runs the fenced statement, which counts itself on the lease's
+        row only if that row still carries the lease's epoch, this store's session and
+        ``expected`` writes, and writes nothing otherwise; it returns the rows written. When it
+        wrote nothing, the row says why: the count is one further (an earlier attempt was applied
+        but its reply was lost, so this one is done), or the lease is someone else's now.
+
+        :raises LeaseLostError: Another runner took the lease over; nothing was written.
+        """
+        iid = lease.instance_id
+        if lease.lost:
+            raise LeaseLostError(f"cannot {what}: another runner took over its lease", instance_id=iid)
+
+        async with lease.mutex:
+            expected = lease.writes
+
+            def attempt(conn: psycopg.Connection[Any]) -> bool | None:
+                if write(conn, expected):
+                    return True
+                row = conn.execute(self._sql["lease_state"], (iid,)).fetchone()
+                if row is not None and tuple(row) == (lease.epoch, self._session, expected + 1):
+                    return True
+                if row is not None and tuple(row) == (lease.epoch, self._session, expected):
+                    return None  # the lease is ours: the instance's row is what is missing
+                return False
+
+            done = await self._run(iid, what, attempt)
+            if done is None:
+                raise InstanceNotFoundError(iid)
+            if not done:
+                lease.lost = True
+                raise LeaseLostError(f"cannot {what}: another runner took over its lease (epoch {lease.epoch} "
+                                     "is not the latest); nothing was written", instance_id=iid)
+            lease.writes = expected + 1
+
+    def _fence_args(self, lease: Lease, expected: int) -> tuple[str, int, int, int]:
+        return (lease.instance_id, lease.epoch, self._session, expected)
 
     # -- headers ---------------------------------------------------------------------------------
 
@@ -452,32 +678,93 @@ class PostgresStore(Store):
         """Insert the instance's row (one statement, so one transaction).
 
         Raise :class:`~loopwright.errors.StoreError` if the id exists, is invalid, or the
-        header is not a JSON-ready mapping.
+        header is not a JSON-ready mapping. Workers listening are notified if the new
+        instance has work for them (see :meth:`find_work`).
         """
         _check_id(instance_id)
         data = self._header_text(instance_id, header)
         columns = _work_columns(header)
+        tries = 0
 
         def create(conn: psycopg.Connection[Any]) -> None:
+            nonlocal tries
+            tries += 1
             try:
                 conn.execute(self._sql["create"], (instance_id, data, *columns))
             except psycopg.errors.UniqueViolation:
+                if tries > 1:  # an attempt whose reply was lost may have made it: is the row ours?
+                    row = conn.execute(self._sql["read_header"], (instance_id,)).fetchone()
+                    if row is not None and _loads(row[0]) == _loads(data):
+                        return
                 raise StoreError(f"already exists (schema {self.schema})", instance_id=instance_id) from None
 
         await self._run(instance_id, "create the instance", create)
         self._known.add(instance_id)
 
+    async def create_leased(self, instance_id: str, header: Mapping[str, Any], owner: str) -> Lease:
+        """Create the instance and take its lease (epoch 1) in one statement, and return the lease.
+
+        No other process ever sees the new instance with its lease free, so no worker takes it
+        for a dead runner's. The keeper is started and connected first, as for :meth:`acquire`.
+        Nothing is notified: the instance is this process's to run. Raise as :meth:`create`.
+        """
+        _check_id(instance_id)
+        if self._closed:
+            raise StoreError("the store is closed", instance_id=instance_id)
+        if instance_id in self._held:
+            raise StoreError(f"already exists (schema {self.schema})", instance_id=instance_id)
+        data = self._header_text(instance_id, header)
+        columns = _work_columns(header)
+        tries = 0
+
+        def create(conn: psycopg.Connection[Any]) -> None:
+            nonlocal tries
+            tries += 1
+            try:
+                conn.execute(self._sql["create_leased"], (instance_id, data, *columns, owner, self._session,
+                                                          self.lease_ttl))
+            except psycopg.errors.UniqueViolation:
+                if tries > 1:  # an attempt whose reply was lost may have made it: are the rows ours?
+                    row = conn.execute(self._sql["read_header"], (instance_id,)).fetchone()
+                    lease = conn.execute(self._sql["lease_state"], (instance_id,)).fetchone()
+                    if row is not None and _loads(row[0]) == _loads(data) and lease is not None \
+                            and tuple(lease) == (1, self._session, 0):
+                        return
+                raise StoreError(f"already exists (schema {self.schema})", instance_id=instance_id) from None
+
+        self._held[instance_id] = Lease(instance_id=instance_id, owner=owner, epoch=0)  # claimed here
+        try:
+            await self._run(instance_id, "create the instance", self._keeper_up)
+            await self._run(instance_id, "create the instance", create)
+        except BaseException:
+            del self._held[instance_id]
+            raise
+        lease = Lease(instance_id=instance_id, owner=owner, epoch=1, on_release=self._released)
+        self._held[instance_id] = lease
+        self._known.add(instance_id)
+        return lease
+
     async def write_header(self, instance_id: str, header: Mapping[str, Any]) -> None:
         """Replace the header with one ``UPDATE`` (atomic: a reader sees the old or the new one).
 
+        Under a lease this store holds, the write is fenced (see :class:`Lease`) and raises
+        :class:`~loopwright.errors.LeaseLostError` if another runner took the lease over. A
+        write by a process that holds no lease (a decision, a submission) notifies the workers
+        listening when the instance has work for them.
         Raise :class:`~loopwright.errors.InstanceNotFoundError` if the instance does not exist.
         """
         _check_id(instance_id)
         data = self._header_text(instance_id, header)
         columns = _work_columns(header)
+        lease = self._held.get(instance_id)
+        if lease is not None and lease.epoch:  # epoch 0: a lease being taken, not held yet
+            statement = self._sql["write_header_fenced"]
+            await self._fenced(lease, "write the header", lambda conn, expected: conn.execute(
+                statement, (*self._fence_args(lease, expected), data, *columns, instance_id)).rowcount)
+            return
 
         def write(conn: psycopg.Connection[Any]) -> int:
-            return conn.execute(self._sql["write_header"], (data, *columns, instance_id)).rowcount
+            return len(conn.execute(self._sql["write_header"], (data, *columns, instance_id)).fetchall())
 
         if await self._run(instance_id, "write the header", write) == 0:
             raise InstanceNotFoundError(instance_id)
@@ -515,11 +802,13 @@ class PostgresStore(Store):
     # -- logs ------------------------------------------------------------------------------------
 
     async def append_entries(self, instance_id: str, entries: Sequence[Mapping[str, Any]]) -> None:
-        """Insert the entries, in order, in one transaction; committed when this returns.
+        """Insert the entries, in order, with one statement; committed when this returns.
 
         Raise :class:`~loopwright.errors.InstanceNotFoundError` for an unknown instance and
         :class:`~loopwright.errors.StoreError` if an entry is not a JSON-ready mapping (nothing
-        is written then) or the database fails.
+        is written then) or the database fails. Under a lease this store holds, the insert is
+        fenced (see :class:`Lease`): :class:`~loopwright.errors.LeaseLostError` if the lease
+        was taken over, and nothing is written.
         """
         await self._append(instance_id, "entries", entries)
 
@@ -540,14 +829,16 @@ class PostgresStore(Store):
         lines = _encode_items(instance_id, f"append to {table}", items)
         if not lines:
             return
+        lease = self._held.get(instance_id)
+        if lease is not None and lease.epoch:
+            fenced = self._sql[f"append_{table}_fenced"]
+            await self._fenced(lease, f"append to {table}", lambda conn, expected: conn.execute(
+                fenced, (*self._fence_args(lease, expected), instance_id, lines)).rowcount)
+            return
         statement = self._sql[f"append_{table}"]
 
         def append(conn: psycopg.Connection[Any]) -> None:
-            if len(lines) == 1:
-                conn.execute(statement, (instance_id, lines[0]))
-                return
-            with conn.transaction(), conn.cursor() as cur:
-                cur.executemany(statement, [(instance_id, line) for line in lines])
+            conn.execute(statement, (instance_id, lines))
 
         await self._run(instance_id, f"append to {table}", append)
 
@@ -573,6 +864,7 @@ class PostgresStore(Store):
 
         Posts to one instance take turns (a transaction-level advisory lock), so their ``seq``
         order is their commit order and a reader's cursor never skips a post that commits late.
+        A post that gives a resting instance work notifies the workers listening.
         Raise :class:`~loopwright.errors.InstanceNotFoundError` for an unknown instance.
         """
         _check_id(instance_id)
@@ -619,143 +911,180 @@ class PostgresStore(Store):
         Those ``waiting_for_approval`` with every held call decided, and resting ones
         (``waiting``, ``stopped``, ``error``) whose latest post (``last_post``, set by
         :meth:`post`) is after the header's ``inboxCursor``, come first; then instances left
-        ``running``, least recently updated first. ``state``, ``inbox_cursor`` and ``decided``
-        are columns written with each header. Instances whose lease someone holds (a live
-        runner anywhere, read from ``pg_locks``) are left out, so a dead runner's instance is
-        found without trying live ones' leases. The query reads only the rows of the partial
-        index ``instances_work`` (running, waiting for approval, or with unread posts), not the
-        whole table.
+        ``running`` by a runner that began them, least recently updated first; then the queue
+        (submitted, ``queued: true``), oldest first. ``state``, ``inbox_cursor``, ``decided`` and
+        ``queued`` are columns written with each header. Instances whose lease is held (by a live session,
+        or renewed before a server restart and not yet expired) are left out, so a dead
+        runner's instance is found without trying live ones' leases. The query reads only the
+        rows of the partial index ``instances_work`` (running, waiting for approval, or with
+        unread posts), not the whole table.
         """
         limit = max(int(limit), 0)
         if limit == 0:
             return []
-        schema = self.schema
 
         def find(conn: psycopg.Connection[Any]) -> list[str]:
-            held = {key for (key,) in conn.execute(self._sql["held_leases"]).fetchall()}
-            held = {key - (1 << 64) if key >= 1 << 63 else key for key in held}
-            rows = conn.execute(self._sql["find_work"], (limit + len(held),)).fetchall()
-            return [iid for (iid,) in rows if _lock_key(schema, iid) not in held]
+            live = [key for (key,) in conn.execute(self._sql["live_sessions"]).fetchall()]
+            return [iid for (iid,) in conn.execute(self._sql["find_work"], (live, limit)).fetchall()]
 
-        return (await self._run(None, "find work", find))[:limit]
+        return await self._run(None, "find work", find)
+
+    async def wait_for_work(self, timeout: float) -> bool:  # noqa: ASYNC109 - the store's contract
+        r"""Wait until a write that may create work is notified, or ``timeout`` seconds pass.
+
+        The store's keeper listens (``LISTEN``) on the channel ``loopwright_work``, which every
+        write that gives an instance work for a worker notifies (with the instance id): a new
+        instance that has work, a message or cancel posted, a decision written, a lease
+        released while its instance is unfinished. Notifications that came since the last
+        call, and a reconnect of the keeper (notifications sent meanwhile are lost), return
+        at once. Return whether a notification (rather than the timeout) ended the wait.
+        """
+        if self._closed:
+            raise StoreError("the store is closed")
+        seen = self._notes_seen
+        if self._keeper is None:
+            await self._run(None, "listen for work", lambda _conn: None)  # set up: fails fast if unreachable
+            await anyio.to_thread.run_sync(self._start_keeper)
+        if self._notes != seen:
+            self._notes_seen = self._notes
+            return True
+        event = anyio.Event()
+        waiter = (_soon(), event)
+        self._waiters.add(waiter)
+        try:
+            with anyio.move_on_after(timeout):
+                await event.wait()
+        finally:
+            self._waiters.discard(waiter)
+        self._notes_seen = self._notes
+        return event.is_set()
+
+    def _orphans(self, conn: psycopg.Connection[Any]) -> bool:
+        """Whether a worker waiting here should look: work under a dead or expired lease (in the keeper)."""
+        if not self._waiters:
+            return False
+        row = conn.execute(self._sql["orphans"]).fetchone()
+        return bool(row and row[0])
+
+    def _noted(self, payload: str | None) -> None:
+        """Count a notification and wake the waiters (in the keeper's thread)."""
+        del payload
+        self._notes += 1
+        for soon, event in list(self._waiters):
+            with contextlib.suppress(RuntimeError):  # its event loop is gone
+                soon(event.set)
 
     # -- leases ----------------------------------------------------------------------------------
 
     async def acquire(self, instance_id: str, owner: str) -> Lease:
         """Take the instance's runner lease without waiting and return the :class:`Lease`.
 
-        The lease is a session-level ``pg_try_advisory_lock`` on a connection held for the
-        lease's lifetime. Raise :class:`~loopwright.errors.InstanceLockedError` (with ``holder``
-        from the header's ``runner`` key) if another runner, in any process on any machine,
-        holds it, and :class:`~loopwright.errors.InstanceNotFoundError` if the instance does
-        not exist. A lock whose holder died is free again: the server dropped it with its
-        connection.
+        One statement: the lease's row is taken if it is free (released, expired, or held by a
+        session that died under the running server) and its epoch goes up by one; from then
+        on every write this store makes to the instance is fenced with that epoch. Raise
+        :class:`~loopwright.errors.InstanceLockedError` (with ``holder``, the owner holding it)
+        if another runner, in any process on any machine, holds it, and
+        :class:`~loopwright.errors.InstanceNotFoundError` if the instance does not exist. The
+        store's keeper (its one extra connection, holding its session lock) is started and
+        connected first, so that a lease is never taken by a session that others see as dead.
         """
         _check_id(instance_id)
         if self._closed:
             raise StoreError("the store is closed", instance_id=instance_id)
-        if instance_id in self._held:
-            raise InstanceLockedError(instance_id, holder=self._held[instance_id])
-        key = _lock_key(self.schema, instance_id)
-        self._held[instance_id] = owner  # claimed at once: a concurrent acquire here fails fast
+        held = self._held.get(instance_id)
+        if held is not None:
+            raise InstanceLockedError(instance_id, holder=held.owner)
+        claim = Lease(instance_id=instance_id, owner=owner, epoch=0)
+        self._held[instance_id] = claim  # claimed at once: a concurrent acquire here fails fast
         try:
-            conn, header = await anyio.to_thread.run_sync(self._try_lock, instance_id, key)
+            await self._run(instance_id, "take the lease", self._keeper_up)
+            row = await self._run(instance_id, "take the lease", lambda conn: conn.execute(
+                self._sql["acquire"], {"id": instance_id, "holder": owner, "session": self._session,
+                                       "ttl": self.lease_ttl}).fetchone())
         except BaseException:
             del self._held[instance_id]
             raise
+        if row is None:
+            del self._held[instance_id]
+            raise InstanceNotFoundError(instance_id)
+        text, epoch, holder = row
+        header: object = _loads(text)
+        if epoch is None:
+            del self._held[instance_id]
+            raise InstanceLockedError(instance_id, holder=_runner_of(header) or holder)
         previous = None
         if isinstance(header, dict) and header.get("state") == "running":
             runner = _runner_of(header)
             previous = runner if runner and not runner.startswith(owner) else None
-        lease = Lease(instance_id=instance_id, owner=owner, key=key, previous_holder=previous,
-                      conn=conn, on_release=self._released)
-        self._leases.add(lease)
+        lease = Lease(instance_id=instance_id, owner=owner, epoch=int(epoch), previous_holder=previous,
+                      on_release=self._released)
+        with self._leases_mutex:
+            self._unreleased.pop(instance_id, None)  # taken again: nothing left to give back
+            self._held[instance_id] = lease
         self._known.add(instance_id)
         return lease
 
-    def _try_lock(self, instance_id: str, key: int) -> tuple[psycopg.Connection[Any], object]:
-        """Take the advisory lock on a lease connection (in a worker thread)."""
-        if self._pool is None:
-            self._setup()
-        for fresh in (False, True):
-            conn = self._lock_connection(fresh=fresh)
-            try:
-                row = conn.execute(self._sql["lock"], (key, instance_id)).fetchone()
-                break
-            except psycopg.OperationalError as exc:
-                conn.close()
-                if fresh:
-                    raise StoreError(f"cannot take the lease: {exc}", instance_id=instance_id) from exc
-                # An idle lease connection to a server that restarted: retry on a fresh one.
-            except psycopg.Error as exc:
-                conn.close()
-                raise StoreError(f"cannot take the lease: {exc}", instance_id=instance_id) from exc
-        if row is None:
-            self._park(conn)
-            raise InstanceNotFoundError(instance_id)
-        text, locked = row
-        try:
-            header: object = json.loads(text)
-        except ValueError:
-            header = None
-        if not locked:
-            self._park(conn)
-            raise InstanceLockedError(instance_id, holder=_runner_of(header))
-        return conn, header
+    def _keeper_up(self, conn: psycopg.Connection[Any]) -> None:
+        """Start the keeper and wait until it holds the session lock (in a worker thread)."""
+        del conn
+        keeper = self._start_keeper()
+        if not keeper.connected.wait(self.connect_timeout):
+            raise psycopg.OperationalError(f"the lease keeper could not connect within {self.connect_timeout:g} s")
 
-    def _lock_connection(self, *, fresh: bool) -> psycopg.Connection[Any]:
-        if not fresh:
-            with self._locks_mutex:
-                if self._idle_locks:
-                    return self._idle_locks.pop()
-        try:
-            conn = self._connect()
-        except psycopg.Error as exc:
-            raise StoreError(f"cannot connect to take a lease ({_safe_dsn(self._dsn)}): {exc}") from exc
-        try:
-            for statement in _LOCK_SESSION_SETTINGS:
-                conn.execute(statement.encode())
-            if conn.info.server_version >= _PG14:
-                # A server-wide idle_session_timeout would end the lease while it is held.
-                conn.execute(b"SET idle_session_timeout = 0")
-        except psycopg.Error:
-            conn.close()
-            raise
-        return conn
+    def _released(self, lease: Lease) -> None:
+        """Free the lease's row now, so that it is free for any process when release() returns.
 
-    def _park(self, conn: psycopg.Connection[Any]) -> None:
-        """Keep a lease connection that holds no lock for the next acquire, or close it."""
-        with self._locks_mutex:
-            if not self._closed and len(self._idle_locks) < _IDLE_LOCK_CONNECTIONS:
-                self._idle_locks.append(conn)
-                return
-        conn.close()
-
-    def _released(self, lease: Lease, conn: psycopg.Connection[Any]) -> None:
-        """Unlock now, so that the lease is free for any process when release() returns.
-
-        This is one round trip on the caller's thread (release() is synchronous), once per
-        segment. Unlocking in the background instead would let an acquire elsewhere right after
-        release() find the lock still held.
+        One round trip on the caller's thread (release() is synchronous), once per segment;
+        freeing in the background instead would let an acquire elsewhere right after release()
+        find the lease still held. If the server cannot be reached, the keeper frees it at its
+        next heartbeat (the keeper renews only the leases still held, so it expires meanwhile).
         """
-        self._leases.discard(lease)
-        self._held.pop(lease.instance_id, None)
-        if self._closed:
-            conn.close()
+        with self._leases_mutex:
+            if self._held.get(lease.instance_id) is lease:
+                del self._held[lease.instance_id]
+            if lease.lost or self._pool is None:
+                return
+            self._unreleased[lease.instance_id] = lease
+        pool, keeper = self._pool, self._keeper
+        if pool is None:
             return
-        self._unlock(conn, lease.key)
-
-    def _unlock(self, conn: psycopg.Connection[Any], key: int) -> None:
+        if keeper is not None and not keeper.connected.is_set():
+            keeper.beat_soon()  # the server is out of reach: do not block the caller trying
+            return
         try:
-            row = conn.execute("SELECT pg_advisory_unlock(%s)", (key,)).fetchone()
-        except psycopg.Error as exc:
-            _log.debug("postgres store: unlocking by closing the connection: %s", exc)
-            conn.close()  # closing the session drops its locks too
+            with pool.connection() as conn:
+                self._free(conn, [lease])
+        except (psycopg.Error, PoolBusyError) as exc:
+            _log.info("postgres store: releasing the lease of %s later: %s", lease.instance_id, exc)
+            if self._keeper is not None:
+                self._keeper.beat_soon()
+
+    def _free(self, conn: psycopg.Connection[Any], leases: Sequence[Lease]) -> None:
+        """Free the rows of ``leases`` still held by this session, and forget them."""
+        conn.execute(self._sql["release"], ([le.instance_id for le in leases], [le.epoch for le in leases],
+                                            self._session))
+        with self._leases_mutex:
+            for le in leases:
+                if self._unreleased.get(le.instance_id) is le:
+                    del self._unreleased[le.instance_id]
+
+    def _heartbeat(self, conn: psycopg.Connection[Any]) -> None:
+        """Renew every lease held here in one statement, free those left unreleased (in the keeper)."""
+        with self._leases_mutex:
+            unreleased = list(self._unreleased.values())
+            held = [le for le in self._held.values() if le.epoch]
+        if unreleased:
+            self._free(conn, unreleased)
+        if not held:
             return
-        if row is None or not row[0]:
-            conn.close()
-            return
-        self._park(conn)
+        rows = conn.execute(self._sql["heartbeat"], (self.lease_ttl, self._session,
+                                                     [le.instance_id for le in held])).fetchall()
+        kept = {(iid, epoch) for iid, epoch in rows}
+        for le in held:
+            if (le.instance_id, le.epoch) not in kept and not le.released:
+                # Taken over while this store could not renew it: the next write is refused.
+                _log.warning("postgres store: the lease of %s was taken over", le.instance_id)
+                le.lost = True
 
     # -- lifetime --------------------------------------------------------------------------------
 
@@ -767,17 +1096,14 @@ class PostgresStore(Store):
         """Release every lease still held and close every connection. Calls afterwards raise."""
         if self._closed:
             return
-        for lease in list(self._leases):
-            lease.release()
+        leases = [le for le in self._held.values() if le.epoch]
+        if leases and self._pool is not None:
+            for lease in leases:
+                lease.release()
         self._closed = True
-        await anyio.to_thread.run_sync(self._close_all)
-
-    def _close_all(self) -> None:
-        with self._locks_mutex:
-            idle, self._idle_locks = self._idle_locks, []
-        for conn in idle:
-            with contextlib.suppress(psycopg.Error):
-                conn.close()
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            keeper.stop()  # ends within a second; its session lock goes with its connection
         with self._setup_lock:
             pool, self._pool = self._pool, None
         if pool is not None:
@@ -804,3 +1130,16 @@ class PostgresStore(Store):
             raise StoreError(f"{what} in schema {self.schema} holds a JSON {type(obj).__name__}, not an object",
                              instance_id=instance_id)
         return obj
+
+
+def _soon() -> Callable[[Callable[[], object]], object]:
+    """Return a thread-safe way to run a callback soon in the current event loop (asyncio or trio)."""
+    import sniffio  # noqa: PLC0415 - only once a worker waits for work
+
+    if sniffio.current_async_library() == "trio":
+        import trio  # noqa: PLC0415
+
+        return trio.lowlevel.current_trio_token().run_sync_soon
+    import asyncio  # noqa: PLC0415
+
+    return asyncio.get_running_loop().call_soon_threadsafe
