@@ -92,7 +92,7 @@ class Deployment:
         task_queue: The deployment's own task queue.
     """
 
-    def __init__(self, folder: Path, server: TemporalServer, *, heartbeat: str = "5s") -> None:
+    def __init__(self, folder: Path, server: TemporalServer, *, heartbeat: str = "5s", extra: str = "") -> None:
         self.folder = folder
         self.server = server
         self.task_queue = f"lw-test-{secrets.token_hex(4)}"
@@ -102,7 +102,7 @@ class Deployment:
             "store: {kind: file, path: ./store}\n"
             f"plugins: [{HERE / 'tplugin.py'}]\n"
             f"engine: {{kind: temporal, address: '{server.address}', taskQueue: {self.task_queue}, "
-            f"heartbeatTimeout: {heartbeat}}}\n")
+            f"heartbeatTimeout: {heartbeat}}}\n{extra}")
         self.workers: list[subprocess.Popen[bytes]] = []
 
     def env(self, **extra: str) -> dict[str, str]:

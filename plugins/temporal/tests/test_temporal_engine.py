@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -196,3 +197,45 @@ def test_the_temporal_server_stops_and_starts_again(tmp_path: Path, temporal_ser
     finally:
         dep.stop_workers()
         server.stop()
+
+
+def test_a_sub_agent_is_a_child_workflow_and_a_deep_approval_reaches_it(
+        temporal_server: TemporalServer, tmp_path: Path) -> None:
+    """A child instance gets a child workflow of its caller's; approving its call from the root wakes it."""
+    agents = Path(__file__).resolve().parent / "agents"
+    dep = Deployment(tmp_path, temporal_server, extra=(
+        "capabilities: {agents: {spawn: true, maxDepth: 3}}\n"
+        f"agentDefinitions: {{root: '{agents / 'tree-root.yaml'}', holder: '{agents / 'tree-holder.yaml'}'}}\n"))
+    try:
+        dep.start_worker()
+        dep.start_worker()
+        submitted = dep.cli("run", "--detach", "--json", "root", "-p", "go")
+        assert submitted.returncode == 0, submitted.stderr
+        root = str(_json(submitted)["instanceId"])
+
+        def holder() -> dict[str, Any] | None:
+            children = dep.header(root).get("children") or []
+            return dep.header(children[0]) if children else None
+
+        dep.wait_for("the child to hold its call", lambda: (holder() or {}).get("state") == "waiting_for_approval")
+        child = holder()
+        assert child is not None
+        call = child["pendingApprovals"][0]["toolCallId"]
+        engine = _engine(dep)
+        described = anyio.run(engine.describe, child["instanceId"])
+        assert described["parentId"] == root, described
+        assert dep.effect_lines() == []
+
+        approved = dep.cli("approve", "--json", root, "--call", call)
+        assert approved.returncode == 0, approved.stderr
+        assert _json(approved)["text"] == "root done: holder done"
+        assert _no_effect_twice(dep) == {f"{child['instanceId']} {call} delete": 1}
+        assert {_state(dep, root), _state(dep, child["instanceId"])} <= RESTING
+    finally:
+        dep.stop_workers()
+
+
+def _engine(dep: Deployment) -> Any:
+    from loopwright_temporal import make_engine  # noqa: PLC0415 - the SDK only for the tests that ask
+
+    return make_engine({"address": dep.server.address, "taskQueue": dep.task_queue})

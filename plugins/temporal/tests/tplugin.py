@@ -15,6 +15,11 @@ Tools (each appends one line ``<instance> <call id> <tool>`` to ``$LW_EFFECTS`` 
 - ``effect(note)``: completes at once.
 - ``slow_effect(note, seconds)``: touches ``$LW_EFFECTS.started.<call id>``, sleeps, completes.
 - ``delete(path)``: needs approval; completes at once.
+
+The model ``ttree:ROLE`` is a sub-agent tree, worked out from the transcript: ``root`` starts
+the registered agent ``holder`` (``run_agent_async``), waits for it (``await_agent``), then
+answers ``root done: <holder's text>``; ``holder`` calls ``delete`` (held for approval), then
+answers ``holder done``.
 """
 
 from __future__ import annotations
@@ -69,6 +74,39 @@ class ScriptProvider(Provider):
             finish_reason="tool_calls" if calls else "stop")
 
 
+class TreeProvider(Provider):
+    """The ``ttree`` roles (see the module docstring); free."""
+
+    free = True
+
+    def __init__(self, settings: ProviderSettings) -> None:
+        self.settings = settings
+
+    async def complete(self, request: loopwright.ModelRequest) -> loopwright.ModelResponse:
+        results = {m.name: m for m in request.messages if m.role == "tool"}
+        turn = sum(1 for m in request.messages if m.role == "assistant")
+        call: tuple[str, dict[str, Any]] | None = None
+        text = None
+        if request.model == "root":
+            if "run_agent_async" not in results:
+                call = ("run_agent_async", {"agentSwarmUri": "holder", "prompt": "hold"})
+            elif "await_agent" not in results:
+                started = json.loads(results["run_agent_async"].content or "{}")["instanceId"]
+                call = ("await_agent", {"ids": [started]})
+            else:
+                agents = json.loads(results["await_agent"].content or "{}").get("agents") or [{}]
+                text = f"root done: {agents[0].get('text')}"
+        elif "delete" not in results:
+            call = ("delete", {"path": "tree.txt"})
+        else:
+            text = "holder done"
+        calls = (loopwright.ToolCall(id=f"{request.model}_{turn}", name=call[0], arguments=call[1]),) if call else ()
+        return loopwright.ModelResponse(
+            message=loopwright.Message(role="assistant", content=text, tool_calls=calls),
+            usage=loopwright.Usage(input_tokens=1, output_tokens=1, total_tokens=2, requests=1),
+            finish_reason="tool_calls" if calls else "stop")
+
+
 def _effect(ctx: loopwright.ToolContext, tool: str) -> None:
     path = os.environ.get("LW_EFFECTS")
     if path:
@@ -117,6 +155,7 @@ def delete(path: str, ctx: loopwright.ToolContext) -> str:
 @loopwright.hookimpl
 def loopwright_register_providers(register: Any) -> None:
     register("tscript", ScriptProvider)
+    register("ttree", TreeProvider)
 
 
 @loopwright.hookimpl
