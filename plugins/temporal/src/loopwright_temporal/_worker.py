@@ -39,6 +39,9 @@ __all__ = ["build_worker", "serve"]
 #: core it is a plugin of, which the package's ``__init__`` imports.
 _PASSTHROUGH = ("loopwright", "loopwright_temporal", "pluggy", "attrs", "cattrs", "anyio", "sniffio")
 
+#: Seconds a workflow task waits for the worker that has the workflow cached before any worker takes it.
+_STICKY = 3.0
+
 
 def build_worker(client: Client, rt: Runtime, settings: TemporalSettings, *, max_concurrent: int | None = None,
                  grace: float = 30.0) -> Worker:
@@ -49,6 +52,8 @@ def build_worker(client: Client, rt: Runtime, settings: TemporalSettings, *, max
         activities=[Advancer(rt).advance], identity=rt.owner,
         max_concurrent_activities=max_concurrent or settings.max_concurrent,
         graceful_shutdown_timeout=timedelta(seconds=grace),
+        # A workflow task meant for a dead worker's cache goes to any worker after this (default 10 s).
+        sticky_queue_schedule_to_start_timeout=timedelta(seconds=_STICKY),
         workflow_runner=SandboxedWorkflowRunner(restrictions=restrictions),
     )
 
