@@ -94,7 +94,7 @@ if TYPE_CHECKING:
 
     from loopwright._tools import Tool
     from loopwright._types import ToolSpec
-    from loopwright.abc import ContextStrategy, Lease, Provider, RecordSink, Store
+    from loopwright.abc import ContextStrategy, Engine, Lease, Provider, RecordSink, Store
 
 __all__ = [
     "AgentRun",
@@ -353,6 +353,8 @@ class Runtime:
         self.shell_approver = shell_approver
         self.plugins = PluginHost(settings=self.assembly.plugin_settings, runtime=self)
         self.store: Store = store  # type: ignore[assignment]
+        #: Who advances submitted work (the assembly's ``engine:``), built when the runtime opens.
+        self.engine: Engine = None  # type: ignore[assignment]
         self.prices = PriceTable(self.assembly.pricing)
         self._providers: dict[str, Provider] = {}
         self._plans: dict[int, _DefinitionPlan] = {}
@@ -428,6 +430,7 @@ class Runtime:
                 self.plugins.record_sinks, spec.kind, spec.options, ("records", n),
                 what=f"the record sink {spec.kind!r}", make=lambda factory, spec=spec: factory(dict(spec.options))))
         self._check_out_of_reach(self.assembly.capabilities)
+        self._open_engine()
         self._loop = Loop(self)
         self._tg_cm = anyio.create_task_group()
         self._tg = await self._tg_cm.__aenter__()
@@ -448,6 +451,8 @@ class Runtime:
             self._tg = None
             with anyio.CancelScope(shield=True):
                 await self._notify_close()
+                if self.engine is not None:
+                    await self.engine.aclose()
                 for provider in self._providers.values():
                     await provider.aclose()
                 for sink in self._sinks:
@@ -987,11 +992,21 @@ class Runtime:
         :raises CapabilityError: A granted root would reach the store or a record sink.
         """
         defn = self.load_definition(definition)
+        grants = self._requested_grants(capabilities)
+        return await self.create_run(defn, inputs, prompt, grants=grants, stream=stream, instance_id=instance_id)
+
+    def _requested_grants(self, capabilities: Capabilities | None) -> Capabilities:
+        """Return the grants of a new top-level instance: ``capabilities`` narrowed to the runtime's.
+
+        Relative roots are resolved against the assembly's folder.
+
+        :raises CapabilityError: A granted root would reach the store or a record sink.
+        """
         if capabilities is not None:
             capabilities = resolve_roots(capabilities, self.assembly.base_dir)
         grants = intersect(self.assembly.capabilities, capabilities)
         self._check_out_of_reach(grants)
-        return await self.create_run(defn, inputs, prompt, grants=grants, stream=stream, instance_id=instance_id)
+        return grants
 
     def _check_out_of_reach(self, grants: Capabilities) -> None:
         """Raise CapabilityError if a granted root overlaps the store or a record sink's locations."""
@@ -1013,11 +1028,47 @@ class Runtime:
         :param spawner: The live instance that started it: it draws from that instance's tree budget.
         """
         loop = self.loop
+        header = self._new_header(defn, inputs, prompt, grants=grants, instance_id=instance_id)
+        iid = header["instanceId"]
+        if links:
+            header.update(links)
+        # Created with its lease held: a worker polling the store never takes it for a dead runner's.
+        lease = await self.store.create_leased(iid, header, self.owner)
+        try:
+            inst = Instance(id=iid, definition=defn, header=header, grants=grants, task_given=not prompt,
+                            spawner=spawner, tree_counted=True)
+            self._instances[iid] = inst
+            run = AgentRun(self, inst)
+            run.stream = stream
+            self._runs[iid] = run
+            self.queue_record(iid, "state", {"from": None, "to": State.RUNNING.value, "stopReason": None})
+            impls = self.plugins.impls("loopwright_on_state_change")
+            if impls:
+                await loop.observe(inst, "loopwright_on_state_change", old=None, new=State.RUNNING.value,
+                                   stop_reason=None)
+        except BaseException:
+            lease.release()
+            raise
+
+        async def prelude() -> None:
+            await self._begin(run)
+
+        await self._start_segment(run, new_segment=True, prelude=prelude, lease=lease, fresh=True)
+        return run
+
+    def _new_header(self, defn: Definition, inputs: Mapping[str, Any] | None, prompt: str | None, *,
+                    grants: Capabilities, instance_id: str | None) -> dict[str, Any]:
+        """Check ``defn`` and ``inputs`` and return a new instance's header (``running``, run by this runtime).
+
+        Every configuration error is raised here, before anything is created.
+
+        :raises ConfigError: The definition or inputs are invalid, or it names unknown tools.
+        """
         plan = self._plan(defn)
         values = resolve_inputs(defn, inputs or {})
         self._check_templates(defn, values)
         iid = instance_id or _new_id()
-        header: dict[str, Any] = {
+        return {
             "instanceId": iid, "name": defn.name, "version": 1,
             "definitionPath": str(defn.source) if defn.source else None,
             "definition": self._snapshot(plan), "inputs": dict(values),
@@ -1028,26 +1079,6 @@ class Runtime:
             "delegationPrompt": None, "createdAt": now_iso(), "updatedAt": now_iso(), "model": plan.model_ref,
             "runner": self.owner, "taskPrompt": prompt,
         }
-        if links:
-            header.update(links)
-        await self.store.create(iid, header)
-        inst = Instance(id=iid, definition=defn, header=header, grants=grants, task_given=not prompt,
-                        spawner=spawner, tree_counted=True)
-        self._instances[iid] = inst
-        run = AgentRun(self, inst)
-        run.stream = stream
-        self._runs[iid] = run
-        self.queue_record(iid, "state", {"from": None, "to": State.RUNNING.value, "stopReason": None})
-        impls = self.plugins.impls("loopwright_on_state_change")
-        if impls:
-            await loop.observe(inst, "loopwright_on_state_change", old=None, new=State.RUNNING.value,
-                               stop_reason=None)
-
-        async def prelude() -> None:
-            await self._begin(run)
-
-        await self._start_segment(run, new_segment=True, prelude=prelude, fresh=True)
-        return run
 
     async def _begin(self, run: AgentRun, *, resume: bool = False) -> None:  # noqa: C901 - the set-up, in order
         """First segment of a new instance: system prompt, initial prompts and injected calls, task prompt.
@@ -1460,6 +1491,9 @@ class Runtime:
         if run.inst.state is not State.RUNNING:
             lease.release()
             return run
+        if run.inst.header.get("queued") is True:  # submitted, never started: start it here
+            await self._start_queued(run, lease)
+            return run
         await self._start_resumed(run, lease)
         return run
 
@@ -1602,15 +1636,19 @@ class Runtime:
 
     async def pick_up(  # noqa: PLR0911 - one return per kind of work, or none
         self, instance_id: str,
-    ) -> tuple[AgentRun, Literal["resume", "approval", "message"]] | None:
-        """Start the work another process left for an instance, if it has any (``loopwright worker``).
+    ) -> tuple[AgentRun, Literal["start", "resume", "approval", "message"]] | None:
+        """Start the work another process left for an instance, if it has any.
 
-        Under the instance's lease, on a fresh copy of it: an instance left ``running`` (its
-        runner died) is resumed as by :meth:`resume`; one waiting for approval whose held calls
-        are all decided goes on as after the last :meth:`AgentRun.approve`; a resting one with
-        a message in its mailbox starts a segment as :meth:`AgentRun.message` does.
+        The one way a runner advances submitted work (``loopwright worker``, an engine's
+        worker). Under the instance's lease, on a fresh copy of it: a submitted instance that no
+        runner started yet (``queued``, see :meth:`submit`) starts its first segment; an
+        instance left ``running`` (its runner died) is resumed as by :meth:`resume`; one waiting
+        for approval whose held calls are all decided goes on as after the last
+        :meth:`AgentRun.approve`; a resting one with a message in its mailbox starts a segment
+        as :meth:`AgentRun.message` does. A cancel request needs no runner: :meth:`cancel`
+        stops a resting or queued instance itself, and the runner of a running one reads it.
 
-        :return: The run (its segment started in the background) and which of the three it
+        :return: The run (its segment started in the background) and which of the four it
             was, or ``None``: nothing to do, or another runner holds the instance.
         """
         run = await self.get_agent(instance_id)
@@ -1624,6 +1662,9 @@ class Runtime:
             await self._refresh(run)
             inst = run.inst
             pending = inst.pending_approvals
+            if inst.state is State.RUNNING and inst.header.get("queued") is True:
+                await self._start_queued(run, lease)
+                return run, "start"
             if inst.state is State.RUNNING:
                 await self._start_resumed(run, lease)
                 return run, "resume"
@@ -1641,6 +1682,76 @@ class Runtime:
             raise
         await self._start_for_mail(run, lease)
         return run, "message"
+
+    # -- submitting work (engines and workers) ------------------------------------------
+
+    def _open_engine(self) -> None:
+        """Build the assembly's engine (``engine: {kind: ...}``, default ``local``) for the open runtime."""
+        cfg = self.assembly.engine
+        self.engine = self._build(self.plugins.engines, cfg.kind, cfg.options, ("engine",), what="the engine",
+                                  make=lambda factory: factory(dict(cfg.options), self))
+
+    async def submit(
+        self, definition: str | os.PathLike[str] | Definition | Mapping[str, Any],
+        inputs: Mapping[str, Any] | None = None, prompt: str | None = None, *,
+        capabilities: Capabilities | None = None, instance_id: str | None = None,
+    ) -> str:
+        """Create an instance of ``definition`` for a runner to start, hand it to the engine, and return its id.
+
+        Nothing runs here. The checks are those of :meth:`start_agent` (registered names, grants
+        narrowed to the runtime's, roots out of the store's reach, every configuration error
+        before anything is created). The instance is saved ``running`` and ``queued``, with no
+        runner: a worker (``loopwright worker``, or the engine's) starts it through
+        :meth:`pick_up`, which never takes it for a dead runner's. Then
+        :meth:`loopwright.abc.Engine.submit` is told; with the ``local`` engine the instance
+        waits in the store for a worker. :meth:`get_agent` follows it from any process.
+
+        :param definition: As for :meth:`start_agent`.
+        :param inputs: As for :meth:`start_agent`.
+        :param prompt: As for :meth:`start_agent`.
+        :param capabilities: As for :meth:`start_agent`.
+        :param instance_id: An id to use instead of a generated one.
+        :return: The new instance's id.
+        :raises ConfigError: The definition or inputs are invalid, or it names unknown tools.
+        :raises CapabilityError: A granted root would reach the store or a record sink.
+        :raises LoopwrightError: The runtime is not open, or the engine could not take the work
+            (the instance stays queued in the store, where a worker's poll finds it).
+        """
+        self.loop  # noqa: B018 - raises if the runtime is not open
+        defn = self.load_definition(definition)
+        grants = self._requested_grants(capabilities)
+        header = self._new_header(defn, inputs, prompt, grants=grants, instance_id=instance_id)
+        header.update(runner=None, queued=True, submittedBy=self.owner)
+        iid = header["instanceId"]
+        await self.store.create(iid, header)
+        await self.engine.submit(iid)
+        return iid
+
+    async def _start_queued(self, run: AgentRun, lease: Lease) -> None:
+        """Start the first segment of a submitted instance no runner started yet (the lease is handed over).
+
+        The header stops being ``queued`` before anything else is saved, so a crash from here on
+        leaves an instance that a worker resumes as a dead runner's.
+        """
+        inst = run.inst
+        try:
+            inst.header.pop("queued", None)
+            inst.header["runner"] = self.owner
+            inst.header["updatedAt"] = now_iso()
+            inst.tree_counted = True  # a top-level instance that never ran: nothing below it yet
+            await self.write_header(inst)
+            self.queue_record(inst.id, "state", {"from": None, "to": State.RUNNING.value, "stopReason": None})
+            if self.plugins.impls("loopwright_on_state_change"):
+                await self.loop.observe(inst, "loopwright_on_state_change", old=None, new=State.RUNNING.value,
+                                        stop_reason=None)
+        except BaseException:
+            lease.release()
+            raise
+
+        async def prelude() -> None:
+            await self._begin(run)
+
+        await self._start_segment(run, new_segment=True, prelude=prelude, lease=lease, fresh=True)
 
     async def decide(
         self, run: AgentRun, tool_call_id: str | None, decision: Literal["approved", "denied"], reason: str | None,

@@ -361,7 +361,8 @@ async def worker(settings: CliSettings, poll: float, max_concurrent: int, once: 
 # ---------------------------------------------------------------------------------------------
 
 _REGISTRY_KEYS = {
-    "provider": "providers", "tool": "tools", "store": "stores", "context strategy": "contextStrategies",
+    "provider": "providers", "tool": "tools", "store": "stores", "engine": "engines",
+    "context strategy": "contextStrategies",
     "record sink": "recordSinks", "command": "commands", "guardrail": "guardrails", "verifier": "verifiers",
     "hook set": "hookSets",
 }

@@ -364,7 +364,7 @@ def print_instances(summaries: Sequence[Mapping[str, Any]]) -> None:
 # ---------------------------------------------------------------------------------------------
 
 _REGISTERED_LABELS = (
-    ("providers", "providers"), ("tools", "tools"), ("stores", "stores"),
+    ("providers", "providers"), ("tools", "tools"), ("stores", "stores"), ("engines", "engines"),
     ("contextStrategies", "context strategies"), ("recordSinks", "record sinks"), ("commands", "commands"),
 )
 
