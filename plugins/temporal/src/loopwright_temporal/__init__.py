@@ -33,18 +33,36 @@ if TYPE_CHECKING:
     from loopwright_temporal._engine import TemporalEngine
     from loopwright_temporal._settings import TemporalSettings
 
-__all__ = ["TemporalEngine", "TemporalSettings", "loopwright_register_commands", "make_engine"]
+__all__ = [
+    "TemporalEngine",
+    "TemporalSettings",
+    "loopwright_register_commands",
+    "loopwright_register_engines",
+    "make_engine",
+]
 
 
-def make_engine(options: Mapping[str, Any], runtime: Any = None) -> TemporalEngine:  # noqa: ARG001 - the seam's factory signature
+def make_engine(options: Mapping[str, Any], runtime: Any = None) -> TemporalEngine:
     """Build a :class:`TemporalEngine` from the ``engine:`` options (the factory registered as ``temporal``).
+
+    :param options: The ``engine:`` mapping without ``kind`` (checked against the schema already).
+    :param runtime: The runtime opening the engine (not needed: the engine talks only to Temporal).
 
     :raises loopwright.errors.ConfigError: An option is invalid.
     """
     from loopwright_temporal._engine import TemporalEngine  # noqa: PLC0415 - keeps import cheap
     from loopwright_temporal._settings import TemporalSettings  # noqa: PLC0415
 
+    del runtime
     return TemporalEngine(TemporalSettings.from_options(options))
+
+
+@hookimpl
+def loopwright_register_engines(register: Callable[..., None]) -> None:
+    """Register the engine kind ``temporal`` (its options are checked against :data:`_settings.SCHEMA`)."""
+    from loopwright_temporal._settings import SCHEMA  # noqa: PLC0415 - only the schema, no SDK
+
+    register("temporal", make_engine, options=SCHEMA)
 
 
 @hookimpl

@@ -37,7 +37,7 @@ from loopwright.errors import InstanceLockedError, InstanceNotFoundError
 from loopwright_temporal._workflow import ADVANCE, Advanced
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
     from loopwright import AgentRun, Runtime
 
@@ -61,11 +61,13 @@ class Advancer:
 
     Attributes:
         runtime: The open runtime whose store, plugins and providers run the instances.
+        log: Called with one line per segment started or followed, and per rest (the worker's log).
     """
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, log: Callable[[str], None] | None = None) -> None:
         """Advance instances with ``runtime`` (open for the worker's lifetime)."""
         self.runtime = runtime
+        self.log = log or (lambda _line: None)
 
     @activity.defn(name=ADVANCE)
     async def advance(self, instance_id: str) -> Advanced:
@@ -76,10 +78,15 @@ class Advancer:
             if run is None:
                 return Advanced(state="running", busy=True)
             if run is not False:
+                info = activity.info()
+                self.log(f"advancing {instance_id} (attempt {info.attempt})")
                 await _follow(run)
             header = await rt.store.read_header(instance_id)
         except InstanceNotFoundError:
             return Advanced(state="missing")
+        if run is not False:
+            stop = header.get("stopReason")
+            self.log(f"rested {instance_id}: {header.get('state')}" + (f" ({stop})" if stop else ""))
         return Advanced(state=str(header.get("state")), stop_reason=header.get("stopReason"), ran=run is not False,
                         children=[str(c) for c in header.get("children") or []],
                         deadline=next_deadline(header, time.time()))

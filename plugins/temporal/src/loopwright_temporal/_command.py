@@ -77,5 +77,5 @@ async def _serve(settings: CliSettings, flags: Mapping[str, Any], grace: float) 
 
 def engine_options(rt: Any) -> Mapping[str, Any]:
     """Return the options of the runtime's assembly's ``engine:`` when its kind is ``temporal``, else ``{}``."""
-    _ = rt
-    return {}
+    engine = rt.assembly.engine
+    return dict(engine.options) if engine.kind == "temporal" else {}

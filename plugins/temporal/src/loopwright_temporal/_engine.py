@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from loopwright.abc import Engine
 from loopwright_temporal._workflow import WAKE, WORKFLOW, InstanceInput, Timeouts
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ async def connect(settings: TemporalSettings) -> Client:
                               f"(namespace {settings.namespace}): {exc}") from exc
 
 
-class TemporalEngine:
+class TemporalEngine(Engine):
     """Dispatches instances through Temporal workflows (see the module docstring).
 
     Attributes:

@@ -43,13 +43,18 @@ _PASSTHROUGH = ("loopwright", "loopwright_temporal", "pluggy", "attrs", "cattrs"
 _STICKY = 3.0
 
 
+def _log(line: str) -> None:
+    sys.stderr.write(f"temporal worker: {line}\n")
+    sys.stderr.flush()
+
+
 def build_worker(client: Client, rt: Runtime, settings: TemporalSettings, *, max_concurrent: int | None = None,
                  grace: float = 30.0) -> Worker:
     """Return a worker for ``settings.task_queue`` whose activities run in ``rt`` (open)."""
     restrictions = SandboxRestrictions.default.with_passthrough_modules(*_PASSTHROUGH)
     return Worker(
         client, task_queue=settings.task_queue, workflows=[InstanceWorkflow],
-        activities=[Advancer(rt).advance], identity=rt.owner,
+        activities=[Advancer(rt, log=_log).advance], identity=rt.owner,
         max_concurrent_activities=max_concurrent or settings.max_concurrent,
         graceful_shutdown_timeout=timedelta(seconds=grace),
         # A workflow task meant for a dead worker's cache goes to any worker after this (default 10 s).
