@@ -1753,25 +1753,128 @@ class Runtime:
 
         await self._start_segment(run, new_segment=True, prelude=prelude, lease=lease, fresh=True)
 
+    async def submit_message(self, instance_id: str, text: str, *, source: str = "api") -> None:
+        """Post a message to an instance's mailbox for its runner, and tell the engine; nothing runs here.
+
+        A running instance reads it at its next turn boundary; a resting one is picked up by a
+        worker (:meth:`pick_up`, ``message``); one waiting for approval reads it once its calls
+        are decided.
+
+        :raises InstanceNotFoundError: No such instance.
+        """
+        self.loop  # noqa: B018 - raises if the runtime is not open
+        await self.store.read_header(instance_id)
+        await self.store.post(instance_id, {"type": "message", "text": text, "source": source, "at": now_iso()})
+        await self.engine.submit(instance_id)
+
+    async def submit_decision(
+        self, instance_id: str, tool_call_id: str | None, decision: Literal["approved", "denied"],
+        reason: str | None = None, *, subtree: bool = False,
+    ) -> list[PendingApproval]:
+        """Save decisions on held calls (as :meth:`decide`, or :meth:`decide_subtree`), and tell the engine.
+
+        Nothing continues here: each holder whose calls are now all decided is handed to the
+        engine, and so are the callers above it, for runners to continue (:meth:`pick_up`,
+        ``approval``; a caller a dead runner left ``running``, ``resume``).
+
+        :return: What was decided, each entry naming its holder.
+        :raises LoopwrightError: As :meth:`decide`.
+        """
+        run = await self.get_agent(instance_id)
+        if subtree:
+            decided = await self.decide_subtree(run, decision, reason, detach=True)
+        else:
+            decided = await self.decide(run, tool_call_id, decision, reason, detach=True)
+        told: list[str] = []
+        for holder in dict.fromkeys(str(p.instance_id or instance_id) for p in decided):
+            for iid in (holder, *await self._callers(holder)):
+                if iid not in told:
+                    told.append(iid)
+                    await self.engine.submit(iid)
+        return decided
+
+    async def submit_resume(self, instance_id: str) -> bool:
+        """Hand an instance with work left to the engine, for a runner to continue; nothing runs here.
+
+        Work left: a dead runner's instance (``running``, lease free), a queued one, or one
+        waiting for approval whose held calls are all decided.
+
+        :return: Whether it had such work (a resting instance has none; send it a message).
+        :raises InstanceNotFoundError: No such instance.
+        """
+        self.loop  # noqa: B018 - raises if the runtime is not open
+        header = await self.store.read_header(instance_id)
+        pending = header.get("pendingApprovals") or []
+        decided = header.get("state") == State.WAITING_FOR_APPROVAL.value and bool(pending) and all(
+            isinstance(p, Mapping) and p.get("decision") is not None for p in pending)
+        if header.get("state") != State.RUNNING.value and not decided:
+            return False
+        await self.engine.submit(instance_id)
+        return True
+
+    async def follow_submitted(self, instance_id: str, *, since: str | None = None, poll: float = 0.2) -> AgentRun:
+        """Wait until an instance another runner advances rests, and return its run, reloaded from the store.
+
+        For work handed to an engine (:meth:`submit`, :meth:`submit_message` ...): it rests once
+        its header is no longer ``running`` and was written after ``since`` (the ``updatedAt``
+        read when the work was submitted, so that the old resting state is not taken for the
+        new one). An instance ``running`` only because calls held in its tree wait for approval
+        counts as resting too (it waits for its operator).
+
+        :param poll: Seconds between looks at the header.
+        """
+        stalled = 0
+        while True:
+            header = await self.store.read_header(instance_id)
+            state = header.get("state")
+            if state != State.RUNNING.value and header.get("updatedAt") != since:
+                break
+            stalled = stalled + 1 if state == State.RUNNING.value and await self.tree_approvals(instance_id) else 0
+            if stalled >= 2:  # noqa: PLR2004 - twice: a decision taken in between resets it
+                break
+            await anyio.sleep(poll)
+        run = await self.get_agent(instance_id)
+        if not run.running:
+            await self._refresh(run)
+        return run
+
+    async def _callers(self, instance_id: str) -> list[str]:
+        """Return the ids above ``instance_id`` (its spawner, theirs ...) up to the root, from the saved headers."""
+        out: list[str] = []
+        seen = {instance_id}
+        current = await self.store.read_header(instance_id)
+        while True:
+            spawner = current.get("spawnerInstanceId")
+            if not isinstance(spawner, str) or not spawner or spawner in seen:
+                return out
+            seen.add(spawner)
+            out.append(spawner)
+            try:
+                current = await self.store.read_header(spawner)
+            except InstanceNotFoundError:
+                return out
+
     async def decide(
         self, run: AgentRun, tool_call_id: str | None, decision: Literal["approved", "denied"], reason: str | None,
+        *, detach: bool = False,
     ) -> list[PendingApproval]:
         """Record a decision on held calls; continue the segment once every one is decided.
 
         With ``tool_call_id``, the call may be held anywhere in ``run``'s subtree: it is decided
         on the instance that holds it (:meth:`decide_held`), whose callers then go on too. Without,
-        every undecided call held by ``run``'s own instance is decided.
+        every undecided call held by ``run``'s own instance is decided. With ``detach``, only the
+        decisions are saved: nothing continues here (see :meth:`submit_decision`).
 
         :return: What was decided, each entry naming its holder and path.
         :raises LoopwrightError: No such call is waiting for approval (any more), or it is held
             by more than one instance of the tree (name the holder instead).
         """
         if tool_call_id is None:
-            return await self.decide_held(run, None, decision, reason)
+            return await self.decide_held(run, None, decision, reason, detach=detach)
         header = await self.store.read_header(run.instance_id)
         own = {p.get("toolCallId") for p in header.get("pendingApprovals") or [] if p.get("decision") is None}
         if tool_call_id in own and header.get("state") == State.WAITING_FOR_APPROVAL.value:
-            return await self.decide_held(run, tool_call_id, decision, reason)
+            return await self.decide_held(run, tool_call_id, decision, reason, detach=detach)
         found = [p for p in await self.tree_approvals(run.instance_id) if p.tool_call_id == tool_call_id]
         if not found:
             raise LoopwrightError(f"no call {tool_call_id!r} is waiting for approval in the tree of instance "
@@ -1781,15 +1884,18 @@ class Runtime:
             raise LoopwrightError(f"call {tool_call_id!r} is held by more than one instance ({holders}); "
                                   "decide it on its holder: approve HOLDER --call CALL_ID")
         holder = await self.get_agent(str(found[0].instance_id))
-        decided = await self.decide_held(holder, tool_call_id, decision, reason)
-        await self.wake_callers(holder.instance_id)
+        decided = await self.decide_held(holder, tool_call_id, decision, reason, detach=detach)
+        if not detach:
+            await self.wake_callers(holder.instance_id)
         path = found[0].path
         return [attrs.evolve(p, instance_id=holder.instance_id, path=path) for p in decided]
 
     async def decide_subtree(
-        self, run: AgentRun, decision: Literal["approved", "denied"], reason: str | None,
+        self, run: AgentRun, decision: Literal["approved", "denied"], reason: str | None, *, detach: bool = False,
     ) -> list[PendingApproval]:
         """Decide every undecided call in ``run``'s subtree, holder by holder (deepest first).
+
+        With ``detach``, only the decisions are saved (see :meth:`decide`).
 
         :return: What was decided, each entry naming its holder and path.
         :raises LoopwrightError: Nothing in the tree waits for approval.
@@ -1804,16 +1910,20 @@ class Runtime:
         for holder_id in sorted(holders, key=lambda h: -len(holders[h][0].path)):
             holder = await self.get_agent(holder_id)
             path = holders[holder_id][0].path
-            done = await self.decide_held(holder, None, decision, reason)
+            done = await self.decide_held(holder, None, decision, reason, detach=detach)
             decided += [attrs.evolve(p, instance_id=holder_id, path=path) for p in done]
-            if holder_id != run.instance_id:
+            if holder_id != run.instance_id and not detach:
                 await self.wake_callers(holder_id)
         return decided
 
     async def decide_held(
         self, run: AgentRun, tool_call_id: str | None, decision: Literal["approved", "denied"], reason: str | None,
+        *, detach: bool = False,
     ) -> list[PendingApproval]:
         """Record a decision on calls ``run``'s own instance holds; continue once every one is decided.
+
+        With ``detach``, the lease is given back once the decisions are saved, even when every
+        call is decided: a runner continues it through :meth:`pick_up`.
 
         The decision is written under the instance's lease, on a fresh copy of its header, so a
         decision from another process is never lost, and two processes deciding the same call
@@ -1863,7 +1973,7 @@ class Runtime:
         except BaseException:
             lease.release()
             raise
-        if not all(p.decision is not None for p in decided):
+        if detach or not all(p.decision is not None for p in decided):
             lease.release()
         else:
             await self._continue_decided(run, lease)
@@ -2115,6 +2225,7 @@ class Runtime:
             lease = await self.store.acquire(run.instance_id, self.owner)
         except InstanceLockedError:
             await self.store.post(run.instance_id, {"type": "cancel", "at": now_iso()})
+            await self.engine.submit(run.instance_id)  # its runner may be the engine's, far away
             with anyio.move_on_after(timeout):
                 # Another process owns the run: there is nothing local to wait on but its header.
                 while (await self.store.read_header(run.instance_id)).get("state") == State.RUNNING.value:  # noqa: ASYNC110
@@ -2128,11 +2239,13 @@ class Runtime:
                 return
             run._done = anyio.Event()  # noqa: SLF001
             try:
+                inst.header.pop("queued", None)  # a queued instance is stopped before any runner started it
                 await self.loop.set_state(run, State.STOPPED, StopReason.CANCELLED, cancelled=True)
             finally:
                 run._done.set()  # noqa: SLF001
         finally:
             lease.release()
+        await self.engine.submit(run.instance_id)  # an engine that tracks the instance learns it is done
 
 
 def _subtree_in(header: Mapping[str, Any], by_id: Mapping[Any, Mapping[str, Any]], seen: set[Any]) -> float | None:
@@ -2221,6 +2334,7 @@ def summary(header: Mapping[str, Any], *, subtree_cost: float | object | None = 
         "instanceId": header.get("instanceId"),
         "name": header.get("name"),
         "state": header.get("state"),
+        "queued": header.get("queued") is True,
         "stopReason": header.get("stopReason"),
         "cancelled": bool(header.get("cancelled", False)),
         "error": header.get("error"),
