@@ -1827,7 +1827,12 @@ class Runtime:
         while True:
             header = await self.store.read_header(instance_id)
             state = header.get("state")
-            if state != State.RUNNING.value and header.get("updatedAt") != since:
+            # Held calls that are all decided are work left for a runner, not a rest (the decision
+            # itself rewrote the header after ``since`` was read).
+            pending = header.get("pendingApprovals") or []
+            decided = state == State.WAITING_FOR_APPROVAL.value and bool(pending) and all(
+                isinstance(p, Mapping) and p.get("decision") is not None for p in pending)
+            if state != State.RUNNING.value and not decided and header.get("updatedAt") != since:
                 break
             stalled = stalled + 1 if state == State.RUNNING.value and await self.tree_approvals(instance_id) else 0
             if stalled >= 2:  # noqa: PLR2004 - twice: a decision taken in between resets it
