@@ -21,6 +21,7 @@ from typing import Any
 
 import anyio
 import pytest
+from temporalio.service import RPCError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from temporal_harness import Deployment, TemporalServer, temporal_cli
@@ -222,8 +223,15 @@ def test_a_sub_agent_is_a_child_workflow_and_a_deep_approval_reaches_it(
         assert child is not None
         call = child["pendingApprovals"][0]["toolCallId"]
         engine = _engine(dep)
-        described = anyio.run(engine.describe, child["instanceId"])
-        assert described["parentId"] == root, described
+
+        def parent_of_child() -> str | None:
+            try:
+                return anyio.run(engine.describe, child["instanceId"])["parentId"]
+            except RPCError:  # not started yet: the caller's activity signals it within a heartbeat
+                return None
+
+        dep.wait_for("the child's workflow", lambda: parent_of_child() is not None)
+        assert parent_of_child() == root
         assert dep.effect_lines() == []
 
         approved = dep.cli("approve", "--json", root, "--call", call)

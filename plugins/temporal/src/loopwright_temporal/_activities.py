@@ -34,7 +34,7 @@ import anyio
 from temporalio import activity
 
 from loopwright.errors import InstanceLockedError, InstanceNotFoundError
-from loopwright_temporal._workflow import ADVANCE, Advanced
+from loopwright_temporal._workflow import ADVANCE, CHILDREN, Advanced
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -118,8 +118,16 @@ class Advancer:
 
 
 async def _follow(run: AgentRun) -> None:
-    """Wait for the segment to rest, heartbeating meanwhile."""
+    """Wait for the segment to rest, heartbeating meanwhile; signal the sub-agents it starts to the workflow."""
+    told = set(run.inst.header.get("children") or [])
     while run.running:
         activity.heartbeat(run.inst.turn)
         with anyio.move_on_after(HEARTBEAT_EVERY):
             await run.wait()
+        new = [str(c) for c in run.inst.header.get("children") or [] if c not in told]
+        if new and run.running:
+            # The caller's segment goes on (it may wait for them in await_agent): its workflow
+            # starts their child workflows now, so a decision deep in the tree reaches them.
+            info = activity.info()
+            await activity.client().get_workflow_handle(info.workflow_id or run.instance_id).signal(CHILDREN, new)
+            told.update(new)

@@ -64,15 +64,14 @@ def temporal_worker(address: str | None, namespace: str | None, task_queue: str 
 
 async def _serve(settings: CliSettings, flags: Mapping[str, Any], grace: float) -> int:
     from loopwright import Runtime  # noqa: PLC0415
-    from loopwright_temporal._engine import connect  # noqa: PLC0415
+    from loopwright_temporal._engine import TemporalEngine  # noqa: PLC0415
     from loopwright_temporal._settings import TemporalSettings  # noqa: PLC0415
     from loopwright_temporal._worker import serve  # noqa: PLC0415
 
     rt = Runtime.from_file(settings.assembly_path())
-    engine = TemporalSettings.from_options({**engine_options(rt), **flags})
-    client = await connect(engine)
-    async with rt:
-        return await serve(client, rt, engine, grace=grace)
+    options = TemporalSettings.from_options({**engine_options(rt), **flags})
+    async with TemporalEngine(options) as engine, rt:
+        return await serve(await engine.client(), rt, options, grace=grace)
 
 
 def engine_options(rt: Any) -> Mapping[str, Any]:

@@ -21,15 +21,17 @@ from loopwright_temporal._workflow import WAKE, WORKFLOW, InstanceInput, Timeout
 
 if TYPE_CHECKING:
     from temporalio.client import Client
+    from temporalio.runtime import Runtime as TemporalRuntime
 
     from loopwright_temporal._settings import TemporalSettings
 
 __all__ = ["TemporalEngine", "connect"]
 
 
-async def connect(settings: TemporalSettings) -> Client:
+async def connect(settings: TemporalSettings, runtime: TemporalRuntime | None = None) -> Client:
     """Connect a Temporal client to ``settings.address`` and ``settings.namespace``.
 
+    :param runtime: The SDK runtime (its Rust threads) to connect on; default the SDK's global one.
     :raises loopwright.errors.LoopwrightError: The cluster cannot be reached (with its address).
     """
     from temporalio.client import Client  # noqa: PLC0415 - the SDK loads only when the engine is used
@@ -37,7 +39,8 @@ async def connect(settings: TemporalSettings) -> Client:
     from loopwright.errors import LoopwrightError  # noqa: PLC0415
 
     try:
-        return await Client.connect(settings.address, namespace=settings.namespace)
+        return await Client.connect(settings.address, namespace=settings.namespace,
+                                    **({"runtime": runtime} if runtime is not None else {}))
     except RuntimeError as exc:
         raise LoopwrightError(f"engine temporal: cannot reach the Temporal cluster at {settings.address} "
                               f"(namespace {settings.namespace}): {exc}") from exc
@@ -57,6 +60,7 @@ class TemporalEngine(Engine):
         """Dispatch through the cluster of ``settings``; connect on first use (or use ``client``)."""
         self.settings = settings
         self._client = client
+        self._runtime: TemporalRuntime | None = None
 
     def __repr__(self) -> str:
         s = self.settings
@@ -65,7 +69,12 @@ class TemporalEngine(Engine):
     async def client(self) -> Client:
         """Return the engine's client, connecting it the first time."""
         if self._client is None:
-            self._client = await connect(self.settings)
+            from temporalio.runtime import Runtime as TemporalRuntime  # noqa: PLC0415 - see connect()
+            from temporalio.runtime import TelemetryConfig  # noqa: PLC0415
+
+            # A runtime of the engine's own, dropped by aclose() (see there).
+            self._runtime = TemporalRuntime(telemetry=TelemetryConfig())
+            self._client = await connect(self.settings, self._runtime)
         return self._client
 
     async def submit(self, instance_id: str) -> None:
@@ -90,5 +99,17 @@ class TemporalEngine(Engine):
                 "parentId": info.parent_id}
 
     async def aclose(self) -> None:
-        """Forget the client (the SDK's connection closes with it)."""
+        """Drop the client and the SDK runtime it connected on, now.
+
+        The SDK has no close: its Rust threads stop when its runtime object is collected. Left
+        to interpreter shutdown, one of them may call into Python while it finalizes, which
+        aborts a short-lived process such as ``loopwright run --detach`` (temporalio/sdk-python
+        issue 300); collected here, while Python runs, they stop cleanly.
+        """
+        import gc  # noqa: PLC0415 - only when closing
+
+        owned = self._runtime is not None
         self._client = None
+        self._runtime = None
+        if owned:
+            gc.collect()

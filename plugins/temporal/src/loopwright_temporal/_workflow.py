@@ -10,8 +10,10 @@ One workflow per instance; its workflow id is the instance id. Its loop:
 
 1. run ``loopwright.advance`` (heartbeating; retried on another worker when its worker dies),
    which advances the instance by one segment under its lease and reports how it rests;
-2. start a child workflow for each sub-agent instance it reports for the first time (ids of the
-   children, so the tree is visible in Temporal, and ``submit(child_id)`` reaches it);
+2. start a child workflow for each sub-agent instance not seen before, as soon as the activity
+   signals it (``children``: a caller's segment starts its sub-agents while it runs) and again
+   from the activity's result, so the tree is visible in Temporal and ``submit(child_id)``
+   reaches the child's own workflow;
 3. when the instance rests and waits for someone (``waiting``, ``waiting_for_approval``), or has
    a deadline (an armed ``elapsed`` monitor), wait for the ``wake`` signal
    (:meth:`~loopwright_temporal.TemporalEngine.submit` sends it after the store got a message, a
@@ -35,6 +37,7 @@ from temporalio.workflow import ParentClosePolicy
 
 __all__ = [
     "ADVANCE",
+    "CHILDREN",
     "MAX_ITERATIONS",
     "WAKE",
     "WORKFLOW",
@@ -50,6 +53,8 @@ WORKFLOW = "loopwright.instance"
 ADVANCE = "loopwright.advance"
 #: The signal that says the store holds new work for the instance.
 WAKE = "wake"
+#: The signal the activity sends its workflow with the ids of sub-agents the segment started.
+CHILDREN = "children"
 #: Rounds of the loop before the workflow continues as new.
 MAX_ITERATIONS = 200
 #: Back-off, in seconds, while another runner holds the instance: first and most.
@@ -117,11 +122,17 @@ class InstanceWorkflow:
 
     def __init__(self) -> None:
         self._wakes = 0
+        self._reported: list[str] = []
 
     @workflow.signal(name=WAKE)
     def wake(self) -> None:
         """Say that the store holds new work for the instance (a new instance, a message, a decision, a cancel)."""
         self._wakes += 1
+
+    @workflow.signal(name=CHILDREN)
+    def children(self, ids: list[str]) -> None:
+        """Record sub-agents the running segment started (their child workflows start at once)."""
+        self._reported.extend(i for i in ids if i not in self._reported)
 
     @workflow.query(name="wakes")
     def pending_wakes(self) -> int:
@@ -133,10 +144,11 @@ class InstanceWorkflow:
         """Dispatch the instance until it is stopped (or in error) with nothing left to do."""
         self._wakes += given.wakes
         children = list(given.children)
+        self._reported = list(children)
         busy_wait = _BUSY_FIRST
         for _ in range(MAX_ITERATIONS):
             self._wakes = 0
-            out = await self._advance(given)
+            out = await self._advance(given, children)
             await self._start_children(out.children, children, given.timeouts)
             if out.state == "missing":
                 return out
@@ -156,8 +168,9 @@ class InstanceWorkflow:
         return workflow.continue_as_new(InstanceInput(instance_id=given.instance_id, timeouts=given.timeouts,
                                                       children=children, wakes=self._wakes))
 
-    async def _advance(self, given: InstanceInput) -> Advanced:
-        return await workflow.execute_activity(
+    async def _advance(self, given: InstanceInput, started: list[str]) -> Advanced:
+        """Run the activity; meanwhile start a child workflow for each child it signals."""
+        handle = workflow.start_activity(
             ADVANCE, given.instance_id, result_type=Advanced,
             start_to_close_timeout=timedelta(seconds=given.timeouts.segment),
             heartbeat_timeout=timedelta(seconds=given.timeouts.heartbeat),
@@ -166,6 +179,11 @@ class InstanceWorkflow:
             retry_policy=RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
                                      maximum_interval=timedelta(seconds=30)),
         )
+        while True:
+            await workflow.wait_condition(lambda: handle.done() or any(c not in started for c in self._reported))
+            await self._start_children(self._reported, started, given.timeouts)
+            if handle.done():
+                return await handle
 
     async def _wait(self, seconds: float | None) -> None:
         """Wait for a wake, or ``seconds`` (forever when ``None``)."""
