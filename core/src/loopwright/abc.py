@@ -18,6 +18,7 @@ import attrs
 if TYPE_CHECKING:
     from types import TracebackType
 
+    from loopwright._runtime import Runtime
     from loopwright._types import Message, ModelRequest, ModelResponse, Record, StreamDelta, Usage
 
 __all__ = [
@@ -363,6 +364,24 @@ class Engine(_AsyncClosing, abc.ABC):
         ``submit`` or a worker's poll finds it.
         """
         raise NotImplementedError
+
+    async def serve(self, runtime: Runtime, *, max_concurrent: int, grace: float) -> int | None:
+        """Run this engine's own worker until it is stopped, for ``loopwright worker``.
+
+        An engine whose runners take their work from somewhere other than the store (a Temporal
+        task queue) serves here, advancing instances in ``runtime`` (open) with
+        :meth:`loopwright.Runtime.pick_up`, and returns the exit code once stopped (SIGTERM
+        drains for up to ``grace`` seconds). The default returns ``None`` at once: the engine
+        has no worker of its own, and ``loopwright worker`` serves the store itself, polling
+        :meth:`Store.find_work`, as for the ``local`` engine.
+
+        :param max_concurrent: The most segments to run at once.
+        :param grace: Seconds running segments may take to rest after a stop signal.
+
+        .. versionadded:: 0.2
+        """
+        del runtime, max_concurrent, grace
+        return None
 
 
 class Lease:

@@ -118,10 +118,10 @@ class Deployment:
                               check=check)
 
     def start_worker(self, *extra: str, name: str | None = None) -> subprocess.Popen[bytes]:
-        """Start a ``loopwright temporal-worker`` process; wait until it says it serves."""
+        """Start a ``loopwright worker`` process (a Temporal worker: the engine is temporal); wait until it says it serves."""
         log = self.folder / f"{name or f'worker{len(self.workers)}'}.log"
         with log.open("wb") as out:
-            cmd = [sys.executable, "-m", "loopwright.cli", "-c", str(self.assembly), "temporal-worker", *extra]
+            cmd = [sys.executable, "-m", "loopwright.cli", "-c", str(self.assembly), "worker", *extra]
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env(), cwd=self.folder)
         proc.log = log  # type: ignore[attr-defined]
         self.workers.append(proc)

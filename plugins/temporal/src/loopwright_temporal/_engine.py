@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from temporalio.client import Client
     from temporalio.runtime import Runtime as TemporalRuntime
 
+    from loopwright import Runtime
     from loopwright_temporal._settings import TemporalSettings
 
 __all__ = ["TemporalEngine", "connect"]
@@ -90,6 +91,16 @@ class TemporalEngine(Engine):
             WORKFLOW, InstanceInput(instance_id=instance_id, timeouts=timeouts), id=instance_id,
             task_queue=self.settings.task_queue, start_signal=WAKE,
             id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE)
+
+    async def serve(self, runtime: Runtime, *, max_concurrent: int, grace: float) -> int:
+        """Run a Temporal worker on the engine's task queue in ``runtime`` (``loopwright worker``).
+
+        The same worker as ``loopwright temporal-worker`` (:func:`loopwright_temporal._worker.serve`):
+        it runs until SIGTERM or SIGINT, then drains for up to ``grace`` seconds.
+        """
+        from loopwright_temporal._worker import serve  # noqa: PLC0415 - the worker only in a worker process
+
+        return await serve(await self.client(), runtime, self.settings, max_concurrent=max_concurrent, grace=grace)
 
     async def describe(self, instance_id: str) -> dict[str, Any]:
         """Return the status of ``instance_id``'s workflow (for ``show`` and tests): ``{status, runId}``."""
