@@ -118,7 +118,7 @@ class Deployment:
                               check=check)
 
     def start_worker(self, *extra: str, name: str | None = None) -> subprocess.Popen[bytes]:
-        """Start a ``loopwright worker`` process (a Temporal worker: the engine is temporal); wait until it says it serves."""
+        """Start a ``loopwright worker`` process (a Temporal worker: the engine is temporal); wait until it serves."""
         log = self.folder / f"{name or f'worker{len(self.workers)}'}.log"
         with log.open("wb") as out:
             cmd = [sys.executable, "-m", "loopwright.cli", "-c", str(self.assembly), "worker", *extra]

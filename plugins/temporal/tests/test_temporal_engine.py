@@ -24,7 +24,7 @@ import pytest
 from temporalio.service import RPCError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from temporal_harness import Deployment, TemporalServer, temporal_cli
+from temporal_harness import Deployment, TemporalServer, free_port, temporal_cli
 
 RESTING = {"waiting", "waiting_for_approval", "stopped", "error"}
 
@@ -247,3 +247,24 @@ def _engine(dep: Deployment) -> Any:
     from loopwright_temporal import make_engine  # noqa: PLC0415 - the SDK only for the tests that ask
 
     return make_engine({"address": dep.server.address, "taskQueue": dep.task_queue})
+
+
+def test_an_unreachable_cluster_fails_the_command_and_keeps_the_work(deployment: Deployment) -> None:
+    """run --detach with the cluster out of reach: exit 1 naming the instance; resume hands it over later."""
+    dep = deployment
+    good = dep.assembly.read_text()
+    dep.assembly.write_text(good.replace(dep.server.address, f"127.0.0.1:{free_port()}"))
+    failed = dep.cli("run", "--detach", dep.agent("chat"), "-i", "tag=unreachable", "-p", "hi")
+    assert failed.returncode == 1, failed.stderr
+    listed = dep.cli("ls", "--json")
+    [summary] = json.loads(listed.stdout)
+    iid = summary["instanceId"]
+    assert f"instance {iid}: engine temporal: cannot reach the Temporal cluster" in failed.stderr
+    assert f"loopwright resume {iid}" in failed.stderr
+    assert summary["state"] == "running"
+
+    dep.assembly.write_text(good)
+    dep.start_worker()
+    resumed = dep.cli("resume", "--json", iid)
+    assert resumed.returncode == 0, resumed.stderr
+    assert _json(resumed)["text"] == "hello, what next?"

@@ -81,16 +81,28 @@ class TemporalEngine(Engine):
     async def submit(self, instance_id: str) -> None:
         """Make a worker advance ``instance_id``: start its workflow if needed and signal ``wake``.
 
-        :raises loopwright.errors.LoopwrightError: The cluster cannot be reached.
+        :raises loopwright.errors.LoopwrightError: The cluster cannot be reached or refused the
+            call (naming the instance; its work stays in the store).
         """
         from temporalio.common import WorkflowIDReusePolicy  # noqa: PLC0415 - see connect()
+        from temporalio.service import RPCError  # noqa: PLC0415
 
-        client = await self.client()
-        timeouts = Timeouts(heartbeat=self.settings.heartbeat_timeout, segment=self.settings.segment_timeout)
-        await client.start_workflow(
-            WORKFLOW, InstanceInput(instance_id=instance_id, timeouts=timeouts), id=instance_id,
-            task_queue=self.settings.task_queue, start_signal=WAKE,
-            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE)
+        from loopwright.errors import LoopwrightError  # noqa: PLC0415
+
+        kept = (f"its work is saved in the store: 'loopwright resume {instance_id}' (or any command on it) "
+                "hands it over again")
+        try:
+            client = await self.client()
+            timeouts = Timeouts(heartbeat=self.settings.heartbeat_timeout, segment=self.settings.segment_timeout)
+            await client.start_workflow(
+                WORKFLOW, InstanceInput(instance_id=instance_id, timeouts=timeouts), id=instance_id,
+                task_queue=self.settings.task_queue, start_signal=WAKE,
+                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE)
+        except LoopwrightError as exc:
+            raise LoopwrightError(f"instance {instance_id}: {exc}; {kept}") from exc
+        except RPCError as exc:
+            raise LoopwrightError(f"instance {instance_id}: engine temporal: the cluster at {self.settings.address} "
+                                  f"refused to start or signal its workflow: {exc}; {kept}") from exc
 
     async def serve(self, runtime: Runtime, *, max_concurrent: int, grace: float) -> int:
         """Run a Temporal worker on the engine's task queue in ``runtime`` (``loopwright worker``).
