@@ -8,6 +8,12 @@ worker polling the store at that moment can never take it for a dead runner's.
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -267,3 +273,198 @@ async def test_start_agent_cannot_lose_its_new_instance_to_a_polling_worker(tmp_
     assert rival_picked == [None]
     assert result.state is State.WAITING
     assert run.inst.transcript[-1].content == "mine"
+
+
+# -- through the CLI and a host script, as a user would (subprocesses) -------------------------
+
+PLUGIN = Path(__file__).with_name("worker_plugin.py")
+
+REMOTE_ENGINE = '''
+import loopwright
+from loopwright.abc import Engine
+
+
+class RemoteEngine(Engine):
+    """Runners live elsewhere (a worker process): the plain commands submit, then follow."""
+
+    in_process = False
+
+    def __init__(self, options, runtime):
+        pass
+
+    async def submit(self, instance_id):
+        with open("submitted.txt", "a") as f:
+            f.write(instance_id + "\\n")
+
+
+@loopwright.hookimpl
+def loopwright_register_engines(register):
+    register("remote", RemoteEngine)
+'''
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPWRIGHT_")}
+    env["LOOPWRIGHT_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    return env
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A folder with a file-store assembly, the worker plugin and two definitions."""
+    shutil.copy(PLUGIN, tmp_path / "worker_plugin.py")
+    (tmp_path / "loopwright.yaml").write_text("store: {kind: file, path: ./store}\nplugins: [worker_plugin.py]\n")
+    (tmp_path / "chat.yaml").write_text("name: chat\nmodel: script:chat\n")
+    (tmp_path / "approve.yaml").write_text("name: approve\nmodel: script:approve\ntools: [delete]\n")
+    return tmp_path
+
+
+def lw(project: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "loopwright.cli", *args], cwd=project, env=_env(),
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def worker_once(project: Path) -> list[dict[str, Any]]:
+    done = lw(project, "worker", "--once", "--json")
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+
+
+def show(project: Path, iid: str) -> dict[str, Any]:
+    done = lw(project, "show", iid, "--json")
+    assert done.returncode == 0, done.stderr
+    data: dict[str, Any] = json.loads(done.stdout)
+    return data
+
+
+def test_run_detach_prints_the_id_and_a_worker_starts_it(project: Path) -> None:
+    done = lw(project, "run", "--detach", "chat.yaml", "-p", "hello")
+    assert done.returncode == 0, done.stderr
+    iid = done.stdout.strip()
+    assert show(project, iid)["queued"] is True
+    assert f"loopwright show {iid}" in done.stderr
+    events = worker_once(project)
+    assert [(e["event"], e["instanceId"], e.get("reason")) for e in events] == [
+        ("pickedUp", iid, "start"), ("finished", iid, None)]
+    assert events[1]["text"] == "answer to: hello"
+    shown = show(project, iid)
+    assert (shown["state"], shown["queued"]) == ("waiting", False)
+
+
+def test_submit_is_run_detach_and_says_so_in_json(project: Path) -> None:
+    done = lw(project, "submit", "chat.yaml", "-p", "hello", "--json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert (data["state"], data["queued"], data["submitted"]) == ("running", True, True)
+    assert lw(project, "run", "--detach", "--stream", "chat.yaml").returncode == 2
+
+
+def test_a_bad_definition_is_refused_before_anything_is_queued(project: Path) -> None:
+    (project / "bad.yaml").write_text("name: bad\nmodel: script:chat\ntools: [no_such_tool]\n")
+    done = lw(project, "run", "--detach", "bad.yaml", "-p", "x")
+    assert done.returncode == 2, done.stderr
+    assert "no_such_tool" in done.stderr
+    assert json.loads(lw(project, "ls", "--json").stdout) == []
+
+
+def test_message_detach_is_answered_by_a_worker(project: Path) -> None:
+    first = json.loads(lw(project, "run", "chat.yaml", "-p", "first", "--json").stdout)
+    iid = first["instanceId"]
+    done = lw(project, "message", "--detach", iid, "second")
+    assert (done.returncode, done.stdout.strip()) == (0, iid), done.stderr
+    assert show(project, iid)["state"] == "waiting"  # nothing ran in the message process
+    events = worker_once(project)
+    assert [(e["event"], e.get("reason")) for e in events] == [("pickedUp", "message"), ("finished", None)]
+    assert events[1]["text"] == "answer to: second"
+
+
+def test_approve_detach_is_continued_by_a_worker(project: Path) -> None:
+    held = json.loads(lw(project, "run", "approve.yaml", "--json").stdout)
+    iid = held["instanceId"]
+    assert held["state"] == "waiting_for_approval"
+    done = lw(project, "approve", "--detach", iid, "--json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert (data["instanceId"], data["submitted"], data["state"]) == (iid, True, "waiting_for_approval")
+    assert not (project / "x.deleted").exists()
+    events = worker_once(project)
+    assert [(e["event"], e.get("reason")) for e in events] == [("pickedUp", "approval"), ("finished", None)]
+    assert events[1]["text"] == "result: deleted x"
+    # Deciding again is refused as without --detach: the call no longer waits.
+    assert lw(project, "approve", "--detach", iid).returncode == 2
+
+
+def test_deny_detach_gives_the_denial_to_the_worker(project: Path) -> None:
+    iid = json.loads(lw(project, "run", "approve.yaml", "--json").stdout)["instanceId"]
+    done = lw(project, "deny", "--detach", iid, "--reason", "not today")
+    assert done.returncode == 0, done.stderr
+    events = worker_once(project)
+    assert events[-1]["text"] == "result: denied: not today"
+
+
+def test_a_host_script_submits_and_a_worker_runs_it(project: Path) -> None:
+    (project / "host.py").write_text(
+        "import anyio, loopwright\n"
+        "async def main():\n"
+        "    async with loopwright.Runtime.from_file('loopwright.yaml') as rt:\n"
+        "        for n in range(3):\n"
+        "            print(await rt.submit('chat.yaml', prompt=f'task {n}'))\n"
+        "anyio.run(main)\n")
+    done = subprocess.run([sys.executable, "host.py"], cwd=project, env=_env(), capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    ids = done.stdout.split()
+    assert len(ids) == 3
+    events = worker_once(project)
+    assert sorted(e["instanceId"] for e in events if e["event"] == "pickedUp") == sorted(ids)
+    assert sorted(e["text"] for e in events if e["event"] == "finished") == [f"answer to: task {n}" for n in range(3)]
+
+
+def test_with_an_engine_that_runs_elsewhere_a_plain_run_submits_and_follows(project: Path) -> None:
+    (project / "remote_engine.py").write_text(REMOTE_ENGINE)
+    (project / "loopwright.yaml").write_text(
+        "store: {kind: file, path: ./store}\nplugins: [worker_plugin.py, remote_engine.py]\nengine: {kind: remote}\n")
+    worker = subprocess.Popen([sys.executable, "-m", "loopwright.cli", "worker", "--poll", "50ms"], cwd=project,
+                              env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        done = lw(project, "run", "chat.yaml", "-p", "far away", "--json")
+        held = lw(project, "run", "approve.yaml", "--json")
+        iid = json.loads(held.stdout)["instanceId"]
+        approved = lw(project, "approve", iid, "--json")
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        out, err = worker.communicate(timeout=120)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert (result["state"], result["text"]) == ("waiting", "answer to: far away")
+    assert held.returncode == 3, held.stderr
+    assert approved.returncode == 0, approved.stderr
+    assert json.loads(approved.stdout)["text"] == "result: deleted x"
+    # Nothing ran in the commands' processes: the worker picked each piece of work up.
+    assert [line.split(": ")[-1] for line in out.splitlines() if line.startswith("picked up")] == [
+        "start", "start", "approval"], err
+    told = (project / "submitted.txt").read_text().split()
+    assert told == [result["instanceId"], iid, iid]
+
+
+def test_worker_runs_the_engines_own_worker_when_it_has_one(project: Path) -> None:
+    (project / "queue_engine.py").write_text(
+        "import loopwright\n"
+        "from loopwright.abc import Engine\n"
+        "class QueueEngine(Engine):\n"
+        "    def __init__(self, options, runtime):\n"
+        "        pass\n"
+        "    async def submit(self, instance_id):\n"
+        "        pass\n"
+        "    async def run_worker(self, *, poll, max_concurrent, once, grace):\n"
+        "        print(f'queue worker: {max_concurrent} slots, once={once}')\n"
+        "        return 0\n"
+        "@loopwright.hookimpl\n"
+        "def loopwright_register_engines(register):\n"
+        "    register('queue', QueueEngine)\n")
+    (project / "loopwright.yaml").write_text(
+        "store: {kind: file, path: ./store}\nplugins: [worker_plugin.py, queue_engine.py]\nengine: {kind: queue}\n")
+    lw(project, "run", "--detach", "chat.yaml", "-p", "x")
+    done = lw(project, "worker", "--once", "--max-concurrent", "3")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "queue worker: 3 slots, once=True\n"  # the store was not polled: nothing picked up

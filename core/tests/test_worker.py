@@ -222,7 +222,7 @@ def test_ctrl_c_after_the_grace_leaves_the_instance_for_another_worker(project: 
 
 
 def test_a_dead_runners_instance_goes_ahead_of_the_queue(project: Path) -> None:
-    """Submitted instances wait behind an instance whose runner was SIGKILLed, even one killed after they were queued."""
+    """Queued instances wait behind one whose runner was SIGKILLed, even one killed after they were queued."""
     queued = [lw(project, "run", "--detach", "chat.yaml", "-p", f"q{n}").stdout.strip() for n in range(4)]
     assert all(queued), queued
     dead = kill_mid_run(project)

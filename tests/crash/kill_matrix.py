@@ -1149,10 +1149,22 @@ def check_counters(seen: Seen) -> list[Violation]:  # noqa: C901, PLR0912 - one 
         loaded = (seen.run.inst.turn, seen.run.inst.usage.total_tokens)
         if loaded != (len(turns), usage["totalTokens"]):
             out.append(Violation("usage", f"loaded: {loaded[0]} turns, {loaded[1]} tokens"))
-    # Records may be lost with a kill (they are written after the entries) but never doubled.
-    turn_records = [r["data"]["turn"] for r in seen.records if r.get("kind") == "turn"]
-    if len(set(turn_records)) != len(turn_records) or not set(turn_records) <= set(numbers):
-        out.append(Violation("records", f"turn records {turn_records} vs turn entries {numbers}"))
+    out += check_records(seen, numbers, turns)
+    return out
+
+
+def check_records(seen: Seen, numbers: list[int], turns: list[dict[str, Any]]) -> list[Violation]:
+    """The records agree with the instance after any kill: one ``turn`` record per turn, whose usage adds up
+    to the turns' usage; one ``tool_call`` record per result, with its status (issue 15 item 7)."""
+    out = []
+    turn_records = [r["data"] for r in seen.records if r.get("kind") == "turn"]
+    if sorted(r["turn"] for r in turn_records) != numbers:
+        out.append(Violation("records", f"turn records {[r['turn'] for r in turn_records]} vs turn entries {numbers}"))
+    for key in ("inputTokens", "outputTokens", "totalTokens"):
+        recorded_sum = sum(int((r.get("usage") or {}).get(key) or 0) for r in turn_records)
+        logged_sum = sum(int((t.get("usage") or {}).get(key) or 0) for t in turns)
+        if recorded_sum != logged_sum:
+            out.append(Violation("records", f"turn records sum to {recorded_sum} {key}, the turns to {logged_sum}"))
     recorded: set[str] = set()
     for r in seen.records:
         if r.get("kind") != "tool_call":
@@ -1163,6 +1175,9 @@ def check_counters(seen: Seen) -> list[Violation]:  # noqa: C901, PLR0912 - one 
         recorded.add(cid)
         if (seen.results.get(cid) or {}).get("status") != status:
             out.append(Violation("records", f"tool_call record {cid} {status} does not match the transcript"))
+    missing = sorted(set(seen.results) - recorded)
+    if missing:
+        out.append(Violation("records", f"no tool_call record for the results of {missing}"))
     return out
 
 

@@ -95,3 +95,13 @@ def test_a_kill_after_an_answer_is_saved_does_not_answer_the_question_twice(tmp_
 def test_a_kill_in_the_turn_after_an_answer_does_not_answer_the_question_again(tmp_path: Path) -> None:
     """Killed in a call of the turn after the answer: the answer is not appended again at the end."""
     assert _violations(tmp_path, "faults", "plain", "tool:priced:1:after") == []
+
+
+def test_a_kill_after_an_answer_is_saved_keeps_its_turn_record(tmp_path: Path) -> None:
+    """Killed after the answer's line, before its records are written: the turn records still add up (issue 15 item 7)."""
+    assert _violations(tmp_path, "mixed", "entry:answer:2:after") == []
+
+
+def test_a_kill_after_a_tool_result_is_saved_keeps_its_tool_call_record(tmp_path: Path) -> None:
+    """Killed after a tool result's line, before the turn's records are written: each result has its record."""
+    assert _violations(tmp_path, "mixed", "entry:result:2:after") == []

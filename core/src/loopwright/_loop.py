@@ -239,6 +239,10 @@ class Loop:
             h[k] = v
         h["updatedAt"] = now_iso()
         inst.totals_to_header()
+        if state is not State.RUNNING:
+            # What happened before the instance rests is on disk before the header says it rests: a
+            # crash in between leaves it running, and the runner that resumes it repairs the rest.
+            await self.rt.flush_records(inst.id)
         await self.rt.write_header(inst)
         self.record(inst, "state", {"from": old, "to": state.value, "stopReason": h["stopReason"],
                                     **{k: v for k, v in extra.items() if v is not None}})
@@ -1034,6 +1038,55 @@ class Loop:
         await self.add_message(run, message)
         self.record(inst, "tool_call", {"turn": inst.turn, "toolCallId": call_id, "tool": "ask_user",
                                         "status": ToolStatus.SUCCESS.value, "answered": True})
+
+    async def repair_records(self, run: AgentRun) -> None:
+        """Write the ``turn`` and ``tool_call`` records a dead runner saved the entries of but not the records.
+
+        Records are queued in memory and written once a turn, and before the header says the
+        instance rests, after the entries they describe: a process killed in between loses the
+        records of its last turn while the entries stay. So a runner that takes over a dead
+        runner's instance (:meth:`loopwright.Runtime.resume`, a worker's ``resume``) calls this
+        first: each answer of the current segment whose turn has no ``turn`` record, and each tool
+        result without a ``tool_call`` record, gets one built from the entry log (marked
+        ``repaired: true``), so that the records always add up to the instance's turns, tokens
+        and tool calls. It reads the whole record log, once per take-over.
+        """
+        inst = run.inst
+        entries = await self.store.read_entries(inst.id)
+        start = max((n for n, e in enumerate(entries) if e.get("t") == "seg"), default=-1) + 1
+        records = await self.store.read_records(inst.id)
+        turns = {r["data"].get("turn") for r in records if r.get("kind") == "turn" and isinstance(r.get("data"), dict)}
+        calls = {r["data"].get("toolCallId") for r in records
+                 if r.get("kind") == "tool_call" and isinstance(r.get("data"), dict)}
+        turn = next((int(e["turn"].get("n", 0)) for e in reversed(entries[:start])
+                     if e.get("t") == "msg" and isinstance(e.get("turn"), dict)), 0)
+        repaired = 0
+        for entry in entries[start:]:
+            m = entry.get("m")
+            if entry.get("t") != "msg" or not isinstance(m, dict):
+                continue
+            spent = entry.get("turn")
+            if isinstance(spent, dict):
+                turn = int(spent.get("n", turn + 1))
+                if turn not in turns:
+                    turns.add(turn)
+                    repaired += 1
+                    self.record(inst, "turn", {
+                        "turn": turn, "model": spent.get("model"), "usage": spent.get("usage") or {},
+                        "cost": spent.get("cost"), "toolCalls": len(m.get("toolCalls") or []), "repaired": True})
+            elif m.get("role") == "tool" and m.get("toolCallId") not in calls:
+                calls.add(m.get("toolCallId"))
+                repaired += 1
+                data: dict[str, Any] = {"turn": turn, "toolCallId": m.get("toolCallId"), "tool": m.get("name"),
+                                        "status": m.get("status") or ToolStatus.SUCCESS.value, "repaired": True}
+                extra = entry.get("spend")
+                if isinstance(extra, dict):
+                    data["usage"], data["cost"] = extra.get("usage") or {}, extra.get("cost")
+                if data["status"] != ToolStatus.SUCCESS.value:
+                    data["error"] = str(m.get("content") or "")[:1000]
+                self.record(inst, "tool_call", data)
+        if repaired:
+            await self.rt.flush_records(inst.id)
 
     async def repair_interrupted(self, run: AgentRun) -> None:  # noqa: C901, PLR0912 - one case per way a call was left
         """Give each call a dead process left without a result one, in call order.

@@ -1620,6 +1620,7 @@ class Runtime:
         inst = run.inst
 
         async def prelude() -> None:
+            await loop.repair_records(run)
             await loop.repair_interrupted(run)
             beginning = self._still_beginning(inst)
             try:
@@ -1812,36 +1813,40 @@ class Runtime:
         await self.engine.submit(instance_id)
         return True
 
-    async def follow_submitted(self, instance_id: str, *, since: str | None = None, poll: float = 0.2) -> AgentRun:
-        """Wait until an instance another runner advances rests, and return its run, reloaded from the store.
+    async def follow_submitted(self, instance_id: str, *, poll: float = 0.2) -> AgentRun:
+        """Wait until an instance other runners advance rests with no work left; return its run, reloaded.
 
-        For work handed to an engine (:meth:`submit`, :meth:`submit_message` ...): it rests once
-        its header is no longer ``running`` and was written after ``since`` (the ``updatedAt``
-        read when the work was submitted, so that the old resting state is not taken for the
-        new one). An instance ``running`` only because calls held in its tree wait for approval
-        counts as resting too (it waits for its operator).
+        For work handed to an engine (:meth:`submit`, :meth:`submit_message` ...). It rests when
+        it is not ``running`` and has nothing a runner would pick up: no held calls that are all
+        decided, and no unread message in its mailbox. An instance ``running`` only because
+        calls held in its tree wait for approval counts as resting too (it waits for its
+        operator).
 
-        :param poll: Seconds between looks at the header.
+        :param poll: Seconds between looks at the store.
         """
         stalled = 0
         while True:
             header = await self.store.read_header(instance_id)
-            state = header.get("state")
-            # Held calls that are all decided are work left for a runner, not a rest (the decision
-            # itself rewrote the header after ``since`` was read).
-            pending = header.get("pendingApprovals") or []
-            decided = state == State.WAITING_FOR_APPROVAL.value and bool(pending) and all(
-                isinstance(p, Mapping) and p.get("decision") is not None for p in pending)
-            if state != State.RUNNING.value and not decided and header.get("updatedAt") != since:
-                break
-            stalled = stalled + 1 if state == State.RUNNING.value and await self.tree_approvals(instance_id) else 0
-            if stalled >= 2:  # noqa: PLR2004 - twice: a decision taken in between resets it
+            if header.get("state") == State.RUNNING.value:
+                stalled = stalled + 1 if await self.tree_approvals(instance_id) else 0
+                if stalled >= 2:  # noqa: PLR2004 - twice: a decision taken in between resets it
+                    break
+            elif not await self._work_left(instance_id, header):
                 break
             await anyio.sleep(poll)
         run = await self.get_agent(instance_id)
         if not run.running:
             await self._refresh(run)
         return run
+
+    async def _work_left(self, instance_id: str, header: Mapping[str, Any]) -> bool:
+        """Whether a resting instance has work for a runner: its held calls all decided, or unread mail."""
+        pending = header.get("pendingApprovals") or []
+        if header.get("state") == State.WAITING_FOR_APPROVAL.value:
+            return bool(pending) and all(isinstance(p, Mapping) and p.get("decision") is not None for p in pending)
+        cursor = header.get("inboxCursor")
+        posts, _ = await self.store.read_posts(instance_id, cursor if isinstance(cursor, int) else 0)
+        return any(p.get("type") == "message" for p in posts)
 
     async def _callers(self, instance_id: str) -> list[str]:
         """Return the ids above ``instance_id`` (its spawner, theirs ...) up to the root, from the saved headers."""

@@ -18,7 +18,6 @@ import attrs
 if TYPE_CHECKING:
     from types import TracebackType
 
-    from loopwright._runtime import Runtime
     from loopwright._types import Message, ModelRequest, ModelResponse, Record, StreamDelta, Usage
 
 __all__ = [
@@ -365,22 +364,20 @@ class Engine(_AsyncClosing, abc.ABC):
         """
         raise NotImplementedError
 
-    async def serve(self, runtime: Runtime, *, max_concurrent: int, grace: float) -> int | None:
-        """Run this engine's own worker until it is stopped, for ``loopwright worker``.
+    async def run_worker(self, *, poll: float, max_concurrent: int, once: bool, grace: float) -> int | None:
+        """Serve this engine's work in this process until stopped (``loopwright worker``); return the exit code.
 
-        An engine whose runners take their work from somewhere other than the store (a Temporal
-        task queue) serves here, advancing instances in ``runtime`` (open) with
-        :meth:`loopwright.Runtime.pick_up`, and returns the exit code once stopped (SIGTERM
-        drains for up to ``grace`` seconds). The default returns ``None`` at once: the engine
-        has no worker of its own, and ``loopwright worker`` serves the store itself, polling
-        :meth:`Store.find_work`, as for the ``local`` engine.
+        An engine whose runners take work from somewhere other than the store's
+        :meth:`Store.find_work` (a Temporal task queue) runs its own worker here, advancing each
+        instance with :meth:`loopwright.Runtime.pick_up`, and handles SIGTERM and SIGINT as
+        ``loopwright worker`` documents (stop taking work, let segments rest for ``grace``
+        seconds, exit 0, or 130 after SIGINT). The arguments are the command's options.
+        Return ``None`` (the default) to have the command poll the store instead, as for the
+        ``local`` engine.
 
-        :param max_concurrent: The most segments to run at once.
-        :param grace: Seconds running segments may take to rest after a stop signal.
-
-        .. versionadded:: 0.2
+        .. versionadded:: 0.1
         """
-        del runtime, max_concurrent, grace
+        del poll, max_concurrent, once, grace
         return None
 
 

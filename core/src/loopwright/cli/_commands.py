@@ -151,13 +151,13 @@ def _submitted(settings: CliSettings, header: Mapping[str, Any], what: str) -> i
     return EXIT_OK
 
 
-async def _follow_elsewhere(settings: CliSettings, rt: Runtime, instance_id: str, since: str | None) -> int:
+async def _follow_elsewhere(settings: CliSettings, rt: Runtime, instance_id: str) -> int:
     """Follow an instance the engine's runners advance until it rests, then report it as ``run`` does."""
     settings.instance_id = instance_id
     if not settings.json:
         click.echo(f"following instance {safe_text(instance_id)}, run by the {safe_text(rt.assembly.engine.kind)} "
                    "engine's workers", err=True)
-    agent = await rt.follow_submitted(instance_id, since=since)
+    agent = await rt.follow_submitted(instance_id)
     result = await agent.wait()
     if result.state is State.RUNNING:
         waiting = await rt.tree_approvals(instance_id)
@@ -185,7 +185,7 @@ async def run(settings: CliSettings, definition: str, prompt: str | None, inputs
             instance_id = await rt.submit(defn, values, prompt)
             if detach:
                 return _submitted(settings, await rt.store.read_header(instance_id), "queued")
-            return await _follow_elsewhere(settings, rt, instance_id, None)
+            return await _follow_elsewhere(settings, rt, instance_id)
         agent = await rt.start_agent(defn, values, prompt, stream=stream)
         return await _follow(settings, agent)
 
@@ -206,7 +206,6 @@ async def _decide(settings: CliSettings, instance_id: str, call_id: str | None, 
             raise CliError(f"instance {instance_id} is {agent.state.value}, not waiting for approval{hint}",
                            EXIT_USAGE)
         elsewhere = detach or not rt.engine.in_process
-        since = (await rt.store.read_header(instance_id)).get("updatedAt")
         try:
             if elsewhere:
                 decided = await rt.submit_decision(instance_id, call_id, decision, reason, subtree=subtree)
@@ -228,7 +227,7 @@ async def _decide(settings: CliSettings, instance_id: str, call_id: str | None, 
         if detach:
             return _submitted(settings, await rt.store.read_header(instance_id), f"{decision}, for a worker to go on")
         if elsewhere:
-            return await _follow_elsewhere(settings, rt, instance_id, since)
+            return await _follow_elsewhere(settings, rt, instance_id)
         return await _follow(settings, agent)
 
 
@@ -264,11 +263,10 @@ async def message(settings: CliSettings, instance_id: str, text: str, stream: bo
             click.echo("the message is queued: it is read once the calls waiting for approval are decided",
                        err=True)
         if detach or not rt.engine.in_process:
-            since = (await rt.store.read_header(instance_id)).get("updatedAt")
             await rt.submit_message(instance_id, text, source="user")
             if detach:
                 return _submitted(settings, await rt.store.read_header(instance_id), "the message is posted")
-            return await _follow_elsewhere(settings, rt, instance_id, since)
+            return await _follow_elsewhere(settings, rt, instance_id)
         agent = await rt.message(instance_id, text, source="user")
         if not agent.running and agent.state is State.RUNNING:
             # Another process runs it: the message is in its mailbox, read at its next turn boundary.
@@ -293,15 +291,13 @@ async def resume(settings: CliSettings, instance_id: str, stream: bool, detach: 
             click.echo(f"instance {instance_id} is {agent.state.value}, not running: nothing to resume{hint}",
                        err=True)
         if detach or not rt.engine.in_process:
-            since = (await rt.store.read_header(instance_id)).get("updatedAt")
             handed = await rt.submit_resume(instance_id)
             if detach:
                 header = await rt.store.read_header(instance_id)
                 return _submitted(settings, header, "to be continued") if handed else report(
                     agent.inst.result(), settings, turns=agent.inst.turn)
             if handed:
-                return await _follow_elsewhere(settings, rt, instance_id, since if agent.state is not State.RUNNING
-                                               else None)
+                return await _follow_elsewhere(settings, rt, instance_id)
             return report(agent.inst.result(), settings, turns=agent.inst.turn)
         agent = await rt.resume(instance_id)
         return await _follow(settings, agent)

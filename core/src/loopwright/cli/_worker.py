@@ -211,9 +211,9 @@ async def worker(settings: CliSettings, poll: float, max_concurrent: int, once: 
     """``loopwright worker``: serve the store's instances until stopped."""
     rt = Runtime.from_file(settings.assembly_path())
     async with rt:
-        if not once:  # an engine with workers of its own (Temporal) serves them; --once drains the store
-            code = await rt.engine.serve(rt, max_concurrent=max_concurrent, grace=grace)
-            if code is not None:
-                return code
+        # An engine with workers of its own (a task queue) serves here; the default polls the store.
+        code = await rt.engine.run_worker(poll=poll, max_concurrent=max_concurrent, once=once, grace=grace)
+        if code is not None:
+            return code
         return await Worker(rt, settings, poll=poll, max_concurrent=max_concurrent, once=once,
                             grace=grace).serve()

@@ -46,15 +46,14 @@ def make_engine(options: Mapping[str, Any], runtime: Any = None) -> TemporalEngi
     """Build a :class:`TemporalEngine` from the ``engine:`` options (the factory registered as ``temporal``).
 
     :param options: The ``engine:`` mapping without ``kind`` (checked against the schema already).
-    :param runtime: The runtime opening the engine (not needed: the engine talks only to Temporal).
+    :param runtime: The runtime opening the engine (``loopwright worker`` runs its segments in it).
 
     :raises loopwright.errors.ConfigError: An option is invalid.
     """
     from loopwright_temporal._engine import TemporalEngine  # noqa: PLC0415 - keeps import cheap
     from loopwright_temporal._settings import TemporalSettings  # noqa: PLC0415
 
-    del runtime
-    return TemporalEngine(TemporalSettings.from_options(options))
+    return TemporalEngine(TemporalSettings.from_options(options), runtime=runtime)
 
 
 @hookimpl

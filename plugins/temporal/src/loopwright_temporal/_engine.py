@@ -57,10 +57,16 @@ class TemporalEngine(Engine):
 
     in_process: ClassVar[bool] = False
 
-    def __init__(self, settings: TemporalSettings, *, client: Client | None = None) -> None:
-        """Dispatch through the cluster of ``settings``; connect on first use (or use ``client``)."""
+    def __init__(self, settings: TemporalSettings, *, client: Client | None = None,
+                 runtime: Runtime | None = None) -> None:
+        """Dispatch through the cluster of ``settings``; connect on first use (or use ``client``).
+
+        :param runtime: The loopwright runtime that opened the engine: :meth:`run_worker` runs
+            its segments.
+        """
         self.settings = settings
         self._client = client
+        self._runtime_of_worker = runtime
         self._runtime: TemporalRuntime | None = None
 
     def __repr__(self) -> str:
@@ -104,15 +110,21 @@ class TemporalEngine(Engine):
             raise LoopwrightError(f"instance {instance_id}: engine temporal: the cluster at {self.settings.address} "
                                   f"refused to start or signal its workflow: {exc}; {kept}") from exc
 
-    async def serve(self, runtime: Runtime, *, max_concurrent: int, grace: float) -> int:
-        """Run a Temporal worker on the engine's task queue in ``runtime`` (``loopwright worker``).
+    async def run_worker(self, *, poll: float, max_concurrent: int, once: bool, grace: float) -> int | None:
+        """Run a Temporal worker on the engine's task queue in the engine's runtime (``loopwright worker``).
 
         The same worker as ``loopwright temporal-worker`` (:func:`loopwright_temporal._worker.serve`):
-        it runs until SIGTERM or SIGINT, then drains for up to ``grace`` seconds.
+        it runs until SIGTERM or SIGINT, then drains for up to ``grace`` seconds. ``poll`` does
+        not apply (Temporal hands out the work); with ``once`` it returns ``None``, so the
+        command drains what the store holds, as for any engine.
         """
+        del poll
+        if once or self._runtime_of_worker is None:
+            return None
         from loopwright_temporal._worker import serve  # noqa: PLC0415 - the worker only in a worker process
 
-        return await serve(await self.client(), runtime, self.settings, max_concurrent=max_concurrent, grace=grace)
+        return await serve(await self.client(), self._runtime_of_worker, self.settings,
+                           max_concurrent=max_concurrent, grace=grace)
 
     async def describe(self, instance_id: str) -> dict[str, Any]:
         """Return the status of ``instance_id``'s workflow (for ``show`` and tests): ``{status, runId}``."""
