@@ -268,3 +268,19 @@ def test_an_unreachable_cluster_fails_the_command_and_keeps_the_work(deployment:
     resumed = dep.cli("resume", "--json", iid)
     assert resumed.returncode == 0, resumed.stderr
     assert _json(resumed)["text"] == "hello, what next?"
+
+
+def test_cancel_from_another_process_stops_a_running_instance(deployment: Deployment) -> None:
+    """cancel: the worker running the instance stops its tool call; the instance rests cancelled, its workflow ends."""
+    dep = deployment
+    dep.start_worker()
+    iid = _submit(dep, "tool-kill", "cx")
+    started = dep.folder / "effects.started.call_slow"
+    dep.wait_for("the slow tool call to start", started.exists)
+    cancelled = dep.cli("cancel", "--json", iid)
+    assert cancelled.returncode == 0, cancelled.stderr
+    header = dep.header(iid)
+    assert (header["state"], header["stopReason"], header["cancelled"]) == ("stopped", "cancelled", True)
+    engine = _engine(dep)
+    dep.wait_for("the workflow to complete", lambda: anyio.run(engine.describe, iid)["status"] == "COMPLETED")
+    assert _no_effect_twice(dep) == {f"{iid} call_a effect": 1}
