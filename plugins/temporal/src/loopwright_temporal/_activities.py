@@ -28,7 +28,7 @@ out, and closing stops it the way a crash would, but cleanly (its lease is relea
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 from temporalio import activity
@@ -91,7 +91,7 @@ class Advancer:
                         children=[str(c) for c in header.get("children") or []],
                         deadline=next_deadline(header, time.time()))
 
-    async def _start(self, instance_id: str) -> AgentRun | bool | None:
+    async def _start(self, instance_id: str) -> AgentRun | Literal[False] | None:
         """Start (or find) the segment to follow; ``False``: nothing to do; ``None``: another runner holds it."""
         rt = self.runtime
         picked = await rt.pick_up(instance_id)

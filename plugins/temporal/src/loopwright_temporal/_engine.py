@@ -40,8 +40,7 @@ async def connect(settings: TemporalSettings, runtime: TemporalRuntime | None = 
     from loopwright.errors import LoopwrightError  # noqa: PLC0415
 
     try:
-        return await Client.connect(settings.address, namespace=settings.namespace,
-                                    **({"runtime": runtime} if runtime is not None else {}))
+        return await Client.connect(settings.address, namespace=settings.namespace, runtime=runtime)
     except RuntimeError as exc:
         raise LoopwrightError(f"engine temporal: cannot reach the Temporal cluster at {settings.address} "
                               f"(namespace {settings.namespace}): {exc}") from exc

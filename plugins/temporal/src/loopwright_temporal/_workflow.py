@@ -183,7 +183,8 @@ class InstanceWorkflow:
             await workflow.wait_condition(lambda: handle.done() or any(c not in started for c in self._reported))
             await self._start_children(self._reported, started, given.timeouts)
             if handle.done():
-                return await handle
+                result: Advanced = await handle
+                return result
 
     async def _wait(self, seconds: float | None) -> None:
         """Wait for a wake, or ``seconds`` (forever when ``None``)."""
