@@ -17,8 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
-from helpers import Harness, defn, make_runtime, records_of, reply
+from helpers import Harness, call, defn, make_runtime, records_of, reply
 
 import loopwright
 from loopwright import State, StopReason
@@ -468,3 +469,57 @@ def test_worker_runs_the_engines_own_worker_when_it_has_one(project: Path) -> No
     done = lw(project, "worker", "--once", "--max-concurrent", "3")
     assert done.returncode == 0, done.stderr
     assert done.stdout == "queue worker: 3 slots, once=True\n"  # the store was not polled: nothing picked up
+
+
+# -- records after an interruption (issue 15 item 7) ------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["resume", "pick_up", "message", "cancel"])
+async def test_whoever_takes_over_an_interrupted_instance_writes_its_lost_records(tmp_path: Path, how: str) -> None:
+    """A runner that stops mid-turn loses that turn's queued records; the next runner writes them from the log."""
+    started = anyio.Event()
+
+    @loopwright.tool(name="hang")
+    async def hang() -> str:
+        """Wait forever."""
+        started.set()
+        await anyio.sleep_forever()
+        return "never"
+
+    async with make_runtime(tmp_path, Harness(reply("working", call("hang", "c_hang")), tools=[hang])) as rt:
+        run = await rt.start_agent(defn(tools=[hang]), prompt="go")
+        with anyio.fail_after(30):  # a hang guard
+            await started.wait()
+        iid = run.instance_id
+    # The runtime closed in the middle of the call, as a killed process would stop.
+    async with make_runtime(tmp_path, Harness(reply("done"), tools=[hang])) as rt:
+        assert not [r for r in await rt.records(iid) if r["kind"] == "turn"]  # lost with the process
+        if how == "resume":
+            await (await rt.resume(iid)).wait()
+        elif how == "pick_up":
+            picked = await rt.pick_up(iid)
+            assert picked is not None
+            await picked[0].wait()
+        elif how == "message":
+            await (await rt.message(iid, "and now?")).wait()
+        else:
+            await rt.cancel(iid)
+        records = await rt.records(iid)
+        header = await rt.store.read_header(iid)
+    turns = [r["data"] for r in records if r["kind"] == "turn"]
+    assert [t["turn"] for t in turns] == list(range(1, header["turns"] + 1))
+    assert turns[0]["repaired"] is True
+    assert sum(t["usage"]["totalTokens"] for t in turns) == header["usage"]["totalTokens"]
+    calls = [r["data"] for r in records if r["kind"] == "tool_call"]
+    assert [(c["toolCallId"], c["status"]) for c in calls] == [("c_hang", "unknown_outcome")] * (how != "cancel")
+
+
+async def test_a_message_to_a_queued_instance_starts_it_with_the_message(tmp_path: Path) -> None:
+    """Delivering a message in-process to a submitted instance starts it (prompts first), never as a dead runner's."""
+    async with make_runtime(tmp_path, Harness()) as rt:
+        iid = await rt.submit(defn(system_prompt="sys"), prompt="go")
+    async with make_runtime(tmp_path, Harness(reply("done"))) as rt:
+        run = await rt.message(iid, "and this")
+        await run.wait()
+        assert [m.content for m in run.inst.transcript] == ["sys", "go", "and this", "done"]
+        assert "queued" not in await rt.store.read_header(iid)

@@ -59,7 +59,7 @@ comes just before the rename. (The store writes the first header, in ``create``,
 ``torn`` tears ``instance.json`` itself and ``rename`` is never reached.)
 
 The write points wrap the file store's own functions (``_write_all``, ``FileStore._append``,
-``FileStore.create``, ``FileStore._replace_header``, and ``Path.replace`` for the header's
+``FileStore._create``, ``FileStore._replace_header``, and ``Path.replace`` for the header's
 rename) only when a write point is armed: the kill happens inside the real code path, between
 the store's own steps.
 """
@@ -450,7 +450,7 @@ def priced(units: int, ctx: loopwright.ToolContext) -> loopwright.ToolOutput:
 #: The write in progress: ``(phase, label)`` of the armed point it reaches, or None. The
 #: store's writes never await, so one event loop never has two in progress.
 _writing: tuple[str, str] | None = None
-#: Whether ``FileStore.create`` is in progress.
+#: Whether ``FileStore._create`` (``create``, ``create_leased``) is in progress.
 _creating = False
 #: The store functions wrapped below, as they were.
 _original: dict[str, Any] = {}
@@ -542,18 +542,19 @@ def _wait_at_gate() -> None:
         time.sleep(0.01)
 
 
-async def _create(self: Any, instance_id: str, header: Any) -> None:
-    """``FileStore.create``, counting its header write (written in place or renamed in)."""
+def _create(self: Any, instance_id: str, header: Any, owner: Any) -> Any:
+    """``FileStore._create`` (behind ``create`` and ``create_leased``), counting its header write."""
     global _writing, _creating  # noqa: PLW0603
     (n,) = _count(("header", ""))
     found = _writing = _armed_write("header", n)
     _creating = True
     try:
-        await _original["create"](self, instance_id, header)  # it never awaits: no other write meanwhile
+        lease = _original["create"](self, instance_id, header, owner)  # synchronous: no other write meanwhile
     finally:
         _writing, _creating = None, False
     if found is not None and found[0] == "after":
         die(found[1])
+    return lease
 
 
 def _path_replace(self: pathlib.Path, target: Any) -> Any:
@@ -566,18 +567,18 @@ def _path_replace(self: pathlib.Path, target: Any) -> Any:
 def _install_store_points() -> None:
     """Wrap the file store's write steps so that armed write points kill inside them."""
     for owner, name in ((file_store, "_write_all"), (file_store.FileStore, "_append"),
-                        (file_store.FileStore, "_replace_header"), (file_store.FileStore, "create")):
+                        (file_store.FileStore, "_replace_header"), (file_store.FileStore, "_create")):
         if not hasattr(owner, name):
             msg = f"the file store has no {name} any more: update the write points of {__file__}"
             raise RuntimeError(msg)
     _original.update(write_all=file_store._write_all, append=file_store.FileStore._append,
                      replace_header=file_store.FileStore._replace_header, path_replace=pathlib.Path.replace,
-                     create=file_store.FileStore.create)
+                     create=file_store.FileStore._create)
     file_store._write_all = _write_all
     file_store.FileStore._append = _append  # type: ignore[method-assign]
     file_store.FileStore._replace_header = _replace_header  # type: ignore[method-assign]
     pathlib.Path.replace = _path_replace  # type: ignore[method-assign]
-    file_store.FileStore.create = _create  # type: ignore[method-assign]
+    file_store.FileStore._create = _create  # type: ignore[method-assign]
 
 
 if _GATE or any(p[0] in ("entry", "header", "record") for p in _POINTS):

@@ -1123,7 +1123,7 @@ def check_ledger(  # noqa: C901, PLR0912, PLR0915 - one branch per invariant
     return out
 
 
-def check_counters(seen: Seen) -> list[Violation]:  # noqa: C901, PLR0912 - one branch per invariant
+def check_counters(seen: Seen) -> list[Violation]:
     """Turns and usage agree between the entry log, the header, ``show``, the loaded instance and the records."""
     out = []
     # A model call's turn data rides on its answer's line (one line, so a torn write keeps both or neither).

@@ -98,7 +98,7 @@ def test_a_kill_in_the_turn_after_an_answer_does_not_answer_the_question_again(t
 
 
 def test_a_kill_after_an_answer_is_saved_keeps_its_turn_record(tmp_path: Path) -> None:
-    """Killed after the answer's line, before its records are written: the turn records still add up (issue 15 item 7)."""
+    """Killed after the answer's line, before its records are written: the turn records still add up (item 7)."""
     assert _violations(tmp_path, "mixed", "entry:answer:2:after") == []
 
 

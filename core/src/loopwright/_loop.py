@@ -1045,11 +1045,12 @@ class Loop:
         Records are queued in memory and written once a turn, and before the header says the
         instance rests, after the entries they describe: a process killed in between loses the
         records of its last turn while the entries stay. So a runner that takes over a dead
-        runner's instance (:meth:`loopwright.Runtime.resume`, a worker's ``resume``) calls this
-        first: each answer of the current segment whose turn has no ``turn`` record, and each tool
-        result without a ``tool_call`` record, gets one built from the entry log (marked
-        ``repaired: true``), so that the records always add up to the instance's turns, tokens
-        and tool calls. It reads the whole record log, once per take-over.
+        runner's instance (:meth:`loopwright.Runtime.resume`, a worker's ``resume``, a message
+        or a cancel that finds its runner dead) calls this first: each answer of the current
+        segment whose turn has no ``turn`` record, and each tool result without a ``tool_call``
+        record, gets one built from the entry log (marked ``repaired: true``), so that the
+        records always add up to the instance's turns, tokens and tool calls. It reads the whole
+        record log, once per take-over.
         """
         inst = run.inst
         entries = await self.store.read_entries(inst.id)

@@ -2191,8 +2191,18 @@ class Runtime:
         return changed
 
     async def _start_for_mail(self, run: AgentRun, lease: Lease) -> None:
-        """Start a new segment of a resting instance to read its mail (the lease is handed over)."""
+        """Start a new segment of a resting instance to read its mail (the lease is handed over).
+
+        An instance a dead runner left ``running`` is taken over here too (by :meth:`deliver`):
+        the records of its interrupted turn are written again first, as :meth:`resume` does.
+        """
         loop = self.loop
+        if run.inst.state is State.RUNNING:  # before the new segment's entry: the records of the one cut short
+            try:
+                await loop.repair_records(run)
+            except BaseException:
+                lease.release()
+                raise
 
         async def prelude() -> None:
             await loop.repair_interrupted(run)
@@ -2220,6 +2230,9 @@ class Runtime:
             raise
         if run.inst.header.get("state") == State.WAITING_FOR_APPROVAL.value:  # refreshed just now
             lease.release()  # another process held a call meanwhile: read once it is decided
+            return
+        if run.inst.header.get("queued") is True:  # submitted, never started: it starts here, and reads it
+            await self._start_queued(run, lease)
             return
         await self._start_for_mail(run, lease)
 
@@ -2249,6 +2262,8 @@ class Runtime:
                 return
             run._done = anyio.Event()  # noqa: SLF001
             try:
+                if inst.state is State.RUNNING and inst.header.get("queued") is not True:
+                    await self.loop.repair_records(run)  # a dead runner's: the records of its last turn
                 inst.header.pop("queued", None)  # a queued instance is stopped before any runner started it
                 await self.loop.set_state(run, State.STOPPED, StopReason.CANCELLED, cancelled=True)
             finally:

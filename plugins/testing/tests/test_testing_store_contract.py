@@ -189,6 +189,11 @@ class NeverCloses(FileStore):
     async def aclose(self):
         pass
 
+class UnleasedCreate(FileStore):
+    async def create_leased(self, iid, header, owner):
+        await super().create(iid, header)
+        return Lease()  # holds nothing: any runner may take the new instance
+
 class RelativeLocations(FileStore):
     def locations(self):
         return ("store",)
@@ -216,6 +221,7 @@ EXPECTED_FAILURES = {
     "LaxIds": ["invalid_ids_are_refused_everywhere"],
     "StrictIds": ["valid_ids_work_end_to_end"],
     "NeverCloses": ["appends_after_aclose_raise_store_error"],
+    "UnleasedCreate": ["create_leased_creates_with_the_lease_held"],
     "RelativeLocations": ["locations_are_paths"],
 }
 

@@ -419,8 +419,9 @@ class _Duration(click.ParamType):  # type: ignore[type-arg]
 def worker_command(settings: CliSettings, poll: float, max_concurrent: int, once: bool, grace: float) -> int:
     """Run the work other processes leave in the store, until SIGTERM or Ctrl-C.
 
-    Resumes instances whose runner died, continues instances whose held calls were decided
-    elsewhere, and answers messages posted to resting instances. Any number of workers may
+    Starts instances submitted with 'run --detach' (or 'submit'), resumes instances whose runner
+    died (ahead of the queue), continues instances whose held calls were decided elsewhere, and
+    answers messages posted to resting instances. Any number of workers may
     share a store: each instance runs in one of them at a time. Prints one line per instance
     picked up and one when it rests (JSON lines with --json).
     """

@@ -29,7 +29,7 @@ The checks are generic, drawn from the :class:`~loopwright.abc.Store` docstrings
 * ``list_headers`` sorts by ``createdAt`` (a header without one first) and then by id;
 * leases: a second acquire fails with :class:`~loopwright.errors.InstanceLockedError` (in the
   same store and in a second one), release frees, a second release is harmless, ``aclose``
-  frees what is still held;
+  frees what is still held; ``create_leased`` creates with the creator's lease held;
 * the mailbox: cursor semantics, several posts, posts from a second store while the first holds
   the lease;
 * invalid ids (``..``, ``/``, empty, too long, not a string, ...) raise StoreError and write
@@ -353,6 +353,22 @@ class StoreContract:
             await store.acquire("shared", "first")
         other.release()
         (await store.acquire("shared", "first")).release()
+
+    @pytest.mark.anyio
+    async def test_create_leased_creates_with_the_lease_held(self, store: Store, second_store: Store) -> None:
+        """create_leased() creates the instance with its lease held by the creator, for every other runner."""
+        self._needs_locks()
+        lease = await store.create_leased("cl", {"runner": "creator"}, "creator")
+        assert isinstance(lease, Lease)
+        assert (await second_store.read_header("cl"))["runner"] == "creator"
+        with pytest.raises(InstanceLockedError):
+            await second_store.acquire("cl", "worker")
+        with pytest.raises(InstanceLockedError):
+            await store.acquire("cl", "worker")
+        lease.release()
+        (await second_store.acquire("cl", "worker")).release()
+        with pytest.raises(StoreError):
+            await store.create_leased("cl", {}, "again")
 
     @pytest.mark.anyio
     async def test_release_twice_is_harmless(self, store: Store, second_store: Store) -> None:
