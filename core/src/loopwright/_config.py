@@ -1016,6 +1016,7 @@ _KIND_BY_NAME: Mapping[str, Kind] = {
 _ASSEMBLY_ONLY_KEYS = frozenset({
     "store", "engine", "providers", "defaultModel", "plugins", "disablePlugins", "capabilities",
     "agentDefinitions", "agentsMayReachAnyInstance", "records", "pricing", "agentRetry", "pluginSettings",
+    "server",
 })
 
 
