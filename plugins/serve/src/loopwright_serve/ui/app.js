@@ -1,0 +1,517 @@
+// The control plane: instances as trees, one instance's transcript as it runs, the approvals
+// inbox over all instances, a message box and Cancel. Everything a model or a tool wrote goes
+// into the page as text (textContent, through safeText/safeJson), never as HTML.
+
+import { ProblemError, followEvents, getToken, path, request, setToken } from "./api.js";
+import { safeJson, safeText } from "./display.js";
+
+const REFRESH_MS = 1500;
+const RECONNECT_MS = 1000;
+// States an instance does not leave by itself: its stream ends and is not followed again until
+// a message (or another client) moves the instance on.
+const RESTING = new Set(["waiting", "completed", "stopped", "error"]);
+
+const $ = (id) => document.getElementById(id);
+
+const state = {
+  summaries: new Map(), // instanceId -> summary (as `show --json`)
+  nodes: new Map(), // instanceId -> tree node (as `ls --tree --json`)
+  selected: null,
+  stream: null, // {id, controller, lastEventId, seen:Set, live:Element|null}
+  timer: null,
+  signedIn: false,
+};
+
+/** Make an element with a class and text (text always through textContent). */
+function el(tag, className = "", text = undefined) {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+function list(value) {
+  if (Array.isArray(value)) return value;
+  if (value && typeof value === "object") {
+    for (const key of ["instances", "items", "roots", "data"]) if (Array.isArray(value[key])) return value[key];
+  }
+  return [];
+}
+
+function shortId(id) {
+  return id.length > 12 ? `…${id.slice(-8)}` : id;
+}
+
+function formatCost(cost) {
+  if (cost === null || cost === undefined) return "unknown";
+  if (cost === 0) return "$0.00";
+  return cost < 0.01 ? `$${cost.toPrecision(2)}` : `$${cost.toFixed(2)}`;
+}
+
+function tokensOf(summary) {
+  const usage = summary?.usage;
+  if (!usage) return null;
+  return usage.totalTokens ?? (usage.inputTokens ?? 0) + (usage.outputTokens ?? 0);
+}
+
+function stateText(item) {
+  const shown = item.state ?? "unknown";
+  return item.stopReason && item.stopReason !== item.state ? `${shown} (${item.stopReason})` : shown;
+}
+
+// ---- errors and status -------------------------------------------------------------------
+
+function showError(error) {
+  const problem = error instanceof ProblemError ? error : new ProblemError({ status: 0, title: String(error?.message ?? error) });
+  $("error-title").textContent = problem.status ? `${problem.status} ${safeText(problem.title)}` : safeText(problem.title);
+  $("error-detail").textContent = problem.detail ? safeText(problem.detail, { multiline: true }) : "";
+  $("error").dataset.status = String(problem.status);
+  $("error").hidden = false;
+}
+
+function clearError() {
+  $("error").hidden = true;
+}
+
+function setStatus(text) {
+  $("status").textContent = text;
+}
+
+/** Handle a failed request: a 401 sends the person back to sign in; anything else is shown. */
+function failed(error) {
+  if (error instanceof ProblemError && error.status === 401) {
+    signOut(error);
+    return;
+  }
+  showError(error);
+}
+
+// ---- sign-in -----------------------------------------------------------------------------
+
+function showSignIn() {
+  state.signedIn = false;
+  stopStream();
+  clearTimeout(state.timer);
+  $("app").hidden = true;
+  $("sign-out").hidden = true;
+  $("sign-in").hidden = false;
+  $("token-input").focus();
+}
+
+function signOut(problem = null) {
+  setToken(null);
+  showSignIn();
+  setStatus("signed out");
+  if (problem) showError(problem);
+}
+
+async function signIn(token) {
+  setToken(token);
+  try {
+    await refresh({ once: true });
+  } catch (error) {
+    if (error instanceof ProblemError && error.status === 401) {
+      signOut(error);
+      return;
+    }
+    showError(error);
+  }
+}
+
+function enterApp() {
+  if (state.signedIn) return;
+  state.signedIn = true;
+  clearError();
+  $("sign-in").hidden = true;
+  $("app").hidden = false;
+  $("sign-out").hidden = !getToken();
+  setStatus(getToken() ? "signed in" : "no token needed (loopback)");
+  const wanted = decodeURIComponent(location.hash.replace(/^#\/?/, ""));
+  if (wanted && !state.selected && state.summaries.has(wanted)) select(wanted);
+}
+
+// ---- the instance list and the tree ------------------------------------------------------
+
+async function refresh({ once = false } = {}) {
+  clearTimeout(state.timer);
+  try {
+    const [roots, summaries] = await Promise.all([
+      request("../v1/instances?tree=true"),
+      request("../v1/instances"),
+    ]);
+    state.summaries = new Map(list(summaries).map((s) => [s.instanceId, s]));
+    state.nodes = new Map();
+    const walk = (node) => {
+      state.nodes.set(node.instanceId, node);
+      list(node.children).forEach(walk);
+    };
+    const rootList = list(roots);
+    rootList.forEach(walk);
+    enterApp();
+    renderTree(rootList);
+    renderInbox();
+    renderFacts();
+    followIfMoving();
+  } catch (error) {
+    if (once || (error instanceof ProblemError && error.status === 401)) throw error;
+    showError(error);
+  } finally {
+    if (state.signedIn) state.timer = setTimeout(() => refresh().catch(failed), REFRESH_MS);
+  }
+}
+
+function renderTree(roots) {
+  const build = (node) => {
+    const summary = state.summaries.get(node.instanceId);
+    const li = el("li");
+    const row = el("button", "node");
+    row.type = "button";
+    row.dataset.id = node.instanceId;
+    if (node.instanceId === state.selected) row.classList.add("selected");
+    row.append(el("span", "name", safeText(node.name ?? summary?.name ?? "?")));
+    const badge = el("span", `state state-${(node.state ?? "").replace(/[^a-z_]/g, "")}`, stateText(node));
+    row.append(badge);
+    const tokens = tokensOf(summary);
+    const pending = list(node.pendingApprovals).length;
+    const meta = [
+      shortId(safeText(node.instanceId)),
+      `${node.turns ?? "?"} turns`,
+      `${tokens ?? "?"} tokens`,
+      formatCost(node.subtreeCost ?? node.cost),
+    ];
+    if (pending) meta.push(`${pending} to approve`);
+    row.append(el("span", "meta", meta.join(" · ")));
+    row.addEventListener("click", () => select(node.instanceId));
+    li.append(row);
+    const children = list(node.children);
+    if (children.length) {
+      const ul = el("ul");
+      children.forEach((child) => ul.append(build(child)));
+      li.append(ul);
+    }
+    return li;
+  };
+  $("tree").replaceChildren(...roots.map(build));
+  $("tree-empty").hidden = roots.length > 0;
+}
+
+// ---- the approvals inbox -----------------------------------------------------------------
+
+function pendingCalls() {
+  const calls = [];
+  for (const summary of state.summaries.values()) {
+    for (const call of list(summary.pendingApprovals)) {
+      if (call.decision) continue;
+      calls.push({ holder: summary, call, key: `${summary.instanceId}\u0000${call.toolCallId}` });
+    }
+  }
+  calls.sort((a, b) => String(a.call.requestedAt ?? "").localeCompare(String(b.call.requestedAt ?? "")));
+  return calls;
+}
+
+function renderInbox() {
+  const inbox = $("inbox");
+  const calls = pendingCalls();
+  const wanted = new Set(calls.map((c) => c.key));
+  // Cards are kept while their call waits, so a reason being typed is not wiped by a refresh.
+  for (const card of [...inbox.children]) if (!wanted.has(card.dataset.key)) card.remove();
+  const have = new Set([...inbox.children].map((card) => card.dataset.key));
+  for (const item of calls) if (!have.has(item.key)) inbox.append(card(item));
+  $("inbox-empty").hidden = calls.length > 0;
+  $("inbox-count").textContent = String(calls.length);
+  $("inbox-count").classList.toggle("some", calls.length > 0);
+}
+
+function card({ holder, call, key }) {
+  const li = el("li", "card");
+  li.dataset.key = key;
+  li.dataset.instanceId = holder.instanceId;
+  li.dataset.toolCallId = call.toolCallId;
+  li.append(el("div", "tool", safeText(call.tool ?? "?")));
+  const where = el("div", "where");
+  const open = el("button", "", `${safeText(holder.name ?? "?")} ${shortId(safeText(holder.instanceId))}`);
+  open.type = "button";
+  open.title = "Show this instance";
+  open.addEventListener("click", () => select(holder.instanceId));
+  where.append("in ", open, ` · call ${safeText(call.toolCallId)}`);
+  if (call.requestedAt) where.append(` · ${safeText(call.requestedAt)}`);
+  li.append(where);
+  li.append(el("div", "label", "arguments"));
+  li.append(el("pre", "args", safeJson(call.arguments ?? {})));
+  if (call.reason) {
+    li.append(el("div", "label", "reason"));
+    li.append(el("p", "reason", safeText(call.reason, { multiline: true })));
+  }
+
+  const decide = el("form", "decide");
+  const approve = el("button", "primary approve", "Approve");
+  approve.type = "button";
+  const reason = el("input", "deny-reason");
+  reason.placeholder = "reason (for Deny)";
+  reason.setAttribute("aria-label", "reason for denying");
+  const deny = el("button", "danger deny", "Deny");
+  deny.type = "submit";
+  decide.append(approve, reason, deny);
+  const send = async (body) => {
+    approve.disabled = true;
+    deny.disabled = true;
+    try {
+      await request(path`../v1/instances/${holder.instanceId}/approvals/${call.toolCallId}`, body);
+      clearError();
+      li.remove();
+      refresh().catch(failed);
+    } catch (error) {
+      failed(error);
+      approve.disabled = false;
+      deny.disabled = false;
+      // A 409 (decided elsewhere, or no longer pending) means this list is out of date.
+      if (error instanceof ProblemError && error.status === 409) refresh().catch(failed);
+    }
+  };
+  approve.addEventListener("click", () => send({ decision: "approve" }));
+  decide.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const text = reason.value.trim();
+    send(text ? { decision: "deny", reason: text } : { decision: "deny" });
+  });
+  li.append(decide);
+  return li;
+}
+
+// ---- one instance ------------------------------------------------------------------------
+
+function select(id) {
+  if (state.selected === id && state.stream) return;
+  state.selected = id;
+  history.replaceState(null, "", `#${encodeURIComponent(id)}`);
+  for (const row of document.querySelectorAll(".node")) row.classList.toggle("selected", row.dataset.id === id);
+  stopStream();
+  $("transcript").replaceChildren();
+  $("message-form").hidden = false;
+  renderFacts();
+  startStream(id);
+}
+
+function renderFacts() {
+  const id = state.selected;
+  const facts = $("facts");
+  if (!id) return;
+  const summary = state.summaries.get(id) ?? { instanceId: id };
+  const node = state.nodes.get(id) ?? {};
+  $("detail-title").textContent = `${safeText(summary.name ?? node.name ?? "instance")} ${safeText(id)}`;
+  const usage = summary.usage ?? {};
+  const rows = [
+    ["state", stateText(summary.state ? summary : node)],
+    ["model", summary.model ? safeText(summary.model) : "—"],
+    ["turns", String(node.turns ?? "?")],
+    ["tokens", usage.totalTokens !== undefined ? `${usage.totalTokens} (${usage.inputTokens ?? 0} in, ${usage.outputTokens ?? 0} out)` : "?"],
+    ["cost", formatCost(summary.cost)],
+    ["subtree cost", formatCost(summary.subtreeCost)],
+  ];
+  if (summary.error) rows.push(["error", safeText(summary.error, { multiline: true })]);
+  facts.replaceChildren(...rows.flatMap(([key, value]) => {
+    const dd = el("dd", "", value);
+    dd.dataset.fact = key;
+    return [el("dt", "", key), dd];
+  }));
+  $("cancel").disabled = RESTING.has(summary.state);
+}
+
+function stopStream() {
+  if (state.stream) state.stream.controller.abort();
+  state.stream = null;
+}
+
+function startStream(id) {
+  const stream = { id, controller: new AbortController(), lastEventId: null, seen: new Set(), live: null, running: true };
+  state.stream = stream;
+  follow(stream);
+}
+
+/** Follow the selected instance's events, reconnecting after Last-Event-ID while it moves. */
+async function follow(stream) {
+  stream.running = true;
+  for (;;) {
+    try {
+      await followEvents(path`../v1/instances/${stream.id}/events`, {
+        lastEventId: stream.lastEventId,
+        signal: stream.controller.signal,
+        onEvent: (message) => onEvent(stream, message),
+      });
+    } catch (error) {
+      if (stream.controller.signal.aborted) return;
+      if (error instanceof ProblemError && error.status !== 0) {
+        stream.running = false;
+        failed(error);
+        return;
+      }
+    }
+    if (stream.controller.signal.aborted || state.stream !== stream) return;
+    const summary = state.summaries.get(stream.id);
+    if (summary && RESTING.has(summary.state)) break;
+    await new Promise((resolve) => setTimeout(resolve, RECONNECT_MS));
+    if (stream.controller.signal.aborted || state.stream !== stream) return;
+  }
+  stream.running = false;
+}
+
+/** Start following again when the selected instance moves after its stream ended. */
+function followIfMoving() {
+  const stream = state.stream;
+  if (!stream || stream.running) return;
+  const summary = state.summaries.get(stream.id);
+  if (summary && !RESTING.has(summary.state)) follow(stream);
+}
+
+function onEvent(stream, message) {
+  if (state.stream !== stream) return;
+  if (message.id !== null && message.id !== undefined) {
+    if (stream.seen.has(message.id)) return;
+    stream.seen.add(message.id);
+    stream.lastEventId = message.id;
+  }
+  if (message.data === null) return;
+  const event = message.data && typeof message.data === "object" ? message.data : { data: message.data };
+  const kind = event.kind ?? message.event;
+  const data = event.data && typeof event.data === "object" ? event.data : event;
+  render(stream, kind, data, event);
+  if (["state", "approval", "tool_result", "usage"].includes(kind)) refresh().catch(failed);
+}
+
+function item(kind, label, text) {
+  const node = el("div", `item ${kind}`);
+  node.dataset.kind = kind;
+  node.append(el("span", "label", label));
+  node.append(document.createTextNode(text));
+  return node;
+}
+
+function addItem(node) {
+  const box = $("transcript");
+  const atEnd = box.scrollHeight - box.scrollTop - box.clientHeight < 40;
+  box.append(node);
+  if (atEnd) box.scrollTop = box.scrollHeight;
+}
+
+function render(stream, kind, data, event) {
+  const turn = event.turn ?? data.turn;
+  const at = turn !== undefined && turn !== null ? ` · turn ${turn}` : "";
+  switch (kind) {
+    case "text_delta": {
+      if (!stream.live) {
+        stream.live = item("assistant", `assistant${at}`, "");
+        addItem(stream.live);
+      }
+      stream.live.lastChild.textContent += safeText(data.delta ?? "", { multiline: true });
+      return;
+    }
+    case "stream_reset":
+      if (stream.live) stream.live.lastChild.textContent = "";
+      return;
+    case "text": {
+      const text = safeText(data.text ?? "", { multiline: true });
+      if (stream.live) {
+        stream.live.lastChild.textContent = text;
+        stream.live = null;
+      } else if (text) addItem(item("assistant", `assistant${at}`, text));
+      return;
+    }
+    case "message":
+    case "user_message":
+      addItem(item("user", "message", safeText(data.text ?? data.content ?? "", { multiline: true })));
+      return;
+    case "tool_call_start":
+      return;
+    case "tool_call":
+      stream.live = null;
+      addItem(item("tool_call", `call ${safeText(data.id ?? "")}${at}`, `${safeText(data.name ?? "?")} ${safeJson(data.arguments ?? {}, 0)}`));
+      return;
+    case "tool_result": {
+      const content = typeof data.content === "string" ? data.content : safeJson(data.content ?? null, 0);
+      addItem(item("tool_result", `result ${safeText(data.id ?? "")} · ${safeText(data.status ?? "")}`,
+        `${safeText(data.name ?? "?")}: ${safeText(content, { multiline: true })}`));
+      return;
+    }
+    case "approval":
+      addItem(item("approval", "waits for approval",
+        `${safeText(data.tool ?? "?")} (call ${safeText(data.toolCallId ?? "?")})${data.reason ? `: ${safeText(data.reason, { multiline: true })}` : ""}`));
+      return;
+    case "state":
+      stream.live = null;
+      addItem(item(data.state === "error" ? "error" : "state", "state", stateText(data)));
+      return;
+    case "usage":
+      return;
+    case "error":
+      addItem(item("error", "error", safeText(data.message ?? data.error ?? safeJson(data, 0), { multiline: true })));
+      return;
+    default:
+      addItem(item("other", safeText(kind ?? "event"), safeJson(data, 0)));
+  }
+}
+
+// ---- wiring ------------------------------------------------------------------------------
+
+function wire() {
+  $("error-close").addEventListener("click", clearError);
+  $("sign-in-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const token = $("token-input").value.trim();
+    $("token-input").value = "";
+    if (token) signIn(token);
+  });
+  $("sign-out").addEventListener("click", () => signOut());
+  $("message-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const id = state.selected;
+    const text = $("message-text").value;
+    if (!id || !text.trim()) return;
+    try {
+      await request(path`../v1/instances/${id}/messages`, { text });
+      $("message-text").value = "";
+      clearError();
+      refresh().catch(failed);
+      if (state.stream && !state.stream.running) follow(state.stream);
+    } catch (error) {
+      failed(error);
+    }
+  });
+  $("cancel").addEventListener("click", async () => {
+    const id = state.selected;
+    if (!id) return;
+    try {
+      await request(path`../v1/instances/${id}/cancel`, {});
+      clearError();
+      refresh().catch(failed);
+    } catch (error) {
+      failed(error);
+    }
+  });
+  $("start-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const body = { definition: $("start-definition").value.trim() };
+    const prompt = $("start-prompt").value;
+    if (prompt) body.prompt = prompt;
+    try {
+      const started = await request("../v1/instances", body);
+      clearError();
+      $("start-prompt").value = "";
+      await refresh();
+      if (started?.instanceId) select(started.instanceId);
+    } catch (error) {
+      failed(error);
+    }
+  });
+}
+
+wire();
+refresh({ once: true }).catch((error) => {
+  if (error instanceof ProblemError && error.status === 401) {
+    showSignIn();
+    if (getToken()) signOut(error);
+    else setStatus("sign in with a token");
+  } else {
+    showError(error);
+    showSignIn();
+  }
+});

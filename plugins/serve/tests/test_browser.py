@@ -1,0 +1,500 @@
+"""The control plane at ``/ui``, used as a person uses it: in real headless Chromium.
+
+Each test drives Debian's ``chromium`` (``/usr/bin/chromium``) with Playwright, against
+``loopwright serve`` started in a subprocess over an assembly written here: scripted models
+(one provider per agent, so each instance plays its own script), a tool that needs approval, a
+hook whose approval reason quotes the model's arguments, and two tokens (an operator and a
+read-only viewer). Agents are started over the API, as another program would; everything after
+that is done by clicking and typing in the page, and checked both on the page and through the API.
+
+Screenshots go to ``$LOOPWRIGHT_ARTIFACTS`` (default ``bench/out/screenshots``), which CI keeps.
+Without chromium (or the playwright package) the tests skip, unless ``LOOPWRIGHT_REQUIRE_BROWSER``
+is set (CI sets it), when they fail. Nothing is downloaded: Playwright runs the installed browser.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CHROMIUM = Path("/usr/bin/chromium")
+REPO = Path(__file__).resolve().parents[3]
+OPERATOR_TOKEN = "op-" + "7" * 40
+VIEWER_TOKEN = "view-" + "3" * 40
+#: The launch flags: no network of its own (no updates, sync, QUIC), no sandbox (root in CI).
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+#: Hang guards only (seconds): a step that works takes a fraction of these.
+START_GUARD = 60
+STEP_GUARD_MS = 30_000
+
+#: What the attacking model writes into its call's arguments, its text and (through the hook) the reason.
+IMG = "<img src=x onerror=\"window.__pwned='img'\">"
+SCRIPT_END = "</script><script>window.__pwned='script'</script>"
+BIDI = "abc\u202edef"
+
+PLUGIN = '''
+"""Tools and a hook for the browser tests."""
+import loopwright
+
+
+@loopwright.tool(requires_approval=True)
+def delete(path: str) -> str:
+    """Pretend to delete a file.
+
+    Args:
+        path: The file.
+    """
+    return f"deleted {path}"
+
+
+@loopwright.tool
+def publish(title: str, body: str, note: str = "") -> str:
+    """Pretend to publish a post.
+
+    Args:
+        title: Its title.
+        body: Its text.
+        note: A note for the editor.
+    """
+    return f"published {title}"
+
+
+@loopwright.hookimpl
+def loopwright_register_tools(register):
+    register(delete, publish)
+
+
+@loopwright.hookimpl
+def loopwright_before_tool_call(call):
+    if call.name == "publish":
+        return loopwright.RequireApproval(f"publish {call.arguments.get('title', '')!s}")
+    return None
+'''
+
+
+def _script(name: str, replies: list[Any]) -> dict[str, Any]:
+    return {f"m_{name}": {"kind": "scripted", "replies": replies}}
+
+
+PROVIDERS: dict[str, Any] = {
+    **_script("approve", [
+        {"text": "I will delete it", "toolCalls": [{"name": "delete", "arguments": {"path": "old/notes.txt"},
+                                                    "id": "call_del"}]},
+        "all done: the notes are gone",
+    ]),
+    **_script("deny", [
+        {"text": "I will delete it", "toolCalls": [{"name": "delete", "arguments": {"path": "keep/me.txt"},
+                                                    "id": "call_keep"}]},
+        "understood, I left it",
+    ]),
+    **_script("chat", ["hello there", "thanks for your message"]),
+    **_script("slow", [{"text": "thinking very slowly", "delay": 600}]),
+    **_script("attack", [
+        {"text": f"look: {IMG} {SCRIPT_END}",
+         "toolCalls": [{"name": "publish", "id": "call_evil",
+                        "arguments": {"title": IMG, "body": SCRIPT_END, "note": BIDI}}]},
+        "done",
+    ]),
+    **_script("raced", [
+        {"toolCalls": [{"name": "delete", "arguments": {"path": "y"}, "id": "call_r"}]},
+        "ok",
+    ]),
+    **_script("refused", [
+        {"toolCalls": [{"name": "delete", "arguments": {"path": "x"}, "id": "call_x"}]},
+        "ok",
+    ]),
+}
+AGENTS = {
+    "approver": ("m_approve", ["delete"]),
+    "denier": ("m_deny", ["delete"]),
+    "chatter": ("m_chat", []),
+    "sleeper": ("m_slow", []),
+    "attacker": ("m_attack", ["publish"]),
+    "refused": ("m_refused", ["delete"]),
+    "raced": ("m_raced", ["delete"]),
+}
+
+
+def _browser_missing() -> str | None:
+    """Why the browser tests cannot run here, or None."""
+    if not CHROMIUM.exists():
+        return f"Debian's chromium is not installed at {CHROMIUM} (apt-get install chromium)"
+    try:
+        import playwright.sync_api  # noqa: F401, PLC0415 - only to see whether it is there
+    except ImportError:
+        return "the playwright package is not installed (it is in the dev dependency group)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def artifacts() -> Path:
+    folder = Path(os.environ.get("LOOPWRIGHT_ARTIFACTS") or REPO / "bench" / "out" / "screenshots")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+class Server:
+    """``loopwright serve`` in a subprocess, and a small client of its API."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.output: list[str] = []
+        env = {**os.environ, "LW_TEST_OPERATOR": OPERATOR_TOKEN, "LW_TEST_VIEWER": VIEWER_TOKEN,
+               "PYTHONUNBUFFERED": "1"}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "loopwright.cli", "serve", "-c", str(folder / "loopwright.yaml"),
+             "--port", "0"],
+            cwd=folder, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True)
+        threading.Thread(target=self._read, daemon=True).start()
+        self.url = self._wait_for_url()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.output.append(line)
+            self.lines.put(line)
+
+    def _wait_for_url(self) -> str:
+        deadline = time.monotonic() + START_GUARD
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=0.5)
+            except queue.Empty:
+                if self.process.poll() is not None:
+                    break
+                continue
+            found = re.search(r"http://127\.0\.0\.1:\d+", line)
+            if found:
+                return found.group(0)
+        self.stop()
+        pytest.fail("loopwright serve printed no URL; its output:\n" + "".join(self.output))
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def api(self, method: str, path: str, body: Any = None, token: str | None = OPERATOR_TOKEN) -> tuple[int, Any]:
+        """Send one request to the API; return the status and the parsed JSON answer."""
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, method=method)  # noqa: S310 - our own server
+        request.add_header("Accept", "application/json")
+        if data is not None:
+            request.add_header("Content-Type", "application/json")
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310
+                text = response.read().decode()
+                return response.status, json.loads(text) if text else None
+        except urllib.error.HTTPError as error:
+            text = error.read().decode()
+            return error.code, json.loads(text) if text else None
+
+    def start(self, definition: str, prompt: str = "go") -> str:
+        """Start a registered definition over the API; return the new instance's id."""
+        status, body = self.api("POST", "/v1/instances", {"definition": definition, "prompt": prompt})
+        assert status == 201, (status, body)
+        return str(body["instanceId"])
+
+    def show(self, instance_id: str) -> dict[str, Any]:
+        status, body = self.api("GET", f"/v1/instances/{instance_id}")
+        assert status == 200, (status, body)
+        return dict(body)
+
+    def wait_for(self, instance_id: str, *states: str) -> dict[str, Any]:
+        """Poll the instance until it is in one of ``states`` (a hang guard, not a time limit)."""
+        deadline = time.monotonic() + START_GUARD
+        summary = self.show(instance_id)
+        while summary["state"] not in states:
+            if time.monotonic() > deadline:
+                pytest.fail(f"{instance_id} stayed {summary['state']}, not {states}; server output:\n"
+                            + "".join(self.output[-40:]))
+            time.sleep(0.1)
+            summary = self.show(instance_id)
+        return summary
+
+
+def _write_assembly(folder: Path) -> None:
+    (folder / "agents").mkdir()
+    (folder / "browser_tools.py").write_text(textwrap.dedent(PLUGIN))
+    for name, (model, tools) in AGENTS.items():
+        (folder / "agents" / f"{name}.yaml").write_text(
+            json.dumps({"name": name, "model": f"{model}:any", "tools": tools}))
+    assembly = {
+        "store": {"kind": "file", "path": "./store"},
+        "plugins": ["testing", "browser_tools.py"],
+        "providers": PROVIDERS,
+        "agentDefinitions": {name: f"agents/{name}.yaml" for name in AGENTS},
+        "server": {"tokens": [
+            {"name": "operator", "tokenEnv": "LW_TEST_OPERATOR", "scopes": ["read", "run", "approve"]},
+            {"name": "viewer", "tokenEnv": "LW_TEST_VIEWER", "scopes": ["read"]},
+        ]},
+    }
+    (folder / "loopwright.yaml").write_text(json.dumps(assembly, indent=2))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    folder = tmp_path_factory.mktemp("serve")
+    _write_assembly(folder)
+    running = Server(folder)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture(scope="module")
+def browser_context(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    missing = _browser_missing()
+    if missing:
+        if os.environ.get("LOOPWRIGHT_REQUIRE_BROWSER"):
+            pytest.fail(f"LOOPWRIGHT_REQUIRE_BROWSER is set but {missing}")
+        pytest.skip(missing)
+    from playwright.sync_api import sync_playwright  # noqa: PLC0415 - only when the browser is there
+
+    profile = tmp_path_factory.mktemp("chromium-profile")
+    with sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            str(profile), executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_FLAGS,
+            viewport={"width": 1360, "height": 860})
+        context.set_default_timeout(STEP_GUARD_MS)
+        try:
+            yield context
+        finally:
+            context.close()
+
+
+class Page:
+    """One browser tab on the control plane, with what it logged and whether any dialog opened."""
+
+    def __init__(self, context: Any, server: Server, artifacts: Path) -> None:
+        self.page = context.new_page()
+        self.server = server
+        self.artifacts = artifacts
+        self.dialogs: list[str] = []
+        self.errors: list[str] = []
+        self.page.on("dialog", self._dialog)
+        self.page.on("pageerror", lambda error: self.errors.append(str(error)))
+
+    def _dialog(self, dialog: Any) -> None:
+        self.dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    def sign_in(self, token: str = OPERATOR_TOKEN) -> None:
+        self.page.goto(self.server.url + "/ui")
+        self.page.locator("#token-input").fill(token)
+        self.page.locator("#sign-in-form button").click()
+        self.page.locator("#app").wait_for(state="visible")
+
+    def card(self, instance_id: str) -> Any:
+        return self.page.locator(f'.card[data-instance-id="{instance_id}"]')
+
+    def select(self, instance_id: str) -> None:
+        self.page.locator(f'.node[data-id="{instance_id}"]').click()
+        self.expect(self.page.locator("#detail-title")).to_contain_text(instance_id)
+
+    def fact(self, key: str) -> Any:
+        return self.page.locator(f'#facts dd[data-fact="{key}"]')
+
+    def transcript(self) -> Any:
+        return self.page.locator("#transcript")
+
+    def shot(self, name: str) -> None:
+        self.page.screenshot(path=str(self.artifacts / f"{name}.png"))
+
+    @staticmethod
+    def expect(locator: Any) -> Any:
+        from playwright.sync_api import expect  # noqa: PLC0415 - only when the browser is there
+
+        return expect(locator)
+
+    def close(self) -> None:
+        self.page.close()
+
+
+@pytest.fixture
+def page(browser_context: Any, server: Server, artifacts: Path) -> Iterator[Page]:
+    tab = Page(browser_context, server, artifacts)
+    try:
+        yield tab
+    finally:
+        tab.close()
+    assert not tab.errors, f"the page raised: {tab.errors}"
+
+
+def test_the_page_is_served_with_a_strict_policy(server: Server) -> None:
+    request = urllib.request.Request(server.url + "/ui/")  # noqa: S310 - our own server
+    with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310
+        headers = response.headers
+        html = response.read().decode()
+    policy = headers["Content-Security-Policy"]
+    assert "script-src 'self'" in policy
+    assert "'unsafe-inline'" not in policy
+    assert "'unsafe-eval'" not in policy
+    assert "frame-ancestors 'none'" in policy
+    assert "require-trusted-types-for 'script'" in policy
+    assert headers["X-Content-Type-Options"] == "nosniff"
+    assert "<script>" not in html  # no inline script: only <script type="module" src=...>
+    assert not re.search(r"https?://", html), "the page loads nothing from elsewhere"
+
+
+def test_sign_in_approve_by_clicking_and_watch_the_transcript_finish(page: Page) -> None:
+    instance_id = page.server.start("approver")
+    page.server.wait_for(instance_id, "waiting_for_approval")
+    page.sign_in()
+    page.select(instance_id)
+    card = page.card(instance_id)
+    page.expect(card.locator(".tool")).to_have_text("delete")
+    page.expect(card.locator("pre")).to_contain_text('"path": "old/notes.txt"')
+    page.expect(card.locator(".reason")).to_have_text("tool 'delete' requires approval")
+    page.expect(page.transcript()).to_contain_text("I will delete it")
+    page.shot("01-waiting-for-approval")
+
+    card.locator(".approve").click()
+    page.expect(card).to_have_count(0)
+    page.expect(page.transcript()).to_contain_text("deleted old/notes.txt")
+    page.expect(page.transcript()).to_contain_text("all done: the notes are gone")
+    page.expect(page.fact("state")).to_contain_text("waiting")
+    page.shot("02-approved-and-finished")
+
+    summary = page.server.show(instance_id)
+    assert summary["state"] == "waiting"
+    assert summary["pendingApprovals"] == []
+    assert page.page.evaluate("sessionStorage.getItem('loopwright.token')") == OPERATOR_TOKEN
+
+
+def test_deny_with_a_reason(page: Page) -> None:
+    instance_id = page.server.start("denier")
+    page.server.wait_for(instance_id, "waiting_for_approval")
+    page.sign_in()
+    page.select(instance_id)
+    card = page.card(instance_id)
+    card.locator(".deny-reason").fill("keep that file")
+    page.shot("03-deny-with-reason")
+    card.locator(".deny").click()
+    page.expect(card).to_have_count(0)
+    page.expect(page.transcript()).to_contain_text("understood, I left it")
+    page.expect(page.transcript()).to_contain_text("denied")
+    summary = page.server.wait_for(instance_id, "waiting")
+    assert summary["pendingApprovals"] == []
+    status, records = page.server.api("GET", f"/v1/instances/{instance_id}/records")
+    assert status == 200
+    text = json.dumps(records)
+    assert "keep that file" in text
+    assert "operator" in text  # the decision names the token that made it
+
+
+def test_send_a_message(page: Page) -> None:
+    instance_id = page.server.start("chatter", prompt="hi")
+    page.server.wait_for(instance_id, "waiting")
+    page.sign_in()
+    page.select(instance_id)
+    page.expect(page.transcript()).to_contain_text("hello there")
+    page.page.locator("#message-text").fill("how are you?")
+    page.page.locator("#message-form button[type=submit]").click()
+    page.expect(page.transcript()).to_contain_text("thanks for your message")
+    page.expect(page.page.locator("#message-text")).to_have_value("")
+    page.shot("04-message-answered")
+    assert page.server.wait_for(instance_id, "waiting")["state"] == "waiting"
+
+
+def test_cancel_a_running_instance(page: Page) -> None:
+    instance_id = page.server.start("sleeper")
+    page.server.wait_for(instance_id, "running")
+    page.sign_in()
+    page.select(instance_id)
+    page.expect(page.fact("state")).to_contain_text("running")
+    page.page.locator("#cancel").click()
+    page.expect(page.fact("state")).to_contain_text("stopped")
+    page.shot("05-cancelled")
+    summary = page.server.wait_for(instance_id, "stopped")
+    assert summary["cancelled"] is True
+
+
+def test_the_inbox_shows_what_a_model_wrote_as_text_and_runs_none_of_it(page: Page) -> None:
+    """The attack: a model puts HTML and a script end tag in its call, its text and (via the hook) the reason."""
+    instance_id = page.server.start("attacker")
+    page.server.wait_for(instance_id, "waiting_for_approval")
+    page.sign_in()
+    page.select(instance_id)
+    card = page.card(instance_id)
+    page.expect(card.locator(".tool")).to_have_text("publish")
+    page.expect(card.locator(".reason")).to_have_text(f"publish {IMG}")
+    page.expect(page.transcript()).to_contain_text(f"look: {IMG} {SCRIPT_END}")
+    shown = card.locator("pre").text_content()
+    # The exact arguments, as JSON: the HTML verbatim, the bidi override as a visible escape.
+    assert json.loads(shown) == {"title": IMG, "body": SCRIPT_END, "note": BIDI}
+    assert "\u202e" not in shown
+    assert "\\u202e" in shown
+    page.shot("06-attack-shown-as-text")
+    assert page.page.evaluate("window.__pwned") is None
+    assert page.page.locator("img").count() == 0
+    assert page.page.locator("script").count() == 1  # the page's own module, nothing else
+    assert page.dialogs == []
+
+
+def test_errors_are_shown_to_the_person(page: Page) -> None:
+    """401 for a wrong token, 403 for a read-only token that approves; signing out forgets the token."""
+    instance_id = page.server.start("refused")
+    page.server.wait_for(instance_id, "waiting_for_approval")
+
+    page.page.goto(page.server.url + "/ui")
+    page.page.locator("#token-input").fill("not-a-token")
+    page.page.locator("#sign-in-form button").click()
+    page.expect(page.page.locator("#error")).to_contain_text("401")
+    page.expect(page.page.locator("#sign-in")).to_be_visible()
+    assert page.page.evaluate("sessionStorage.getItem('loopwright.token')") is None
+
+    page.sign_in(VIEWER_TOKEN)
+    card = page.card(instance_id)
+    card.locator(".approve").click()
+    page.expect(page.page.locator("#error")).to_contain_text("403")
+    page.shot("07-forbidden")
+    page.expect(card).to_have_count(1)
+    assert page.server.show(instance_id)["state"] == "waiting_for_approval"
+
+    page.page.locator("#sign-out").click()
+    page.expect(page.page.locator("#sign-in")).to_be_visible()
+    assert page.page.evaluate("sessionStorage.getItem('loopwright.token')") is None
+
+
+def test_deciding_a_call_another_client_decided_shows_the_conflict(page: Page) -> None:
+    instance_id = page.server.start("raced")
+    page.server.wait_for(instance_id, "waiting_for_approval")
+    # The page's timers stand still, so its list is not refreshed between the two decisions.
+    page.page.clock.install()
+    page.sign_in()
+    card = page.card(instance_id)
+    page.expect(card).to_have_count(1)
+    status, body = page.server.api("POST", f"/v1/instances/{instance_id}/approvals/call_r", {"decision": "approve"})
+    assert status in {200, 202}, body
+    card.locator(".approve").click()
+    page.expect(page.page.locator("#error")).to_contain_text("409")
+    page.shot("08-conflict")
+    # The page then reloads the list: the call decided elsewhere leaves the inbox.
+    page.expect(card).to_have_count(0)
