@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import AsyncIterator
 from importlib import resources
 from typing import TYPE_CHECKING
 
 import attrs
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
+
+from loopwright_serve._problems import problem
+from loopwright_serve._surface import null_lifespan
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -32,8 +34,8 @@ if TYPE_CHECKING:
 
 __all__ = ["CONTENT_SECURITY_POLICY", "UiSurface"]
 
-#: The policy every ``/ui`` response carries.
-CONTENT_SECURITY_POLICY = "; ".join((
+#: The directives of the policy every ``/ui`` response carries.
+_DIRECTIVES = (
     "default-src 'none'",
     "script-src 'self'",
     "style-src 'self'",
@@ -44,7 +46,9 @@ CONTENT_SECURITY_POLICY = "; ".join((
     "frame-ancestors 'none'",
     "require-trusted-types-for 'script'",
     "trusted-types 'none'",
-))
+)
+#: The Content-Security-Policy of every ``/ui`` response.
+CONTENT_SECURITY_POLICY = "; ".join(_DIRECTIVES)
 
 _HEADERS = {
     "Content-Security-Policy": CONTENT_SECURITY_POLICY,
@@ -92,8 +96,8 @@ def _load_assets() -> dict[str, _Asset]:
 
 
 def _not_found() -> Response:
-    """A 404 for a name that is not one of the shipped files (plain text: nothing of the request echoed)."""
-    return Response("not found\n", status_code=404, media_type="text/plain; charset=utf-8", headers=_HEADERS)
+    """Return the 404 problem document for a name that is not one of the shipped files."""
+    return problem(404, "Not Found", "the control plane has no such file", headers=_HEADERS)
 
 
 @attrs.frozen(kw_only=True)
@@ -122,7 +126,10 @@ class _Files:
 
 
 async def _to_index(request: Request) -> Response:
-    """``GET /ui``: redirect to ``ui/`` (relative, so a proxy may serve it under a prefix), so that the page's relative links resolve under it."""
+    """``GET /ui``: redirect to ``ui/``, where the page's relative links resolve.
+
+    The location is relative, so a reverse proxy may serve the whole server under a prefix.
+    """
     del request
     return RedirectResponse("ui/", status_code=308, headers=_HEADERS)
 
@@ -145,8 +152,7 @@ class UiSurface:
             Route("/ui/{name}", files.asset, methods=["GET"]),
         ]
 
-    @contextlib.asynccontextmanager
-    async def lifespan(self, ctx: ServeContext) -> AsyncIterator[None]:
-        """Nothing to start or stop."""
+    def lifespan(self, ctx: ServeContext) -> contextlib.AbstractAsyncContextManager[None]:
+        """Hold nothing open."""
         del ctx
-        yield
+        return null_lifespan()
