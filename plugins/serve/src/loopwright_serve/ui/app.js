@@ -7,8 +7,7 @@ import { safeJson, safeText } from "./display.js";
 
 const REFRESH_MS = 1500;
 const RECONNECT_MS = 1000;
-// States an instance does not leave by itself: its stream ends and is not followed again until
-// a message (or another client) moves the instance on.
+// States an instance rests in: nothing runs, so there is nothing to cancel.
 const RESTING = new Set(["waiting", "completed", "stopped", "error"]);
 
 const $ = (id) => document.getElementById(id);
@@ -17,7 +16,8 @@ const state = {
   summaries: new Map(), // instanceId -> summary (as `show --json`)
   nodes: new Map(), // instanceId -> tree node (as `ls --tree --json`)
   selected: null,
-  stream: null, // {id, controller, lastEventId, seen:Set, live:Element|null}
+  stream: null, // {id, controller, lastEventId, held}: the selected instance's event stream
+  soon: null, // a refresh waiting to run
   timer: null,
   signedIn: false,
 };
@@ -151,7 +151,6 @@ async function refresh({ once = false } = {}) {
     renderTree(rootList);
     renderInbox();
     renderFacts();
-    followIfMoving();
   } catch (error) {
     if (once || (error instanceof ProblemError && error.status === 401)) throw error;
     showError(error);
@@ -323,15 +322,24 @@ function stopStream() {
 }
 
 function startStream(id) {
-  const stream = { id, controller: new AbortController(), lastEventId: null, seen: new Set(), live: null, running: true };
+  const stream = { id, controller: new AbortController(), lastEventId: null, held: new Map() };
   state.stream = stream;
   follow(stream);
 }
 
-/** Follow the selected instance's events, reconnecting after Last-Event-ID while it moves. */
+function sleep(ms) {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}
+
+/**
+ * Follow the selected instance's events until another one is selected. The server keeps the
+ * stream open; when it breaks (a restart, the network), this reconnects with Last-Event-ID and
+ * gets what it missed. An error answer (401, 403, 404) ends it and is shown.
+ */
 async function follow(stream) {
-  stream.running = true;
+  let wait = RECONNECT_MS;
   for (;;) {
+    const before = stream.lastEventId;
     try {
       await followEvents(path`../v1/instances/${stream.id}/events`, {
         lastEventId: stream.lastEventId,
@@ -340,42 +348,36 @@ async function follow(stream) {
       });
     } catch (error) {
       if (stream.controller.signal.aborted) return;
-      if (error instanceof ProblemError && error.status !== 0) {
-        stream.running = false;
+      if (!(error instanceof ProblemError) || error.status !== 0) {
         failed(error);
         return;
       }
     }
     if (stream.controller.signal.aborted || state.stream !== stream) return;
-    const summary = state.summaries.get(stream.id);
-    if (summary && RESTING.has(summary.state)) break;
-    await new Promise((resolve) => setTimeout(resolve, RECONNECT_MS));
+    wait = stream.lastEventId !== before ? RECONNECT_MS : Math.min(wait * 2, 15000);
+    await sleep(wait);
     if (stream.controller.signal.aborted || state.stream !== stream) return;
   }
-  stream.running = false;
 }
 
-/** Start following again when the selected instance moves after its stream ended. */
-function followIfMoving() {
-  const stream = state.stream;
-  if (!stream || stream.running) return;
-  const summary = state.summaries.get(stream.id);
-  if (summary && !RESTING.has(summary.state)) follow(stream);
+/** Refresh the list soon, once for a burst of events (a replay sends many at once). */
+function refreshSoon() {
+  if (state.soon) return;
+  state.soon = setTimeout(() => {
+    state.soon = null;
+    refresh().catch(failed);
+  }, 150);
 }
 
 function onEvent(stream, message) {
   if (state.stream !== stream) return;
-  if (message.id !== null && message.id !== undefined) {
-    if (stream.seen.has(message.id)) return;
-    stream.seen.add(message.id);
-    stream.lastEventId = message.id;
+  if (message.id) stream.lastEventId = message.id;
+  if (!message.data || typeof message.data !== "object") return;
+  if (message.event === "transcript") renderMessage(message.data);
+  else if (message.event === "record") {
+    renderRecord(stream, message.data);
+    if (["state", "approval", "turn", "tool_call"].includes(message.data.kind)) refreshSoon();
   }
-  if (message.data === null) return;
-  const event = message.data && typeof message.data === "object" ? message.data : { data: message.data };
-  const kind = event.kind ?? message.event;
-  const data = event.data && typeof event.data === "object" ? event.data : event;
-  render(stream, kind, data, event);
-  if (["state", "approval", "tool_result", "usage"].includes(kind)) refresh().catch(failed);
 }
 
 function item(kind, label, text) {
@@ -388,65 +390,90 @@ function item(kind, label, text) {
 
 function addItem(node) {
   const box = $("transcript");
-  const atEnd = box.scrollHeight - box.scrollTop - box.clientHeight < 40;
+  const atEnd = box.scrollHeight - box.scrollTop - box.clientHeight < 60;
   box.append(node);
   if (atEnd) box.scrollTop = box.scrollHeight;
 }
 
-function render(stream, kind, data, event) {
-  const turn = event.turn ?? data.turn;
-  const at = turn !== undefined && turn !== null ? ` · turn ${turn}` : "";
-  switch (kind) {
-    case "text_delta": {
-      if (!stream.live) {
-        stream.live = item("assistant", `assistant${at}`, "");
-        addItem(stream.live);
+function contentText(content) {
+  if (content === null || content === undefined) return "";
+  if (typeof content === "string") return safeText(content, { multiline: true });
+  return safeJson(content);
+}
+
+/** One message of the transcript (the instance's entry log): {index, message, turn?}. */
+function renderMessage({ message, turn }) {
+  if (!message || typeof message !== "object") return;
+  const at = turn && typeof turn === "object" && turn.n !== undefined ? ` · turn ${turn.n}` : "";
+  switch (message.role) {
+    case "system":
+      addItem(item("system", "system prompt", contentText(message.content)));
+      return;
+    case "user": {
+      const source = message.source ? ` · from ${safeText(message.source)}` : "";
+      addItem(item("user", `user${source}`, contentText(message.content)));
+      return;
+    }
+    case "assistant": {
+      const text = contentText(message.content);
+      if (text) addItem(item("assistant", `assistant${at}`, text));
+      for (const call of list(message.toolCalls)) {
+        addItem(item("tool_call", `call ${safeText(call.id ?? "")}${at}`,
+          `${safeText(call.name ?? "?")} ${safeJson(call.arguments ?? {}, 0)}`));
       }
-      stream.live.lastChild.textContent += safeText(data.delta ?? "", { multiline: true });
       return;
     }
-    case "stream_reset":
-      if (stream.live) stream.live.lastChild.textContent = "";
-      return;
-    case "text": {
-      const text = safeText(data.text ?? "", { multiline: true });
-      if (stream.live) {
-        stream.live.lastChild.textContent = text;
-        stream.live = null;
-      } else if (text) addItem(item("assistant", `assistant${at}`, text));
+    case "tool": {
+      const status = message.status ? ` · ${safeText(message.status)}` : "";
+      addItem(item("tool_result", `result of ${safeText(message.name ?? "?")} ${safeText(message.toolCallId ?? "")}${status}`,
+        contentText(message.content)));
       return;
     }
-    case "message":
-    case "user_message":
-      addItem(item("user", "message", safeText(data.text ?? data.content ?? "", { multiline: true })));
-      return;
-    case "tool_call_start":
-      return;
-    case "tool_call":
-      stream.live = null;
-      addItem(item("tool_call", `call ${safeText(data.id ?? "")}${at}`, `${safeText(data.name ?? "?")} ${safeJson(data.arguments ?? {}, 0)}`));
-      return;
-    case "tool_result": {
-      const content = typeof data.content === "string" ? data.content : safeJson(data.content ?? null, 0);
-      addItem(item("tool_result", `result ${safeText(data.id ?? "")} · ${safeText(data.status ?? "")}`,
-        `${safeText(data.name ?? "?")}: ${safeText(content, { multiline: true })}`));
+    default:
+      addItem(item("other", safeText(message.role ?? "message"), contentText(message.content)));
+  }
+}
+
+/** One record (as `loopwright records` prints it): {kind, instanceId, at, data}. */
+function renderRecord(stream, record) {
+  const data = record.data && typeof record.data === "object" ? record.data : {};
+  switch (record.kind) {
+    case "state": {
+      // "running" is left out: the messages show the work, and it would land after them (a
+      // batch of the stream has the new messages first, then the new records).
+      if (data.to === "running") return;
+      const text = data.to === data.stopReason || !data.stopReason ? `${data.to}` : `${data.to} (${data.stopReason})`;
+      addItem(item(data.to === "error" ? "error" : "state", "state", safeText(text + (data.cancelled ? ", cancelled" : ""))));
       return;
     }
-    case "approval":
-      addItem(item("approval", "waits for approval",
-        `${safeText(data.tool ?? "?")} (call ${safeText(data.toolCallId ?? "?")})${data.reason ? `: ${safeText(data.reason, { multiline: true })}` : ""}`));
+    case "approval": {
+      const call = `${safeText(data.tool ?? "?")} (call ${safeText(data.toolCallId ?? "?")})`;
+      if (!data.decision) {
+        const held = item("approval", "waits for approval", `${call}${data.reason ? `: ${safeText(data.reason, { multiline: true })}` : ""}`);
+        stream.held.set(data.toolCallId, held);
+        addItem(held);
+        return;
+      }
+      // The decision is shown where the call was held (it happened before what follows it).
+      const by = data.by ? ` by ${safeText(data.by)}` : "";
+      const why = data.reason ? ` (${safeText(data.reason, { multiline: true })})` : "";
+      const decided = item(data.decision === "denied" ? "denied" : "approved", `${safeText(data.decision)}${by}`, `${call}${why}`);
+      const held = stream.held.get(data.toolCallId);
+      if (held) held.replaceWith(decided);
+      else addItem(decided);
+      stream.held.delete(data.toolCallId);
       return;
-    case "state":
-      stream.live = null;
-      addItem(item(data.state === "error" ? "error" : "state", "state", stateText(data)));
-      return;
-    case "usage":
-      return;
+    }
     case "error":
       addItem(item("error", "error", safeText(data.message ?? data.error ?? safeJson(data, 0), { multiline: true })));
       return;
+    case "compaction":
+    case "completion":
+    case "monitor":
+      addItem(item("other", safeText(record.kind), safeJson(data, 0)));
+      return;
     default:
-      addItem(item("other", safeText(kind ?? "event"), safeJson(data, 0)));
+      // turn, tool_call, message, cost, hook ...: their facts show in the transcript and the header.
   }
 }
 
@@ -471,7 +498,6 @@ function wire() {
       $("message-text").value = "";
       clearError();
       refresh().catch(failed);
-      if (state.stream && !state.stream.running) follow(state.stream);
     } catch (error) {
       failed(error);
     }
