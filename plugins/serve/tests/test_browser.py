@@ -116,6 +116,17 @@ PROVIDERS: dict[str, Any] = {
         {"toolCalls": [{"name": "delete", "arguments": {"path": "y"}, "id": "call_r"}]},
         "ok",
     ]),
+    **_script("lead", [
+        {"text": "I will ask a helper", "toolCalls": [{"name": "run_agent_async", "id": "call_spawn",
+                                                       "arguments": {"agentSwarmUri": "helper",
+                                                                     "prompt": "tidy the old notes"}}]},
+        "the helper is on it",
+    ]),
+    **_script("helper", [
+        {"text": "tidying", "toolCalls": [{"name": "delete", "arguments": {"path": "old/draft.txt"},
+                                           "id": "call_tidy"}]},
+        "tidied",
+    ]),
     **_script("refused", [
         {"toolCalls": [{"name": "delete", "arguments": {"path": "x"}, "id": "call_x"}]},
         "ok",
@@ -129,6 +140,8 @@ AGENTS = {
     "attacker": ("m_attack", ["publish"]),
     "refused": ("m_refused", ["delete"]),
     "raced": ("m_raced", ["delete"]),
+    "lead": ("m_lead", ["run_agent_async"]),
+    "helper": ("m_helper", ["delete"]),
 }
 
 
@@ -238,22 +251,24 @@ class Server:
         return summary
 
 
-def _write_assembly(folder: Path) -> None:
+def _write_assembly(folder: Path, *, tokens: bool = True) -> None:
     (folder / "agents").mkdir()
     (folder / "browser_tools.py").write_text(textwrap.dedent(PLUGIN))
     for name, (model, tools) in AGENTS.items():
         (folder / "agents" / f"{name}.yaml").write_text(
             json.dumps({"name": name, "model": f"{model}:any", "tools": tools}))
-    assembly = {
+    assembly: dict[str, Any] = {
         "store": {"kind": "file", "path": "./store"},
         "plugins": ["testing", "browser_tools.py"],
         "providers": PROVIDERS,
         "agentDefinitions": {name: f"agents/{name}.yaml" for name in AGENTS},
-        "server": {"tokens": [
+        "capabilities": {"agents": {"spawn": True, "maxDepth": 2}},
+    }
+    if tokens:
+        assembly["server"] = {"tokens": [
             {"name": "operator", "tokenEnv": "LW_TEST_OPERATOR", "scopes": ["read", "run", "approve"]},
             {"name": "viewer", "tokenEnv": "LW_TEST_VIEWER", "scopes": ["read"]},
-        ]},
-    }
+        ]}
     (folder / "loopwright.yaml").write_text(json.dumps(assembly, indent=2))
 
 
@@ -275,8 +290,9 @@ def browser_context(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         if os.environ.get("LOOPWRIGHT_REQUIRE_BROWSER"):
             pytest.fail(f"LOOPWRIGHT_REQUIRE_BROWSER is set but {missing}")
         pytest.skip(missing)
-    from playwright.sync_api import sync_playwright  # noqa: PLC0415 - only when the browser is there
+    from playwright.sync_api import expect, sync_playwright  # noqa: PLC0415 - only when the browser is there
 
+    expect.set_options(timeout=STEP_GUARD_MS)
     profile = tmp_path_factory.mktemp("chromium-profile")
     with sync_playwright() as playwright:
         context = playwright.chromium.launch_persistent_context(
@@ -298,8 +314,14 @@ class Page:
         self.artifacts = artifacts
         self.dialogs: list[str] = []
         self.errors: list[str] = []
+        self.requests: list[Any] = []
         self.page.on("dialog", self._dialog)
+        self.page.on("request", self._request)
         self.page.on("pageerror", lambda error: self.errors.append(str(error)))
+
+    def _request(self, request: Any) -> None:
+        # A method, not list.append: Playwright marks the handlers it is given.
+        self.requests.append(request)
 
     def _dialog(self, dialog: Any) -> None:
         self.dialogs.append(dialog.message)
@@ -385,7 +407,56 @@ def test_sign_in_approve_by_clicking_and_watch_the_transcript_finish(page: Page)
     summary = page.server.show(instance_id)
     assert summary["state"] == "waiting"
     assert summary["pendingApprovals"] == []
+    # The token is kept for this tab only, and sent in the Authorization header, never in a URL.
     assert page.page.evaluate("sessionStorage.getItem('loopwright.token')") == OPERATOR_TOKEN
+    assert not [r.url for r in page.requests if OPERATOR_TOKEN in r.url]
+    streams = [r for r in page.requests if r.url.endswith(f"/v1/instances/{instance_id}/events")]
+    assert streams
+    assert all(r.headers.get("authorization") == f"Bearer {OPERATOR_TOKEN}" for r in streams)
+    other_tab = page.page.context.new_page()
+    try:
+        other_tab.goto(page.server.url + "/ui/")
+        page.expect(other_tab.locator("#sign-in")).to_be_visible()
+    finally:
+        other_tab.close()
+
+
+def test_a_tree_and_a_call_held_below_its_root(page: Page) -> None:
+    """A lead agent starts a helper; the helper's call waits in the inbox and is approved from there."""
+    lead = page.server.start("lead", prompt="tidy up")
+    page.server.wait_for(lead, "waiting")
+    helper = _child(page.server, lead)
+    page.server.wait_for(helper, "waiting_for_approval")
+    page.sign_in()
+    node = page.page.locator(f'.node[data-id="{lead}"]')
+    page.expect(node).to_contain_text("lead")
+    child = page.page.locator(f'.node[data-id="{lead}"] + ul .node[data-id="{helper}"]')
+    page.expect(child).to_contain_text("helper")
+    page.expect(child.locator(".state")).to_have_text("waiting_for_approval")
+    page.expect(node.locator(".meta")).to_contain_text("1 waiting below")
+    page.select(helper)
+    card = page.card(helper)
+    page.expect(card.locator("pre")).to_contain_text("old/draft.txt")
+    page.expect(page.transcript()).to_contain_text("tidy the old notes")
+    page.shot("00-control-plane")
+    card.locator(".approve").click()
+    page.expect(card).to_have_count(0)
+    page.expect(page.transcript()).to_contain_text("tidied")
+    page.expect(child.locator(".state")).to_have_text("waiting")
+    page.expect(node.locator(".meta")).not_to_contain_text("waiting below")
+    assert page.server.wait_for(helper, "waiting")["pendingApprovals"] == []
+
+
+def _child(server: Server, parent: str) -> str:
+    """The id of the one agent ``parent`` started (waiting for it to appear, as a hang guard)."""
+    deadline = time.monotonic() + START_GUARD
+    while time.monotonic() < deadline:
+        children = server.show(parent).get("children") or []
+        if children:
+            first = children[0]
+            return str(first["instanceId"] if isinstance(first, dict) else first)
+        time.sleep(0.1)
+    pytest.fail(f"{parent} started no agent; server output:\n" + "".join(server.output[-40:]))
 
 
 def test_deny_with_a_reason(page: Page) -> None:
@@ -498,3 +569,25 @@ def test_deciding_a_call_another_client_decided_shows_the_conflict(page: Page) -
     page.shot("08-conflict")
     # The page then reloads the list: the call decided elsewhere leaves the inbox.
     page.expect(card).to_have_count(0)
+
+
+def test_without_tokens_the_page_asks_for_none(tmp_path: Path, browser_context: Any, artifacts: Path) -> None:
+    """A server without tokens listens on loopback only, and the page opens without a sign-in."""
+    _write_assembly(tmp_path, tokens=False)
+    local = Server(tmp_path)
+    try:
+        instance_id = local.start("chatter", prompt="hi")
+        local.wait_for(instance_id, "waiting")
+        tab = Page(browser_context, local, artifacts)
+        try:
+            tab.page.goto(local.url + "/ui")
+            tab.expect(tab.page.locator("#app")).to_be_visible()
+            tab.expect(tab.page.locator("#sign-in")).to_be_hidden()
+            tab.expect(tab.page.locator("#status")).to_contain_text("no token")
+            tab.select(instance_id)
+            tab.expect(tab.transcript()).to_contain_text("hello there")
+            assert not tab.errors
+        finally:
+            tab.close()
+    finally:
+        local.stop()

@@ -179,6 +179,8 @@ function renderTree(roots) {
       formatCost(node.subtreeCost ?? node.cost),
     ];
     if (pending) meta.push(`${pending} to approve`);
+    const below = (Number(node.waitingOn) || 0) - pending;
+    if (below > 0) meta.push(`${below} waiting below`);
     row.append(el("span", "meta", meta.join(" · ")));
     row.addEventListener("click", () => select(node.instanceId));
     li.append(row);
