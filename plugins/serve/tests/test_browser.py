@@ -105,6 +105,7 @@ PROVIDERS: dict[str, Any] = {
         "understood, I left it",
     ]),
     **_script("chat", ["hello there", "thanks for your message"]),
+    **_script("chat2", ["first answer", "second answer"]),
     **_script("slow", [{"text": "thinking very slowly", "delay": 600}]),
     **_script("attack", [
         {"text": f"look: {IMG} {SCRIPT_END}",
@@ -136,6 +137,7 @@ AGENTS = {
     "approver": ("m_approve", ["delete"]),
     "denier": ("m_deny", ["delete"]),
     "chatter": ("m_chat", []),
+    "chatter2": ("m_chat2", []),
     "sleeper": ("m_slow", []),
     "attacker": ("m_attack", ["publish"]),
     "refused": ("m_refused", ["delete"]),
@@ -166,7 +168,7 @@ def artifacts() -> Path:
 class Server:
     """``loopwright serve`` in a subprocess, and a small client of its API."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, port: int = 0) -> None:
         self.folder = folder
         self.lines: queue.Queue[str] = queue.Queue()
         self.output: list[str] = []
@@ -174,7 +176,7 @@ class Server:
                "PYTHONUNBUFFERED": "1"}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "loopwright.cli", "serve", "-c", str(folder / "loopwright.yaml"),
-             "--port", "0"],
+             "--port", str(port)],
             cwd=folder, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True)
         threading.Thread(target=self._read, daemon=True).start()
@@ -591,3 +593,64 @@ def test_without_tokens_the_page_asks_for_none(tmp_path: Path, browser_context: 
             tab.close()
     finally:
         local.stop()
+
+
+#: Text with every kind of character the page must show as an escape, and some it must keep.
+_HIDDEN_SAMPLES = [
+    "plain text", "rm -rf ~/x #\r\x1b[2Kls", "abc\u202edef", "zero\u200bwidth", "\ufeffbom", "tag\U000e0041",
+    "line\u2028sep", "para\u2029sep", "c1\x85\x9b", "del\x7f", "tab\there\nnewline\r\nCRLF", "emoji\u2764\ufe0f",
+    "hangul\u3164filler", "vs\ufe00x", "isolate\u2066x\u2069", "lrm\u200erlm\u200f", "soft\u00adhyphen",
+]
+
+
+def test_the_page_escapes_hidden_characters_as_the_terminal_does(page: Page) -> None:
+    """The page's safeText and safeJson (ui/display.js) agree with loopwright.display's, character for character."""
+    from loopwright.display import safe_json, safe_text  # noqa: PLC0415 - the reference, only here
+
+    page.page.goto(page.server.url + "/ui/")
+    shown = page.page.evaluate(
+        """async (samples) => {
+            const display = await import("./display.js");
+            return samples.map((s) => [display.safeText(s), display.safeText(s, {multiline: true}),
+                                       display.safeJson({value: s}, 0)]);
+        }""", _HIDDEN_SAMPLES)
+    for sample, (one_line, prose, as_json) in zip(_HIDDEN_SAMPLES, shown, strict=True):
+        assert one_line == safe_text(sample), sample
+        assert prose == safe_text(sample, multiline=True), sample
+        assert json.loads(as_json) == {"value": sample}, sample
+        assert as_json == safe_json({"value": sample}, separators=(",", ":")), sample
+
+
+def test_a_broken_event_stream_resumes_where_it_left_off(tmp_path: Path, browser_context: Any,
+                                                          artifacts: Path) -> None:
+    """The server restarts under the page: it reconnects with Last-Event-ID and shows nothing twice."""
+    _write_assembly(tmp_path)
+    first = Server(tmp_path)
+    instance_id = first.start("chatter2", prompt="hi")
+    first.wait_for(instance_id, "waiting")
+    tab = Page(browser_context, first, artifacts)
+    second = None
+    try:
+        tab.sign_in()
+        tab.select(instance_id)
+        tab.expect(tab.transcript()).to_contain_text("first answer")
+        port = int(first.url.rsplit(":", 1)[1])
+        with tab.page.expect_request(lambda r: r.url.endswith("/events") and r.headers.get("last-event-id"),
+                                     timeout=START_GUARD * 1000) as resumed:
+            first.stop()
+            second = Server(tmp_path, port=port)
+        assert second.url == first.url
+        assert re.fullmatch(r"\d+-\d+", resumed.value.headers["last-event-id"])
+        status, _ = second.api("POST", f"/v1/instances/{instance_id}/messages", {"text": "still there?"})
+        assert status == 202
+        tab.expect(tab.transcript()).to_contain_text("second answer")
+        tab.expect(tab.transcript().locator(".item.assistant")).to_have_count(2)
+        tab.expect(tab.transcript().locator(".item.user")).to_have_count(2)
+        tab.expect(tab.page.locator("#error")).to_be_hidden()
+        tab.shot("09-resumed-after-a-restart")
+    finally:
+        tab.close()
+        first.stop()
+        if second is not None:
+            second.stop()
+    assert not tab.errors

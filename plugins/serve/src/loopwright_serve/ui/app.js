@@ -147,6 +147,8 @@ async function refresh({ once = false } = {}) {
     };
     const rootList = list(roots);
     rootList.forEach(walk);
+    // The server answers again: a "cannot be reached" shown before is over.
+    if ($("error").dataset.status === "0") clearError();
     enterApp();
     renderTree(rootList);
     renderInbox();
