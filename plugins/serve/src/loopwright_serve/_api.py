@@ -37,7 +37,6 @@ from loopwright_serve._surface import null_lifespan
 if TYPE_CHECKING:
     from starlette.requests import Request
 
-    from loopwright import AgentRun
     from loopwright_serve._context import ServeContext
 
 __all__ = ["ENDPOINTS", "ApiSurface", "DecisionBody", "Endpoint", "MessageBody", "StartBody", "openapi"]
@@ -298,14 +297,12 @@ class _Handlers:
                 f"HTTP, never a file path); they are: {names}",
                 errors=[{"path": "$.definition", "message": "not a registered definition name"}])
         defn = self.rt.load_definition(body.definition)
-        run = await self._start(defn, body)
-        summary = await self.rt.summary(run.instance_id)
-        return JSONResponse(summary, status_code=201, headers={"Location": f"/v1/instances/{run.instance_id}"})
-
-    async def _start(self, defn: Any, body: StartBody) -> AgentRun:
-        if not self.ctx.settings.run:
-            raise ProblemError(501, "Not implemented", "server.run false is not available yet")
-        return await self.rt.start_agent(defn, dict(body.inputs), body.prompt)
+        if self.ctx.settings.run:
+            instance_id = (await self.rt.start_agent(defn, dict(body.inputs), body.prompt)).instance_id
+        else:  # written, queued, for a worker: nothing runs here
+            instance_id = await self.rt.submit(defn, dict(body.inputs), body.prompt)
+        summary = await self.rt.summary(instance_id)
+        return JSONResponse(summary, status_code=201, headers={"Location": f"/v1/instances/{instance_id}"})
 
     async def show_instance(self, request: Request, _principal: Principal | None, _body: None) -> Response:
         return JSONResponse(await self.rt.summary(request.path_params["instance_id"]))
@@ -327,20 +324,22 @@ class _Handlers:
 
     async def message(self, request: Request, _principal: Principal | None, body: MessageBody) -> Response:
         instance_id = request.path_params["instance_id"]
-        if not self.ctx.settings.run:
-            raise ProblemError(501, "Not implemented", "server.run false is not available yet")
-        run = await self.rt.message(instance_id, body.text, source="api")
-        return JSONResponse({"instanceId": instance_id, "delivered": True, "state": run.state.value},
-                            status_code=202)
+        if self.ctx.settings.run:
+            await self.rt.message(instance_id, body.text, source="api")
+        else:
+            await self.rt.submit_message(instance_id, body.text, source="api")
+        state = (await self.rt.store.read_header(instance_id)).get("state")
+        return JSONResponse({"instanceId": instance_id, "delivered": True, "state": state}, status_code=202)
 
     async def decide(self, request: Request, principal: Principal | None, body: DecisionBody) -> Response:
         instance_id, call_id = request.path_params["instance_id"], request.path_params["call_id"]
         assert principal is not None  # noqa: S101 - the endpoint needs a scope
-        if not self.ctx.settings.run:
-            raise ProblemError(501, "Not implemented", "server.run false is not available yet")
-        run = await self.rt.get_agent(instance_id)
         decision: Literal["approved", "denied"] = "approved" if body.decision == "approve" else "denied"
-        decided = await self.rt.decide(run, call_id, decision, body.reason, by=principal.source)
+        if self.ctx.settings.run:
+            run = await self.rt.get_agent(instance_id)
+            decided = await self.rt.decide(run, call_id, decision, body.reason, by=principal.source)
+        else:  # saved, and handed to the engine for a worker to continue
+            decided = await self.rt.submit_decision(instance_id, call_id, decision, body.reason, by=principal.source)
         return JSONResponse({"decided": [_decision_json(p) for p in decided],
                              "instance": await self.rt.summary(instance_id)})
 
