@@ -554,6 +554,8 @@ def test_errors_are_shown_to_the_person(page: Page) -> None:
     page.page.locator("#sign-out").click()
     page.expect(page.page.locator("#sign-in")).to_be_visible()
     assert page.page.evaluate("sessionStorage.getItem('loopwright.token')") is None
+    # Nothing seen with that token is left in the page for the next person.
+    assert page.page.locator(".node, .card, #transcript .item").count() == 0
 
 
 def test_deciding_a_call_another_client_decided_shows_the_conflict(page: Page) -> None:

@@ -19,6 +19,7 @@ const state = {
   stream: null, // {id, controller, lastEventId, held}: the selected instance's event stream
   soon: null, // a refresh waiting to run
   timer: null,
+  generation: 0, // of the latest refresh: an older answer that arrives later is dropped
   signedIn: false,
 };
 
@@ -31,11 +32,7 @@ function el(tag, className = "", text = undefined) {
 }
 
 function list(value) {
-  if (Array.isArray(value)) return value;
-  if (value && typeof value === "object") {
-    for (const key of ["instances", "items", "roots", "data"]) if (Array.isArray(value[key])) return value[key];
-  }
-  return [];
+  return Array.isArray(value) ? value : [];
 }
 
 function shortId(id) {
@@ -92,6 +89,13 @@ function showSignIn() {
   state.signedIn = false;
   stopStream();
   clearTimeout(state.timer);
+  // Nothing seen with the last token stays on the page for whoever signs in next.
+  state.selected = null;
+  state.summaries = new Map();
+  state.nodes = new Map();
+  for (const id of ["tree", "inbox", "facts", "transcript"]) $(id).replaceChildren();
+  $("detail-title").textContent = "Select an instance";
+  $("message-form").hidden = true;
   $("app").hidden = true;
   $("sign-out").hidden = true;
   $("sign-in").hidden = false;
@@ -126,7 +130,12 @@ function enterApp() {
   $("app").hidden = false;
   $("sign-out").hidden = !getToken();
   setStatus(getToken() ? "signed in" : "no token needed (loopback)");
-  const wanted = decodeURIComponent(location.hash.replace(/^#\/?/, ""));
+  let wanted = "";
+  try {
+    wanted = decodeURIComponent(location.hash.slice(1));
+  } catch {
+    wanted = "";
+  }
   if (wanted && !state.selected && state.summaries.has(wanted)) select(wanted);
 }
 
@@ -134,11 +143,14 @@ function enterApp() {
 
 async function refresh({ once = false } = {}) {
   clearTimeout(state.timer);
+  state.generation += 1;
+  const generation = state.generation;
   try {
     const [roots, summaries] = await Promise.all([
       request("../v1/instances?tree=true"),
       request("../v1/instances"),
     ]);
+    if (generation !== state.generation) return;
     state.summaries = new Map(list(summaries).map((s) => [s.instanceId, s]));
     state.nodes = new Map();
     const walk = (node) => {
@@ -154,10 +166,15 @@ async function refresh({ once = false } = {}) {
     renderInbox();
     renderFacts();
   } catch (error) {
+    if (generation !== state.generation) return;
     if (once || (error instanceof ProblemError && error.status === 401)) throw error;
     showError(error);
   } finally {
-    if (state.signedIn) state.timer = setTimeout(() => refresh().catch(failed), REFRESH_MS);
+    // One timer at a time, however many refreshes overlapped (events and clicks start them too).
+    if (generation === state.generation && state.signedIn) {
+      clearTimeout(state.timer);
+      state.timer = setTimeout(() => refresh().catch(failed), REFRESH_MS);
+    }
   }
 }
 
@@ -194,8 +211,11 @@ function renderTree(roots) {
     }
     return li;
   };
+  const focused = document.activeElement?.classList.contains("node") ? document.activeElement.dataset.id : null;
   $("tree").replaceChildren(...roots.map(build));
   $("tree-empty").hidden = roots.length > 0;
+  // The rows are new: keep the keyboard where it was.
+  if (focused) [...document.querySelectorAll(".node")].find((row) => row.dataset.id === focused)?.focus();
 }
 
 // ---- the approvals inbox -----------------------------------------------------------------
