@@ -385,6 +385,23 @@ def test_the_page_is_served_with_a_strict_policy(server: Server) -> None:
     assert headers["X-Content-Type-Options"] == "nosniff"
     assert "<script>" not in html  # no inline script: only <script type="module" src=...>
     assert not re.search(r"https?://", html), "the page loads nothing from elsewhere"
+    # Every file the page names is served, with its type and the same headers.
+    named = re.findall(r'(?:src|href)="([^"#:]+)"', html)
+    assert {"app.js", "app.css"} <= set(named)
+    types = {".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
+    for name in named:
+        with urllib.request.urlopen(server.url + "/ui/" + name, timeout=30) as response:  # noqa: S310
+            assert response.headers["Content-Type"].startswith(types[Path(name).suffix]), name
+            assert response.headers["Content-Security-Policy"] == policy
+            assert response.headers["X-Content-Type-Options"] == "nosniff"
+            body = response.read().decode()
+        for imported in re.findall(r'from "\./([^"]+)"', body):
+            assert urllib.request.urlopen(server.url + "/ui/" + imported, timeout=30).status == 200  # noqa: S310
+    # Only the shipped files, by exact name: no path reaches the file system.
+    for tricky in ("_ui.py", "..%2F_ui.py", "%2e%2e/__init__.py", "ui/app.js", "app.js%00.html", "missing.js"):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(server.url + "/ui/" + tricky, timeout=30)  # noqa: S310
+        assert refused.value.code == 404, tricky
 
 
 def test_sign_in_approve_by_clicking_and_watch_the_transcript_finish(page: Page) -> None:
