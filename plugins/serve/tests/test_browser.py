@@ -106,6 +106,7 @@ PROVIDERS: dict[str, Any] = {
     ]),
     **_script("chat", ["hello there", "thanks for your message"]),
     **_script("chat2", ["first answer", "second answer"]),
+    **_script("started", ["started from the page"]),
     **_script("slow", [{"text": "thinking very slowly", "delay": 600}]),
     **_script("attack", [
         {"text": f"look: {IMG} {SCRIPT_END}",
@@ -138,6 +139,7 @@ AGENTS = {
     "denier": ("m_deny", ["delete"]),
     "chatter": ("m_chat", []),
     "chatter2": ("m_chat2", []),
+    "starter": ("m_started", []),
     "sleeper": ("m_slow", []),
     "attacker": ("m_attack", ["publish"]),
     "refused": ("m_refused", ["delete"]),
@@ -511,6 +513,23 @@ def test_send_a_message(page: Page) -> None:
     page.expect(page.page.locator("#message-text")).to_have_value("")
     page.shot("04-message-answered")
     assert page.server.wait_for(instance_id, "waiting")["state"] == "waiting"
+
+
+def test_start_a_registered_definition_from_the_page(page: Page) -> None:
+    page.sign_in()
+    page.page.locator("#start-definition").fill("agents/starter.yaml")
+    page.page.locator("#start-form button").click()
+    page.expect(page.page.locator("#error")).to_contain_text("422")
+    page.expect(page.page.locator("#error")).to_contain_text("agentDefinitions")
+    page.page.locator("#start-definition").fill("starter")
+    page.page.locator("#start-prompt").fill("begin")
+    page.page.locator("#start-form button").click()
+    page.expect(page.page.locator("#detail-title")).to_contain_text("starter")
+    page.expect(page.transcript()).to_contain_text("begin")
+    page.expect(page.transcript()).to_contain_text("started from the page")
+    page.expect(page.page.locator("#error")).to_be_hidden()
+    started = page.page.locator("#detail-title").text_content().split()[-1]
+    assert page.server.wait_for(started, "waiting")["name"] == "starter"
 
 
 def test_cancel_a_running_instance(page: Page) -> None:
