@@ -322,10 +322,16 @@ class Page:
         self.page.on("dialog", self._dialog)
         self.page.on("request", self._request)
         self.page.on("pageerror", lambda error: self.errors.append(str(error)))
+        self.page.on("console", self._console)
 
     def _request(self, request: Any) -> None:
         # A method, not list.append: Playwright marks the handlers it is given.
         self.requests.append(request)
+
+    def _console(self, message: Any) -> None:
+        # The page breaking its own policy (an inline style, an HTML sink) is an error too.
+        if message.type == "error" and re.search(r"Content Security Policy|Trusted Type", message.text):
+            self.errors.append(message.text)
 
     def _dialog(self, dialog: Any) -> None:
         self.dialogs.append(dialog.message)

@@ -526,6 +526,12 @@ function wire() {
       failed(error);
     }
   });
+  $("message-text").addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {
+      event.preventDefault();
+      $("message-form").requestSubmit();
+    }
+  });
   $("cancel").addEventListener("click", async () => {
     const id = state.selected;
     if (!id) return;
