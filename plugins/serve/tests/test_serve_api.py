@@ -244,6 +244,13 @@ def test_sse_resumes_with_last_event_id_across_processes(client: httpx.Client, a
     assert client.get(f"/v1/instances/{iid}/events", headers={"Last-Event-ID": "banana"}).status_code == 400
 
 
+def no_streams_open(client: httpx.Client) -> None:
+    deadline = time.monotonic() + 30
+    while client.get("/healthz").json()["eventStreams"]:
+        assert time.monotonic() < deadline, "a closed stream's place was never given back"
+        time.sleep(0.05)
+
+
 def test_event_streams_are_bounded_and_end_at_shutdown(tmp_path: Path) -> None:
     assembly = project(tmp_path, "  maxEventStreams: 1\n")
     with serving(assembly) as server, server.client() as client:
@@ -254,11 +261,9 @@ def test_event_streams_are_bounded_and_end_at_shutdown(tmp_path: Path) -> None:
             assert refused.status_code == 503
             assert refused.headers["retry-after"]
         # Closed: the place is given back once the server has seen the client leave.
-        deadline = time.monotonic() + 30
-        while client.get("/healthz").json()["eventStreams"]:
-            assert time.monotonic() < deadline, "the closed stream's place was never given back"
-            time.sleep(0.05)
+        no_streams_open(client)
         read_events(client, iid, rests_in("waiting"))
+        no_streams_open(client)
         with client.stream("GET", f"/v1/instances/{iid}/events") as held:
             assert held.status_code == 200
             server.process.terminate()

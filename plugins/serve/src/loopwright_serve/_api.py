@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from importlib.metadata import version
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -30,9 +30,9 @@ from loopwright.errors import (
 )
 from loopwright_serve._auth import Principal, Scope
 from loopwright_serve._events import event_stream, parse_event_id
+from loopwright_serve._notify import Wakeups
 from loopwright_serve._problems import PROBLEM_MEDIA_TYPE, ProblemError
 from loopwright_serve._schema import body_field, json_schema, read_model
-from loopwright_serve._surface import null_lifespan
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -177,15 +177,26 @@ class ApiSurface:
 
     name = "api"
 
+    def __init__(self) -> None:
+        self.wakeups = Wakeups()
+
     def routes(self, ctx: ServeContext) -> list[BaseRoute]:
         """Return one route per row of :data:`ENDPOINTS`, bound to ``ctx``."""
-        handlers = _Handlers(ctx)
+        handlers = _Handlers(ctx, self.wakeups)
         return [Route(ep.path, _endpoint(ctx, ep, getattr(handlers, ep.key)), methods=[ep.method], name=ep.key)
                 for ep in ENDPOINTS]
 
-    def lifespan(self, ctx: ServeContext) -> contextlib.AbstractAsyncContextManager[None]:  # noqa: ARG002
-        """Hold nothing open."""
-        return null_lifespan()
+    def lifespan(self, ctx: ServeContext) -> contextlib.AbstractAsyncContextManager[None]:
+        """Register the event streams' wake-ups on the runtime while the server runs."""
+        return self._wakeups_registered(ctx)
+
+    @contextlib.asynccontextmanager
+    async def _wakeups_registered(self, ctx: ServeContext) -> AsyncIterator[None]:
+        name = ctx.runtime.register_plugin(self.wakeups, "loopwright-serve-events")
+        try:
+            yield
+        finally:
+            ctx.runtime.unregister_plugin(name)
 
 
 _Handler = Callable[["Request", "Principal | None", Any], Awaitable[Response]]
@@ -265,9 +276,10 @@ def _decision_json(p: PendingApproval) -> dict[str, Any]:
 class _Handlers:
     """The endpoints' work, one method per :data:`ENDPOINTS` key."""
 
-    def __init__(self, ctx: ServeContext) -> None:
+    def __init__(self, ctx: ServeContext, wakeups: Wakeups) -> None:
         self.ctx = ctx
         self.rt = ctx.runtime
+        self.wakeups = wakeups
 
     async def healthz(self, _request: Request, _principal: Principal | None, _body: None) -> Response:
         return JSONResponse({"status": "ok", "version": version("loopwright-serve"),
@@ -312,7 +324,7 @@ class _Handlers:
         given = request.headers.get("last-event-id") or request.query_params.get("lastEventId")
         cursor = parse_event_id(given)
         await self.rt.store.read_header(instance_id)  # a 404 now, before the stream starts
-        return event_stream(self.ctx, instance_id, cursor)
+        return event_stream(self.ctx, instance_id, cursor, self.wakeups)
 
     async def records(self, request: Request, _principal: Principal | None, _body: None) -> Response:
         kind = request.query_params.get("kind")
