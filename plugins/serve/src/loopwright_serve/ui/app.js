@@ -74,6 +74,11 @@ function setStatus(text) {
   $("status").textContent = text;
 }
 
+/** Whether a failure may pass by itself: no answer at all (status 0), or a 5xx. */
+function transient(error) {
+  return error instanceof ProblemError && (error.status === 0 || error.status >= 500);
+}
+
 /** Handle a failed request: a 401 sends the person back to sign in; anything else is shown. */
 function failed(error) {
   if (error instanceof ProblemError && error.status === 401) {
@@ -159,8 +164,9 @@ async function refresh({ once = false } = {}) {
     };
     const rootList = list(roots);
     rootList.forEach(walk);
-    // The server answers again: a "cannot be reached" shown before is over.
-    if ($("error").dataset.status === "0") clearError();
+    // The server answers again: a "cannot be reached" (or a 5xx) shown before is over.
+    const shown = Number($("error").dataset.status);
+    if (!$("error").hidden && (shown === 0 || shown >= 500)) clearError();
     enterApp();
     renderTree(rootList);
     renderInbox();
@@ -372,7 +378,9 @@ async function follow(stream) {
       });
     } catch (error) {
       if (stream.controller.signal.aborted) return;
-      if (!(error instanceof ProblemError) || error.status !== 0) {
+      // No answer, or a 5xx (a server shutting down, a proxy without its upstream): try again.
+      // A 4xx (401, 403, 404) will not change by itself: show it and stop.
+      if (!(error instanceof ProblemError) || !transient(error)) {
         failed(error);
         return;
       }
