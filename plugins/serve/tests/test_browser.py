@@ -464,6 +464,7 @@ def test_a_tree_and_a_call_held_below_its_root(page: Page) -> None:
     page.select(helper)
     card = page.card(helper)
     page.expect(card.locator("pre")).to_contain_text("old/draft.txt")
+    page.expect(card.locator(".where")).to_contain_text("in lead \u203a helper")
     page.expect(page.transcript()).to_contain_text("tidy the old notes")
     page.shot("00-control-plane")
     card.locator(".approve").click()

@@ -15,6 +15,7 @@ const $ = (id) => document.getElementById(id);
 const state = {
   summaries: new Map(), // instanceId -> summary (as `show --json`)
   nodes: new Map(), // instanceId -> tree node (as `ls --tree --json`)
+  parents: new Map(), // instanceId -> the instanceId of the node it hangs under
   selected: null,
   stream: null, // {id, controller, lastEventId, held}: the selected instance's event stream
   soon: null, // a refresh waiting to run
@@ -98,6 +99,7 @@ function showSignIn() {
   state.selected = null;
   state.summaries = new Map();
   state.nodes = new Map();
+  state.parents = new Map();
   for (const id of ["tree", "inbox", "facts", "transcript"]) $(id).replaceChildren();
   $("detail-title").textContent = "Select an instance";
   $("message-form").hidden = true;
@@ -158,9 +160,13 @@ async function refresh({ once = false } = {}) {
     if (generation !== state.generation) return;
     state.summaries = new Map(list(summaries).map((s) => [s.instanceId, s]));
     state.nodes = new Map();
+    state.parents = new Map();
     const walk = (node) => {
       state.nodes.set(node.instanceId, node);
-      list(node.children).forEach(walk);
+      for (const child of list(node.children)) {
+        state.parents.set(child.instanceId, node.instanceId);
+        walk(child);
+      }
     };
     const rootList = list(roots);
     rootList.forEach(walk);
@@ -262,7 +268,12 @@ function card({ holder, call, key }) {
   open.type = "button";
   open.title = "Show this instance";
   open.addEventListener("click", () => select(holder.instanceId));
-  where.append("in ", open, ` · call ${safeText(call.toolCallId)}`);
+  // The agents above the holder, root first: where in which tree the call waits.
+  const above = [];
+  for (let id = state.parents.get(holder.instanceId); id && above.length < 32; id = state.parents.get(id)) {
+    above.unshift(safeText(state.nodes.get(id)?.name ?? id));
+  }
+  where.append("in ", above.length ? `${above.join(" › ")} › ` : "", open, ` · call ${safeText(call.toolCallId)}`);
   if (call.requestedAt) where.append(` · ${safeText(call.requestedAt)}`);
   li.append(where);
   li.append(el("div", "label", "arguments"));
