@@ -12,13 +12,14 @@ import contextlib
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from importlib.metadata import version
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from loopwright import PendingApproval, State
+from loopwright import Definition, PendingApproval, State
 from loopwright.errors import (
     CapabilityError,
     ConfigError,
@@ -280,6 +281,7 @@ class _Handlers:
         self.ctx = ctx
         self.rt = ctx.runtime
         self.wakeups = wakeups
+        self._definitions: dict[str, tuple[tuple[int, int], Definition]] = {}
 
     async def healthz(self, _request: Request, _principal: Principal | None, _body: None) -> Response:
         return JSONResponse({"status": "ok", "version": version("loopwright-serve"),
@@ -308,13 +310,33 @@ class _Handlers:
                 f"{body.definition!r} is not a name in the assembly's agentDefinitions (only those start over "
                 f"HTTP, never a file path); they are: {names}",
                 errors=[{"path": "$.definition", "message": "not a registered definition name"}])
-        defn = self.rt.load_definition(body.definition)
+        defn = self._definition(body.definition, registered[body.definition])
         if self.ctx.settings.run:
             instance_id = (await self.rt.start_agent(defn, dict(body.inputs), body.prompt)).instance_id
         else:  # written, queued, for a worker: nothing runs here
             instance_id = await self.rt.submit(defn, dict(body.inputs), body.prompt)
         summary = await self.rt.summary(instance_id)
         return JSONResponse(summary, status_code=201, headers={"Location": f"/v1/instances/{instance_id}"})
+
+    def _definition(self, name: str, path: str) -> Definition:
+        """Return the registered definition ``name``, read again only when its file changed.
+
+        Parsing and checking a definition file is most of what a start costs; the file's
+        modification time and size say when the copy read last is stale.
+        """
+        file = Path(path) if Path(path).is_absolute() else self.rt.assembly.base_dir / path
+        try:
+            stat = file.stat()
+            stamp: tuple[int, int] | None = (stat.st_mtime_ns, stat.st_size)
+        except OSError:
+            stamp = None  # let the loader say what is wrong with it
+        cached = self._definitions.get(name)
+        if stamp is not None and cached is not None and cached[0] == stamp:
+            return cached[1]
+        defn = self.rt.load_definition(name)
+        if stamp is not None:
+            self._definitions[name] = (stamp, defn)
+        return defn
 
     async def show_instance(self, request: Request, _principal: Principal | None, _body: None) -> Response:
         return JSONResponse(await self.rt.summary(request.path_params["instance_id"]))

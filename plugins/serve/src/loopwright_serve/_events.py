@@ -112,38 +112,58 @@ async def _read(ctx: ServeContext, instance_id: str, cursor: Cursor, waiter: Wai
     closing = ctx.streams.closing
     yield b"retry: 1000\n\n"
     idle = 0.0
+    entries: list[dict[str, Any]] = []
+    records: list[dict[str, Any]] = []
     while not closing.is_set():
+        # Woken by this runtime: read only the log that grew; polled: both.
+        read_entries, read_records = waiter.entries, waiter.records
         waiter.rearm()
         try:
-            entries = await store.read_entries(instance_id)
-            records = await store.read_records(instance_id)
+            if read_entries:
+                entries = await store.read_entries(instance_id)
+            if read_records:
+                records = await store.read_records(instance_id)
         except InstanceNotFoundError:
             return
-        sent = False
-        for index in range(cursor.entries, len(entries)):
-            entry = entries[index]
-            cursor = attrs.evolve(cursor, entries=index + 1)
-            if entry.get("t") == "msg":
-                data: dict[str, Any] = {"index": index, "message": entry.get("m")}
-                if "turn" in entry:
-                    data["turn"] = entry["turn"]
-                yield _frame("transcript", cursor, data)
-                sent = True
-        for index in range(cursor.records, len(records)):
-            cursor = attrs.evolve(cursor, records=index + 1)
-            yield _frame("record", cursor, records[index])
-            sent = True
-        started = anyio.current_time()
-        with anyio.move_on_after(POLL_WOKEN if waiter.woken else POLL):
-            async with anyio.create_task_group() as tg:
-                async def closed() -> None:
-                    await closing.wait()
-                    tg.cancel_scope.cancel()
-
-                tg.start_soon(closed)
-                await waiter.event.wait()
-                tg.cancel_scope.cancel()
-        idle = 0.0 if sent else idle + anyio.current_time() - started
+        frames, cursor = _frames(entries, records, cursor)
+        for frame in frames:
+            yield frame
+        waited = await _wait(waiter, closing)
+        idle = 0.0 if frames else idle + waited
         if idle >= HEARTBEAT:
             idle = 0.0
             yield b": keep-alive\n\n"
+
+
+def _frames(entries: list[dict[str, Any]], records: list[dict[str, Any]], cursor: Cursor) -> tuple[list[bytes], Cursor]:
+    """Return the events for what the logs hold past ``cursor``, and the cursor after them."""
+    frames: list[bytes] = []
+    for index in range(cursor.entries, len(entries)):
+        entry = entries[index]
+        cursor = attrs.evolve(cursor, entries=index + 1)
+        if entry.get("t") == "msg":
+            data: dict[str, Any] = {"index": index, "message": entry.get("m")}
+            if "turn" in entry:
+                data["turn"] = entry["turn"]
+            frames.append(_frame("transcript", cursor, data))
+    for index in range(cursor.records, len(records)):
+        cursor = attrs.evolve(cursor, records=index + 1)
+        frames.append(_frame("record", cursor, records[index]))
+    return frames, cursor
+
+
+async def _wait(waiter: Waiter, closing: anyio.Event) -> float:
+    """Wait until the logs grew here, the poll interval passed, or the server closes; return the seconds waited."""
+    started = anyio.current_time()
+    with anyio.move_on_after(POLL_WOKEN if waiter.woken else POLL) as timer:
+        async with anyio.create_task_group() as tg:
+            async def closed() -> None:
+                await closing.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(closed)
+            await waiter.event.wait()
+            tg.cancel_scope.cancel()
+    if timer.cancelled_caught:  # nobody said what grew: read both
+        waiter.entries = waiter.records = True
+    return anyio.current_time() - started

@@ -27,16 +27,28 @@ class Waiter:
     Attributes:
         event: Set by :meth:`Wakeups.wake`; the stream makes a new one (:meth:`rearm`) before each read.
         woken: Whether it was ever woken (the instance runs here).
+        records: Whether the record log grew since :meth:`rearm`.
+        entries: Whether the entry log grew since :meth:`rearm`.
     """
 
     def __init__(self) -> None:
         self.event = anyio.Event()
         self.woken = False
+        self.records = True
+        self.entries = True
 
     def rearm(self) -> None:
         """Start waiting for the next growth (call before reading the logs, so none is missed)."""
         if self.event.is_set():
             self.event = anyio.Event()
+        self.records = self.entries = False
+
+    def grew(self, *, records: bool = False, entries: bool = False) -> None:
+        """Note which log grew, and wake the stream."""
+        self.woken = True
+        self.records |= records
+        self.entries |= entries
+        self.event.set()
 
 
 class Wakeups:
@@ -59,18 +71,17 @@ class Wakeups:
             if not waiters:
                 del self._waiters[instance_id]
 
-    def wake(self, instance_id: str) -> None:
-        """Wake every stream following ``instance_id``."""
+    def wake(self, instance_id: str, *, records: bool = False, entries: bool = False) -> None:
+        """Wake every stream following ``instance_id``, saying which of its logs grew."""
         for waiter in self._waiters.get(instance_id, ()):
-            waiter.woken = True
-            waiter.event.set()
+            waiter.grew(records=records, entries=entries)
 
     @hookimpl
     def loopwright_on_record(self, record: Record) -> None:
         """Wake the streams of the instance whose record was saved."""
-        self.wake(record.instance_id)
+        self.wake(record.instance_id, records=True)
 
     @hookimpl
     def loopwright_on_message(self, message: Message, instance: InstanceInfo) -> None:  # noqa: ARG002 - the hook's shape
         """Wake the streams of the instance whose message was saved."""
-        self.wake(instance.instance_id)
+        self.wake(instance.instance_id, entries=True)
