@@ -7,8 +7,8 @@ import { safeJson, safeText } from "./display.js";
 
 const REFRESH_MS = 1500;
 const RECONNECT_MS = 1000;
-// States an instance rests in: nothing runs, so there is nothing to cancel.
-const RESTING = new Set(["waiting", "completed", "stopped", "error"]);
+// States in which nothing runs or waits to run: there is nothing to cancel.
+const RESTING = new Set(["waiting", "stopped", "error"]);
 
 const $ = (id) => document.getElementById(id);
 
