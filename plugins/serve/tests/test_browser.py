@@ -517,6 +517,7 @@ def test_send_a_message(page: Page) -> None:
     page.page.locator("#message-text").fill("how are you?")
     page.page.locator("#message-form button[type=submit]").click()
     page.expect(page.transcript()).to_contain_text("thanks for your message")
+    page.expect(page.transcript().locator(".item.user").last).to_contain_text("how are you?")
     page.expect(page.page.locator("#message-text")).to_have_value("")
     page.shot("04-message-answered")
     assert page.server.wait_for(instance_id, "waiting")["state"] == "waiting"
