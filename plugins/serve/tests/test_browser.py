@@ -174,8 +174,9 @@ class Server:
         self.folder = folder
         self.lines: queue.Queue[str] = queue.Queue()
         self.output: list[str] = []
-        env = {**os.environ, "LW_TEST_OPERATOR": OPERATOR_TOKEN, "LW_TEST_VIEWER": VIEWER_TOKEN,
-               "PYTHONUNBUFFERED": "1"}
+        # This environment without loopwright's own variables (they would change what it loads).
+        env = {key: value for key, value in os.environ.items() if not key.startswith("LOOPWRIGHT_")}
+        env.update(LW_TEST_OPERATOR=OPERATOR_TOKEN, LW_TEST_VIEWER=VIEWER_TOKEN, PYTHONUNBUFFERED="1")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "loopwright.cli", "serve", "-c", str(folder / "loopwright.yaml"),
              "--port", str(port)],
