@@ -103,6 +103,8 @@ function showSignIn() {
   for (const id of ["tree", "inbox", "facts", "transcript"]) $(id).replaceChildren();
   $("detail-title").textContent = "Select an instance";
   $("message-form").hidden = true;
+  $("transcript").hidden = true;
+  $("detail-hint").hidden = false;
   $("app").hidden = true;
   $("sign-out").hidden = true;
   $("sign-in").hidden = false;
@@ -327,6 +329,8 @@ function select(id) {
   for (const row of document.querySelectorAll(".node")) row.classList.toggle("selected", row.dataset.id === id);
   stopStream();
   $("transcript").replaceChildren();
+  $("transcript").hidden = false;
+  $("detail-hint").hidden = true;
   $("message-form").hidden = false;
   renderFacts();
   startStream(id);
