@@ -231,7 +231,7 @@ def _endpoint(ctx: ServeContext, ep: Endpoint, handler: _Handler) -> Callable[[R
 @contextlib.contextmanager
 def _loopwright_errors(instance_id: str | None) -> Iterator[None]:
     """Turn the runtime's errors into problem documents, with the instance they concern."""
-    extra = {"instanceId": instance_id} if instance_id else {}
+    extra: dict[str, Any] = {"instanceId": instance_id} if instance_id else {}
     try:
         yield
     except InstanceNotFoundError:
