@@ -406,6 +406,11 @@ def test_the_page_is_served_with_a_strict_policy(server: Server) -> None:
             body = response.read().decode()
         for imported in re.findall(r'from "\./([^"]+)"', body):
             assert urllib.request.urlopen(server.url + "/ui/" + imported, timeout=30).status == 200  # noqa: S310
+    # A copy the browser holds is revalidated, not sent again.
+    revalidate = urllib.request.Request(server.url + "/ui/", headers={"If-None-Match": headers["ETag"]})  # noqa: S310
+    with pytest.raises(urllib.error.HTTPError) as unchanged:
+        urllib.request.urlopen(revalidate, timeout=30)  # noqa: S310
+    assert unchanged.value.code == 304
     # Only the shipped files, by exact name: no path reaches the file system.
     for tricky in ("_ui.py", "..%2F_ui.py", "%2e%2e/__init__.py", "ui/app.js", "app.js%00.html", "missing.js"):
         with pytest.raises(urllib.error.HTTPError) as refused:
