@@ -10,4 +10,5 @@ __all__ = ["SURFACES"]
 
 SURFACES: tuple[str, ...] = (
     "loopwright_serve._api:ApiSurface",
+    "loopwright_serve._ui:UiSurface",
 )

@@ -1,0 +1,708 @@
+"""The control plane at ``/ui``, used as a person uses it: in real headless Chromium.
+
+Each test drives Debian's ``chromium`` (``/usr/bin/chromium``) with Playwright, against
+``loopwright serve`` started in a subprocess over an assembly written here: scripted models
+(one provider per agent, so each instance plays its own script), a tool that needs approval, a
+hook whose approval reason quotes the model's arguments, and two tokens (an operator and a
+read-only viewer). Agents are started over the API, as another program would; everything after
+that is done by clicking and typing in the page, and checked both on the page and through the API.
+
+Screenshots go to ``$LOOPWRIGHT_ARTIFACTS`` (default ``bench/out/screenshots``), which CI keeps.
+Without chromium (or the playwright package) the tests skip, unless ``LOOPWRIGHT_REQUIRE_BROWSER``
+is set (CI sets it), when they fail. Nothing is downloaded: Playwright runs the installed browser.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CHROMIUM = Path("/usr/bin/chromium")
+REPO = Path(__file__).resolve().parents[3]
+OPERATOR_TOKEN = "op-" + "7" * 40
+VIEWER_TOKEN = "view-" + "3" * 40
+#: The launch flags: no network of its own (no updates, sync, QUIC), no sandbox (root in CI).
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+#: Hang guards only (seconds): a step that works takes a fraction of these.
+START_GUARD = 60
+STEP_GUARD_MS = 30_000
+
+#: What the attacking model writes into its call's arguments, its text and (through the hook) the reason.
+IMG = "<img src=x onerror=\"window.__pwned='img'\">"
+SCRIPT_END = "</script><script>window.__pwned='script'</script>"
+BIDI = "abc\u202edef"
+
+PLUGIN = '''
+"""Tools and a hook for the browser tests."""
+import loopwright
+
+
+@loopwright.tool(requires_approval=True)
+def delete(path: str) -> str:
+    """Pretend to delete a file.
+
+    Args:
+        path: The file.
+    """
+    return f"deleted {path}"
+
+
+@loopwright.tool
+def publish(title: str, body: str, note: str = "") -> str:
+    """Pretend to publish a post.
+
+    Args:
+        title: Its title.
+        body: Its text.
+        note: A note for the editor.
+    """
+    return f"published {title}"
+
+
+@loopwright.hookimpl
+def loopwright_register_tools(register):
+    register(delete, publish)
+
+
+@loopwright.hookimpl
+def loopwright_before_tool_call(call):
+    if call.name == "publish":
+        return loopwright.RequireApproval(f"publish {call.arguments.get('title', '')!s}")
+    return None
+'''
+
+
+def _script(name: str, replies: list[Any]) -> dict[str, Any]:
+    return {f"m_{name}": {"kind": "scripted", "replies": replies}}
+
+
+PROVIDERS: dict[str, Any] = {
+    **_script("approve", [
+        {"text": "I will delete it", "toolCalls": [{"name": "delete", "arguments": {"path": "old/notes.txt"},
+                                                    "id": "call_del"}]},
+        "all done: the notes are gone",
+    ]),
+    **_script("deny", [
+        {"text": "I will delete it", "toolCalls": [{"name": "delete", "arguments": {"path": "keep/me.txt"},
+                                                    "id": "call_keep"}]},
+        "understood, I left it",
+    ]),
+    **_script("chat", ["hello there", "thanks for your message"]),
+    **_script("chat2", ["first answer", "second answer"]),
+    **_script("started", ["started from the page"]),
+    **_script("slow", [{"text": "thinking very slowly", "delay": 600}]),
+    **_script("attack", [
+        {"text": f"look: {IMG} {SCRIPT_END}",
+         "toolCalls": [{"name": "publish", "id": "call_evil",
+                        "arguments": {"title": IMG, "body": SCRIPT_END, "note": BIDI}}]},
+        "done",
+    ]),
+    **_script("raced", [
+        {"toolCalls": [{"name": "delete", "arguments": {"path": "y"}, "id": "call_r"}]},
+        "ok",
+    ]),
+    **_script("lead", [
+        {"text": "I will ask a helper", "toolCalls": [{"name": "run_agent_async", "id": "call_spawn",
+                                                       "arguments": {"agentSwarmUri": "helper",
+                                                                     "prompt": "tidy the old notes"}}]},
+        "the helper is on it",
+    ]),
+    **_script("helper", [
+        {"text": "tidying", "toolCalls": [{"name": "delete", "arguments": {"path": "old/draft.txt"},
+                                           "id": "call_tidy"}]},
+        "tidied",
+    ]),
+    **_script("refused", [
+        {"toolCalls": [{"name": "delete", "arguments": {"path": "x"}, "id": "call_x"}]},
+        "ok",
+    ]),
+}
+AGENTS = {
+    "approver": ("m_approve", ["delete"]),
+    "denier": ("m_deny", ["delete"]),
+    "chatter": ("m_chat", []),
+    "chatter2": ("m_chat2", []),
+    "starter": ("m_started", []),
+    "sleeper": ("m_slow", []),
+    "attacker": ("m_attack", ["publish"]),
+    "refused": ("m_refused", ["delete"]),
+    "raced": ("m_raced", ["delete"]),
+    "lead": ("m_lead", ["run_agent_async"]),
+    "helper": ("m_helper", ["delete"]),
+}
+
+
+def _browser_missing() -> str | None:
+    """Why the browser tests cannot run here, or None."""
+    if not CHROMIUM.exists():
+        return f"Debian's chromium is not installed at {CHROMIUM} (apt-get install chromium)"
+    try:
+        import playwright.sync_api  # noqa: F401, PLC0415 - only to see whether it is there
+    except ImportError:
+        return "the playwright package is not installed (it is in the dev dependency group)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def artifacts() -> Path:
+    folder = Path(os.environ.get("LOOPWRIGHT_ARTIFACTS") or REPO / "bench" / "out" / "screenshots")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+class Server:
+    """``loopwright serve`` in a subprocess, and a small client of its API."""
+
+    def __init__(self, folder: Path, port: int = 0) -> None:
+        self.folder = folder
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.output: list[str] = []
+        # This environment without loopwright's own variables (they would change what it loads).
+        env = {key: value for key, value in os.environ.items() if not key.startswith("LOOPWRIGHT_")}
+        env.update(LW_TEST_OPERATOR=OPERATOR_TOKEN, LW_TEST_VIEWER=VIEWER_TOKEN, PYTHONUNBUFFERED="1")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "loopwright.cli", "serve", "-c", str(folder / "loopwright.yaml"),
+             "--port", str(port)],
+            cwd=folder, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True)
+        threading.Thread(target=self._read, daemon=True).start()
+        self.url = self._wait_for_url()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.output.append(line)
+            self.lines.put(line)
+
+    def _wait_for_url(self) -> str:
+        deadline = time.monotonic() + START_GUARD
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=0.5)
+            except queue.Empty:
+                if self.process.poll() is not None:
+                    break
+                continue
+            found = re.search(r"http://127\.0\.0\.1:\d+", line)
+            if found:
+                return found.group(0)
+        self.stop()
+        pytest.fail("loopwright serve printed no URL; its output:\n" + "".join(self.output))
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def api(self, method: str, path: str, body: Any = None, token: str | None = OPERATOR_TOKEN) -> tuple[int, Any]:
+        """Send one request to the API; return the status and the parsed JSON answer."""
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, method=method)  # noqa: S310 - our own server
+        request.add_header("Accept", "application/json")
+        if data is not None:
+            request.add_header("Content-Type", "application/json")
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310
+                text = response.read().decode()
+                return response.status, json.loads(text) if text else None
+        except urllib.error.HTTPError as error:
+            text = error.read().decode()
+            return error.code, json.loads(text) if text else None
+
+    def start(self, definition: str, prompt: str = "go") -> str:
+        """Start a registered definition over the API; return the new instance's id."""
+        status, body = self.api("POST", "/v1/instances", {"definition": definition, "prompt": prompt})
+        assert status == 201, (status, body)
+        return str(body["instanceId"])
+
+    def show(self, instance_id: str) -> dict[str, Any]:
+        status, body = self.api("GET", f"/v1/instances/{instance_id}")
+        assert status == 200, (status, body)
+        return dict(body)
+
+    def wait_for(self, instance_id: str, *states: str) -> dict[str, Any]:
+        """Poll the instance until it is in one of ``states`` (a hang guard, not a time limit)."""
+        deadline = time.monotonic() + START_GUARD
+        summary = self.show(instance_id)
+        while summary["state"] not in states:
+            if time.monotonic() > deadline:
+                pytest.fail(f"{instance_id} stayed {summary['state']}, not {states}; server output:\n"
+                            + "".join(self.output[-40:]))
+            time.sleep(0.1)
+            summary = self.show(instance_id)
+        return summary
+
+
+def _write_assembly(folder: Path, *, tokens: bool = True) -> None:
+    (folder / "agents").mkdir()
+    (folder / "browser_tools.py").write_text(textwrap.dedent(PLUGIN))
+    for name, (model, tools) in AGENTS.items():
+        (folder / "agents" / f"{name}.yaml").write_text(
+            json.dumps({"name": name, "model": f"{model}:any", "tools": tools}))
+    assembly: dict[str, Any] = {
+        "store": {"kind": "file", "path": "./store"},
+        "plugins": ["testing", "browser_tools.py"],
+        "providers": PROVIDERS,
+        "agentDefinitions": {name: f"agents/{name}.yaml" for name in AGENTS},
+        "capabilities": {"agents": {"spawn": True, "maxDepth": 2}},
+    }
+    if tokens:
+        assembly["server"] = {"tokens": [
+            {"name": "operator", "tokenEnv": "LW_TEST_OPERATOR", "scopes": ["read", "run", "approve"]},
+            {"name": "viewer", "tokenEnv": "LW_TEST_VIEWER", "scopes": ["read"]},
+        ]}
+    (folder / "loopwright.yaml").write_text(json.dumps(assembly, indent=2))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    folder = tmp_path_factory.mktemp("serve")
+    _write_assembly(folder)
+    running = Server(folder)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture(scope="module")
+def browser_context(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    missing = _browser_missing()
+    if missing:
+        if os.environ.get("LOOPWRIGHT_REQUIRE_BROWSER"):
+            pytest.fail(f"LOOPWRIGHT_REQUIRE_BROWSER is set but {missing}")
+        pytest.skip(missing)
+    from playwright.sync_api import expect, sync_playwright  # noqa: PLC0415 - only when the browser is there
+
+    expect.set_options(timeout=STEP_GUARD_MS)
+    profile = tmp_path_factory.mktemp("chromium-profile")
+    with sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            str(profile), executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_FLAGS,
+            viewport={"width": 1360, "height": 860})
+        context.set_default_timeout(STEP_GUARD_MS)
+        try:
+            yield context
+        finally:
+            context.close()
+
+
+class Page:
+    """One browser tab on the control plane, with what it logged and whether any dialog opened."""
+
+    def __init__(self, context: Any, server: Server, artifacts: Path) -> None:
+        self.page = context.new_page()
+        self.server = server
+        self.artifacts = artifacts
+        self.dialogs: list[str] = []
+        self.errors: list[str] = []
+        self.requests: list[Any] = []
+        self.page.on("dialog", self._dialog)
+        self.page.on("request", self._request)
+        self.page.on("pageerror", lambda error: self.errors.append(str(error)))
+        self.page.on("console", self._console)
+
+    def _request(self, request: Any) -> None:
+        # A method, not list.append: Playwright marks the handlers it is given.
+        self.requests.append(request)
+
+    def _console(self, message: Any) -> None:
+        # The page breaking its own policy (an inline style, an HTML sink) is an error too.
+        if message.type == "error" and re.search(r"Content Security Policy|Trusted Type", message.text):
+            self.errors.append(message.text)
+
+    def _dialog(self, dialog: Any) -> None:
+        self.dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    def sign_in(self, token: str = OPERATOR_TOKEN) -> None:
+        self.page.goto(self.server.url + "/ui")
+        self.page.locator("#token-input").fill(token)
+        self.page.locator("#sign-in-form button").click()
+        self.page.locator("#app").wait_for(state="visible")
+
+    def card(self, instance_id: str) -> Any:
+        return self.page.locator(f'.card[data-instance-id="{instance_id}"]')
+
+    def select(self, instance_id: str) -> None:
+        self.page.locator(f'.node[data-id="{instance_id}"]').click()
+        self.expect(self.page.locator("#detail-title")).to_contain_text(instance_id)
+
+    def fact(self, key: str) -> Any:
+        return self.page.locator(f'#facts dd[data-fact="{key}"]')
+
+    def transcript(self) -> Any:
+        return self.page.locator("#transcript")
+
+    def shot(self, name: str) -> None:
+        self.page.screenshot(path=str(self.artifacts / f"{name}.png"))
+
+    @staticmethod
+    def expect(locator: Any) -> Any:
+        from playwright.sync_api import expect  # noqa: PLC0415 - only when the browser is there
+
+        return expect(locator)
+
+    def close(self) -> None:
+        self.page.close()
+
+
+@pytest.fixture
+def page(browser_context: Any, server: Server, artifacts: Path) -> Iterator[Page]:
+    tab = Page(browser_context, server, artifacts)
+    try:
+        yield tab
+    finally:
+        tab.close()
+    assert not tab.errors, f"the page raised: {tab.errors}"
+
+
+def test_the_page_is_served_with_a_strict_policy(server: Server) -> None:
+    request = urllib.request.Request(server.url + "/ui/")  # noqa: S310 - our own server
+    with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310
+        headers = response.headers
+        html = response.read().decode()
+    policy = headers["Content-Security-Policy"]
+    assert "script-src 'self'" in policy
+    assert "'unsafe-inline'" not in policy
+    assert "'unsafe-eval'" not in policy
+    assert "frame-ancestors 'none'" in policy
+    assert "require-trusted-types-for 'script'" in policy
+    assert headers["X-Content-Type-Options"] == "nosniff"
+    assert "<script>" not in html  # no inline script: only <script type="module" src=...>
+    assert not re.search(r"https?://", html), "the page loads nothing from elsewhere"
+    # Every file the page names is served, with its type and the same headers.
+    named = re.findall(r'(?:src|href)="([^"#:]+)"', html)
+    assert {"app.js", "app.css"} <= set(named)
+    types = {".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
+    for name in named:
+        with urllib.request.urlopen(server.url + "/ui/" + name, timeout=30) as response:  # noqa: S310
+            assert response.headers["Content-Type"].startswith(types[Path(name).suffix]), name
+            assert response.headers["Content-Security-Policy"] == policy
+            assert response.headers["X-Content-Type-Options"] == "nosniff"
+            body = response.read().decode()
+        for imported in re.findall(r'from "\./([^"]+)"', body):
+            assert urllib.request.urlopen(server.url + "/ui/" + imported, timeout=30).status == 200  # noqa: S310
+    # A copy the browser holds is revalidated, not sent again.
+    revalidate = urllib.request.Request(server.url + "/ui/", headers={"If-None-Match": headers["ETag"]})  # noqa: S310
+    with pytest.raises(urllib.error.HTTPError) as unchanged:
+        urllib.request.urlopen(revalidate, timeout=30)  # noqa: S310
+    assert unchanged.value.code == 304
+    # Only the shipped files, by exact name: no path reaches the file system.
+    for tricky in ("_ui.py", "..%2F_ui.py", "%2e%2e/__init__.py", "ui/app.js", "app.js%00.html", "missing.js"):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(server.url + "/ui/" + tricky, timeout=30)  # noqa: S310
+        assert refused.value.code == 404, tricky
+
+
+def test_sign_in_approve_by_clicking_and_watch_the_transcript_finish(page: Page) -> None:
+    instance_id = page.server.start("approver")
+    page.server.wait_for(instance_id, "waiting_for_approval")
+    page.sign_in()
+    page.select(instance_id)
+    card = page.card(instance_id)
+    page.expect(card.locator(".tool")).to_have_text("delete")
+    page.expect(card.locator("pre")).to_contain_text('"path": "old/notes.txt"')
+    page.expect(card.locator(".reason")).to_have_text("tool 'delete' requires approval")
+    page.expect(page.transcript()).to_contain_text("I will delete it")
+    page.shot("01-waiting-for-approval")
+
+    card.locator(".approve").click()
+    page.expect(card).to_have_count(0)
+    page.expect(page.transcript()).to_contain_text("deleted old/notes.txt")
+    page.expect(page.transcript()).to_contain_text("all done: the notes are gone")
+    page.expect(page.fact("state")).to_contain_text("waiting")
+    page.shot("02-approved-and-finished")
+
+    summary = page.server.show(instance_id)
+    assert summary["state"] == "waiting"
+    assert summary["pendingApprovals"] == []
+    # The token is kept for this tab only, and sent in the Authorization header, never in a URL.
+    assert page.page.evaluate("sessionStorage.getItem('loopwright.token')") == OPERATOR_TOKEN
+    assert not [r.url for r in page.requests if OPERATOR_TOKEN in r.url]
+    streams = [r for r in page.requests if r.url.endswith(f"/v1/instances/{instance_id}/events")]
+    assert streams
+    assert all(r.headers.get("authorization") == f"Bearer {OPERATOR_TOKEN}" for r in streams)
+    other_tab = page.page.context.new_page()
+    try:
+        other_tab.goto(page.server.url + "/ui/")
+        page.expect(other_tab.locator("#sign-in")).to_be_visible()
+    finally:
+        other_tab.close()
+
+
+def test_a_tree_and_a_call_held_below_its_root(page: Page) -> None:
+    """A lead agent starts a helper; the helper's call waits in the inbox and is approved from there."""
+    lead = page.server.start("lead", prompt="tidy up")
+    page.server.wait_for(lead, "waiting")
+    helper = _child(page.server, lead)
+    page.server.wait_for(helper, "waiting_for_approval")
+    page.sign_in()
+    node = page.page.locator(f'.node[data-id="{lead}"]')
+    page.expect(node).to_contain_text("lead")
+    child = page.page.locator(f'.node[data-id="{lead}"] + ul .node[data-id="{helper}"]')
+    page.expect(child).to_contain_text("helper")
+    page.expect(child.locator(".state")).to_have_text("waiting_for_approval")
+    page.expect(node.locator(".meta")).to_contain_text("1 waiting below")
+    page.select(helper)
+    card = page.card(helper)
+    page.expect(card.locator("pre")).to_contain_text("old/draft.txt")
+    page.expect(card.locator(".where")).to_contain_text("in lead \u203a helper")
+    page.expect(page.transcript()).to_contain_text("tidy the old notes")
+    page.shot("00-control-plane")
+    card.locator(".approve").click()
+    page.expect(card).to_have_count(0)
+    page.expect(page.transcript()).to_contain_text("tidied")
+    page.expect(child.locator(".state")).to_have_text("waiting")
+    page.expect(node.locator(".meta")).not_to_contain_text("waiting below")
+    assert page.server.wait_for(helper, "waiting")["pendingApprovals"] == []
+
+
+def _child(server: Server, parent: str) -> str:
+    """The id of the one agent ``parent`` started (waiting for it to appear, as a hang guard)."""
+    deadline = time.monotonic() + START_GUARD
+    while time.monotonic() < deadline:
+        children = server.show(parent).get("children") or []
+        if children:
+            first = children[0]
+            return str(first["instanceId"] if isinstance(first, dict) else first)
+        time.sleep(0.1)
+    pytest.fail(f"{parent} started no agent; server output:\n" + "".join(server.output[-40:]))
+
+
+def test_deny_with_a_reason(page: Page) -> None:
+    instance_id = page.server.start("denier")
+    page.server.wait_for(instance_id, "waiting_for_approval")
+    page.sign_in()
+    page.select(instance_id)
+    card = page.card(instance_id)
+    card.locator(".deny-reason").fill("keep that file")
+    page.shot("03-deny-with-reason")
+    card.locator(".deny").click()
+    page.expect(card).to_have_count(0)
+    page.expect(page.transcript()).to_contain_text("understood, I left it")
+    page.expect(page.transcript()).to_contain_text("denied")
+    summary = page.server.wait_for(instance_id, "waiting")
+    assert summary["pendingApprovals"] == []
+    status, records = page.server.api("GET", f"/v1/instances/{instance_id}/records")
+    assert status == 200
+    text = json.dumps(records)
+    assert "keep that file" in text
+    assert "operator" in text  # the decision names the token that made it
+
+
+def test_send_a_message(page: Page) -> None:
+    instance_id = page.server.start("chatter", prompt="hi")
+    page.server.wait_for(instance_id, "waiting")
+    page.sign_in()
+    page.select(instance_id)
+    page.expect(page.transcript()).to_contain_text("hello there")
+    page.page.locator("#message-text").fill("how are you?")
+    page.page.locator("#message-form button[type=submit]").click()
+    page.expect(page.transcript()).to_contain_text("thanks for your message")
+    page.expect(page.transcript().locator(".item.user").last).to_contain_text("how are you?")
+    page.expect(page.page.locator("#message-text")).to_have_value("")
+    page.shot("04-message-answered")
+    assert page.server.wait_for(instance_id, "waiting")["state"] == "waiting"
+
+
+def test_start_a_registered_definition_from_the_page(page: Page) -> None:
+    page.sign_in()
+    page.page.locator("#start-definition").fill("agents/starter.yaml")
+    page.page.locator("#start-form button").click()
+    page.expect(page.page.locator("#error")).to_contain_text("422")
+    page.expect(page.page.locator("#error")).to_contain_text("agentDefinitions")
+    page.page.locator("#start-definition").fill("starter")
+    page.page.locator("#start-prompt").fill("begin")
+    page.page.locator("#start-form button").click()
+    page.expect(page.page.locator("#detail-title")).to_contain_text("starter")
+    page.expect(page.transcript()).to_contain_text("begin")
+    page.expect(page.transcript()).to_contain_text("started from the page")
+    page.expect(page.page.locator("#error")).to_be_hidden()
+    started = page.page.locator("#detail-title").text_content().split()[-1]
+    assert page.server.wait_for(started, "waiting")["name"] == "starter"
+
+
+def test_cancel_a_running_instance(page: Page) -> None:
+    instance_id = page.server.start("sleeper")
+    page.server.wait_for(instance_id, "running")
+    page.sign_in()
+    page.select(instance_id)
+    page.expect(page.fact("state")).to_contain_text("running")
+    page.page.locator("#cancel").click()
+    page.expect(page.fact("state")).to_contain_text("stopped")
+    page.shot("05-cancelled")
+    summary = page.server.wait_for(instance_id, "stopped")
+    assert summary["cancelled"] is True
+
+
+def test_the_inbox_shows_what_a_model_wrote_as_text_and_runs_none_of_it(page: Page) -> None:
+    """The attack: a model puts HTML and a script end tag in its call, its text and (via the hook) the reason."""
+    instance_id = page.server.start("attacker")
+    page.server.wait_for(instance_id, "waiting_for_approval")
+    page.sign_in()
+    page.select(instance_id)
+    card = page.card(instance_id)
+    page.expect(card.locator(".tool")).to_have_text("publish")
+    page.expect(card.locator(".reason")).to_have_text(f"publish {IMG}")
+    page.expect(page.transcript()).to_contain_text(f"look: {IMG} {SCRIPT_END}")
+    shown = card.locator("pre").text_content()
+    # The exact arguments, as JSON: the HTML verbatim, the bidi override as a visible escape.
+    assert json.loads(shown) == {"title": IMG, "body": SCRIPT_END, "note": BIDI}
+    assert "\u202e" not in shown
+    assert "\\u202e" in shown
+    page.shot("06-attack-shown-as-text")
+    assert page.page.evaluate("window.__pwned") is None
+    assert page.page.locator("img").count() == 0
+    assert page.page.locator("script").count() == 1  # the page's own module, nothing else
+    assert page.dialogs == []
+
+
+def test_errors_are_shown_to_the_person(page: Page) -> None:
+    """401 for a wrong token, 403 for a read-only token that approves; signing out forgets the token."""
+    instance_id = page.server.start("refused")
+    page.server.wait_for(instance_id, "waiting_for_approval")
+
+    page.page.goto(page.server.url + "/ui")
+    page.page.locator("#token-input").fill("not-a-token")
+    page.page.locator("#sign-in-form button").click()
+    page.expect(page.page.locator("#error")).to_contain_text("401")
+    page.expect(page.page.locator("#sign-in")).to_be_visible()
+    assert page.page.evaluate("sessionStorage.getItem('loopwright.token')") is None
+
+    page.sign_in(VIEWER_TOKEN)
+    card = page.card(instance_id)
+    card.locator(".approve").click()
+    page.expect(page.page.locator("#error")).to_contain_text("403")
+    page.shot("07-forbidden")
+    page.expect(card).to_have_count(1)
+    assert page.server.show(instance_id)["state"] == "waiting_for_approval"
+
+    page.page.locator("#sign-out").click()
+    page.expect(page.page.locator("#sign-in")).to_be_visible()
+    assert page.page.evaluate("sessionStorage.getItem('loopwright.token')") is None
+    # Nothing seen with that token is left in the page for the next person.
+    assert page.page.locator(".node, .card, #transcript .item").count() == 0
+
+
+def test_deciding_a_call_another_client_decided_shows_the_conflict(page: Page) -> None:
+    instance_id = page.server.start("raced")
+    page.server.wait_for(instance_id, "waiting_for_approval")
+    # The page's timers stand still, so its list is not refreshed between the two decisions.
+    page.page.clock.install()
+    page.sign_in()
+    card = page.card(instance_id)
+    page.expect(card).to_have_count(1)
+    status, body = page.server.api("POST", f"/v1/instances/{instance_id}/approvals/call_r", {"decision": "approve"})
+    assert status in {200, 202}, body
+    card.locator(".approve").click()
+    page.expect(page.page.locator("#error")).to_contain_text("409")
+    page.shot("08-conflict")
+    # The page then reloads the list: the call decided elsewhere leaves the inbox.
+    page.expect(card).to_have_count(0)
+
+
+def test_without_tokens_the_page_asks_for_none(tmp_path: Path, browser_context: Any, artifacts: Path) -> None:
+    """A server without tokens listens on loopback only, and the page opens without a sign-in."""
+    _write_assembly(tmp_path, tokens=False)
+    local = Server(tmp_path)
+    try:
+        instance_id = local.start("chatter", prompt="hi")
+        local.wait_for(instance_id, "waiting")
+        tab = Page(browser_context, local, artifacts)
+        try:
+            tab.page.goto(local.url + "/ui")
+            tab.expect(tab.page.locator("#app")).to_be_visible()
+            tab.expect(tab.page.locator("#sign-in")).to_be_hidden()
+            tab.expect(tab.page.locator("#status")).to_contain_text("no token")
+            tab.select(instance_id)
+            tab.expect(tab.transcript()).to_contain_text("hello there")
+            assert not tab.errors
+        finally:
+            tab.close()
+    finally:
+        local.stop()
+
+
+#: Text with every kind of character the page must show as an escape, and some it must keep.
+_HIDDEN_SAMPLES = [
+    "plain text", "rm -rf ~/x #\r\x1b[2Kls", "abc\u202edef", "zero\u200bwidth", "\ufeffbom", "tag\U000e0041",
+    "line\u2028sep", "para\u2029sep", "c1\x85\x9b", "del\x7f", "tab\there\nnewline\r\nCRLF", "emoji\u2764\ufe0f",
+    "hangul\u3164filler", "vs\ufe00x", "isolate\u2066x\u2069", "lrm\u200erlm\u200f", "soft\u00adhyphen",
+]
+
+
+def test_the_page_escapes_hidden_characters_as_the_terminal_does(page: Page) -> None:
+    """The page's safeText and safeJson (ui/display.js) agree with loopwright.display's, character for character."""
+    from loopwright.display import safe_json, safe_text  # noqa: PLC0415 - the reference, only here
+
+    page.page.goto(page.server.url + "/ui/")
+    shown = page.page.evaluate(
+        """async (samples) => {
+            const display = await import("./display.js");
+            return samples.map((s) => [display.safeText(s), display.safeText(s, {multiline: true}),
+                                       display.safeJson({value: s}, 0)]);
+        }""", _HIDDEN_SAMPLES)
+    for sample, (one_line, prose, as_json) in zip(_HIDDEN_SAMPLES, shown, strict=True):
+        assert one_line == safe_text(sample), sample
+        assert prose == safe_text(sample, multiline=True), sample
+        assert json.loads(as_json) == {"value": sample}, sample
+        assert as_json == safe_json({"value": sample}, separators=(",", ":")), sample
+
+
+def test_a_broken_event_stream_resumes_where_it_left_off(tmp_path: Path, browser_context: Any,
+                                                          artifacts: Path) -> None:
+    """The server restarts under the page: it reconnects with Last-Event-ID and shows nothing twice."""
+    _write_assembly(tmp_path)
+    first = Server(tmp_path)
+    instance_id = first.start("chatter2", prompt="hi")
+    first.wait_for(instance_id, "waiting")
+    tab = Page(browser_context, first, artifacts)
+    second = None
+    try:
+        tab.sign_in()
+        tab.select(instance_id)
+        tab.expect(tab.transcript()).to_contain_text("first answer")
+        port = int(first.url.rsplit(":", 1)[1])
+        with tab.page.expect_request(lambda r: r.url.endswith("/events") and r.headers.get("last-event-id"),
+                                     timeout=START_GUARD * 1000) as resumed:
+            first.stop()
+            second = Server(tmp_path, port=port)
+        assert second.url == first.url
+        assert re.fullmatch(r"\d+-\d+", resumed.value.headers["last-event-id"])
+        status, _ = second.api("POST", f"/v1/instances/{instance_id}/messages", {"text": "still there?"})
+        assert status == 202
+        tab.expect(tab.transcript()).to_contain_text("second answer")
+        tab.expect(tab.transcript().locator(".item.assistant")).to_have_count(2)
+        tab.expect(tab.transcript().locator(".item.user")).to_have_count(2)
+        tab.expect(tab.page.locator("#error")).to_be_hidden()
+        tab.shot("09-resumed-after-a-restart")
+    finally:
+        tab.close()
+        first.stop()
+        if second is not None:
+            second.stop()
+    assert not tab.errors
