@@ -971,6 +971,7 @@ class Runtime:
         self, definition: str | os.PathLike[str] | Definition | Mapping[str, Any],
         inputs: Mapping[str, Any] | None = None, prompt: str | None = None, *,
         capabilities: Capabilities | None = None, stream: bool = False, instance_id: str | None = None,
+        history: Sequence[Message] = (),
     ) -> AgentRun:
         """Create an instance of ``definition`` and start running it in the background.
 
@@ -978,12 +979,17 @@ class Runtime:
             mapping or a :class:`Definition`.
         :param inputs: Values for the definition's ``inputs`` (templated into its prompts).
         :param prompt: The task prompt, added after the initial prompts.
+        :param history: Earlier messages of a conversation (``system``, ``user`` or ``assistant``,
+            text only), added after the initial prompts and before ``prompt``, as they are (never
+            templated). Protocol surfaces use it to carry a client's chat history.
         :param capabilities: Grants to ask for; narrowed to the runtime's (never widened). Relative
             roots are resolved against the assembly's folder, never the working folder.
         :param stream: Ask providers to stream.
         :param instance_id: An id to use instead of a generated one.
         :return: The run; ``await run.result()`` waits for it to rest.
-        :raises ConfigError: The definition or inputs are invalid, or it names unknown tools.
+        :raises ConfigError: The definition or inputs are invalid, or it names unknown tools, or
+            ``history`` holds a message that is not plain text of those roles, or is given to a
+            definition whose ``initialPrompts`` inject tool calls (which could defer the prompt).
         :raises CapabilityError: A granted root would reach the store or a record sink.
         """
         defn = self.load_definition(definition)
@@ -991,7 +997,8 @@ class Runtime:
             capabilities = resolve_roots(capabilities, self.assembly.base_dir)
         grants = intersect(self.assembly.capabilities, capabilities)
         self._check_out_of_reach(grants)
-        return await self.create_run(defn, inputs, prompt, grants=grants, stream=stream, instance_id=instance_id)
+        return await self.create_run(defn, inputs, prompt, grants=grants, stream=stream, instance_id=instance_id,
+                                     history=history)
 
     def _check_out_of_reach(self, grants: Capabilities) -> None:
         """Raise CapabilityError if a granted root overlaps the store or a record sink's locations."""
@@ -1003,7 +1010,7 @@ class Runtime:
     async def create_run(
         self, defn: Definition, inputs: Mapping[str, Any] | None, prompt: str | None, *, grants: Capabilities,
         stream: bool = False, instance_id: str | None = None, links: Mapping[str, Any] | None = None,
-        spawner: Instance | None = None,
+        spawner: Instance | None = None, history: Sequence[Message] = (),
     ) -> AgentRun:
         """Create an instance of ``defn`` with exactly ``grants`` and start it (see :meth:`start_agent`).
 
@@ -1016,6 +1023,7 @@ class Runtime:
         plan = self._plan(defn)
         values = resolve_inputs(defn, inputs or {})
         self._check_templates(defn, values)
+        task_history = _history_json(defn, history)
         iid = instance_id or _new_id()
         header: dict[str, Any] = {
             "instanceId": iid, "name": defn.name, "version": 1,
@@ -1028,6 +1036,8 @@ class Runtime:
             "delegationPrompt": None, "createdAt": now_iso(), "updatedAt": now_iso(), "model": plan.model_ref,
             "runner": self.owner, "taskPrompt": prompt,
         }
+        if task_history:
+            header["taskHistory"] = task_history
         if links:
             header.update(links)
         await self.store.create(iid, header)
@@ -1097,6 +1107,9 @@ class Runtime:
                 if end.reason in (StopReason.WAITING_FOR_APPROVAL, StopReason.WAITING):
                     self._defer_task(inst)
                 raise
+        for entry in inst.header.get("taskHistory") or ():
+            role = entry["role"]
+            queue(Message(role=role, content=entry["content"], source="api" if role == "user" else None))
         if prompt:
             queue(Message(role="user", content=prompt, source="api"), task=True)
         await flush()
@@ -2203,6 +2216,22 @@ def _guardrail_impl(ref: str, fn: Callable[..., Any]) -> tuple[str, Callable[...
         return Block(str(verdict))
 
     return (f"guardrail {ref}", impl, ("call", "tool", "instance", "turn"))
+
+
+def _history_json(defn: Definition, history: Sequence[Message]) -> list[dict[str, str]]:
+    """Return the header's ``taskHistory`` for ``history``, or raise ConfigError naming the bad message."""
+    if not history:
+        return []
+    if any(ip.tool_calls for ip in defn.initial_prompts):
+        raise ConfigError(f"definition {defn.name!r} injects tool calls in its initialPrompts, which can hold "
+                          "the task prompt back; it cannot take a conversation history")
+    out = []
+    for n, message in enumerate(history):
+        if message.role not in ("system", "user", "assistant") or message.tool_calls or message.content is None:
+            raise ConfigError(f"history message {n} must be a system, user or assistant message with text "
+                              f"and no tool calls (got role {message.role!r})")
+        out.append({"role": message.role, "content": message.content})
+    return out
 
 
 def _smaller(a: Any, b: Any) -> Any:
