@@ -12,4 +12,6 @@ if ! command -v uv >/dev/null 2>&1; then
   fi
 fi
 cd "$ROOT"
-uv sync --quiet --all-packages
+# The extras a2a and agui: the optional packages of loopwright-serve's surfaces (a2a-sdk,
+# ag-ui-protocol) are installed too, so their tests run.
+uv sync --quiet --all-packages --extra a2a --extra agui

@@ -39,7 +39,7 @@ def test_the_meta_package_pins_its_siblings_exactly() -> None:
     requirements = [*meta["dependencies"], *(r for extra in meta["optional-dependencies"].values() for r in extra)]
     named = {}
     for req in requirements:
-        name, _, spec = re.match(r"([A-Za-z0-9_.-]+)(\s*(.*))", req).groups()
+        name, _, spec = re.match(r"([A-Za-z0-9_.-]+)(?:\[[A-Za-z0-9_,-]+\])?(\s*(.*))", req).groups()
         named[name] = spec.strip()
     assert set(named) == set(first_party()) - {"loopwright"}, "every first-party distribution is a dependency or extra"
     assert all(spec == f"=={version}" for spec in named.values()), named

@@ -1012,6 +1012,7 @@ _KIND_BY_NAME: Mapping[str, Kind] = {
 _ASSEMBLY_ONLY_KEYS = frozenset({
     "store", "providers", "defaultModel", "plugins", "disablePlugins", "capabilities",
     "agentDefinitions", "agentsMayReachAnyInstance", "records", "pricing", "agentRetry", "pluginSettings",
+    "server",
 })
 
 

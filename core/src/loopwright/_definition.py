@@ -339,6 +339,8 @@ class Assembly:
         agent_retry: Runtime-level retries.
         plugin_settings: Settings for plugins, by plugin name (``mcp`` ...); registration hooks
             receive the whole mapping as ``settings``.
+        server: The settings of ``loopwright serve`` (``tokens``, ``run``, ``cors`` ...), as
+            data: the ``loopwright-serve`` package reads them (docs/serve.md).
         path: The file it was read from, if any.
     """
 
@@ -355,6 +357,7 @@ class Assembly:
     pricing: Mapping[str, Mapping[str, float]] = attrs.field(factory=dict)
     agent_retry: AgentRetry = attrs.field(factory=AgentRetry)
     plugin_settings: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
+    server: Mapping[str, Any] = attrs.field(factory=dict)
     path: Path | None = None
 
     @property

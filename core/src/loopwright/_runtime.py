@@ -573,6 +573,14 @@ class Runtime:
         self._providers[name] = made
         return made
 
+    def assembly_error(self, message: str, at: tuple[str | int, ...], *, key: bool = False) -> ConfigError:
+        """Return a ConfigError for a problem a host found in the assembly, placed at its line and column.
+
+        :param at: The key path of what is wrong (``("server", "tokens", 0, "tokenEnv")``).
+        :param key: Point at the key rather than its value.
+        """
+        return self._assembly_error(message, at, key=key)
+
     def _assembly_error(self, message: str, at: tuple[str | int, ...], *, key: bool = False) -> ConfigError:
         """Return a ConfigError for a problem at ``at`` in the assembly, placed at its line and column."""
         from loopwright._config import locate  # noqa: PLC0415 - only when something is wrong

@@ -51,6 +51,7 @@ __all__ = [
     "resume",
     "rewind",
     "run",
+    "server",
     "show",
     "validate",
     "worker",
@@ -354,6 +355,35 @@ async def records(settings: CliSettings, instance_id: str, kinds: Sequence[str])
 async def worker(settings: CliSettings, poll: float, max_concurrent: int, once: bool, grace: float) -> int:
     """``loopwright worker``: run the work other processes leave in the store until stopped."""
     return await serve(settings, poll, max_concurrent, once, grace)
+
+
+def server(settings: CliSettings, host: str, port: int) -> int:
+    """``loopwright serve``: the HTTP API over the assembly's store, until SIGTERM or Ctrl-C.
+
+    Prints the URL it listens on (the real port for ``--port 0``) on one line of stdout, flushed,
+    before it serves; without ``server.tokens`` it says on stderr that it answers loopback only.
+    """
+    try:
+        # The server, Starlette and uvicorn only for this command: the CLI's start-up stays cheap,
+        # and the core does not depend on them.
+        import loopwright_serve  # noqa: PLC0415
+    except ImportError as exc:
+        raise CliError(f'loopwright serve needs the loopwright-serve package: pip install "loopwright[serve]" '
+                       f"({exc})", EXIT_USAGE) from None
+    rt = Runtime.from_file(settings.assembly_path())
+    server_settings = loopwright_serve.ServerSettings.from_runtime(rt)
+    server_settings.check_host(host)
+    app = loopwright_serve.build_app(loopwright_serve.ServeContext(rt, server_settings))
+
+    def announce(url: str) -> None:
+        click.echo(f"loopwright serve: listening on {url}")
+        sys.stdout.flush()
+        if not server_settings.tokens:
+            click.echo("loopwright serve: no tokens in the assembly's server: key, so it answers loopback only, "
+                       "and every request may do everything (docs/serve.md)", err=True)
+
+    loopwright_serve.run_server(app, host, port, announce=announce)
+    return EXIT_OK
 
 
 # ---------------------------------------------------------------------------------------------

@@ -388,6 +388,22 @@ def worker_command(settings: CliSettings, poll: float, max_concurrent: int, once
     return _invoke("worker", settings, poll, max_concurrent, once, grace)
 
 
+@_command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="The address to listen on. Anything but loopback needs tokens in the assembly's server: key.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True,
+              help="The port (0: any free one; the URL printed says which).")
+@_pass_settings
+def serve_command(settings: CliSettings, host: str, port: int) -> int:
+    """Serve the HTTP API (/v1, /healthz, /openapi.json) over the assembly's store, until SIGTERM or Ctrl-C.
+
+    Needs the loopwright-serve package (pip install "loopwright[serve]"). Tokens and scopes come
+    from the assembly's server: key; without them it listens on loopback only. Prints the URL
+    it listens on. See docs/serve.md.
+    """
+    return _invoke("server", settings, host, port)
+
+
 # ---------------------------------------------------------------------------------------------
 # Inputs
 # ---------------------------------------------------------------------------------------------
