@@ -1,0 +1,195 @@
+"""The OpenAI-compatible surface, driven by the official ``openai`` SDK against a ``loopwright serve`` subprocess."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from _protocols_testlib import TOKEN_ENV, TOKENS, make_project, transcript
+from _serve_testlib import Server, serving
+
+AGENTS = {
+    "oa_plain": ["the answer is 42"],
+    "oa_history": ["you are Ada"],
+    "oa_tools": [{"text": "let me look", "toolCalls": [{"name": "echo", "arguments": {"text": "inside"}}]},
+                 "the echo said inside"],
+    "oa_stream": [{"text": "a moment", "toolCalls": [{"name": "echo", "arguments": {"text": "streamed"}}]},
+                  "streamed answer"],
+    "oa_approve": [{"toolCalls": [{"name": "delete", "arguments": {"path": "old.txt"}, "id": "call_del"}]},
+                   "deleted it"],
+    "oa_approve_stream": [{"toolCalls": [{"name": "delete", "arguments": {"path": "b.txt"}, "id": "call_b"}]},
+                          "deleted b"],
+    "oa_fail": [{"error": {"message": "the model is down", "transient": False}}],
+}
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_project(tmp_path_factory.mktemp("openai"), AGENTS)
+
+
+@pytest.fixture(scope="module")
+def server(project: Path) -> Iterator[Server]:
+    with serving(project, env=TOKEN_ENV) as running:
+        yield running
+
+
+def _client(server: Server, token: str = TOKENS["runner"]) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/openai/v1", api_key=token, max_retries=0, timeout=60)
+
+
+def test_models_list_the_registered_definitions(server: Server) -> None:
+    """``models.list()`` names every registered definition ``loopwright/<name>``."""
+    models = _client(server).models.list()
+    assert sorted(m.id for m in models) == sorted(f"loopwright/{name}" for name in AGENTS)
+    assert all(m.owned_by == "loopwright" for m in models)
+
+
+def test_a_completion_answers_with_the_agents_text_usage_and_instance(server: Server, project: Path) -> None:
+    """A non-streamed completion: the final text, finish ``stop``, usage, the instance in header and metadata."""
+    raw = _client(server).chat.completions.with_raw_response.create(
+        model="loopwright/oa_plain", messages=[{"role": "user", "content": "what is the answer?"}])
+    completion = raw.parse()
+    instance_id = raw.headers["x-loopwright-instance"]
+    assert completion.choices[0].message.content == "the answer is 42"
+    assert completion.choices[0].message.tool_calls is None
+    assert completion.choices[0].finish_reason == "stop"
+    assert completion.metadata == {"instance_id": instance_id, "state": "waiting", "stop_reason": "waiting"}
+    assert completion.usage is not None
+    assert completion.usage.total_tokens == completion.usage.prompt_tokens + completion.usage.completion_tokens > 0
+    assert transcript(project, instance_id)[0] == {"role": "user", "content": "what is the answer?", "source": "api"}
+
+
+def test_earlier_messages_become_the_instances_history(server: Server, project: Path) -> None:
+    """System, user and assistant messages before the last user message are the history, in order, as sent."""
+    raw = _client(server).chat.completions.with_raw_response.create(model="loopwright/oa_history", messages=[
+        {"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": [{"type": "text", "text": "I am "}, {"type": "text", "text": "Ada {{ x }}"}]},
+        {"role": "assistant", "content": "Hello Ada."},
+        {"role": "user", "content": "Who am I?"},
+    ])
+    assert raw.parse().choices[0].message.content == "you are Ada"
+    sent = [(m["role"], m.get("content")) for m in transcript(project, raw.headers["x-loopwright-instance"])]
+    assert sent == [("system", "Answer briefly."), ("user", "I am Ada {{ x }}"), ("assistant", "Hello Ada."),
+                    ("user", "Who am I?"), ("assistant", "you are Ada")]
+
+
+def test_the_agents_tool_calls_stay_inside(server: Server, project: Path) -> None:
+    """The agent calls its own tool; the client gets only the final text, with no tool calls."""
+    raw = _client(server).chat.completions.with_raw_response.create(
+        model="loopwright/oa_tools", messages=[{"role": "user", "content": "echo something"}])
+    choice = raw.parse().choices[0]
+    assert choice.message.content == "the echo said inside"
+    assert choice.message.tool_calls is None
+    assert choice.finish_reason == "stop"
+    tool_results = [m for m in transcript(project, raw.headers["x-loopwright-instance"]) if m["role"] == "tool"]
+    assert [m["content"] for m in tool_results] == ["echo: inside"]
+
+
+def test_a_streamed_completion_decodes_with_the_sdk_and_ends_with_usage(server: Server) -> None:
+    """``stream=True`` with ``include_usage``: chunks carry the final text only, then the finish, then usage."""
+    stream = _client(server).chat.completions.create(
+        model="loopwright/oa_stream", messages=[{"role": "user", "content": "stream it"}], stream=True,
+        stream_options={"include_usage": True})
+    chunks = list(stream)
+    with_choices = [c for c in chunks if c.choices]
+    text = "".join(c.choices[0].delta.content or "" for c in with_choices)
+    assert text == "streamed answer"
+    assert all(c.choices[0].delta.tool_calls is None for c in with_choices)
+    assert with_choices[0].choices[0].delta.role == "assistant"
+    assert with_choices[-1].choices[0].finish_reason == "stop"
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.total_tokens > 0
+    instance_id = chunks[0].model_extra["metadata"]["instance_id"]
+    assert with_choices[-1].model_extra["metadata"]["instance_id"] == instance_id
+    assert {c.id for c in chunks} == {f"chatcmpl-{instance_id}"}
+
+
+def test_a_run_held_for_approval_says_so(server: Server, tmp_path: Path) -> None:
+    """A held call: a clear assistant message, finish ``waiting_for_approval``, the call and the instance named."""
+    raw = _client(server).chat.completions.with_raw_response.create(
+        model="loopwright/oa_approve", messages=[{"role": "user", "content": "delete old.txt"}])
+    completion = raw.parse()
+    instance_id = raw.headers["x-loopwright-instance"]
+    choice = completion.choices[0]
+    assert choice.finish_reason == "waiting_for_approval"
+    assert "waiting for approval" in (choice.message.content or "")
+    assert instance_id in (choice.message.content or "")
+    assert "call_del" in (choice.message.content or "")
+    assert completion.metadata == {"instance_id": instance_id, "state": "waiting_for_approval",
+                                   "stop_reason": "waiting_for_approval", "pending_tool_call_ids": "call_del"}
+
+
+def test_a_streamed_run_held_for_approval_says_so(server: Server) -> None:
+    """The same rest, streamed: the message, then the finish reason ``waiting_for_approval``."""
+    chunks = list(_client(server).chat.completions.create(
+        model="loopwright/oa_approve_stream", messages=[{"role": "user", "content": "delete b.txt"}], stream=True))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert "waiting for approval" in text
+    assert "call_b" in text
+    assert chunks[-1].choices[0].finish_reason == "waiting_for_approval"
+
+
+def test_a_failed_agent_is_an_openai_error_not_retried(server: Server) -> None:
+    """The model fails for good: a 500 in OpenAI's error shape naming the instance, marked not to retry."""
+    with pytest.raises(openai.InternalServerError) as caught:
+        _client(server).chat.completions.create(
+            model="loopwright/oa_fail", messages=[{"role": "user", "content": "fail"}])
+    error = caught.value
+    assert error.code == "agent_error"
+    assert "the model is down" in error.message
+    assert error.response.headers["x-should-retry"] == "false"
+    assert error.response.headers["x-loopwright-instance"]
+
+
+def test_an_unknown_model_is_not_found(server: Server) -> None:
+    """A model that is not a registered definition is a 404 ``model_not_found`` listing the models."""
+    with pytest.raises(openai.NotFoundError) as caught:
+        _client(server).chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+    assert caught.value.code == "model_not_found"
+    assert "loopwright/oa_plain" in caught.value.message
+
+
+def test_client_tools_and_a_trailing_assistant_message_are_bad_requests(server: Server) -> None:
+    """Client tools would never be called, and the prompt must be a user message: 400, naming the field."""
+    client = _client(server)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model="loopwright/oa_plain", messages=[{"role": "user", "content": "hi"}],
+            tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])
+    assert caught.value.param == "tools"
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="loopwright/oa_plain", messages=[
+            {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}])
+    assert caught.value.param == "messages[1]"
+
+
+def test_a_wrong_token_is_refused_with_the_sdks_authentication_error(server: Server) -> None:
+    """A wrong bearer token: 401, raised by the SDK as AuthenticationError; no instance starts."""
+    with pytest.raises(openai.AuthenticationError) as caught:
+        _client(server, "not-the-token-at-all-000").chat.completions.create(
+            model="loopwright/oa_plain", messages=[{"role": "user", "content": "hi"}])
+    assert caught.value.status_code == 401
+    assert caught.value.body["type"] == "authentication_error"  # type: ignore[index]
+    with pytest.raises(openai.AuthenticationError):
+        _client(server, "not-the-token-at-all-000").models.list()
+
+
+def test_a_token_without_run_is_forbidden(server: Server) -> None:
+    """A token with only ``read`` may not start agents: 403 PermissionDeniedError."""
+    with pytest.raises(openai.PermissionDeniedError):
+        _client(server, TOKENS["reader"]).chat.completions.create(
+            model="loopwright/oa_plain", messages=[{"role": "user", "content": "hi"}])
+
+
+def test_a_request_without_a_token_is_refused(server: Server) -> None:
+    """No Authorization header at all: 401 in OpenAI's error shape, with the Bearer challenge."""
+    response = httpx.post(f"{server.url}/openai/v1/chat/completions", timeout=30,
+                          json={"model": "loopwright/oa_plain", "messages": [{"role": "user", "content": "hi"}]})
+    assert response.status_code == 401
+    assert response.json()["error"]["type"] == "authentication_error"
+    assert response.headers["www-authenticate"].startswith("Bearer")
