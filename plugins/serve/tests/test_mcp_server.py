@@ -26,6 +26,7 @@ AGENTS = {
                  {"toolCalls": [{"name": "echo", "arguments": {"text": "two"}}]},
                  "worked twice"],
     "mcp_approve": [{"toolCalls": [{"name": "delete", "arguments": {"path": "m.txt"}, "id": "call_m"}]}, "done"],
+    "mcp_ask": [{"toolCalls": [{"name": "ask_user", "arguments": {"question": "Which city?"}}]}],
     "mcp_stdio": [{"toolCalls": [{"name": "echo", "arguments": {"text": "piped"}}]}, "answered over stdio"],
     "mcp_target": ["the served agent's answer"],
 }
@@ -40,7 +41,7 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_project(tmp_path_factory.mktemp("mcp"), AGENTS)
+    return make_project(tmp_path_factory.mktemp("mcp"), AGENTS, tools={"mcp_ask": ["ask_user"]})
 
 
 @pytest.fixture(scope="module")
@@ -107,6 +108,19 @@ async def test_a_call_held_for_approval_is_a_result_that_says_so(server: Server)
         {"toolCallId": "call_m", "tool": "delete", "arguments": {"path": "m.txt"}}]
     text = result.content[0].text  # type: ignore[union-attr]
     assert "waiting for approval" in text
+    assert structured["instanceId"] in text
+
+
+async def test_an_agent_asking_the_user_answers_with_its_question(server: Server) -> None:
+    """An ``ask_user`` rest: the text and the structured content carry the question, and the instance to answer."""
+    async with _http_client(server) as client:
+        result = await client.call_tool("mcp_ask", {"prompt": "weather?"})
+    assert not result.is_error
+    structured = result.structured_content or {}
+    assert structured["question"] == "Which city?"
+    assert structured["state"] == "waiting"
+    text = result.content[0].text  # type: ignore[union-attr]
+    assert "Which city?" in text
     assert structured["instanceId"] in text
 
 

@@ -22,13 +22,16 @@ AGENTS = {
                    "deleted it"],
     "oa_approve_stream": [{"toolCalls": [{"name": "delete", "arguments": {"path": "b.txt"}, "id": "call_b"}]},
                           "deleted b"],
+    "oa_chat": ["first answer", "second answer"],
+    "oa_busy": [{"toolCalls": [{"name": "delete", "arguments": {"path": "c.txt"}, "id": "call_c"}]}, "deleted c"],
+    "oa_ask": [{"toolCalls": [{"name": "ask_user", "arguments": {"question": "Which file?"}}]}, "deleting notes.txt"],
     "oa_fail": [{"error": {"message": "the model is down", "transient": False}}],
 }
 
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_project(tmp_path_factory.mktemp("openai"), AGENTS)
+    return make_project(tmp_path_factory.mktemp("openai"), AGENTS, tools={"oa_ask": ["ask_user"]})
 
 
 @pytest.fixture(scope="module")
@@ -193,3 +196,55 @@ def test_a_request_without_a_token_is_refused(server: Server) -> None:
     assert response.status_code == 401
     assert response.json()["error"]["type"] == "authentication_error"
     assert response.headers["www-authenticate"].startswith("Bearer")
+
+
+def test_a_request_naming_an_instance_continues_it(server: Server, project: Path) -> None:
+    """``x-loopwright-instance`` on a request: its last message goes to that instance, which answers again."""
+    client = _client(server)
+    first = client.chat.completions.with_raw_response.create(
+        model="loopwright/oa_chat", messages=[{"role": "user", "content": "hello"}])
+    instance_id = first.headers["x-loopwright-instance"]
+    second = client.chat.completions.with_raw_response.create(
+        model="loopwright/oa_chat", messages=[{"role": "user", "content": "and again"}],
+        extra_headers={"x-loopwright-instance": instance_id})
+    assert second.headers["x-loopwright-instance"] == instance_id
+    assert second.parse().choices[0].message.content == "second answer"
+    said = [(m["role"], m.get("content")) for m in transcript(project, instance_id)]
+    assert said == [("user", "hello"), ("assistant", "first answer"), ("user", "and again"),
+                    ("assistant", "second answer")]
+
+
+def test_continuing_an_instance_held_for_approval_or_unknown_is_refused(server: Server) -> None:
+    """A held instance is a 409 naming the held call (nothing is queued); an unknown one a 404; never retried."""
+    client = _client(server)
+    held = client.chat.completions.with_raw_response.create(
+        model="loopwright/oa_busy", messages=[{"role": "user", "content": "delete c.txt"}])
+    instance_id = held.headers["x-loopwright-instance"]
+    with pytest.raises(openai.ConflictError) as caught:
+        client.chat.completions.create(model="loopwright/oa_busy", messages=[{"role": "user", "content": "go on"}],
+                                       extra_headers={"x-loopwright-instance": instance_id})
+    assert "call_c" in caught.value.message
+    assert caught.value.response.headers["x-should-retry"] == "false"
+    for unknown in ("20990101-000000-00000000", "../oa_busy"):
+        with pytest.raises((openai.NotFoundError, openai.BadRequestError)):
+            client.chat.completions.create(model="loopwright/oa_busy", messages=[{"role": "user", "content": "x"}],
+                                           extra_headers={"x-loopwright-instance": unknown})
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="loopwright/oa_chat", messages=[{"role": "user", "content": "x"}],
+                                       extra_headers={"x-loopwright-instance": instance_id})
+    assert caught.value.code == "instance_mismatch"
+
+
+def test_an_ask_user_question_is_the_answer_and_the_next_request_answers_it(server: Server, project: Path) -> None:
+    """The agent asks: the content is its question; a request naming the instance answers it, and the agent goes on."""
+    client = _client(server)
+    asked = client.chat.completions.with_raw_response.create(
+        model="loopwright/oa_ask", messages=[{"role": "user", "content": "delete a file"}])
+    assert asked.parse().choices[0].message.content == "Which file?"
+    instance_id = asked.headers["x-loopwright-instance"]
+    answered = client.chat.completions.create(
+        model="loopwright/oa_ask", messages=[{"role": "user", "content": "notes.txt"}],
+        extra_headers={"x-loopwright-instance": instance_id})
+    assert answered.choices[0].message.content == "deleting notes.txt"
+    tool_results = [m for m in transcript(project, instance_id) if m["role"] == "tool"]
+    assert [(m["name"], m["content"]) for m in tool_results] == [("ask_user", "notes.txt")]

@@ -38,7 +38,7 @@ from loopwright import AgentResult, State
 from loopwright.errors import ConfigError, LoopwrightError
 from loopwright_serve._auth import Scope
 from loopwright_serve._problems import ProblemError
-from loopwright_serve._resting import rest_or_close
+from loopwright_serve._resting import question_of, rest_or_close
 
 if TYPE_CHECKING:
     from mcp.server.context import ServerRequestContext
@@ -65,6 +65,7 @@ OUTPUT_SCHEMA: dict[str, Any] = {
         "text": {"type": ["string", "null"], "description": "The agent's answer."},
         "pendingApprovals": {"type": "array", "items": {"type": "object"},
                              "description": "Calls held for approval: {toolCallId, tool, arguments}."},
+        "question": {"type": ["string", "null"], "description": "What the agent asks (ask_user), if it waits on that."},
     },
     "required": ["instanceId", "state"],
 }
@@ -138,7 +139,7 @@ async def _call(runtime: Runtime, name: str, arguments: Mapping[str, Any],
     if result is None:
         return _error(f"the server is shutting down; the instance {run.instance_id} is kept, and "
                       "`loopwright resume` continues it", {"instanceId": run.instance_id, "state": run.state.value})
-    return _result(result)
+    return _result(result, question_of(run))
 
 
 async def _report(run: AgentRun, progress: Callable[..., Any]) -> None:
@@ -155,13 +156,13 @@ async def _report(run: AgentRun, progress: Callable[..., Any]) -> None:
             _log.debug("progress notification for %s not sent", run.instance_id, exc_info=True)
 
 
-def _result(result: AgentResult) -> types.CallToolResult:
-    """Return the tool result of a resting instance."""
+def _result(result: AgentResult, question: str | None = None) -> types.CallToolResult:
+    """Return the tool result of a resting instance (``question``: of the ``ask_user`` call it waits on)."""
     pending = [{"toolCallId": p.tool_call_id, "tool": p.tool, "arguments": dict(p.arguments)}
                for p in result.pending_approvals]
     structured = {"instanceId": result.instance_id, "state": result.state.value,
                   "stopReason": result.stop_reason.value if result.stop_reason else None,
-                  "text": result.text, "pendingApprovals": pending}
+                  "text": result.text, "pendingApprovals": pending, "question": question}
     if result.state is State.ERROR or result.cancelled:
         why = "was cancelled" if result.cancelled else f"failed: {result.error}"
         return _error(f"the agent {why} (instance {result.instance_id})", structured)
@@ -170,6 +171,9 @@ def _result(result: AgentResult) -> types.CallToolResult:
                          for p in pending)
         text = (f"The agent is waiting for approval before it goes on (instance {result.instance_id}). Held: "
                 f"{held}. Decide through the loopwright serve API or `loopwright approve {result.instance_id}`.")
+    elif question:
+        text = (f"The agent asks: {question} (instance {result.instance_id}; answer it with "
+                f"`loopwright message {result.instance_id} TEXT` or the serve API)")
     else:
         text = result.text or ""
     return types.CallToolResult(content=[types.TextContent(type="text", text=text)], structured_content=structured)

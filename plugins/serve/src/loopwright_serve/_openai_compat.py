@@ -11,15 +11,17 @@ Every response names the instance: the ``x-loopwright-instance`` header and
 ``metadata.instance_id`` (with ``state`` and ``stop_reason``). A run that rests holding calls for
 approval answers with an assistant message saying so and ``finish_reason``
 ``"waiting_for_approval"``; a limit that ends the run gives ``"length"``. Errors have OpenAI's
-shape, ``{"error": {"message", "type", "param", "code"}}``, and an agent that failed answers
-``x-should-retry: false`` so that SDKs do not start it again. The mapping is in
-``docs/protocols.md``.
+shape, ``{"error": {"message", "type", "param", "code"}}``, with ``x-should-retry: false`` so that
+SDKs do not send again what would fail again or run the agent again. A request that names an
+instance in ``x-loopwright-instance`` continues that (resting) instance with its last message
+instead of starting one. The mapping is in ``docs/protocols.md``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -29,10 +31,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Mount, Route
 
 from loopwright import AgentResult, Message, State, StopReason, Usage
-from loopwright.errors import ConfigError
+from loopwright.errors import ConfigError, InstanceNotFoundError
 from loopwright_serve._auth import Scope
 from loopwright_serve._problems import ProblemError
-from loopwright_serve._resting import rest_or_close
+from loopwright_serve._resting import question_of, rest_or_close
 from loopwright_serve._surface import null_lifespan
 
 if TYPE_CHECKING:
@@ -49,6 +51,8 @@ MODEL_PREFIX = "loopwright/"
 INSTANCE_HEADER = "x-loopwright-instance"
 #: The finish reason of a run that rests holding calls for approval.
 FINISH_WAITING_FOR_APPROVAL = "waiting_for_approval"
+#: What an instance id named in a request may look like (the ids stores make; no path tricks).
+_INSTANCE_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 #: Seconds between SSE comments while a streamed run works (clients ignore them; proxies see traffic).
 KEEPALIVE = 10.0
 #: Request keys that would hand tools or several choices to the client, which this surface cannot do.
@@ -91,8 +95,8 @@ class ChatError(Exception):
         headers = dict(self.headers)
         if self.instance_id:
             headers[INSTANCE_HEADER] = self.instance_id
-        if self.status >= 500:  # noqa: PLR2004 - a server-side failure: the agent ran, a retry would run it again
-            headers["x-should-retry"] = "false"
+        # None of these is transient: a retry would fail the same way, or run the agent again.
+        headers["x-should-retry"] = "false"
         body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
         return JSONResponse(body, status_code=self.status, headers=headers)
 
@@ -184,10 +188,14 @@ async def _completions(ctx: ServeContext, request: Request) -> Response:
     except ValueError as exc:
         raise ChatError(400, f"the request body is not JSON: {exc}") from exc
     chat = parse_request(body, ctx.runtime.assembly.agent_definitions)
+    continued = request.headers.get(INSTANCE_HEADER)
     if chat.stream:
         ctx.streams.enter()  # before the instance exists: a refused stream starts nothing
     try:
-        run = await ctx.runtime.start_agent(chat.name, chat.inputs, chat.prompt, history=chat.history)
+        if continued:
+            run = await _continue(ctx, chat, continued)
+        else:
+            run = await ctx.runtime.start_agent(chat.name, chat.inputs, chat.prompt, history=chat.history)
     except BaseException as exc:
         if chat.stream:
             ctx.streams.leave()
@@ -201,7 +209,7 @@ async def _completions(ctx: ServeContext, request: Request) -> Response:
                                  headers={INSTANCE_HEADER: run.instance_id, "cache-control": "no-cache"})
     result = await rest_or_close(run, ctx.streams.closing)
     _raise_failure(run, result)
-    text, finish = answer_of(result)
+    text, finish = answer_of(result, question_of(run))
     body = {
         "id": completion_id, "object": "chat.completion", "created": created, "model": chat.model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
@@ -209,6 +217,42 @@ async def _completions(ctx: ServeContext, request: Request) -> Response:
         "usage": usage_json(result.usage), "metadata": metadata_of(result),
     }
     return JSONResponse(body, headers={INSTANCE_HEADER: run.instance_id})
+
+
+async def _continue(ctx: ServeContext, chat: ChatRequest, instance_id: str) -> AgentRun:
+    """Send the last message to the resting instance ``instance_id`` and return it running again.
+
+    The instance must be a root instance of the requested definition, resting (``waiting``,
+    ``stopped`` or ``error``); the earlier messages of the request are not used (it has its own).
+
+    :raises ChatError: 404 no such instance; 400 another definition's, or a sub-agent; 409 it is
+        running, waits for approval, or was taken up by another process meanwhile.
+    """
+    runtime = ctx.runtime
+    if not _INSTANCE_ID.fullmatch(instance_id) or ".." in instance_id:
+        raise ChatError(400, f"{instance_id!r} is not an instance id", param=INSTANCE_HEADER,
+                        code="invalid_instance_id")
+    try:
+        found = await runtime.summary(instance_id)
+    except InstanceNotFoundError as exc:
+        raise ChatError(404, f"no instance {instance_id!r}", param=INSTANCE_HEADER,
+                        code="instance_not_found") from exc
+    if found.get("name") != runtime.load_definition(chat.name).name or found.get("spawnerInstanceId"):
+        raise ChatError(400, f"instance {instance_id} is not a root instance of {chat.model!r}",
+                        param=INSTANCE_HEADER, code="instance_mismatch")
+    state = found.get("state")
+    if state in (State.RUNNING.value, State.WAITING_FOR_APPROVAL.value):
+        held = ", ".join(str(p.get("toolCallId")) for p in found.get("pendingApprovals") or [])
+        why = f"waits for approval of {held}: decide it first" if held else "is running: wait until it rests"
+        raise ChatError(409, f"instance {instance_id} {why}", param=INSTANCE_HEADER, code="instance_busy",
+                        instance_id=instance_id)
+    run = await runtime.get_agent(instance_id)
+    await run.message(chat.prompt)
+    if not run.running:
+        raise ChatError(409, f"instance {instance_id} was taken up by another process; the message is in its "
+                             "mailbox, and it reads it at its next turn", code="instance_busy",
+                        instance_id=instance_id)
+    return run
 
 
 async def _stream(ctx: ServeContext, run: AgentRun, chat: ChatRequest, completion_id: str,
@@ -238,7 +282,7 @@ async def _stream(ctx: ServeContext, run: AgentRun, chat: ChatRequest, completio
                     _raise_failure(run, None)
                 yield ": the agent is working\n\n"
         _raise_failure(run, result)
-        text, finish = answer_of(result)
+        text, finish = answer_of(result, question_of(run))
         if text:
             yield chunk({"content": text})
         yield chunk({}, finish, metadata=metadata_of(result))
@@ -328,11 +372,16 @@ def _text(content: Any, where: str) -> str:
     raise ChatError(400, f"{where}.content must be a string or a list of text parts", param=where)
 
 
-def answer_of(result: AgentResult) -> tuple[str, str]:
-    """Return the assistant's content and the finish reason for a resting instance."""
+def answer_of(result: AgentResult, question: str | None = None) -> tuple[str, str]:
+    """Return the assistant's content and the finish reason for a resting instance.
+
+    :param question: The question of an ``ask_user`` call the instance waits on: it is the content.
+    """
     finish = _FINISH.get(result.stop_reason, "stop") if result.stop_reason else "stop"
     if result.state is State.WAITING_FOR_APPROVAL:
         return approval_message(result), FINISH_WAITING_FOR_APPROVAL
+    if question:
+        return question, "stop"
     return result.text or "", finish
 
 

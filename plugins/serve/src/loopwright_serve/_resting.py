@@ -1,4 +1,4 @@
-"""Waiting for a run to rest, but not past the server's shutdown: shared by the protocol surfaces."""
+"""Runs at rest, as the protocol surfaces answer them: waiting (not past the server's shutdown), questions."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import anyio
 if TYPE_CHECKING:
     from loopwright import AgentResult, AgentRun
 
-__all__ = ["rest_or_close"]
+__all__ = ["question_of", "rest_or_close"]
 
 
 async def rest_or_close(run: AgentRun, closing: anyio.Event | None, at_most: float = math.inf) -> AgentResult | None:
@@ -37,3 +37,10 @@ async def rest_or_close(run: AgentRun, closing: anyio.Event | None, at_most: flo
             tg.start_soon(rest)
             tg.start_soon(close)
     return result
+
+
+def question_of(run: AgentRun) -> str | None:
+    """Return the question of the ``ask_user`` call the resting instance waits on, if it waits on one."""
+    awaiting = run.inst.header.get("awaitingAnswer") or {}
+    question = awaiting.get("question")
+    return str(question) if question else None
