@@ -71,12 +71,14 @@ OUTPUT_SCHEMA: dict[str, Any] = {
 }
 
 
-def build_server(runtime: Runtime, closing: anyio.Event | None = None) -> Server[Any]:
+def build_server(runtime: Runtime, closing: anyio.Event | None = None, *, runs: bool = True) -> Server[Any]:
     """Return an MCP server whose tools are the runtime's registered definitions.
 
     :param runtime: An open runtime; the tools start instances in it.
     :param closing: Set when the server shuts down: a call still waiting then answers an error
         naming its instance (kept in the store, resumable) instead of holding the shutdown.
+    :param runs: Whether this server runs agents (``server.run``); when not, every call is an
+        error result saying so.
     """
 
     async def list_tools(_ctx: ServerRequestContext[Any], _params: types.PaginatedRequestParams | None,
@@ -85,6 +87,8 @@ def build_server(runtime: Runtime, closing: anyio.Event | None = None) -> Server
         return types.ListToolsResult(tools=[_tool(runtime, name) for name in names])
 
     async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
+        if not runs:
+            return _error("this server does not run agents (server.run: false), and a tool call waits for the answer")
         return await _call(runtime, params.name, dict(params.arguments or {}), ctx.session.report_progress, closing)
 
     return Server("loopwright", instructions="Each tool runs a loopwright agent and returns its answer.",
@@ -196,7 +200,8 @@ class McpSurface:
         if self._manager is None:
             # No transport_security: tokens, and loopback only without them, are the serve app's
             # rules for every surface alike (docs/serve.md), and --host may be any address.
-            self._manager = StreamableHTTPSessionManager(app=build_server(ctx.runtime, ctx.streams.closing))
+            server = build_server(ctx.runtime, ctx.streams.closing, runs=ctx.settings.run)
+            self._manager = StreamableHTTPSessionManager(app=server)
         return self._manager
 
     def routes(self, ctx: ServeContext) -> list[BaseRoute]:

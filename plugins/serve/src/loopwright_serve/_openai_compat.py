@@ -188,6 +188,9 @@ async def _completions(ctx: ServeContext, request: Request) -> Response:
     except ValueError as exc:
         raise ChatError(400, f"the request body is not JSON: {exc}") from exc
     chat = parse_request(body, ctx.runtime.assembly.agent_definitions)
+    if not ctx.settings.run:
+        raise ChatError(501, "this server does not run agents (server.run: false), and chat completions "
+                             "wait for the answer", type="server_error", code="not_implemented")
     continued = request.headers.get(INSTANCE_HEADER)
     if chat.stream:
         ctx.streams.enter()  # before the instance exists: a refused stream starts nothing
