@@ -12,8 +12,9 @@ ways over the same handlers:
 A tool is named as its definition is registered in ``agentDefinitions``. Its input is
 ``{prompt, inputs?}``; a call starts one instance and waits until it rests. The result's text is
 the agent's answer, and its structured content is ``{instanceId, state, stopReason, text,
-pendingApprovals}``. A run that rests holding calls for approval is not an error: its text says
-which calls wait and how to decide them. While the agent works, each finished turn and each tool
+pendingApprovals, question}``. A run that rests holding calls for approval, or asking the user
+(``ask_user``), is not an error: its text says which calls wait and how to decide them, or what
+the agent asks. While the agent works, each finished turn and each tool
 call it starts sends a progress notification, when the client asked for progress.
 """
 
@@ -34,7 +35,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.requests import Request
 from starlette.routing import BaseRoute, Route
 
-from loopwright import AgentResult, State
+from loopwright import AgentResult, Runtime, State
 from loopwright.errors import ConfigError, LoopwrightError
 from loopwright_serve._auth import Scope
 from loopwright_serve._problems import ProblemError
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
     from starlette.types import Receive, Send
     from starlette.types import Scope as AsgiScope
 
-    from loopwright import AgentRun, Runtime
+    from loopwright import AgentRun
     from loopwright_serve._context import ServeContext
 
 __all__ = ["McpSurface", "build_server", "serve_stdio"]
@@ -240,8 +241,6 @@ async def serve_stdio(config: str | None) -> None:
     :param config: The assembly file (``None``: ``./loopwright.yaml`` when it exists, else defaults).
     """
     from mcp.server.stdio import stdio_server  # noqa: PLC0415 - only this command needs the stdio transport
-
-    from loopwright import Runtime  # noqa: PLC0415 - the runtime class only once the command runs
 
     async with Runtime.from_file(config) as runtime, stdio_server() as (read, write):
         server = build_server(runtime)
