@@ -44,10 +44,11 @@ def loopwright_register_tools(register):
 
 
 def make_project(root: Path, agents: Mapping[str, Sequence[Any]], *, tools: Mapping[str, Sequence[str]] = {},
-                 extra: str = "") -> Path:
+                 keys: Mapping[str, Mapping[str, Any]] = {}, extra: str = "") -> Path:
     """Write an assembly under ``root`` serving ``agents`` (name → scripted replies); return its path.
 
     :param tools: The tools of each agent (default: ``echo`` and ``delete``).
+    :param keys: More definition keys of some agents (``inputs``, ``systemPrompt`` ...).
     :param extra: More assembly YAML, appended.
     """
     (root / "agents").mkdir(parents=True, exist_ok=True)
@@ -56,7 +57,7 @@ def make_project(root: Path, agents: Mapping[str, Sequence[Any]], *, tools: Mapp
     registered = {name: f"agents/{name}.yaml" for name in agents}
     for name in agents:
         definition = {"name": name, "description": f"The test agent {name}.", "model": f"{name}:any",
-                      "tools": list(tools.get(name, ("echo", "delete")))}
+                      "tools": list(tools.get(name, ("echo", "delete"))), **keys.get(name, {})}
         (root / "agents" / f"{name}.yaml").write_text(json.dumps(definition))
     tokens = [{"name": name, "tokenEnv": f"PROTO_TOKEN_{name.upper()}",
                "scopes": ["read"] if name == "reader" else ["run"]} for name in TOKENS]

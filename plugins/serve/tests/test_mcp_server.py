@@ -28,6 +28,7 @@ AGENTS = {
     "mcp_approve": [{"toolCalls": [{"name": "delete", "arguments": {"path": "m.txt"}, "id": "call_m"}]}, "done"],
     "mcp_ask": [{"toolCalls": [{"name": "ask_user", "arguments": {"question": "Which city?"}}]}],
     "mcp_stdio": [{"toolCalls": [{"name": "echo", "arguments": {"text": "piped"}}]}, "answered over stdio"],
+    "mcp_inputs": ["cloudy"],
     "mcp_target": ["the served agent's answer"],
 }
 #: Seconds a call may take before the test counts it as hung (a guard only).
@@ -41,7 +42,9 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_project(tmp_path_factory.mktemp("mcp"), AGENTS, tools={"mcp_ask": ["ask_user"]})
+    return make_project(tmp_path_factory.mktemp("mcp"), AGENTS, tools={"mcp_ask": ["ask_user"]}, keys={
+        "mcp_inputs": {"systemPrompt": "Weather for {{ city }}.",
+                       "inputs": {"city": {"type": "string", "description": "Where."}}}})
 
 
 @pytest.fixture(scope="module")
@@ -122,6 +125,19 @@ async def test_an_agent_asking_the_user_answers_with_its_question(server: Server
     text = result.content[0].text  # type: ignore[union-attr]
     assert "Which city?" in text
     assert structured["instanceId"] in text
+
+
+async def test_inputs_are_in_the_schema_and_reach_the_definition(server: Server, project: Path) -> None:
+    """The tool's ``inputs`` lists the definition's inputs; given, they are templated into its prompts."""
+    async with _http_client(server) as client:
+        tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+        result = await client.call_tool("mcp_inputs", {"prompt": "weather?", "inputs": {"city": "Oslo"}})
+    inputs = tools["mcp_inputs"].input_schema["properties"]["inputs"]
+    assert inputs["properties"] == {"city": {"type": "string", "description": "Where."}}
+    assert inputs["required"] == ["city"]
+    assert result.content[0].text == "cloudy"  # type: ignore[union-attr]
+    instance_id = (result.structured_content or {})["instanceId"]
+    assert transcript(project, instance_id)[0]["content"] == "Weather for Oslo."
 
 
 async def test_bad_arguments_are_an_error_result(server: Server) -> None:

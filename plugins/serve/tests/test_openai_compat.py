@@ -25,13 +25,16 @@ AGENTS = {
     "oa_chat": ["first answer", "second answer"],
     "oa_busy": [{"toolCalls": [{"name": "delete", "arguments": {"path": "c.txt"}, "id": "call_c"}]}, "deleted c"],
     "oa_ask": [{"toolCalls": [{"name": "ask_user", "arguments": {"question": "Which file?"}}]}, "deleting notes.txt"],
+    "oa_inputs": ["sunny"],
     "oa_fail": [{"error": {"message": "the model is down", "transient": False}}],
 }
+
+INPUTS = {"oa_inputs": {"systemPrompt": "Weather for {{ city }}.", "inputs": {"city": {"type": "string"}}}}
 
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_project(tmp_path_factory.mktemp("openai"), AGENTS, tools={"oa_ask": ["ask_user"]})
+    return make_project(tmp_path_factory.mktemp("openai"), AGENTS, tools={"oa_ask": ["ask_user"]}, keys=INPUTS)
 
 
 @pytest.fixture(scope="module")
@@ -248,3 +251,16 @@ def test_an_ask_user_question_is_the_answer_and_the_next_request_answers_it(serv
     assert answered.choices[0].message.content == "deleting notes.txt"
     tool_results = [m for m in transcript(project, instance_id) if m["role"] == "tool"]
     assert [(m["name"], m["content"]) for m in tool_results] == [("ask_user", "notes.txt")]
+
+
+def test_inputs_go_to_the_definition_and_a_missing_one_is_a_bad_request(server: Server, project: Path) -> None:
+    """``extra_body={"inputs": ...}`` fills the definition's inputs; a required input left out is a 400 naming it."""
+    client = _client(server)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="loopwright/oa_inputs", messages=[{"role": "user", "content": "?"}])
+    assert "city" in caught.value.message
+    raw = client.chat.completions.with_raw_response.create(
+        model="loopwright/oa_inputs", messages=[{"role": "user", "content": "weather?"}],
+        extra_body={"inputs": {"city": "Paris"}})
+    assert raw.parse().choices[0].message.content == "sunny"
+    assert transcript(project, raw.headers["x-loopwright-instance"])[0]["content"] == "Weather for Paris."
