@@ -6,9 +6,13 @@ Each agent has a scripted provider of its own, so the tests of one module can sh
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
+import subprocess
+import sys
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -77,3 +81,22 @@ def transcript(assembly: Path, instance_id: str) -> list[dict[str, Any]]:
     entries = assembly.parent / "store" / instance_id / "entries.jsonl"
     lines = [json.loads(line) for line in entries.read_text().splitlines() if line.strip()]
     return [entry["m"] for entry in lines if entry.get("t") == "msg"]
+
+
+@contextlib.contextmanager
+def working(assembly: Path, env: Mapping[str, str]) -> Iterator[subprocess.Popen[str]]:
+    """Run ``loopwright worker`` over ``assembly``'s store until the block ends (SIGTERM, then wait)."""
+    proc = subprocess.Popen([sys.executable, "-m", "loopwright.cli", "worker", "-c", str(assembly), "--poll", "100ms"],
+                            cwd=assembly.parent, env=dict(env), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stderr:
+            proc.stderr.close()

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _protocols_testlib import TOKEN_ENV, TOKENS, make_project, transcript
+from _protocols_testlib import TOKEN_ENV, TOKENS, make_project, transcript, working
 from _serve_testlib import Server, clean_env, serving
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
@@ -199,3 +199,16 @@ def test_a_loopwright_runtime_uses_the_served_agents_as_mcp_tools(server: Server
     tool_result: dict[str, Any] = next(m for m in messages if m["role"] == "tool")
     assert tool_result["status"] == "success"
     assert tool_result["content"] == "the served agent's answer"
+
+
+async def test_a_server_that_does_not_run_agents_answers_through_a_worker(tmp_path: Path) -> None:
+    """``server.run: false``: a tool call is submitted, a ``loopwright worker`` runs it, its answer is the result."""
+    assembly = make_project(tmp_path, {"mcp_queued": ["answered by the worker"]})
+    assembly.write_text(assembly.read_text().replace("server: {tokens:", "server: {run: false, tokens:"))
+    with serving(assembly, env=TOKEN_ENV) as queued, working(assembly, clean_env(TOKEN_ENV)):
+        async with _http_client(queued) as client:
+            result = await client.call_tool("mcp_queued", {"prompt": "queue it"})
+    assert [block.text for block in result.content] == ["answered by the worker"]  # type: ignore[union-attr]
+    instance_id = (result.structured_content or {})["instanceId"]
+    header = json.loads((tmp_path / "store" / instance_id / "instance.json").read_text())
+    assert header["submittedBy"] != header["runner"]

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
-from _protocols_testlib import TOKEN_ENV, TOKENS, make_project, transcript
-from _serve_testlib import Server, serving
+from _protocols_testlib import TOKEN_ENV, TOKENS, make_project, transcript, working
+from _serve_testlib import Server, clean_env, serving
 
 AGENTS = {
     "oa_plain": ["the answer is 42"],
@@ -264,3 +265,20 @@ def test_inputs_go_to_the_definition_and_a_missing_one_is_a_bad_request(server: 
         extra_body={"inputs": {"city": "Paris"}})
     assert raw.parse().choices[0].message.content == "sunny"
     assert transcript(project, raw.headers["x-loopwright-instance"])[0]["content"] == "Weather for Paris."
+
+
+def test_a_server_that_does_not_run_agents_answers_through_a_worker(tmp_path: Path) -> None:
+    """``server.run: false``: the completion is submitted, a ``loopwright worker`` runs it, the answer comes back."""
+    assembly = make_project(tmp_path, {"oa_queued": ["answered by the worker"]})
+    assembly.write_text(assembly.read_text().replace("server: {tokens:", "server: {run: false, tokens:"))
+    with serving(assembly, env=TOKEN_ENV) as queued, working(assembly, clean_env(TOKEN_ENV)):
+        raw = _client(queued).chat.completions.with_raw_response.create(
+            model="loopwright/oa_queued", messages=[{"role": "user", "content": "queue it"}])
+        with pytest.raises(openai.APIStatusError) as caught:
+            _client(queued).chat.completions.create(
+                model="loopwright/oa_queued", messages=[{"role": "user", "content": "again"}],
+                extra_headers={"x-loopwright-instance": raw.headers["x-loopwright-instance"]})
+    assert raw.parse().choices[0].message.content == "answered by the worker"
+    assert caught.value.status_code == 501
+    header = json.loads((tmp_path / "store" / raw.headers["x-loopwright-instance"] / "instance.json").read_text())
+    assert header["submittedBy"] != header["runner"]

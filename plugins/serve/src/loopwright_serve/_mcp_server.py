@@ -39,7 +39,7 @@ from loopwright import AgentResult, Runtime, State
 from loopwright.errors import ConfigError, LoopwrightError
 from loopwright_serve._auth import Scope
 from loopwright_serve._problems import ProblemError
-from loopwright_serve._resting import question_of, rest_or_close
+from loopwright_serve._resting import question_of, start
 
 if TYPE_CHECKING:
     from mcp.server.context import ServerRequestContext
@@ -78,8 +78,8 @@ def build_server(runtime: Runtime, closing: anyio.Event | None = None, *, runs: 
     :param runtime: An open runtime; the tools start instances in it.
     :param closing: Set when the server shuts down: a call still waiting then answers an error
         naming its instance (kept in the store, resumable) instead of holding the shutdown.
-    :param runs: Whether this server runs agents (``server.run``); when not, every call is an
-        error result saying so.
+    :param runs: Whether this server runs agents (``server.run``); when not, each call is
+        submitted for a ``loopwright worker`` and answered once the worker's run rests (no progress).
     """
 
     async def list_tools(_ctx: ServerRequestContext[Any], _params: types.PaginatedRequestParams | None,
@@ -88,9 +88,8 @@ def build_server(runtime: Runtime, closing: anyio.Event | None = None, *, runs: 
         return types.ListToolsResult(tools=[_tool(runtime, name) for name in names])
 
     async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
-        if not runs:
-            return _error("this server does not run agents (server.run: false), and a tool call waits for the answer")
-        return await _call(runtime, params.name, dict(params.arguments or {}), ctx.session.report_progress, closing)
+        return await _call(runtime, params.name, dict(params.arguments or {}), ctx.session.report_progress,
+                           closing, runs=runs)
 
     return Server("loopwright", instructions="Each tool runs a loopwright agent and returns its answer.",
                   on_list_tools=list_tools, on_call_tool=call_tool)
@@ -122,7 +121,8 @@ def _tool(runtime: Runtime, name: str) -> types.Tool:
 
 
 async def _call(runtime: Runtime, name: str, arguments: Mapping[str, Any],
-                progress: Callable[..., Any], closing: anyio.Event | None) -> types.CallToolResult:
+                progress: Callable[..., Any], closing: anyio.Event | None, *, runs: bool = True,
+                ) -> types.CallToolResult:
     """Run the definition ``name`` until it rests; errors are results with ``is_error``, naming the instance."""
     if name not in runtime.assembly.agent_definitions:
         known = ", ".join(sorted(runtime.assembly.agent_definitions)) or "none"
@@ -133,17 +133,19 @@ async def _call(runtime: Runtime, name: str, arguments: Mapping[str, Any],
     if inputs is not None and not isinstance(inputs, Mapping):
         return _error("'inputs' must be an object of the definition's inputs")
     try:
-        run = await runtime.start_agent(name, inputs, prompt)
+        started = await start(runtime, name, inputs, prompt, runs=runs)
     except ConfigError as exc:
         return _error(f"the agent {name!r} cannot start: {exc}")
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_report, run, progress)  # ends by itself once the run rests and its events are sent
-        result = await rest_or_close(run, closing)
-        if result is None:
+        if started.run is not None:  # ends by itself once the run rests and its events are sent
+            tg.start_soon(_report, started.run, progress)
+        rested = await started.rest(runtime, closing)
+        if rested is None:
             tg.cancel_scope.cancel()
-    if result is None:
-        return _error(f"the server is shutting down; the instance {run.instance_id} is kept, and "
-                      "`loopwright resume` continues it", {"instanceId": run.instance_id, "state": run.state.value})
+    if rested is None:
+        return _error(f"the server is shutting down; the instance {started.instance_id} is kept, and "
+                      "`loopwright resume` continues it", {"instanceId": started.instance_id, "state": "running"})
+    run, result = rested
     return _result(result, question_of(run))
 
 

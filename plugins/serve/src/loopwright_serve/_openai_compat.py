@@ -34,7 +34,7 @@ from loopwright import AgentResult, Message, State, StopReason, Usage
 from loopwright.errors import ConfigError, InstanceNotFoundError
 from loopwright_serve._auth import Scope
 from loopwright_serve._problems import ProblemError
-from loopwright_serve._resting import question_of, rest_or_close
+from loopwright_serve._resting import Started, question_of, start
 from loopwright_serve._surface import null_lifespan
 
 if TYPE_CHECKING:
@@ -188,30 +188,33 @@ async def _completions(ctx: ServeContext, request: Request) -> Response:
     except ValueError as exc:
         raise ChatError(400, f"the request body is not JSON: {exc}") from exc
     chat = parse_request(body, ctx.runtime.assembly.agent_definitions)
-    if not ctx.settings.run:
-        raise ChatError(501, "this server does not run agents (server.run: false), and chat completions "
-                             "wait for the answer", type="server_error", code="not_implemented")
     continued = request.headers.get(INSTANCE_HEADER)
+    if continued and not ctx.settings.run:
+        raise ChatError(501, "continuing an instance needs a server that runs agents; this one has server.run: "
+                             "false (send the message through the serve API)", type="server_error",
+                        code="not_implemented", param=INSTANCE_HEADER)
     if chat.stream:
         ctx.streams.enter()  # before the instance exists: a refused stream starts nothing
     try:
         if continued:
-            run = await _continue(ctx, chat, continued)
+            started = Started(continued, await _continue(ctx, chat, continued))
         else:
-            run = await ctx.runtime.start_agent(chat.name, chat.inputs, chat.prompt, history=chat.history)
+            started = await start(ctx.runtime, chat.name, chat.inputs, chat.prompt, runs=ctx.settings.run,
+                                  history=chat.history)
     except BaseException as exc:
         if chat.stream:
             ctx.streams.leave()
         if isinstance(exc, ConfigError):
             raise ChatError(400, str(exc), code="invalid_agent_input") from exc
         raise
-    completion_id = f"chatcmpl-{run.instance_id}"
+    instance_id = started.instance_id
+    completion_id = f"chatcmpl-{instance_id}"
     created = int(time.time())
     if chat.stream:
-        return StreamingResponse(_stream(ctx, run, chat, completion_id, created), media_type="text/event-stream",
-                                 headers={INSTANCE_HEADER: run.instance_id, "cache-control": "no-cache"})
-    result = await rest_or_close(run, ctx.streams.closing)
-    _raise_failure(run, result)
+        return StreamingResponse(_stream(ctx, started, chat, completion_id, created), media_type="text/event-stream",
+                                 headers={INSTANCE_HEADER: instance_id, "cache-control": "no-cache"})
+    rested = await started.rest(ctx.runtime, ctx.streams.closing)
+    run, result = _raise_failure(instance_id, rested)
     text, finish = answer_of(result, question_of(run))
     body = {
         "id": completion_id, "object": "chat.completion", "created": created, "model": chat.model,
@@ -219,7 +222,7 @@ async def _completions(ctx: ServeContext, request: Request) -> Response:
                      "finish_reason": finish, "logprobs": None}],
         "usage": usage_json(result.usage), "metadata": metadata_of(result),
     }
-    return JSONResponse(body, headers={INSTANCE_HEADER: run.instance_id})
+    return JSONResponse(body, headers={INSTANCE_HEADER: instance_id})
 
 
 async def _continue(ctx: ServeContext, chat: ChatRequest, instance_id: str) -> AgentRun:
@@ -258,7 +261,7 @@ async def _continue(ctx: ServeContext, chat: ChatRequest, instance_id: str) -> A
     return run
 
 
-async def _stream(ctx: ServeContext, run: AgentRun, chat: ChatRequest, completion_id: str,
+async def _stream(ctx: ServeContext, started: Started, chat: ChatRequest, completion_id: str,
                   created: int) -> AsyncIterator[str]:
     """Yield the answer as ``chat.completion.chunk`` events, then ``[DONE]``.
 
@@ -276,15 +279,15 @@ async def _stream(ctx: ServeContext, run: AgentRun, chat: ChatRequest, completio
         return f"data: {json.dumps(body)}\n\n"
 
     try:
-        yield chunk({"role": "assistant", "content": ""}, metadata={"instance_id": run.instance_id})
-        result = None
-        while result is None:
-            result = await rest_or_close(run, ctx.streams.closing, KEEPALIVE)
-            if result is None:
+        yield chunk({"role": "assistant", "content": ""}, metadata={"instance_id": started.instance_id})
+        rested = None
+        while rested is None:
+            rested = await started.rest(ctx.runtime, ctx.streams.closing, KEEPALIVE)
+            if rested is None:
                 if ctx.streams.closing.is_set():
-                    _raise_failure(run, None)
+                    _raise_failure(started.instance_id, None)
                 yield ": the agent is working\n\n"
-        _raise_failure(run, result)
+        run, result = _raise_failure(started.instance_id, rested)
         text, finish = answer_of(result, question_of(run))
         if text:
             yield chunk({"content": text})
@@ -417,15 +420,17 @@ def usage_json(usage: Usage) -> dict[str, Any]:
     return body
 
 
-def _raise_failure(run: AgentRun, result: AgentResult | None) -> None:
-    """Raise ChatError for an instance that ended in error or was cancelled, or when the server closes first."""
-    if result is None:
-        raise ChatError(503, f"the server is shutting down; the instance {run.instance_id} is kept, and "
+def _raise_failure(instance_id: str, rested: tuple[AgentRun, AgentResult] | None) -> tuple[AgentRun, AgentResult]:
+    """Return the rested run and result; raise ChatError for an error, a cancel, or a server closing first."""
+    if rested is None:
+        raise ChatError(503, f"the server is shutting down; the instance {instance_id} is kept, and "
                              "`loopwright resume` continues it", type="server_error", code="shutting_down",
-                        instance_id=run.instance_id)
+                        instance_id=instance_id)
+    result = rested[1]
     if result.state is State.ERROR:
         raise ChatError(500, f"the agent failed: {result.error}", type="server_error", code="agent_error",
                         instance_id=result.instance_id)
     if result.cancelled:
         raise ChatError(500, "the agent's run was cancelled", type="server_error", code="cancelled",
                         instance_id=result.instance_id)
+    return rested
