@@ -990,6 +990,7 @@ class Runtime:
         self, definition: str | os.PathLike[str] | Definition | Mapping[str, Any],
         inputs: Mapping[str, Any] | None = None, prompt: str | None = None, *,
         capabilities: Capabilities | None = None, stream: bool = False, instance_id: str | None = None,
+        history: Sequence[Message] = (),
     ) -> AgentRun:
         """Create an instance of ``definition`` and start running it in the background.
 
@@ -997,17 +998,23 @@ class Runtime:
             mapping or a :class:`Definition`.
         :param inputs: Values for the definition's ``inputs`` (templated into its prompts).
         :param prompt: The task prompt, added after the initial prompts.
+        :param history: Earlier messages of a conversation (``system``, ``user`` or ``assistant``,
+            text only), added after the initial prompts and before ``prompt``, as they are (never
+            templated). Protocol surfaces use it to carry a client's chat history.
         :param capabilities: Grants to ask for; narrowed to the runtime's (never widened). Relative
             roots are resolved against the assembly's folder, never the working folder.
         :param stream: Ask providers to stream.
         :param instance_id: An id to use instead of a generated one.
         :return: The run; ``await run.result()`` waits for it to rest.
-        :raises ConfigError: The definition or inputs are invalid, or it names unknown tools.
+        :raises ConfigError: The definition or inputs are invalid, or it names unknown tools, or
+            ``history`` holds a message that is not plain text of those roles, or is given to a
+            definition whose ``initialPrompts`` inject tool calls (which could defer the prompt).
         :raises CapabilityError: A granted root would reach the store or a record sink.
         """
         defn = self.load_definition(definition)
         grants = self._requested_grants(capabilities)
-        return await self.create_run(defn, inputs, prompt, grants=grants, stream=stream, instance_id=instance_id)
+        return await self.create_run(defn, inputs, prompt, grants=grants, stream=stream, instance_id=instance_id,
+                                     history=history)
 
     def _requested_grants(self, capabilities: Capabilities | None) -> Capabilities:
         """Return the grants of a new top-level instance: ``capabilities`` narrowed to the runtime's.
@@ -1032,7 +1039,7 @@ class Runtime:
     async def create_run(
         self, defn: Definition, inputs: Mapping[str, Any] | None, prompt: str | None, *, grants: Capabilities,
         stream: bool = False, instance_id: str | None = None, links: Mapping[str, Any] | None = None,
-        spawner: Instance | None = None,
+        spawner: Instance | None = None, history: Sequence[Message] = (),
     ) -> AgentRun:
         """Create an instance of ``defn`` with exactly ``grants`` and start it (see :meth:`start_agent`).
 
@@ -1042,7 +1049,7 @@ class Runtime:
         :param spawner: The live instance that started it: it draws from that instance's tree budget.
         """
         loop = self.loop
-        header = self._new_header(defn, inputs, prompt, grants=grants, instance_id=instance_id)
+        header = self._new_header(defn, inputs, prompt, grants=grants, instance_id=instance_id, history=history)
         iid = header["instanceId"]
         if links:
             header.update(links)
@@ -1071,7 +1078,8 @@ class Runtime:
         return run
 
     def _new_header(self, defn: Definition, inputs: Mapping[str, Any] | None, prompt: str | None, *,
-                    grants: Capabilities, instance_id: str | None) -> dict[str, Any]:
+                    grants: Capabilities, instance_id: str | None,
+                    history: Sequence[Message] = ()) -> dict[str, Any]:
         """Check ``defn`` and ``inputs`` and return a new instance's header (``running``, run by this runtime).
 
         Every configuration error is raised here, before anything is created.
@@ -1081,8 +1089,9 @@ class Runtime:
         plan = self._plan(defn)
         values = resolve_inputs(defn, inputs or {})
         self._check_templates(defn, values)
+        task_history = _history_json(defn, history)
         iid = instance_id or _new_id()
-        return {
+        header = {
             "instanceId": iid, "name": defn.name, "version": 1,
             "definitionPath": str(defn.source) if defn.source else None,
             "definition": self._snapshot(plan), "inputs": dict(values),
@@ -1093,6 +1102,9 @@ class Runtime:
             "delegationPrompt": None, "createdAt": now_iso(), "updatedAt": now_iso(), "model": plan.model_ref,
             "runner": self.owner, "taskPrompt": prompt,
         }
+        if task_history:
+            header["taskHistory"] = task_history
+        return header
 
     async def _begin(self, run: AgentRun, *, resume: bool = False) -> None:  # noqa: C901 - the set-up, in order
         """First segment of a new instance: system prompt, initial prompts and injected calls, task prompt.
@@ -1142,6 +1154,9 @@ class Runtime:
                 if end.reason in (StopReason.WAITING_FOR_APPROVAL, StopReason.WAITING):
                     self._defer_task(inst)
                 raise
+        for entry in inst.header.get("taskHistory") or ():
+            role = entry["role"]
+            queue(Message(role=role, content=entry["content"], source="api" if role == "user" else None))
         if prompt:
             queue(Message(role="user", content=prompt, source="api"), task=True)
         await flush()
@@ -1737,7 +1752,7 @@ class Runtime:
     async def submit(
         self, definition: str | os.PathLike[str] | Definition | Mapping[str, Any],
         inputs: Mapping[str, Any] | None = None, prompt: str | None = None, *,
-        capabilities: Capabilities | None = None, instance_id: str | None = None,
+        capabilities: Capabilities | None = None, instance_id: str | None = None, history: Sequence[Message] = (),
     ) -> str:
         """Create an instance of ``definition`` for a runner to start, hand it to the engine, and return its id.
 
@@ -1754,6 +1769,7 @@ class Runtime:
         :param prompt: As for :meth:`start_agent`.
         :param capabilities: As for :meth:`start_agent`.
         :param instance_id: An id to use instead of a generated one.
+        :param history: As for :meth:`start_agent`.
         :return: The new instance's id.
         :raises ConfigError: The definition or inputs are invalid, or it names unknown tools.
         :raises CapabilityError: A granted root would reach the store or a record sink.
@@ -1763,7 +1779,7 @@ class Runtime:
         self.loop  # noqa: B018 - raises if the runtime is not open
         defn = self.load_definition(definition)
         grants = self._requested_grants(capabilities)
-        header = self._new_header(defn, inputs, prompt, grants=grants, instance_id=instance_id)
+        header = self._new_header(defn, inputs, prompt, grants=grants, instance_id=instance_id, history=history)
         header.update(runner=None, queued=True, submittedBy=self.owner)
         iid = header["instanceId"]
         await self.store.create(iid, header)
@@ -2515,6 +2531,22 @@ def _guardrail_impl(ref: str, fn: Callable[..., Any]) -> tuple[str, Callable[...
         return Block(str(verdict))
 
     return (f"guardrail {ref}", impl, ("call", "tool", "instance", "turn"))
+
+
+def _history_json(defn: Definition, history: Sequence[Message]) -> list[dict[str, str]]:
+    """Return the header's ``taskHistory`` for ``history``, or raise ConfigError naming the bad message."""
+    if not history:
+        return []
+    if any(ip.tool_calls for ip in defn.initial_prompts):
+        raise ConfigError(f"definition {defn.name!r} injects tool calls in its initialPrompts, which can hold "
+                          "the task prompt back; it cannot take a conversation history")
+    out = []
+    for n, message in enumerate(history):
+        if message.role not in ("system", "user", "assistant") or message.tool_calls or message.content is None:
+            raise ConfigError(f"history message {n} must be a system, user or assistant message with text "
+                              f"and no tool calls (got role {message.role!r})")
+        out.append({"role": message.role, "content": message.content})
+    return out
 
 
 def _smaller(a: Any, b: Any) -> Any:

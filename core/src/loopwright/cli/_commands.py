@@ -45,6 +45,7 @@ __all__ = [
     "deny",
     "fork",
     "ls",
+    "mcp_serve",
     "message",
     "plugins",
     "records",
@@ -444,6 +445,19 @@ def server(settings: CliSettings, host: str, port: int) -> int:
                        "and every request may do everything (docs/serve.md)", err=True)
 
     loopwright_serve.run_server(app, host, port, announce=announce)
+    return EXIT_OK
+
+
+def mcp_serve(settings: CliSettings) -> int:
+    """``loopwright mcp-serve``: the registered agents as MCP tools over stdio, until the client closes stdin."""
+    try:
+        # The MCP server lives in loopwright-serve, with the mcp SDK: imported only for this command.
+        from loopwright_serve._mcp_server import serve_stdio  # noqa: PLC0415
+    except ImportError as exc:
+        raise CliError(f'loopwright mcp-serve needs the loopwright-serve package: pip install "loopwright[serve]" '
+                       f"({exc})", EXIT_USAGE) from None
+    config = settings.assembly_path()
+    anyio.run(serve_stdio, str(config) if config is not None else None)
     return EXIT_OK
 
 

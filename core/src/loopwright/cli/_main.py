@@ -446,6 +446,18 @@ def serve_command(settings: CliSettings, host: str, port: int) -> int:
     return _invoke("server", settings, host, port)
 
 
+@_command("mcp-serve")
+@_pass_settings
+def mcp_serve_command(settings: CliSettings) -> int:
+    """Serve the assembly's registered agents as MCP tools over stdio, for editors and MCP clients.
+
+    Each entry of agentDefinitions is a tool taking {prompt, inputs?} and answering with the
+    agent's final text. Needs the loopwright-serve package (pip install "loopwright[serve]").
+    Stdout carries the protocol only. See docs/protocols.md.
+    """
+    return _invoke("mcp_serve", settings)
+
+
 # ---------------------------------------------------------------------------------------------
 # Inputs
 # ---------------------------------------------------------------------------------------------

@@ -11,4 +11,6 @@ __all__ = ["SURFACES"]
 SURFACES: tuple[str, ...] = (
     "loopwright_serve._api:ApiSurface",
     "loopwright_serve._ui:UiSurface",
+    "loopwright_serve._openai_compat:OpenAICompatSurface",
+    "loopwright_serve._mcp_server:McpSurface",
 )
