@@ -10,4 +10,6 @@ __all__ = ["SURFACES"]
 
 SURFACES: tuple[str, ...] = (
     "loopwright_serve._api:ApiSurface",
+    "loopwright_serve._a2a:A2ASurface",
+    "loopwright_serve._agui:AguiSurface",
 )
