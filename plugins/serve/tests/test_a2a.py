@@ -17,7 +17,16 @@ import pytest
 from _serve_testlib import Server, serving
 from a2a.client import A2ACardResolver, A2AClientError, ClientConfig, create_client
 from a2a.helpers.proto_helpers import get_data_parts, get_text_parts, new_data_part, new_text_part
-from a2a.types.a2a_pb2 import GetTaskRequest, Message, Role, SendMessageRequest, StreamResponse, Task, TaskState
+from a2a.types.a2a_pb2 import (
+    CancelTaskRequest,
+    GetTaskRequest,
+    Message,
+    Role,
+    SendMessageRequest,
+    StreamResponse,
+    Task,
+    TaskState,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -213,7 +222,7 @@ async def test_a_task_goes_on_after_the_server_restarts(assembly: Path) -> None:
         assert calls[-1]["status"] == "denied"
 
 
-async def test_deciding_a_held_call_needs_the_approve_scope(assembly: Path) -> None:
+async def test_deciding_needs_the_approve_scope_reading_the_read_scope_and_cancel_the_run_scope(assembly: Path) -> None:
     with serving(assembly, env=TOKENS) as server:
         async with Agent(server, RUN, streaming=False) as agent:
             task_id, state, _ = final_task_state(await agent.send(new_text_part("delete the old notes")))
@@ -226,6 +235,15 @@ async def test_deciding_a_held_call_needs_the_approve_scope(assembly: Path) -> N
             with pytest.raises(A2AClientError, match="403"):
                 await reader.send(new_text_part("start something"))
             assert (await reader.get(task_id)).id == task_id
+            with pytest.raises(A2AClientError, match="403"):
+                await reader.client.cancel_task(CancelTaskRequest(id=task_id))
+        async with Agent(server, RUN, streaming=False) as agent:
+            cancelled = await agent.client.cancel_task(CancelTaskRequest(id=task_id))
+            assert cancelled.status.state == TaskState.TASK_STATE_CANCELED
+            assert (await agent.get(task_id)).status.state == TaskState.TASK_STATE_CANCELED
+        with server.client(READ) as http:
+            instance = next(i for i in http.get("/v1/instances").json() if i["instanceId"] == task_id)
+    assert (instance["state"], instance["cancelled"]) == ("stopped", True)
 
 
 @pytest.mark.parametrize("token", [None, "not-a-token-0123456789"])

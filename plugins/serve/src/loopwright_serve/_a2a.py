@@ -70,7 +70,7 @@ from starlette.routing import Route
 
 from loopwright.errors import ConfigError, LoopwrightError
 from loopwright_serve._auth import Scope
-from loopwright_serve._steer import Session, new_id, segment_events, valid_id
+from loopwright_serve._steer import GatedResponse, Session, new_id, segment_events, valid_id
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -93,6 +93,8 @@ _METHOD_SCOPES = {
     "GetTask": Scope.READ, "ListTasks": Scope.READ, "SubscribeToTask": Scope.READ,
     "GetExtendedAgentCard": Scope.READ,
 }
+#: The methods answered with an event stream.
+_STREAMING = frozenset({"SendStreamingMessage", "SubscribeToTask"})
 #: Where the endpoint leaves the scopes it checked, for the call context.
 _SCOPES_KEY = "loopwright_a2a_scopes"
 #: The artifact that holds the instance's latest answer.
@@ -276,12 +278,23 @@ class A2AAgent:
 
     async def serve_rpc(self, request: Request) -> Response:
         """``POST /a2a/<name>``: check the token's scopes for the method, then hand over to a2a-sdk."""
-        scopes = await self._authorize(request)
+        scopes, method = await self._authorize(request)
         request.state.loopwright_a2a_scopes = frozenset(scopes)
-        return await self.dispatcher.handle_requests(request)
+        if method not in _STREAMING:
+            return await self.dispatcher.handle_requests(request)
+        gate = self.ctx.streams
+        gate.enter()  # an event stream: counted against server.maxEventStreams
+        try:
+            response = await self.dispatcher.handle_requests(request)
+        except BaseException:
+            gate.leave()
+            raise
+        return GatedResponse(response, gate)  # type: ignore[return-value] - an ASGI response
 
-    async def _authorize(self, request: Request) -> set[str]:
-        """Authorize the scopes the request needs (raises the serve context's ProblemError if refused).
+    async def _authorize(self, request: Request) -> tuple[set[str], str | None]:
+        """Authorize the scopes the request needs; return them and the method.
+
+        Raises the serve context's :class:`~loopwright_serve.ProblemError` (401, 403) if refused.
 
         The body is parsed as the dispatcher parses it, so the decisions checked here are the
         ones the executor will apply.
@@ -301,7 +314,7 @@ class A2AAgent:
                 _log.debug("A2A request params do not parse; the dispatcher will say so")
         for scope in needed:
             await self.ctx.authorize(request, scope)
-        return {str(getattr(s, "value", s)) for s in needed}
+        return {s.value for s in needed}, method if isinstance(method, str) else None
 
     async def aclose(self) -> None:
         """Drain the request handler's background tasks."""

@@ -62,7 +62,7 @@ from starlette.routing import Route
 from loopwright.errors import ConfigError, LoopwrightError
 from loopwright_serve._auth import Scope
 from loopwright_serve._problems import ProblemError
-from loopwright_serve._steer import Session, segment_events, valid_id
+from loopwright_serve._steer import GatedResponse, Session, segment_events, valid_id
 from loopwright_serve._surface import null_lifespan
 
 if TYPE_CHECKING:
@@ -180,6 +180,16 @@ class AguiAgent:
             body = RunAgentInput.model_validate_json(await request.body())
         except ValidationError as exc:
             raise _problem(400, "invalid RunAgentInput", str(exc)) from exc
+        gate = self.ctx.streams
+        gate.enter()  # the run's event stream: counted against server.maxEventStreams
+        try:
+            return GatedResponse(await self._start(request, body), gate)  # type: ignore[return-value] - ASGI
+        except BaseException:
+            gate.leave()
+            raise
+
+    async def _start(self, request: Request, body: RunAgentInput) -> Response:
+        """Start or steer the thread's instance; return the response that streams the run."""
         thread = body.thread_id
         if not valid_id(thread):
             raise _problem(400, "invalid threadId", f"threadId {thread!r} is used as the instance id: use 1 to 128 "
@@ -190,6 +200,7 @@ class AguiAgent:
                            f"thread {thread} is an instance that is not a thread of {self.session.key}")
         rt = self.session.runtime
         resumed: set[str] = set()
+        answered: dict[str, str] = {}
         if header is None:
             if body.resume:
                 raise _problem(409, "nothing to resume", f"thread {thread} has no run to resume")
@@ -202,19 +213,22 @@ class AguiAgent:
         else:
             run = await rt.get_agent(thread)
             if body.resume:
-                resumed = await self._resume(request, run, header, body.resume)
+                resumed, answered = await self._resume(request, run, header, body.resume)
             else:
                 text = _last_user_text(body)
                 if text:
                     await run.message(text)
-        events = self._stream(run, header, body, resumed)
+        events = self._stream(run, header, body, resumed, answered)
         encoder = EventEncoder(accept=request.headers.get("accept"))
         return StreamingResponse((encoder.encode(e) async for e in events), media_type=encoder.get_content_type(),
                                  headers={"X-Loopwright-Instance-Id": thread})
 
     async def _resume(self, request: Request, run: AgentRun, header: Mapping[str, Any],
-                      entries: list[ResumeEntry]) -> set[str]:
-        """Apply the resume entries (decisions need the ``approve`` scope); return the calls decided."""
+                      entries: list[ResumeEntry]) -> tuple[set[str], dict[str, str]]:
+        """Apply the resume entries (decisions need the ``approve`` scope).
+
+        :return: The calls decided, and the ``ask_user`` calls answered with their answers.
+        """
         held = {str(p.get("toolCallId")) for p in _pending(header)}
         awaiting = header.get("awaitingAnswer") or {}
         question = str(awaiting.get("toolCallId")) if awaiting else None
@@ -225,6 +239,7 @@ class AguiAgent:
         if any(e.interrupt_id in held for e in entries):
             await self.ctx.authorize(request, Scope.APPROVE)
         decided: set[str] = set()
+        answered: dict[str, str] = {}
         try:
             for entry in entries:
                 payload = entry.payload if isinstance(entry.payload, dict) else {}
@@ -235,31 +250,42 @@ class AguiAgent:
                         reason = payload.get("reason") if isinstance(payload.get("reason"), str) else None
                         await run.deny(entry.interrupt_id, reason or "denied through AG-UI")
                     decided.add(entry.interrupt_id)
-                elif entry.status == "resolved":
-                    answer = payload.get("answer") if payload else entry.payload
-                    await run.message(answer if isinstance(answer, str) else json.dumps(answer))
                 else:
-                    await run.message("(the user declined to answer)")
+                    answer = payload.get("answer") if payload else entry.payload
+                    text = (answer if isinstance(answer, str) else json.dumps(answer)) \
+                        if entry.status == "resolved" else "(the user declined to answer)"
+                    await run.message(text)
+                    answered[entry.interrupt_id] = text
         except LoopwrightError as exc:
             raise _problem(409, "cannot resume", str(exc)) from exc
-        return decided
+        return decided, answered
 
     async def _stream(self, run: AgentRun, before: Mapping[str, Any] | None, body: RunAgentInput,
-                      resumed: set[str]) -> AsyncIterator[BaseEvent]:
-        """Yield the run's AG-UI events, from ``RUN_STARTED`` to ``RUN_FINISHED`` or ``RUN_ERROR``."""
+                      resumed: set[str], answered: Mapping[str, str]) -> AsyncIterator[BaseEvent]:
+        """Yield the run's AG-UI events, from ``RUN_STARTED`` to ``RUN_FINISHED`` or ``RUN_ERROR``.
+
+        An ``ask_user`` answered by this run's ``resume`` gets its ``TOOL_CALL_RESULT`` first: the
+        answer is that call's result.
+        """
         store = self.session.runtime.store
         thread, run_id = body.thread_id, body.run_id
         yield RunStartedEvent(thread_id=thread, run_id=run_id, protocol_version=PROTOCOL_VERSION, input=body)
         try:
             yield StateSnapshotEvent(snapshot=state_of(await store.read_header(thread)))
-            mapper = _Mapper(thread, resumed)
+            mapper = _Mapper(thread, resumed | set(answered))
+            for call_id, text in answered.items():
+                yield mapper.result(call_id, text)
+            closing = self.ctx.streams.closing
             async for event in segment_events(run, before):
-                for out in await mapper.map(event, store):
+                if closing.is_set():
+                    yield RunErrorEvent(message="the server is shutting down; the instance is kept: run the thread "
+                                                "again to go on", code="shutting_down")
+                    return
+                for out in mapper.map(event):
                     yield out
-            for out in mapper.close():
-                yield out
             await run.wait()
-            for out in final_events(await store.read_header(thread), thread, run_id):
+            header = await store.read_header(thread)
+            for out in [*mapper.close(), *mapper.held_calls(header), *final_events(header, thread, run_id)]:
                 yield out
         except Exception as exc:  # noqa: BLE001 - the stream is under way: any failure becomes its last event
             _log.exception("AG-UI run of %s failed", thread)
@@ -273,39 +299,46 @@ class _Mapper:
         self.iid = instance_id
         #: Calls already announced to the client (in this run, or held in an earlier one).
         self.announced = set(resumed)
+        #: Calls whose result was sent in this run.
+        self.answered: set[str] = set()
         self.open_message: str | None = None
         self.last_message: dict[int | None, str] = {}
+        #: Calls held for approval in this segment, with their turns.
+        self.held_turns: dict[str, int | None] = {}
 
     def _message_id(self, turn: int | None) -> str:
         return f"{self.iid}-t{turn}-text"
 
-    async def map(self, event: Event, store: Any) -> list[BaseEvent]:
+    def map(self, event: Event) -> list[BaseEvent]:
         """Return the AG-UI events for ``event``."""
         data, turn = event.data, event.turn
         if event.kind == "text_delta":
-            out: list[BaseEvent] = []
-            if self.open_message is None:
-                self.open_message = self.last_message[turn] = self._message_id(turn)
-                out.append(TextMessageStartEvent(message_id=self.open_message, role="assistant"))
-            out.append(TextMessageContentEvent(message_id=self.open_message, delta=str(data.get("delta") or "")))
-            return out
+            return self._delta(turn, str(data.get("delta") or ""))
         if event.kind == "text":
             return self._whole_text(turn, str(data.get("text") or ""))
         if event.kind == "tool_call":
             return [*self.close(), *self._call(str(data.get("id")), str(data.get("name")), data.get("arguments"), turn)]
-        if event.kind == "approval":
-            call_id = str(data.get("toolCallId"))
-            header = await store.read_header(self.iid)
-            arguments = next((p.get("arguments") for p in header.get("pendingApprovals") or []
-                              if p.get("toolCallId") == call_id), {})
-            return [*self.close(), *self._call(call_id, str(data.get("tool")), arguments, turn)]
+        if event.kind == "approval":  # announced with its arguments once the hold is saved (held_calls)
+            self.held_turns[str(data.get("toolCallId"))] = turn
+            return self.close()
         if event.kind == "tool_result":
             call_id = str(data.get("id"))
-            content = data.get("content")
-            return [*self.close(), ToolCallResultEvent(
-                message_id=f"{self.iid}-{call_id}-result", tool_call_id=call_id, role="tool",
-                content=content if isinstance(content, str) else json.dumps(content, default=str))]
+            return [*self.close(), *([] if call_id in self.answered else [self.result(call_id, data.get("content"))])]
         return []
+
+    def result(self, call_id: str, content: Any) -> ToolCallResultEvent:
+        """Return the ``TOOL_CALL_RESULT`` of a call (once: a later result of the same call is left out)."""
+        self.answered.add(call_id)
+        return ToolCallResultEvent(message_id=f"{self.iid}-{call_id}-result", tool_call_id=call_id, role="tool",
+                                   content=content if isinstance(content, str) else json.dumps(content, default=str))
+
+    def _delta(self, turn: int | None, delta: str) -> list[BaseEvent]:
+        out: list[BaseEvent] = []
+        if self.open_message is None:
+            self.open_message = self.last_message[turn] = self._message_id(turn)
+            out.append(TextMessageStartEvent(message_id=self.open_message, role="assistant"))
+        out.append(TextMessageContentEvent(message_id=self.open_message, delta=delta))
+        return out
 
     def _whole_text(self, turn: int | None, text: str) -> list[BaseEvent]:
         if self.open_message is not None:  # streamed: the pieces are out already
@@ -325,6 +358,12 @@ class _Mapper:
         return [ToolCallStartEvent(tool_call_id=call_id, tool_call_name=name,
                                    parent_message_id=self.last_message.get(turn)),
                 ToolCallArgsEvent(tool_call_id=call_id, delta=args), ToolCallEndEvent(tool_call_id=call_id)]
+
+    def held_calls(self, header: Mapping[str, Any]) -> list[BaseEvent]:
+        """Announce the calls the instance holds for approval (start, arguments, end), once each."""
+        return [event for p in _pending(header)
+                for event in self._call(str(p.get("toolCallId")), str(p.get("tool")), p.get("arguments"),
+                                        self.held_turns.get(str(p.get("toolCallId"))))]
 
     def close(self) -> list[BaseEvent]:
         """End a streamed message still open."""

@@ -16,9 +16,13 @@ from loopwright.errors import InstanceNotFoundError
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Mapping
 
-    from loopwright import AgentRun, Event
+    from starlette.responses import Response
+    from starlette.types import Receive, Scope, Send
 
-__all__ = ["Session", "new_id", "segment_events", "valid_id"]
+    from loopwright import AgentRun, Event
+    from loopwright_serve._context import StreamGate
+
+__all__ = ["GatedResponse", "Session", "new_id", "segment_events", "valid_id"]
 
 #: Ids a client may give (the file store's rule for instance ids).
 _ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
@@ -87,3 +91,24 @@ async def segment_events(run: AgentRun, before: Mapping[str, Any] | None) -> Asy
         return
     async for event in run.events():
         yield event
+
+
+class GatedResponse:
+    """A streaming response counted by the server's stream gate while it is sent.
+
+    The caller has entered the gate (:meth:`StreamGate.enter`, which refuses with 503 past
+    ``server.maxEventStreams``); this leaves it once the response is sent, or fails, or the
+    client goes away.
+    """
+
+    def __init__(self, response: Response, gate: StreamGate) -> None:
+        """Wrap ``response``, which holds one place in ``gate``."""
+        self.response = response
+        self.gate = gate
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Send the response, then give its place back."""
+        try:
+            await self.response(scope, receive, send)
+        finally:
+            self.gate.leave()
