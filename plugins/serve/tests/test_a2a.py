@@ -27,6 +27,7 @@ from a2a.types.a2a_pb2 import (
     Task,
     TaskState,
 )
+from a2a.utils.errors import A2AError
 
 pytestmark = pytest.mark.anyio
 
@@ -51,8 +52,12 @@ providers:
         toolCalls: [{name: delete, arguments: {path: old/notes.txt}, id: call_del}]
       - toolCalls: [{name: ask_user, arguments: {question: "Which colour?"}, id: call_ask}]
       - toolCalls: [{name: task_complete, arguments: {result: "all done", summary: "deleted"}, id: call_done}]
+  other-script:
+    kind: scripted
+    replies: ["the other agent answers"]
 agentDefinitions:
   helper: agents/helper.yaml
+  other: agents/other.yaml
 """
 DEFINITION = """\
 name: helper
@@ -89,6 +94,7 @@ def anyio_backend() -> str:
 def assembly(tmp_path: Path) -> Path:
     (tmp_path / "agents").mkdir()
     (tmp_path / "agents" / "helper.yaml").write_text(DEFINITION)
+    (tmp_path / "agents" / "other.yaml").write_text("name: other\nmodel: other-script:any\n")
     (tmp_path / "tools.py").write_text(TOOLS)
     path = tmp_path / "loopwright.yaml"
     path.write_text(ASSEMBLY)
@@ -114,9 +120,10 @@ class Agent:
         await self.client.close()
         await self.http.aclose()
 
-    async def send(self, *parts: Any, task_id: str = "") -> list[StreamResponse]:
+    async def send(self, *parts: Any, task_id: str = "", context_id: str = "") -> list[StreamResponse]:
         """Send a user message; return every response (one when not streaming)."""
-        message = Message(message_id=str(uuid.uuid4()), role=Role.ROLE_USER, parts=list(parts), task_id=task_id)
+        message = Message(message_id=str(uuid.uuid4()), role=Role.ROLE_USER, parts=list(parts), task_id=task_id,
+                          context_id=context_id)
         return [response async for response in _responses(self.client, message)]
 
     async def get(self, task_id: str) -> Task:
@@ -256,3 +263,23 @@ async def test_a_missing_or_wrong_token_is_refused(assembly: Path, token: str | 
                 await agent.get("20260101-000000-00000000")
         with server.client(READ) as http:
             assert http.get("/v1/instances").json() == []
+
+
+async def test_a_task_id_of_another_agents_instance_is_refused(assembly: Path) -> None:
+    with serving(assembly, env=TOKENS) as server:
+        async with Agent(server, APPROVE, streaming=False) as agent:
+            other = Agent(server, APPROVE, streaming=False)
+            other.url = f"{server.url}/a2a/other"
+            async with other:
+                theirs, state, _ = final_task_state(await other.send(new_text_part("hello")))
+                assert state == TaskState.TASK_STATE_INPUT_REQUIRED
+            with pytest.raises(A2AError, match=f"Task {theirs} not found"):
+                await agent.send(new_text_part("delete the old notes"), task_id=theirs)
+            with pytest.raises(A2AError, match="not a task of the agent helper"):
+                await agent.send(new_text_part("delete the old notes"), context_id=theirs)
+            with pytest.raises(A2AError):
+                await agent.get(theirs)
+        with server.client(READ) as http:
+            instance = next(i for i in http.get("/v1/instances").json() if i["instanceId"] == theirs)
+    assert instance["name"] == "other"
+    assert instance["state"] == "waiting"

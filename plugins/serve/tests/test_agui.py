@@ -49,8 +49,12 @@ providers:
         toolCalls: [{name: delete, arguments: {path: old/notes.txt}, id: call_del}]
       - toolCalls: [{name: ask_user, arguments: {question: "Which colour?"}, id: call_ask}]
       - toolCalls: [{name: task_complete, arguments: {result: "all done", summary: "deleted"}, id: call_done}]
+  other-script:
+    kind: scripted
+    replies: ["the other agent answers"]
 agentDefinitions:
   helper: agents/helper.yaml
+  other: agents/other.yaml
 """
 DEFINITION = """\
 name: helper
@@ -83,6 +87,7 @@ EVENTS: TypeAdapter[Any] = TypeAdapter(Event)
 def assembly(tmp_path: Path) -> Path:
     (tmp_path / "agents").mkdir()
     (tmp_path / "agents" / "helper.yaml").write_text(DEFINITION)
+    (tmp_path / "agents" / "other.yaml").write_text("name: other\nmodel: other-script:any\n")
     (tmp_path / "tools.py").write_text(TOOLS)
     path = tmp_path / "loopwright.yaml"
     path.write_text(ASSEMBLY)
@@ -198,3 +203,17 @@ def test_a_thread_id_that_cannot_be_an_instance_id_is_refused(assembly: Path) ->
         refused = post(server, RUN, run_input("../escape", "hello"))
         assert refused.status_code == 400, refused.text
         assert "threadId" in refused.json()["detail"]
+
+
+def test_a_thread_of_another_agents_instance_is_refused(assembly: Path) -> None:
+    with serving(assembly, env=TOKENS) as server:
+        theirs = events_of(httpx.post(f"{server.url}/agui/other", headers={"Authorization": f"Bearer {APPROVE}"},
+                                      content=run_input("thread-other", "hello").model_dump_json(by_alias=True),
+                                      timeout=60))
+        assert theirs[-1].outcome.type == "success"
+        refused = post(server, APPROVE, run_input("thread-other", "delete the old notes"))
+        assert refused.status_code == 409, refused.text
+        with server.client(RUN) as http:
+            instance = next(i for i in http.get("/v1/instances").json() if i["instanceId"] == "thread-other")
+    assert instance["name"] == "other"
+    assert instance["usage"]["totalTokens"] == theirs[-1].usage[0].total_tokens
