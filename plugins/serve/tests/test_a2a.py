@@ -20,6 +20,7 @@ from a2a.helpers.proto_helpers import get_data_parts, get_text_parts, new_data_p
 from a2a.types.a2a_pb2 import (
     CancelTaskRequest,
     GetTaskRequest,
+    ListTasksRequest,
     Message,
     Role,
     SendMessageRequest,
@@ -193,8 +194,12 @@ async def test_a_streamed_task_asks_for_approval_and_input_then_completes(assemb
             _, state, message = final_task_state(third)
             assert state == TaskState.TASK_STATE_COMPLETED
             task = await agent.get(task_id)
+            listed = await agent.client.list_tasks(ListTasksRequest())
+            working = await agent.client.list_tasks(ListTasksRequest(status=TaskState.TASK_STATE_WORKING))
         with server.client(READ) as http:
             instances = {i["instanceId"]: i for i in http.get("/v1/instances").json()}
+    assert [t.id for t in listed.tasks] == [task_id]
+    assert list(working.tasks) == []
     assert task.status.state == TaskState.TASK_STATE_COMPLETED
     assert task.context_id == task.id
     assert [list(get_text_parts(a.parts)) for a in task.artifacts] == [["all done"]]

@@ -402,7 +402,7 @@ class InstanceTaskStore(TaskStore):
         tasks = [task_view(h) for h in reversed(headers)]
         if params.context_id:
             tasks = [t for t in tasks if t.context_id == params.context_id]
-        if params.HasField("status"):
+        if params.status != TaskState.TASK_STATE_UNSPECIFIED:
             tasks = [t for t in tasks if t.status.state == params.status]
         start = int(params.page_token) if params.page_token.isdigit() else 0
         size = params.page_size if params.HasField("page_size") and params.page_size > 0 else _LIST_PAGE
