@@ -993,7 +993,8 @@ class Loop:
                 continue
             item = _Call(index, call, tool=self.rt.tool_for(inst.definition, call.name, inst.grants))
             self.record(inst, "approval", {"toolCallId": call.id, "tool": call.name, "decision": p.decision,
-                                           "reason": p.decision_reason})
+                                           "reason": p.decision_reason,
+                                           **({"by": p.decided_by} if p.decided_by is not None else {})})
             exceeded = await self._decided(run, item, p, limits) or exceeded
             if item.result is not None:
                 inst.transcript.append(_tool_message(item))

@@ -279,20 +279,21 @@ class AgentRun:
 
     # -- steering ---------------------------------------------------------------------------
 
-    async def approve(self, tool_call_id: str | None = None) -> None:
+    async def approve(self, tool_call_id: str | None = None, *, by: str | None = None) -> None:
         """Approve a held call (all of this instance's when ``tool_call_id`` is None).
 
         ``tool_call_id`` may name a call held anywhere in this instance's subtree: it is
         decided on the instance that holds it, which goes on once all its calls are decided,
-        and so do the callers above it that wait for it.
+        and so do the callers above it that wait for it. ``by`` names who decided (saved as
+        ``decidedBy``).
 
         :raises LoopwrightError: No such call is waiting for approval (any more).
         """
-        await self._rt.decide(self, tool_call_id, "approved", None)
+        await self._rt.decide(self, tool_call_id, "approved", None, by=by)
 
-    async def deny(self, tool_call_id: str | None = None, reason: str | None = None) -> None:
+    async def deny(self, tool_call_id: str | None = None, reason: str | None = None, *, by: str | None = None) -> None:
         """Deny a held call (as :meth:`approve` finds it); the model sees a ``denied`` result with ``reason``."""
-        await self._rt.decide(self, tool_call_id, "denied", reason)
+        await self._rt.decide(self, tool_call_id, "denied", reason, by=by)
 
     async def message(self, text: str, *, source: str = "api") -> None:
         """Send a message: read at the next turn boundary if running, else it starts a new segment.
@@ -1652,23 +1653,25 @@ class Runtime:
 
     async def decide(
         self, run: AgentRun, tool_call_id: str | None, decision: Literal["approved", "denied"], reason: str | None,
+        *, by: str | None = None,
     ) -> list[PendingApproval]:
         """Record a decision on held calls; continue the segment once every one is decided.
 
         With ``tool_call_id``, the call may be held anywhere in ``run``'s subtree: it is decided
         on the instance that holds it (:meth:`decide_held`), whose callers then go on too. Without,
-        every undecided call held by ``run``'s own instance is decided.
+        every undecided call held by ``run``'s own instance is decided. ``by`` names who decided
+        (saved with each decision as ``decidedBy``, and in its ``approval`` record).
 
         :return: What was decided, each entry naming its holder and path.
         :raises LoopwrightError: No such call is waiting for approval (any more), or it is held
             by more than one instance of the tree (name the holder instead).
         """
         if tool_call_id is None:
-            return await self.decide_held(run, None, decision, reason)
+            return await self.decide_held(run, None, decision, reason, by=by)
         header = await self.store.read_header(run.instance_id)
         own = {p.get("toolCallId") for p in header.get("pendingApprovals") or [] if p.get("decision") is None}
         if tool_call_id in own and header.get("state") == State.WAITING_FOR_APPROVAL.value:
-            return await self.decide_held(run, tool_call_id, decision, reason)
+            return await self.decide_held(run, tool_call_id, decision, reason, by=by)
         found = [p for p in await self.tree_approvals(run.instance_id) if p.tool_call_id == tool_call_id]
         if not found:
             raise LoopwrightError(f"no call {tool_call_id!r} is waiting for approval in the tree of instance "
@@ -1678,15 +1681,17 @@ class Runtime:
             raise LoopwrightError(f"call {tool_call_id!r} is held by more than one instance ({holders}); "
                                   "decide it on its holder: approve HOLDER --call CALL_ID")
         holder = await self.get_agent(str(found[0].instance_id))
-        decided = await self.decide_held(holder, tool_call_id, decision, reason)
+        decided = await self.decide_held(holder, tool_call_id, decision, reason, by=by)
         await self.wake_callers(holder.instance_id)
         path = found[0].path
         return [attrs.evolve(p, instance_id=holder.instance_id, path=path) for p in decided]
 
     async def decide_subtree(
-        self, run: AgentRun, decision: Literal["approved", "denied"], reason: str | None,
+        self, run: AgentRun, decision: Literal["approved", "denied"], reason: str | None, *, by: str | None = None,
     ) -> list[PendingApproval]:
         """Decide every undecided call in ``run``'s subtree, holder by holder (deepest first).
+
+        ``by`` names who decided, as in :meth:`decide`.
 
         :return: What was decided, each entry naming its holder and path.
         :raises LoopwrightError: Nothing in the tree waits for approval.
@@ -1701,7 +1706,7 @@ class Runtime:
         for holder_id in sorted(holders, key=lambda h: -len(holders[h][0].path)):
             holder = await self.get_agent(holder_id)
             path = holders[holder_id][0].path
-            done = await self.decide_held(holder, None, decision, reason)
+            done = await self.decide_held(holder, None, decision, reason, by=by)
             decided += [attrs.evolve(p, instance_id=holder_id, path=path) for p in done]
             if holder_id != run.instance_id:
                 await self.wake_callers(holder_id)
@@ -1709,6 +1714,7 @@ class Runtime:
 
     async def decide_held(
         self, run: AgentRun, tool_call_id: str | None, decision: Literal["approved", "denied"], reason: str | None,
+        *, by: str | None = None,
     ) -> list[PendingApproval]:
         """Record a decision on calls ``run``'s own instance holds; continue once every one is decided.
 
@@ -1751,7 +1757,7 @@ class Runtime:
             ids = {p.tool_call_id for p in chosen}
             decided = [
                 attrs.evolve(p, decision=decision, decision_reason=reason,
-                             decision_digest=call_digest(p.tool, p.arguments))
+                             decision_digest=call_digest(p.tool, p.arguments), decided_by=by)
                 if p.tool_call_id in ids else p
                 for p in pending]
             inst.set_pending(decided)
@@ -1959,7 +1965,7 @@ class Runtime:
                 self.queue_record(inst.id, "approval", {
                     "toolCallId": p.tool_call_id, "tool": p.tool, "decision": None,
                     "reason": "held again: the call is not the one that was decided"})
-                p = attrs.evolve(p, decision=None, decision_reason=None, decision_digest=None,  # noqa: PLW2901
+                p = attrs.evolve(p, decision=None, decision_reason=None, decision_digest=None, decided_by=None,  # noqa: PLW2901
                                  tool=held.name if held is not None else p.tool,
                                  arguments=dict(held.arguments) if held is not None else p.arguments)
             kept.append(p)

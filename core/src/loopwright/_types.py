@@ -427,6 +427,8 @@ class PendingApproval:
         decision_reason: The reason given with a denial.
         decision_digest: :func:`call_digest` of the call as it was decided: the decision
             applies to that exact call (name and arguments) and to no other.
+        decided_by: Who decided it, as the deciding host names them (``token:NAME`` for a
+            ``loopwright serve`` token); ``None`` when the host named nobody.
         instance_id: In a tree's list (``AgentRun.pending_approvals`` of a root), the instance
             that holds the call; ``None`` in the holder's own header.
         path: In a tree's list, the instances from the root down to the holder, each
@@ -441,6 +443,7 @@ class PendingApproval:
     decision: Literal["approved", "denied"] | None = None
     decision_reason: str | None = None
     decision_digest: str | None = None
+    decided_by: str | None = None
     instance_id: str | None = None
     path: tuple[Mapping[str, Any], ...] = ()
 

@@ -8,6 +8,7 @@ waits for the process to end. Timeouts are hang guards only.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import attrs
@@ -100,3 +101,77 @@ def serving(assembly: Path, *extra: str, env: Mapping[str, str] | None = None,
         reader.join(timeout=5)
         proc.stdout.close()
         proc.stderr.close()
+
+
+#: The CLI tests' fixtures: the replay provider (scripts/NAME.json), the tools, the agents.
+FIXTURES = Path(__file__).resolve().parents[3] / "core" / "tests" / "cli_fixtures"
+#: The definitions the project assembly registers.
+AGENTS = ("approve", "chat", "done", "fail", "inputs", "loop", "slow")
+
+
+def project(root: Path, server: str = "") -> Path:
+    """Write ``root/loopwright.yaml``: a file store in ``root/store``, the fixtures' plugin and agents.
+
+    :param server: YAML lines for the ``server:`` key (indented by the caller), if any.
+    :return: The assembly file.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    lines = ["store: {kind: file, path: ./store}", f"plugins: [{FIXTURES / 'replay_plugin.py'}]", "agentDefinitions:"]
+    lines += [f"  {name}: {FIXTURES / 'agents' / f'{name}.yaml'}" for name in AGENTS]
+    if server:
+        lines += ["server:", server.rstrip("\n")]
+    assembly = root / "loopwright.yaml"
+    assembly.write_text("\n".join(lines) + "\n")
+    return assembly
+
+
+def cli(assembly: Path, *args: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``loopwright -c ASSEMBLY ARGS`` as a subprocess in the assembly's folder."""
+    return subprocess.run([sys.executable, "-m", "loopwright.cli", "-c", str(assembly), *args],
+                          cwd=assembly.parent, env=clean_env(env), capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+@attrs.frozen
+class Event:
+    """One Server-Sent Event: its ``id``, ``event`` type and JSON ``data``."""
+
+    id: str
+    event: str
+    data: object
+
+
+def read_events(client: httpx.Client, instance_id: str, until: Callable[[Event], bool], *,
+                last_event_id: str | None = None, guard: float = 60.0) -> list[Event]:
+    """Follow ``/v1/instances/ID/events`` until an event satisfies ``until``; return every event read.
+
+    :param last_event_id: Sent as ``Last-Event-ID``, to resume.
+    :param guard: Seconds before the stream counts as hung (a guard only).
+    """
+    headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
+    events: list[Event] = []
+    with client.stream("GET", f"/v1/instances/{instance_id}/events", headers=headers,
+                       timeout=httpx.Timeout(guard)) as response:
+        assert response.status_code == 200, response.read()
+        assert response.headers["content-type"].startswith("text/event-stream")
+        fields: dict[str, str] = {}
+        for line in response.iter_lines():
+            if line:
+                name, _, value = line.partition(":")
+                fields[name] = value.removeprefix(" ")
+                continue
+            if "data" in fields:
+                event = Event(fields.get("id", ""), fields.get("event", "message"), json.loads(fields["data"]))
+                events.append(event)
+                if until(event):
+                    return events
+            fields = {}
+    raise AssertionError(f"the stream ended before the event waited for; read: {events}")
+
+
+def rests_in(*states: str) -> Callable[[Event], bool]:
+    """An ``until`` for :func:`read_events`: a ``state`` record whose new state is one of ``states``."""
+    def check(event: Event) -> bool:
+        data = event.data if isinstance(event.data, dict) else {}
+        return event.event == "record" and data.get("kind") == "state" and data.get("data", {}).get("to") in states
+    return check

@@ -1,26 +1,176 @@
 """The ``/v1`` API surface: instances, their events, records, messages, approvals and cancels.
 
-Also ``/healthz`` and ``/openapi.json``. JSON keys are camelCase, as the CLI's ``--json``.
+Also ``/healthz`` and ``/openapi.json``. JSON keys are camelCase, as the CLI's ``--json``: the
+summaries are the runtime's own (``ls --json``, ``show --json``). Every endpoint is a row of
+:data:`ENDPOINTS`, which both builds the routes and writes ``/openapi.json``; request bodies are
+the attrs classes below, checked against the schemas derived from them (:mod:`._schema`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from importlib.metadata import version
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal
 
-from starlette.responses import JSONResponse
+import attrs
+from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from loopwright_serve._auth import Scope
+from loopwright import PendingApproval, State
+from loopwright.errors import (
+    CapabilityError,
+    ConfigError,
+    GrantsError,
+    InstanceLockedError,
+    InstanceNotFoundError,
+    LoopwrightError,
+    StoreError,
+)
+from loopwright_serve._auth import Principal, Scope
+from loopwright_serve._events import event_stream, parse_event_id
+from loopwright_serve._problems import PROBLEM_MEDIA_TYPE, ProblemError
+from loopwright_serve._schema import body_field, json_schema, read_model
 from loopwright_serve._surface import null_lifespan
 
 if TYPE_CHECKING:
     from starlette.requests import Request
 
+    from loopwright import AgentRun
     from loopwright_serve._context import ServeContext
 
-__all__ = ["ApiSurface"]
+__all__ = ["ENDPOINTS", "ApiSurface", "DecisionBody", "Endpoint", "MessageBody", "StartBody", "openapi"]
+
+#: An instance id as stores accept it (the file store's own rule): anything else is no instance.
+_INSTANCE_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}")
+#: A tool call id: printable, bounded (providers make them; nothing is read by it but the header).
+_CALL_ID = re.compile(r"[\x21-\x7e]{1,256}")
+_STATES = tuple(s.value for s in State)
+
+
+# ---------------------------------------------------------------------------------------------
+# Request bodies
+# ---------------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class StartBody:
+    """Start an instance of a definition the assembly registers (agentDefinitions)."""
+
+    definition: str = body_field("A name from the assembly's agentDefinitions (never a file path).",
+                                 minLength=1, maxLength=200)
+    inputs: Mapping[str, Any] = body_field("Values for the definition's inputs.", default=attrs.Factory(dict))
+    prompt: str | None = body_field("The task prompt, sent after the definition's initial prompts.", default=None,
+                                    maxLength=1_000_000)
+
+
+@attrs.frozen
+class MessageBody:
+    """Send a message to an instance: read at its next turn boundary, or it starts a new segment."""
+
+    text: str = body_field("The message.", minLength=1, maxLength=1_000_000)
+
+
+@attrs.frozen
+class DecisionBody:
+    """Approve or deny one held tool call, anywhere in the instance's tree."""
+
+    decision: Literal["approve", "deny"] = body_field("What to do with the call.")
+    reason: str | None = body_field("Why (a denial's reason reaches the model).", default=None, maxLength=10_000)
+
+
+@attrs.frozen
+class EmptyBody:
+    """No fields (an empty body is accepted)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# The endpoint table
+# ---------------------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Endpoint:
+    """One operation of the API: how it is routed, who may call it, and what it takes and returns.
+
+    Attributes:
+        key: The handler's name on :class:`_Handlers`, and the OpenAPI ``operationId``.
+        method: ``GET`` or ``POST``.
+        path: The route, with ``{instance_id}`` and ``{call_id}`` parameters.
+        summary: One line for the document.
+        scope: The scope it needs (``None``: anyone, as ``/healthz``).
+        body: The request body's class, if it takes one.
+        query: Query parameters: name → (JSON Schema, description).
+        responses: Status → description of the success answers.
+        errors: The problem statuses it may answer with.
+        media_type: The success answers' media type.
+    """
+
+    key: str
+    method: Literal["GET", "POST"]
+    path: str
+    summary: str
+    scope: Scope | None
+    body: type[Any] | None = None
+    query: Mapping[str, tuple[Mapping[str, Any], str]] = attrs.field(factory=dict)
+    responses: Mapping[int, str]
+    errors: tuple[int, ...] = ()
+    media_type: str = "application/json"
+
+
+_AUTH_ERRORS = (401, 403)
+ENDPOINTS: tuple[Endpoint, ...] = (
+    Endpoint(key="healthz", method="GET", path="/healthz",
+             summary="Whether the server is up, its version, and how many event streams are open.", scope=None,
+             responses={200: "It is up: {status: ok, version, eventStreams}."}),
+    Endpoint(key="openapi", method="GET", path="/openapi.json", summary="This document.", scope=None,
+             responses={200: "The OpenAPI 3.1 document of the API."}),
+    Endpoint(key="list_instances", method="GET", path="/v1/instances",
+             summary="Every instance's summary (as ls --json), oldest first; or every tree (tree=true).",
+             scope=Scope.READ, query={
+                 "state": ({"enum": list(_STATES)}, "Only instances in this state."),
+                 "name": ({"type": "string"}, "Only instances of this definition name."),
+                 "tree": ({"type": "boolean"}, "Every tree in the store as nested nodes (as ls --tree --json)."),
+             }, responses={200: "The summaries (or the trees' root nodes)."}, errors=(*_AUTH_ERRORS, 422)),
+    Endpoint(key="start_instance", method="POST", path="/v1/instances",
+             summary="Start an instance of a registered definition.", scope=Scope.RUN, body=StartBody,
+             responses={201: "Started (or, with server.run false, written for a worker): its summary."},
+             errors=(400, *_AUTH_ERRORS, 413, 415, 422)),
+    Endpoint(key="show_instance", method="GET", path="/v1/instances/{instance_id}",
+             summary="One instance's summary (as show --json): its tree and the tree's pending approvals.",
+             scope=Scope.READ, responses={200: "The summary."}, errors=(*_AUTH_ERRORS, 404)),
+    Endpoint(key="events", method="GET", path="/v1/instances/{instance_id}/events",
+             summary="Server-Sent Events: the instance's transcript and records as they are written.",
+             scope=Scope.READ, query={
+                 "lastEventId": ({"type": "string", "pattern": r"^\d+-\d+$"},
+                                 "Resume after this event id (as the Last-Event-ID header does)."),
+             }, responses={200: "An event stream: `transcript` (a message of the entry log) and `record` events, "
+                                "each with an id RECORDS-ENTRIES; a client that reconnects with Last-Event-ID "
+                                "gets what it missed."},
+             errors=(400, *_AUTH_ERRORS, 404, 503), media_type="text/event-stream"),
+    Endpoint(key="records", method="GET", path="/v1/instances/{instance_id}/records",
+             summary="The instance's record log.", scope=Scope.READ, query={
+                 "kind": ({"type": "string"}, "Only records of this kind."),
+                 "after": ({"type": "integer", "minimum": 0}, "Only records after the first AFTER."),
+             }, responses={200: "The records, oldest first."}, errors=(*_AUTH_ERRORS, 404, 422)),
+    Endpoint(key="message", method="POST", path="/v1/instances/{instance_id}/messages",
+             summary="Send a message to the instance.", scope=Scope.RUN, body=MessageBody,
+             responses={202: "Delivered: {instanceId, delivered, state}."},
+             errors=(400, *_AUTH_ERRORS, 404, 409, 413, 415, 422)),
+    Endpoint(key="decide", method="POST", path="/v1/instances/{instance_id}/approvals/{call_id}",
+             summary="Approve or deny a call held anywhere in the instance's tree.", scope=Scope.APPROVE,
+             body=DecisionBody, responses={200: "Decided: {decided: [...], instance: summary}."},
+             errors=(400, *_AUTH_ERRORS, 404, 409, 413, 415, 422)),
+    Endpoint(key="cancel", method="POST", path="/v1/instances/{instance_id}/cancel",
+             summary="Cancel the instance: it becomes stopped, with cancelled true.", scope=Scope.RUN, body=EmptyBody,
+             responses={200: "Cancelled: its summary."}, errors=(*_AUTH_ERRORS, 404, 409, 413, 415)),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# The surface
+# ---------------------------------------------------------------------------------------------
 
 
 class ApiSurface:
@@ -29,20 +179,229 @@ class ApiSurface:
     name = "api"
 
     def routes(self, ctx: ServeContext) -> list[BaseRoute]:
-        """Return the API's routes, bound to ``ctx``."""
-
-        async def healthz(_request: Request) -> JSONResponse:
-            return JSONResponse({"status": "ok", "version": version("loopwright-serve")})
-
-        async def list_instances(request: Request) -> JSONResponse:
-            await ctx.authorize(request, Scope.READ)
-            return JSONResponse(await ctx.runtime.list_instances())
-
-        return [
-            Route("/healthz", healthz, methods=["GET"]),
-            Route("/v1/instances", list_instances, methods=["GET"]),
-        ]
+        """Return one route per row of :data:`ENDPOINTS`, bound to ``ctx``."""
+        handlers = _Handlers(ctx)
+        return [Route(ep.path, _endpoint(ctx, ep, getattr(handlers, ep.key)), methods=[ep.method], name=ep.key)
+                for ep in ENDPOINTS]
 
     def lifespan(self, ctx: ServeContext) -> contextlib.AbstractAsyncContextManager[None]:  # noqa: ARG002
         """Hold nothing open."""
         return null_lifespan()
+
+
+_Handler = Callable[["Request", "Principal | None", Any], Awaitable[Response]]
+
+
+def _endpoint(ctx: ServeContext, ep: Endpoint, handler: _Handler) -> Callable[[Request], Awaitable[Response]]:
+    """Wrap ``handler``: authorize, check the ids in the path, read the body, map loopwright's errors."""
+
+    async def endpoint(request: Request) -> Response:
+        principal = await ctx.authorize(request, ep.scope) if ep.scope is not None else None
+        instance_id = request.path_params.get("instance_id")
+        if instance_id is not None and (not _INSTANCE_ID.fullmatch(instance_id) or ".." in instance_id):
+            raise ProblemError(404, "Unknown instance", "that is not an instance id: ids are 1 to 128 of "
+                               "A-Z a-z 0-9 _ . - (not starting with '.', without '..')")
+        call_id = request.path_params.get("call_id")
+        if call_id is not None and not _CALL_ID.fullmatch(call_id):
+            raise ProblemError(404, "Unknown call", "that is not a tool call id")
+        body = None
+        if ep.body is not None:
+            kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+            raw = await request.body()
+            if raw.strip() and kind != "application/json":
+                raise ProblemError(415, "Unsupported Media Type", "send the body as Content-Type: application/json")
+            body = read_model(raw, ep.body, empty_ok=ep.body is EmptyBody)
+        with _loopwright_errors(instance_id):
+            return await handler(request, principal, body)
+
+    return endpoint
+
+
+@contextlib.contextmanager
+def _loopwright_errors(instance_id: str | None) -> Iterator[None]:
+    """Turn the runtime's errors into problem documents, with the instance they concern."""
+    extra = {"instanceId": instance_id} if instance_id else {}
+    try:
+        yield
+    except InstanceNotFoundError:
+        raise ProblemError(404, "Unknown instance", f"no instance {instance_id!r} in the store", **extra) from None
+    except InstanceLockedError as exc:
+        raise ProblemError(409, "Running elsewhere", str(exc), **extra) from None
+    except ConfigError as exc:
+        errors = [{"path": p.path or "$", "message": p.message} for p in exc.problems] or \
+            [{"path": "$", "message": str(exc)}]
+        raise ProblemError(422, "Invalid request", str(exc).split("\n", 1)[0], errors=errors, **extra) from None
+    except CapabilityError as exc:
+        raise ProblemError(422, "Not allowed here", str(exc), **extra) from None
+    except GrantsError as exc:
+        raise ProblemError(409, "Cannot run", str(exc), **extra) from None
+    except StoreError as exc:
+        if "invalid instance id" in str(exc):
+            raise ProblemError(404, "Unknown instance", str(exc), **extra) from None
+        raise
+    except LoopwrightError as exc:
+        if type(exc) is not LoopwrightError:
+            raise
+        # A decision on a call that does not wait (any more), an instance busy in another process.
+        raise ProblemError(409, "Conflict", str(exc), **extra) from None
+
+
+def _flag(request: Request, name: str) -> bool:
+    value = request.query_params.get(name)
+    if value is None:
+        return False
+    if value.lower() in {"true", "1", "yes"}:
+        return True
+    if value.lower() in {"false", "0", "no"}:
+        return False
+    raise ProblemError(422, "Invalid query", f"{name} must be true or false, not {value!r}")
+
+
+def _decision_json(p: PendingApproval) -> dict[str, Any]:
+    return {"toolCallId": p.tool_call_id, "tool": p.tool, "arguments": dict(p.arguments), "reason": p.reason,
+            "decision": p.decision, "decisionReason": p.decision_reason, "decidedBy": p.decided_by,
+            "instanceId": p.instance_id, "path": [dict(step) for step in p.path]}
+
+
+class _Handlers:
+    """The endpoints' work, one method per :data:`ENDPOINTS` key."""
+
+    def __init__(self, ctx: ServeContext) -> None:
+        self.ctx = ctx
+        self.rt = ctx.runtime
+
+    async def healthz(self, _request: Request, _principal: Principal | None, _body: None) -> Response:
+        return JSONResponse({"status": "ok", "version": version("loopwright-serve"),
+                             "eventStreams": self.ctx.streams.open})
+
+    async def openapi(self, _request: Request, _principal: Principal | None, _body: None) -> Response:
+        return JSONResponse(openapi(tokens=bool(self.ctx.settings.tokens)))
+
+    async def list_instances(self, request: Request, _principal: Principal | None, _body: None) -> Response:
+        state, name = request.query_params.get("state"), request.query_params.get("name")
+        if state is not None and state not in _STATES:
+            raise ProblemError(422, "Invalid query", f"state must be one of {', '.join(_STATES)}, not {state!r}")
+        if _flag(request, "tree"):
+            nodes = [n for n in await self.rt.trees()
+                     if (state is None or n.get("state") == state) and (name is None or n.get("name") == name)]
+            return JSONResponse(nodes)
+        found = [s for s in await self.rt.list_instances(state) if name is None or s.get("name") == name]
+        return JSONResponse(found)
+
+    async def start_instance(self, _request: Request, _principal: Principal | None, body: StartBody) -> Response:
+        registered = self.rt.assembly.agent_definitions
+        if body.definition not in registered:
+            names = ", ".join(sorted(registered)) or "none"
+            raise ProblemError(
+                422, "Unknown definition",
+                f"{body.definition!r} is not a name in the assembly's agentDefinitions (only those start over "
+                f"HTTP, never a file path); they are: {names}",
+                errors=[{"path": "$.definition", "message": "not a registered definition name"}])
+        defn = self.rt.load_definition(body.definition)
+        run = await self._start(defn, body)
+        summary = await self.rt.summary(run.instance_id)
+        return JSONResponse(summary, status_code=201, headers={"Location": f"/v1/instances/{run.instance_id}"})
+
+    async def _start(self, defn: Any, body: StartBody) -> AgentRun:
+        if not self.ctx.settings.run:
+            raise ProblemError(501, "Not implemented", "server.run false is not available yet")
+        return await self.rt.start_agent(defn, dict(body.inputs), body.prompt)
+
+    async def show_instance(self, request: Request, _principal: Principal | None, _body: None) -> Response:
+        return JSONResponse(await self.rt.summary(request.path_params["instance_id"]))
+
+    async def events(self, request: Request, _principal: Principal | None, _body: None) -> Response:
+        instance_id = request.path_params["instance_id"]
+        given = request.headers.get("last-event-id") or request.query_params.get("lastEventId")
+        cursor = parse_event_id(given)
+        await self.rt.store.read_header(instance_id)  # a 404 now, before the stream starts
+        return event_stream(self.ctx, instance_id, cursor)
+
+    async def records(self, request: Request, _principal: Principal | None, _body: None) -> Response:
+        kind = request.query_params.get("kind")
+        after_text = request.query_params.get("after", "0")
+        if not after_text.isdigit():
+            raise ProblemError(422, "Invalid query", f"after must be a whole number, not {after_text!r}")
+        records = (await self.rt.records(request.path_params["instance_id"]))[int(after_text):]
+        return JSONResponse([r for r in records if kind is None or r.get("kind") == kind])
+
+    async def message(self, request: Request, _principal: Principal | None, body: MessageBody) -> Response:
+        instance_id = request.path_params["instance_id"]
+        if not self.ctx.settings.run:
+            raise ProblemError(501, "Not implemented", "server.run false is not available yet")
+        run = await self.rt.message(instance_id, body.text, source="api")
+        return JSONResponse({"instanceId": instance_id, "delivered": True, "state": run.state.value},
+                            status_code=202)
+
+    async def decide(self, request: Request, principal: Principal | None, body: DecisionBody) -> Response:
+        instance_id, call_id = request.path_params["instance_id"], request.path_params["call_id"]
+        assert principal is not None  # noqa: S101 - the endpoint needs a scope
+        if not self.ctx.settings.run:
+            raise ProblemError(501, "Not implemented", "server.run false is not available yet")
+        run = await self.rt.get_agent(instance_id)
+        decision: Literal["approved", "denied"] = "approved" if body.decision == "approve" else "denied"
+        decided = await self.rt.decide(run, call_id, decision, body.reason, by=principal.source)
+        return JSONResponse({"decided": [_decision_json(p) for p in decided],
+                             "instance": await self.rt.summary(instance_id)})
+
+    async def cancel(self, request: Request, _principal: Principal | None, _body: EmptyBody) -> Response:
+        instance_id = request.path_params["instance_id"]
+        await self.rt.get_agent(instance_id)
+        await self.rt.cancel(instance_id)
+        return JSONResponse(await self.rt.summary(instance_id))
+
+
+# ---------------------------------------------------------------------------------------------
+# /openapi.json
+# ---------------------------------------------------------------------------------------------
+
+_PROBLEM_SCHEMA = {
+    "type": "object", "description": "An RFC 9457 problem document.",
+    "required": ["type", "title", "status"],
+    "properties": {"type": {"type": "string"}, "title": {"type": "string"}, "status": {"type": "integer"},
+                   "detail": {"type": "string"}, "instanceId": {"type": "string"},
+                   "errors": {"type": "array", "items": {"type": "object", "properties": {
+                       "path": {"type": "string"}, "message": {"type": "string"}}}}},
+}
+
+
+def openapi(*, tokens: bool = True) -> dict[str, Any]:
+    """Return the OpenAPI 3.1 document of :data:`ENDPOINTS`, the request bodies' schemas derived from their classes.
+
+    :param tokens: Whether the server has tokens (then every scoped operation needs ``bearer``).
+    """
+    from http import HTTPStatus  # noqa: PLC0415 - only for this document
+
+    paths: dict[str, dict[str, Any]] = {}
+    schemas: dict[str, Any] = {"Problem": _PROBLEM_SCHEMA}
+    for ep in ENDPOINTS:
+        op: dict[str, Any] = {"operationId": ep.key, "summary": ep.summary}
+        params = [{"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+                  for name in re.findall(r"\{(\w+)\}", ep.path)]
+        params += [{"name": name, "in": "query", "required": False, "schema": dict(schema), "description": text}
+                   for name, (schema, text) in ep.query.items()]
+        if params:
+            op["parameters"] = params
+        if ep.body is not None:
+            schemas[ep.body.__name__] = json_schema(ep.body)
+            op["requestBody"] = {"required": ep.body is not EmptyBody, "content": {"application/json": {
+                "schema": {"$ref": f"#/components/schemas/{ep.body.__name__}"}}}}
+        responses: dict[str, Any] = {str(status): {"description": text, "content": {ep.media_type: {"schema": {}}}}
+                                     for status, text in ep.responses.items()}
+        for status in ep.errors:
+            responses[str(status)] = {"description": HTTPStatus(status).phrase, "content": {
+                PROBLEM_MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}}}
+        op["responses"] = responses
+        if ep.scope is not None:
+            op["security"] = [{"bearer": [ep.scope.value]}] if tokens else []
+            op["x-scope"] = ep.scope.value
+        paths.setdefault(ep.path, {})[ep.method.lower()] = op
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "loopwright serve", "version": version("loopwright-serve"),
+                 "description": "The HTTP API of loopwright serve (docs/serve.md)."},
+        "paths": paths,
+        "components": {"schemas": schemas, "securitySchemes": {"bearer": {
+            "type": "http", "scheme": "bearer",
+            "description": "A token from the assembly's server.tokens; its scopes: read, run, approve, admin."}}},
+    }

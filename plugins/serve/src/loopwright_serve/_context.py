@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hmac
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 import anyio
 import attrs
@@ -80,9 +81,7 @@ class ServeContext:
             403 for a token without ``scope``.
         """
         if not self.settings.tokens:
-            client = request.client.host if request.client else ""
-            if client and not is_loopback(client):
-                raise ProblemError(403, "Forbidden", "this server has no tokens and answers loopback only")
+            self._check_local(request)
             return LOCAL
         header = request.headers.get("authorization", "")
         kind, _, token = header.partition(" ")
@@ -103,3 +102,24 @@ class ServeContext:
                                headers={"WWW-Authenticate": f'{_CHALLENGE}, error="insufficient_scope", '
                                                             f'scope="{scope.value}"'})
         return principal
+
+    def _check_local(self, request: Request) -> None:
+        """Refuse what reaches a server without tokens from beyond this machine's own programs.
+
+        Besides a client that is not on loopback: a ``Host`` that is not a loopback name (a DNS
+        rebinding page talks to 127.0.0.1 under its own name), and a browser's ``Origin`` that
+        is neither loopback nor in ``server.cors.origins`` (a page elsewhere posting to this
+        machine's port, which needs no preflight for a plain POST).
+        """
+        client = request.client.host if request.client else ""
+        if client and not is_loopback(client):
+            raise ProblemError(403, "Forbidden", "this server has no tokens and answers loopback only")
+        host = urlsplit(f"//{request.headers.get('host', '')}").hostname or ""
+        if not is_loopback(host):
+            raise ProblemError(403, "Forbidden", f"this server has no tokens and answers only to a loopback Host, "
+                                                 f"not {host[:100]!r}")
+        origin = request.headers.get("origin")
+        if origin is not None and origin not in self.settings.cors_origins and \
+                not is_loopback(urlsplit(origin).hostname or ""):
+            raise ProblemError(403, "Forbidden", f"this server has no tokens and refuses requests from pages on "
+                                                 f"other origins ({origin[:100]!r})")

@@ -1,0 +1,127 @@
+"""Server-Sent Events of one instance, read from the store: resumable, whoever runs the instance.
+
+An instance's entry log (its transcript) and its record log are append-only in every store,
+so a position in the pair is a durable cursor: event ids are ``RECORDS-ENTRIES``, the number of
+records and entries read when the event was sent. A client that reconnects with
+``Last-Event-ID`` gets every event after that point, whether the instance ran in this server,
+in a ``loopwright run`` or in a ``loopwright worker`` on another machine. The logs are read
+again every :data:`POLL` seconds while the stream is open.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import attrs
+from starlette.responses import StreamingResponse
+
+from loopwright.errors import InstanceNotFoundError
+from loopwright_serve._problems import ProblemError
+
+if TYPE_CHECKING:
+    from starlette.types import Receive, Scope, Send
+
+    from loopwright_serve._context import ServeContext
+
+__all__ = ["HEARTBEAT", "POLL", "Cursor", "event_stream", "parse_event_id"]
+
+#: Seconds between two reads of the logs while nothing is new.
+POLL = 0.2
+#: Seconds between two keep-alive comments on an idle stream (so that proxies keep it open).
+HEARTBEAT = 15.0
+
+_EVENT_ID = re.compile(r"(\d{1,12})-(\d{1,12})")
+
+
+@attrs.frozen
+class Cursor:
+    """A place in an instance's two logs: how many records and entries were sent."""
+
+    records: int = 0
+    entries: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.records}-{self.entries}"
+
+
+def parse_event_id(text: str | None) -> Cursor:
+    """Read a ``Last-Event-ID`` (``RECORDS-ENTRIES``); ``None`` or empty is the start.
+
+    :raises ProblemError: 400 for anything else.
+    """
+    if not text:
+        return Cursor()
+    match = _EVENT_ID.fullmatch(text.strip())
+    if match is None:
+        raise ProblemError(400, "Bad event id", f"Last-Event-ID must be RECORDS-ENTRIES (as sent), not {text[:80]!r}")
+    return Cursor(int(match.group(1)), int(match.group(2)))
+
+
+def _frame(event: str, cursor: Cursor, data: Any) -> bytes:
+    body = json.dumps(data, ensure_ascii=False, separators=(",", ":"), default=str)
+    return f"id: {cursor}\nevent: {event}\ndata: {body}\n\n".encode()
+
+
+def event_stream(ctx: ServeContext, instance_id: str, cursor: Cursor) -> StreamingResponse:
+    """Return the SSE response following ``instance_id`` from ``cursor`` until the client leaves.
+
+    Events: ``transcript`` (``{"index", "message", "turn"?}``, one per message of the entry log)
+    and ``record`` (a record as ``loopwright records`` prints it). Counted against
+    ``server.maxEventStreams``; ends when the server shuts down.
+
+    :raises ProblemError: 503 when the most streams are open.
+    """
+    ctx.streams.enter()
+    return _EventResponse(ctx, _follow(ctx, instance_id, cursor), media_type="text/event-stream", headers={
+        "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+class _EventResponse(StreamingResponse):
+    """A streaming response that gives its place in the stream bound back however it ends."""
+
+    def __init__(self, ctx: ServeContext, content: AsyncIterator[bytes], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self.gate = ctx.streams
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.gate.leave()
+
+
+async def _follow(ctx: ServeContext, instance_id: str, cursor: Cursor) -> AsyncIterator[bytes]:
+    store = ctx.runtime.store
+    closing = ctx.streams.closing
+    yield b"retry: 1000\n\n"
+    idle = 0.0
+    while not closing.is_set():
+        try:
+            entries = await store.read_entries(instance_id)
+            records = await store.read_records(instance_id)
+        except InstanceNotFoundError:
+            return
+        sent = False
+        for index in range(cursor.entries, len(entries)):
+            entry = entries[index]
+            cursor = attrs.evolve(cursor, entries=index + 1)
+            if entry.get("t") == "msg":
+                data: dict[str, Any] = {"index": index, "message": entry.get("m")}
+                if "turn" in entry:
+                    data["turn"] = entry["turn"]
+                yield _frame("transcript", cursor, data)
+                sent = True
+        for index in range(cursor.records, len(records)):
+            cursor = attrs.evolve(cursor, records=index + 1)
+            yield _frame("record", cursor, records[index])
+            sent = True
+        idle = 0.0 if sent else idle + POLL
+        if idle >= HEARTBEAT:
+            idle = 0.0
+            yield b": keep-alive\n\n"
+        with anyio.move_on_after(POLL):
+            await closing.wait()

@@ -1,0 +1,130 @@
+"""Request bodies as attrs classes, their JSON Schemas, and reading a body into one.
+
+The same class is what a handler gets, what the body is checked against, and what
+``/openapi.json`` publishes: :func:`json_schema` derives the schema from the class's fields
+(their types, defaults and ``metadata={"schema": {...}}``), so the document cannot drift from
+the code.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, Literal, TypeVar
+
+import attrs
+
+from loopwright_serve._problems import ProblemError
+
+__all__ = ["body_field", "camel", "json_schema", "read_model"]
+
+T = TypeVar("T")
+
+_SIMPLE: Mapping[Any, Mapping[str, Any]] = {
+    str: {"type": "string"}, int: {"type": "integer"}, float: {"type": "number"}, bool: {"type": "boolean"},
+    Any: {},
+}
+
+
+def camel(name: str) -> str:
+    """``tool_call_id`` → ``toolCallId``: the JSON name of a field."""
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+def body_field(description: str, default: Any = attrs.NOTHING, **schema: Any) -> Any:
+    """Return an attrs field of a request body, with its description and extra JSON Schema keywords."""
+    return attrs.field(default=default, metadata={"schema": {"description": description, **schema}})
+
+
+def _type_schema(tp: Any) -> dict[str, Any]:  # noqa: PLR0911 - one return per kind of type
+    origin = typing.get_origin(tp)
+    if tp in _SIMPLE:
+        return dict(_SIMPLE[tp])
+    if tp is type(None):
+        return {"type": "null"}
+    if origin is Literal:
+        return {"enum": list(typing.get_args(tp))}
+    if origin in {typing.Union, types.UnionType}:
+        parts = [_type_schema(arg) for arg in typing.get_args(tp)]
+        if all(set(p) == {"type"} for p in parts):
+            return {"type": [p["type"] for p in parts]}
+        return {"anyOf": parts}
+    if origin in {dict, Mapping, typing.Mapping}:
+        _key, value = typing.get_args(tp) or (str, Any)
+        inner = _type_schema(value)
+        return {"type": "object", **({"additionalProperties": inner} if inner else {})}
+    if origin in {list, tuple}:
+        (item, *_rest) = typing.get_args(tp) or (Any,)
+        return {"type": "array", "items": _type_schema(item)}
+    if attrs.has(tp):
+        return json_schema(tp)
+    raise TypeError(f"no JSON Schema for {tp!r}")
+
+
+def json_schema(cls: type[Any]) -> dict[str, Any]:
+    """Return the JSON Schema of an attrs class: camelCase properties, no other keys allowed.
+
+    Fields without a default are required; a field's ``metadata["schema"]`` adds keywords.
+    The class docstring's first line is the description.
+    """
+    hints = typing.get_type_hints(cls)
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    for field in attrs.fields(cls):
+        prop = {**_type_schema(hints[field.name]), **field.metadata.get("schema", {})}
+        if field.default is not attrs.NOTHING and not isinstance(field.default, attrs.Factory):  # type: ignore[arg-type]
+            prop.setdefault("default", field.default)
+        if field.default is attrs.NOTHING:
+            required.append(camel(field.name))
+        properties[camel(field.name)] = prop
+    schema: dict[str, Any] = {"type": "object", "additionalProperties": False, "properties": properties}
+    if required:
+        schema["required"] = required
+    doc = (cls.__doc__ or "").strip().splitlines()
+    if doc:
+        schema["description"] = doc[0]
+    return schema
+
+
+def _where(error: Any) -> str:
+    path = "$"
+    for part in error.absolute_path:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}" if re.fullmatch(r"\w+", part) \
+            else f"[{json.dumps(part)}]"
+    return path
+
+
+def read_model(raw: bytes, cls: type[T], *, empty_ok: bool = False) -> T:
+    """Parse ``raw`` as JSON and check it against ``cls``'s schema; return the instance.
+
+    :param empty_ok: An empty body stands for ``{}`` (for bodies whose fields are all optional).
+    :raises ProblemError: 400 for a body that is not JSON (with its line and column), 422 with
+        ``errors: [{path, message}]`` for one that does not fit the schema.
+    """
+    import jsonschema  # noqa: PLC0415 - only for requests with a body
+
+    if not raw.strip() and empty_ok:
+        data: Any = {}
+    else:
+        try:
+            data = json.loads(raw, parse_constant=_refuse_constant)
+        except (ValueError, RecursionError) as exc:
+            where = f" at line {exc.lineno}, column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
+            detail = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc) or type(exc).__name__
+            raise ProblemError(400, "Malformed JSON", f"the request body is not JSON{where}: {detail}") from None
+    validator = jsonschema.Draft202012Validator(json_schema(cls))
+    errors = sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path))
+    if errors:
+        listed = [{"path": _where(e), "message": e.message[:300]} for e in errors[:20]]
+        raise ProblemError(422, "Invalid request body",
+                           "; ".join(f"{e['path']}: {e['message']}" for e in listed[:3]), errors=listed)
+    names = {camel(f.name): f.name for f in attrs.fields(cls)}
+    return cls(**{names[key]: value for key, value in data.items()})
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")

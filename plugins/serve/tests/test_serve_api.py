@@ -1,0 +1,267 @@
+"""The ``/v1`` API over real HTTP, against ``loopwright serve`` in a subprocess (issue 13, items 2 and 5).
+
+The agents are the CLI tests' (``core/tests/cli_fixtures``): a replay provider plays each one's
+script, so every run is the same in any process. One server serves the module's tests; each
+test starts its own instances and looks only at them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+from _serve_testlib import Server, cli, project, read_events, rests_in, serving
+
+from loopwright_serve._api import ENDPOINTS, StartBody
+from loopwright_serve._schema import json_schema
+
+if TYPE_CHECKING:
+    import httpx
+
+pytestmark = pytest.mark.slow
+
+REST = ("waiting", "waiting_for_approval", "stopped", "error")
+
+
+@pytest.fixture(scope="module")
+def assembly(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return project(tmp_path_factory.mktemp("serve-api"))
+
+
+@pytest.fixture(scope="module")
+def server(assembly: Path) -> Iterator[Server]:
+    with serving(assembly) as running:
+        yield running
+
+
+@pytest.fixture
+def client(server: Server) -> Iterator[httpx.Client]:
+    with server.client() as c:
+        yield c
+
+
+def start(client: httpx.Client, definition: str, **body: object) -> dict:
+    response = client.post("/v1/instances", json={"definition": definition, **body})
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def wait_rest(client: httpx.Client, instance_id: str, *states: str) -> dict:
+    read_events(client, instance_id, rests_in(*(states or REST)))
+    return client.get(f"/v1/instances/{instance_id}").json()
+
+
+def test_healthz_and_the_openapi_document_name_every_route(client: httpx.Client) -> None:
+    health = client.get("/healthz")
+    assert health.json()["status"] == "ok"
+    doc = client.get("/openapi.json").json()
+    assert doc["openapi"].startswith("3.1")
+    operations = {(path, method) for path, ops in doc["paths"].items() for method in ops}
+    assert operations == {(ep.path, ep.method.lower()) for ep in ENDPOINTS}
+    # The body schema is the one the handler checks against, derived from the same class.
+    assert doc["components"]["schemas"]["StartBody"] == json_schema(StartBody)
+    assert doc["paths"]["/v1/instances"]["post"]["requestBody"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/StartBody"}
+
+
+def test_start_show_list_and_filter(client: httpx.Client) -> None:
+    response = client.post("/v1/instances", json={"definition": "chat", "prompt": "hello"})
+    assert response.status_code == 201
+    created = response.json()
+    iid = created["instanceId"]
+    assert response.headers["location"] == f"/v1/instances/{iid}"
+    assert created["name"] == "chat"
+    shown = wait_rest(client, iid, "waiting")
+    assert shown["state"] == "waiting"
+    assert shown["tree"]["instanceId"] == iid
+    assert shown["treePendingApprovals"] == []
+    listed = client.get("/v1/instances", params={"name": "chat"}).json()
+    assert iid in [s["instanceId"] for s in listed]
+    assert all(s["name"] == "chat" for s in listed)
+    waiting = client.get("/v1/instances", params={"state": "waiting"}).json()
+    assert iid in [s["instanceId"] for s in waiting]
+    assert iid not in [s["instanceId"] for s in client.get("/v1/instances", params={"state": "error"}).json()]
+    trees = client.get("/v1/instances", params={"tree": "true"}).json()
+    assert iid in [node["instanceId"] for node in trees]
+    assert {"children", "waitingOn", "turns"} <= set(trees[0])
+    bad = client.get("/v1/instances", params={"state": "sleeping"})
+    assert bad.status_code == 422
+    assert bad.headers["content-type"] == "application/problem+json"
+
+
+def test_the_summaries_are_the_clis(client: httpx.Client, assembly: Path) -> None:
+    """GET /v1/instances/ID is `show --json`, GET /v1/instances is `ls --json`."""
+    iid = start(client, "done")["instanceId"]
+    wait_rest(client, iid)
+    over_http = client.get(f"/v1/instances/{iid}").json()
+    from_cli = json.loads(cli(assembly, "show", iid, "--json").stdout)
+    assert over_http == from_cli
+    listed = {s["instanceId"]: s for s in client.get("/v1/instances").json()}
+    from_ls = {s["instanceId"]: s for s in json.loads(cli(assembly, "ls", "--json").stdout)}
+    assert listed[iid] == from_ls[iid]
+
+
+def test_inputs_are_checked_and_used(client: httpx.Client) -> None:
+    bad = client.post("/v1/instances", json={"definition": "inputs", "inputs": {"count": "many"}})
+    assert bad.status_code == 422
+    assert bad.json()["errors"]
+    good = start(client, "inputs", inputs={"count": 3, "flag": True, "name": "x", "notes": "n"})
+    assert wait_rest(client, good["instanceId"])["state"] == "waiting"
+
+
+def test_approve_through_the_api_records_the_decider(client: httpx.Client) -> None:
+    iid = start(client, "approve", prompt="clean up")["instanceId"]
+    shown = wait_rest(client, iid, "waiting_for_approval")
+    (pending,) = shown["treePendingApprovals"]
+    assert pending["toolCallId"] == "call_del"
+    assert pending["arguments"] == {"path": "old/notes.txt"}
+    response = client.post(f"/v1/instances/{iid}/approvals/call_del", json={"decision": "approve"})
+    assert response.status_code == 200, response.text
+    (decided,) = response.json()["decided"]
+    assert decided["decision"] == "approved"
+    assert decided["decidedBy"] == "local"
+    assert wait_rest(client, iid, "waiting")["state"] == "waiting"
+    approvals = client.get(f"/v1/instances/{iid}/records", params={"kind": "approval"}).json()
+    assert approvals[-1]["data"] == {"toolCallId": "call_del", "tool": "delete", "decision": "approved",
+                                     "reason": None, "by": "local"}
+    again = client.post(f"/v1/instances/{iid}/approvals/call_del", json={"decision": "approve"})
+    assert again.status_code == 409
+    assert again.headers["content-type"] == "application/problem+json"
+
+
+def test_deny_with_a_reason(client: httpx.Client) -> None:
+    iid = start(client, "approve")["instanceId"]
+    wait_rest(client, iid, "waiting_for_approval")
+    response = client.post(f"/v1/instances/{iid}/approvals/call_del",
+                           json={"decision": "deny", "reason": "not that file"})
+    assert response.status_code == 200
+    assert response.json()["decided"][0]["decisionReason"] == "not that file"
+    wait_rest(client, iid, "waiting")
+    tool_calls = client.get(f"/v1/instances/{iid}/records", params={"kind": "tool_call"}).json()
+    assert tool_calls[-1]["data"]["status"] == "denied"
+
+
+def test_unknown_call_and_unknown_instance(client: httpx.Client) -> None:
+    iid = start(client, "approve")["instanceId"]
+    wait_rest(client, iid, "waiting_for_approval")
+    response = client.post(f"/v1/instances/{iid}/approvals/call_nope", json={"decision": "approve"})
+    assert response.status_code == 409
+    assert "call_nope" in response.json()["detail"]
+    for path in ("/v1/instances/20990101-000000-deadbeef", "/v1/instances/20990101-000000-deadbeef/records",
+                 "/v1/instances/20990101-000000-deadbeef/events"):
+        missing = client.get(path)
+        assert missing.status_code == 404, path
+        assert missing.json()["status"] == 404
+    gone = client.post("/v1/instances/20990101-000000-deadbeef/messages", json={"text": "hi"})
+    assert gone.status_code == 404
+
+
+def test_message_starts_the_next_segment(client: httpx.Client) -> None:
+    iid = start(client, "chat", prompt="first")["instanceId"]
+    wait_rest(client, iid, "waiting")
+    response = client.post(f"/v1/instances/{iid}/messages", json={"text": "second"})
+    assert response.status_code == 202
+    assert response.json()["delivered"] is True
+    events = read_events(client, iid, lambda e: e.event == "transcript" and e.data["message"]["role"] == "assistant"
+                         and "second" in (e.data["message"].get("content") or ""))
+    assert events[-1].data["message"]["content"] == "you said: second"
+
+
+def test_cancel_a_running_instance(client: httpx.Client, assembly: Path) -> None:
+    iid = start(client, "slow")["instanceId"]
+    read_events(client, iid, lambda e: e.event == "transcript" and bool(e.data["message"].get("toolCalls")))
+    response = client.post(f"/v1/instances/{iid}/cancel")
+    assert response.status_code == 200, response.text
+    assert response.json()["state"] == "stopped"
+    assert response.json()["cancelled"] is True
+
+
+def test_records_filters(client: httpx.Client) -> None:
+    iid = start(client, "done")["instanceId"]
+    wait_rest(client, iid)
+    records = client.get(f"/v1/instances/{iid}/records").json()
+    assert records[0]["kind"] == "state"
+    assert client.get(f"/v1/instances/{iid}/records", params={"after": 1}).json() == records[1:]
+    assert {r["kind"] for r in client.get(f"/v1/instances/{iid}/records", params={"kind": "turn"}).json()} == {"turn"}
+    assert client.get(f"/v1/instances/{iid}/records", params={"after": "-1"}).status_code == 422
+
+
+def test_bad_bodies_get_problem_documents(client: httpx.Client) -> None:
+    cases = [
+        (b'{"definition": ', "application/json", 400),
+        (b'{"definition": "chat", "colour": "blue"}', "application/json", 422),
+        (b'{"definition": 3}', "application/json", 422),
+        (b'{"prompt": "no definition"}', "application/json", 422),
+        (b'{"definition": "chat"}', "text/plain", 415),
+        (b'{"definition": "chat", "inputs": {"x": NaN}}', "application/json", 400),
+        (b"[" * 100_000 + b"]" * 100_000, "application/json", 400),
+    ]
+    for body, kind, status in cases:
+        response = client.post("/v1/instances", content=body, headers={"content-type": kind})
+        assert response.status_code == status, (body[:60], response.text)
+        problem = response.json()
+        assert response.headers["content-type"] == "application/problem+json"
+        assert problem["status"] == status
+        assert problem["title"]
+    decision = client.post("/v1/instances/x/approvals/y", json={"decision": "maybe"})
+    assert decision.status_code == 422
+    assert decision.json()["errors"][0]["path"] == "$.decision"
+    assert client.get("/healthz").status_code == 200
+
+
+def test_sse_resumes_with_last_event_id_across_processes(client: httpx.Client, assembly: Path) -> None:
+    """An instance run by the CLI in other processes; the server's stream resumes where the client left."""
+    ran = cli(assembly, "run", "approve", "-p", "from the terminal", "--json")
+    assert ran.returncode == 3, ran.stderr
+    iid = json.loads(ran.stdout)["instanceId"]
+    first = read_events(client, iid, rests_in("waiting_for_approval"))
+    last_id = first[-1].id
+    # Decided and run on by another process while no client listens.
+    approved = cli(assembly, "approve", iid, "--json")
+    assert approved.returncode == 0, approved.stderr
+    rest = read_events(client, iid, rests_in("waiting"), last_event_id=last_id)
+    seen = [e.id for e in first]
+    assert not set(seen) & {e.id for e in rest}, "an event came twice"
+    assert rest[0].event == "record" or rest[0].data["index"] > first[-1].data.get("index", -1)
+    kinds = [e.data["kind"] for e in rest if e.event == "record"]
+    assert "tool_call" in kinds
+    assert any(e.event == "transcript" and e.data["message"]["role"] == "tool" for e in rest)
+    # The whole stream again from the start holds the same events as the two halves, none lost.
+    whole = read_events(client, iid, rests_in("waiting"))
+
+    def contents(events: list) -> list[str]:
+        return sorted(json.dumps([e.event, e.data], sort_keys=True) for e in events)
+
+    assert contents(whole) == contents(first + rest)
+    for events in (first, rest, whole):  # each id is at or past the one before, in both logs
+        places = [tuple(int(n) for n in e.id.split("-")) for e in events]
+        assert all(a[0] <= b[0] and a[1] <= b[1] and a != b for a, b in itertools.pairwise(places))
+    assert client.get(f"/v1/instances/{iid}/events", headers={"Last-Event-ID": "banana"}).status_code == 400
+
+
+def test_event_streams_are_bounded_and_end_at_shutdown(tmp_path: Path) -> None:
+    assembly = project(tmp_path, "  maxEventStreams: 1\n")
+    with serving(assembly) as server, server.client() as client:
+        iid = start(client, "chat")["instanceId"]
+        with client.stream("GET", f"/v1/instances/{iid}/events") as open_stream:
+            assert open_stream.status_code == 200
+            refused = client.get(f"/v1/instances/{iid}/events")
+            assert refused.status_code == 503
+            assert refused.headers["retry-after"]
+        # Closed: the place is given back once the server has seen the client leave.
+        deadline = time.monotonic() + 30
+        while client.get("/healthz").json()["eventStreams"]:
+            assert time.monotonic() < deadline, "the closed stream's place was never given back"
+            time.sleep(0.05)
+        read_events(client, iid, rests_in("waiting"))
+        with client.stream("GET", f"/v1/instances/{iid}/events") as held:
+            assert held.status_code == 200
+            server.process.terminate()
+            # The server ends the stream itself and exits cleanly.
+            list(held.iter_raw())
+        assert server.process.wait(timeout=60) == 0
