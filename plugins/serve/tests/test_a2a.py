@@ -14,7 +14,7 @@ from typing import Any, Self
 
 import httpx
 import pytest
-from _serve_testlib import Server, serving
+from _serve_testlib import Server, read_events, rests_in, serving
 from a2a.client import A2ACardResolver, A2AClientError, ClientConfig, create_client
 from a2a.helpers.proto_helpers import get_data_parts, get_text_parts, new_data_part, new_text_part
 from a2a.types.a2a_pb2 import (
@@ -228,10 +228,28 @@ async def test_a_task_goes_on_after_the_server_restarts(assembly: Path) -> None:
             done = await agent.send(new_text_part("blue"), task_id=task_id)
             assert final_task_state(done)[1] == TaskState.TASK_STATE_COMPLETED
         with server.client(READ) as http:
-            records = http.get(f"/v1/instances/{task_id}/records")
-    if records.status_code == 200:  # the serve API's records endpoint, where it exists
-        calls = [r["data"] for r in records.json() if r["kind"] == "tool_call" and r["data"].get("tool") == "delete"]
-        assert calls[-1]["status"] == "denied"
+            records = http.get(f"/v1/instances/{task_id}/records").json()
+    calls = [r["data"] for r in records if r["kind"] == "tool_call" and r["data"].get("tool") == "delete"]
+    assert calls[-1]["status"] == "denied"
+    decisions = [r["data"] for r in records if r["kind"] == "approval" and r["data"].get("decision")]
+    assert decisions == [{"toolCallId": "call_del", "tool": "delete", "decision": "denied", "reason": "keep it",
+                          "by": "token:approver"}]
+
+
+async def test_a_call_approved_through_the_serve_api_goes_on_as_the_task(assembly: Path) -> None:
+    with serving(assembly, env=TOKENS) as server:
+        async with Agent(server, RUN, streaming=True) as agent:
+            task_id, state, _ = final_task_state(await agent.send(new_text_part("delete the old notes")))
+            assert state == TaskState.TASK_STATE_INPUT_REQUIRED
+            with server.client(APPROVE) as http:
+                decided = http.post(f"/v1/instances/{task_id}/approvals/call_del", json={"decision": "approve"})
+                assert decided.status_code == 200, decided.text
+                read_events(http, task_id, rests_in("waiting"))  # the serve API's events: it asks its question
+            task = await agent.get(task_id)
+            assert task.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
+            assert loopwright_data(task.status.message)["question"] == "Which colour?"
+            done = await agent.send(new_text_part("blue"), task_id=task_id)
+            assert final_task_state(done)[1] == TaskState.TASK_STATE_COMPLETED
 
 
 async def test_deciding_needs_the_approve_scope_reading_the_read_scope_and_cancel_the_run_scope(assembly: Path) -> None:

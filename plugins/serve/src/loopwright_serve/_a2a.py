@@ -69,7 +69,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from loopwright.errors import ConfigError, LoopwrightError
-from loopwright_serve._auth import Scope
+from loopwright_serve._auth import Principal, Scope
 from loopwright_serve._steer import GatedResponse, Session, new_id, segment_events, valid_id
 
 if TYPE_CHECKING:
@@ -97,6 +97,8 @@ _METHOD_SCOPES = {
 _STREAMING = frozenset({"SendStreamingMessage", "SubscribeToTask"})
 #: Where the endpoint leaves the scopes it checked, for the call context.
 _SCOPES_KEY = "loopwright_a2a_scopes"
+#: Where the endpoint leaves who asks (``token:NAME``), recorded with the decisions they make.
+_BY_KEY = "loopwright_a2a_by"
 #: The artifact that holds the instance's latest answer.
 ANSWER = "answer"
 _LIST_PAGE = 50
@@ -273,13 +275,21 @@ class A2AAgent:
     # -- HTTP -------------------------------------------------------------------------------
 
     async def serve_card(self, request: Request) -> Response:
-        """``GET /a2a/<name>/.well-known/agent-card.json``: the public agent card (no token needed)."""
+        """``GET /a2a/<name>/.well-known/agent-card.json``: the agent card.
+
+        With ``server.tokens`` it is public (no token needed: it is how a client discovers the
+        agent and the scheme to authenticate with); without tokens it answers the requests the
+        server answers at all (loopback, a loopback ``Host``, no foreign ``Origin``).
+        """
+        if not self.ctx.settings.tokens:
+            await self.ctx.authorize(request, Scope.READ)
         return JSONResponse(agent_card_to_dict(self.card(str(request.base_url))))
 
     async def serve_rpc(self, request: Request) -> Response:
         """``POST /a2a/<name>``: check the token's scopes for the method, then hand over to a2a-sdk."""
-        scopes, method = await self._authorize(request)
+        scopes, method, principal = await self._authorize(request)
         request.state.loopwright_a2a_scopes = frozenset(scopes)
+        request.state.loopwright_a2a_by = principal.source
         if method not in _STREAMING:
             return await self.dispatcher.handle_requests(request)
         gate = self.ctx.streams
@@ -291,8 +301,8 @@ class A2AAgent:
             raise
         return GatedResponse(response, gate)  # type: ignore[return-value] - an ASGI response
 
-    async def _authorize(self, request: Request) -> tuple[set[str], str | None]:
-        """Authorize the scopes the request needs; return them and the method.
+    async def _authorize(self, request: Request) -> tuple[set[str], str | None, Principal]:
+        """Authorize the scopes the request needs; return them, the method and who asks.
 
         Raises the serve context's :class:`~loopwright_serve.ProblemError` (401, 403) if refused.
 
@@ -312,9 +322,8 @@ class A2AAgent:
                     needed.append(Scope.APPROVE)
             except Exception:  # noqa: BLE001 - the dispatcher answers a malformed request itself
                 _log.debug("A2A request params do not parse; the dispatcher will say so")
-        for scope in needed:
-            await self.ctx.authorize(request, scope)
-        return {s.value for s in needed}, method if isinstance(method, str) else None
+        principals = [await self.ctx.authorize(request, scope) for scope in needed]
+        return {s.value for s in needed}, method if isinstance(method, str) else None, principals[0]
 
     async def aclose(self) -> None:
         """Drain the request handler's background tasks."""
@@ -327,6 +336,7 @@ class _CallContextBuilder(DefaultServerCallContextBuilder):
     def build(self, request: Request) -> ServerCallContext:
         context = super().build(request)
         context.state[_SCOPES_KEY] = getattr(request.state, "loopwright_a2a_scopes", frozenset())
+        context.state[_BY_KEY] = getattr(request.state, "loopwright_a2a_by", None)
         return context
 
 
@@ -447,11 +457,12 @@ class LoopwrightExecutor(AgentExecutor):
             run = await rt.get_agent(iid)
             before = await rt.store.read_header(iid)
             try:
+                by = context.call_context.state.get(_BY_KEY)
                 for decision, call_id, reason in decisions_of(message):
                     if decision == "approved":
-                        await run.approve(call_id)
+                        await run.approve(call_id, by=by)
                     else:
-                        await run.deny(call_id, reason)
+                        await run.deny(call_id, reason, by=by)
             except LoopwrightError as exc:
                 raise InvalidParamsError(message=str(exc)) from exc
             if text:

@@ -236,8 +236,9 @@ class AguiAgent:
         if unknown:
             raise _problem(409, "no such interrupt", f"thread {run.instance_id} waits for no interrupt "
                                                      f"{', '.join(unknown)} (answered already, or never asked)")
+        by = None
         if any(e.interrupt_id in held for e in entries):
-            await self.ctx.authorize(request, Scope.APPROVE)
+            by = (await self.ctx.authorize(request, Scope.APPROVE)).source
         decided: set[str] = set()
         answered: dict[str, str] = {}
         try:
@@ -245,10 +246,10 @@ class AguiAgent:
                 payload = entry.payload if isinstance(entry.payload, dict) else {}
                 if entry.interrupt_id in held:
                     if entry.status == "resolved" and payload.get("approved") is True:
-                        await run.approve(entry.interrupt_id)
+                        await run.approve(entry.interrupt_id, by=by)
                     else:
                         reason = payload.get("reason") if isinstance(payload.get("reason"), str) else None
-                        await run.deny(entry.interrupt_id, reason or "denied through AG-UI")
+                        await run.deny(entry.interrupt_id, reason or "denied through AG-UI", by=by)
                     decided.add(entry.interrupt_id)
                 else:
                     answer = payload.get("answer") if payload else entry.payload
