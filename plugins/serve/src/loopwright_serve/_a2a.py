@@ -70,6 +70,7 @@ from starlette.routing import Route
 
 from loopwright.errors import ConfigError, LoopwrightError
 from loopwright_serve._auth import Principal, Scope
+from loopwright_serve._problems import ProblemError
 from loopwright_serve._steer import GatedResponse, Session, new_id, segment_events, valid_id
 
 if TYPE_CHECKING:
@@ -93,6 +94,8 @@ _METHOD_SCOPES = {
     "GetTask": Scope.READ, "ListTasks": Scope.READ, "SubscribeToTask": Scope.READ,
     "GetExtendedAgentCard": Scope.READ,
 }
+#: The methods that start or steer an instance.
+_STEERING = frozenset({"SendMessage", "SendStreamingMessage", "CancelTask"})
 #: The methods answered with an event stream.
 _STREAMING = frozenset({"SendStreamingMessage", "SubscribeToTask"})
 #: Where the endpoint leaves the scopes it checked, for the call context.
@@ -102,6 +105,8 @@ _BY_KEY = "loopwright_a2a_by"
 #: The artifact that holds the instance's latest answer.
 ANSWER = "answer"
 _LIST_PAGE = 50
+#: Seconds a2a-sdk keeps an idle input-required task in memory; a later message reads it from the store.
+_IDLE_RELEASE = 60.0
 
 
 def decisions_of(message: Message | None) -> list[tuple[str, str, str | None]]:
@@ -239,7 +244,7 @@ class A2AAgent:
         self.store = InstanceTaskStore(self)
         self.handler = DefaultRequestHandler(
             agent_executor=LoopwrightExecutor(self), task_store=self.store, agent_card=self.card("http://localhost"),
-            request_context_builder=_ContextBuilder(self))
+            request_context_builder=_ContextBuilder(self), interrupted_task_timeout=_IDLE_RELEASE)
         self.dispatcher = JsonRpcDispatcher(request_handler=self.handler, context_builder=_CallContextBuilder())
 
     @property
@@ -288,6 +293,9 @@ class A2AAgent:
     async def serve_rpc(self, request: Request) -> Response:
         """``POST /a2a/<name>``: check the token's scopes for the method, then hand over to a2a-sdk."""
         scopes, method, principal = await self._authorize(request)
+        if not self.ctx.settings.run and method in _STEERING:
+            raise ProblemError(501, "Not implemented", "server.run false (workers run the instances) is not "
+                                                       "available to A2A yet")
         request.state.loopwright_a2a_scopes = frozenset(scopes)
         request.state.loopwright_a2a_by = principal.source
         if method not in _STREAMING:

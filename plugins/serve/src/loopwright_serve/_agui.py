@@ -176,6 +176,9 @@ class AguiAgent:
     async def serve_run(self, request: Request) -> Response:
         """Authorize, read the ``RunAgentInput``, start or steer the instance, then stream the run's events."""
         await self.ctx.authorize(request, Scope.RUN)
+        if not self.ctx.settings.run:
+            raise _problem(501, "Not implemented", "server.run false (workers run the instances) is not available "
+                                                   "to AG-UI yet")
         try:
             body = RunAgentInput.model_validate_json(await request.body())
         except ValidationError as exc:
