@@ -55,6 +55,7 @@ providers:
       - toolCalls: [{name: task_complete, arguments: {result: "all done", summary: "deleted"}, id: call_done}]
   other-script:
     kind: scripted
+    stream: true
     replies: ["the other agent answers"]
 agentDefinitions:
   helper: agents/helper.yaml
@@ -294,8 +295,10 @@ async def test_a_task_id_of_another_agents_instance_is_refused(assembly: Path) -
             other = Agent(server, APPROVE, streaming=False)
             other.url = f"{server.url}/a2a/other"
             async with other:
-                theirs, state, _ = final_task_state(await other.send(new_text_part("hello")))
+                streamed = await other.send(new_text_part("hello"))
+                theirs, state, message = final_task_state(streamed)
                 assert state == TaskState.TASK_STATE_INPUT_REQUIRED
+                assert list(get_text_parts(message.parts)) == ["the other agent answers"]
             with pytest.raises(A2AError, match=f"Task {theirs} not found"):
                 await agent.send(new_text_part("delete the old notes"), task_id=theirs)
             with pytest.raises(A2AError, match="not a task of the agent helper"):

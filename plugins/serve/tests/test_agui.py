@@ -51,6 +51,7 @@ providers:
       - toolCalls: [{name: task_complete, arguments: {result: "all done", summary: "deleted"}, id: call_done}]
   other-script:
     kind: scripted
+    stream: true
     replies: ["the other agent answers"]
 agentDefinitions:
   helper: agents/helper.yaml
@@ -211,6 +212,9 @@ def test_a_thread_of_another_agents_instance_is_refused(assembly: Path) -> None:
                                       content=run_input("thread-other", "hello").model_dump_json(by_alias=True),
                                       timeout=60))
         assert theirs[-1].outcome.type == "success"
+        assert kinds(theirs) == ["RUN_STARTED", "STATE_SNAPSHOT", "TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT",
+                                 "TEXT_MESSAGE_END", "STATE_SNAPSHOT", "RUN_FINISHED"]
+        assert "".join(e.delta for e in theirs if isinstance(e, TextMessageContentEvent)) == "the other agent answers"
         refused = post(server, APPROVE, run_input("thread-other", "delete the old notes"))
         assert refused.status_code == 409, refused.text
         with server.client(RUN) as http:
