@@ -157,6 +157,15 @@ async def test_the_card_describes_the_agent_its_endpoint_and_its_bearer_scheme(a
     with serving(assembly, env=TOKENS) as server:
         async with httpx.AsyncClient() as http:
             card = await A2ACardResolver(http, f"{server.url}/a2a/helper").get_agent_card()
+        async with Agent(server, RUN, streaming=False) as agent:  # bad inputs: rejected, and no instance made
+            message = Message(message_id=str(uuid.uuid4()), role=Role.ROLE_USER, parts=[new_text_part("go")])
+            message.metadata.update({"inputs": {"bogus": 1}})
+            rejected = [r async for r in _responses(agent.client, message)]
+        with server.client(READ) as client:
+            assert client.get("/v1/instances").json() == []
+    _, state, why = final_task_state(rejected)
+    assert state == TaskState.TASK_STATE_REJECTED
+    assert "unknown input 'bogus'" in next(iter(get_text_parts(why.parts)))
     assert card.name == "helper"
     assert card.description.startswith("Deletes files")
     assert [(i.url, i.protocol_binding, i.protocol_version) for i in card.supported_interfaces] == [

@@ -185,8 +185,16 @@ def test_resuming_an_approval_needs_the_approve_scope(assembly: Path) -> None:
         assert unknown.status_code == 409, unknown.text
         with server.client(RUN) as http:
             instance = next(i for i in http.get("/v1/instances").json() if i["instanceId"] == thread)
-    assert instance["state"] == "waiting_for_approval"
-    assert [p["decision"] for p in instance["pendingApprovals"]] == [None]
+        assert instance["state"] == "waiting_for_approval"
+        assert [p["decision"] for p in instance["pendingApprovals"]] == [None]
+        cancelled = ResumeEntry(interrupt_id="call_del", status="cancelled")
+        denied = events_of(post(server, APPROVE, run_input(thread, resume=[cancelled])))
+        assert next(e.content for e in denied if isinstance(e, ToolCallResultEvent)).startswith("denied")
+        assert denied[-1].outcome.interrupts[0].reason == "question"
+        with server.client(RUN) as http:
+            records = http.get(f"/v1/instances/{thread}/records", params={"kind": "approval"}).json()
+    assert [(r["data"]["decision"], r["data"]["by"]) for r in records if r["data"].get("decision")] == [
+        ("denied", "token:approver")]
 
 
 @pytest.mark.parametrize("token", [None, "not-a-token-0123456789"])
