@@ -100,7 +100,7 @@ def kill_mid_run(project: Path) -> str:
         proc.kill()
         proc.communicate()
     marker.unlink()
-    (running,) = json.loads(lw(project, "ls", "--state", "running", "--json").stdout)
+    (running,) = [i for i in json.loads(lw(project, "ls", "--state", "running", "--json").stdout) if not i["queued"]]
     return str(running["instanceId"])
 
 
@@ -216,3 +216,54 @@ def test_ctrl_c_after_the_grace_leaves_the_instance_for_another_worker(project: 
     picked, finished = events(done.stdout)
     assert (picked["instanceId"], picked["reason"]) == (iid, "resume")
     assert finished["text"].startswith("after long: the call was interrupted")
+
+
+# -- scheduling (issue 15 item 5) -------------------------------------------------------------
+
+
+def test_a_dead_runners_instance_goes_ahead_of_the_queue(project: Path) -> None:
+    """Submitted instances wait behind an instance whose runner was SIGKILLed, even one killed after they were queued."""
+    queued = [lw(project, "run", "--detach", "chat.yaml", "-p", f"q{n}").stdout.strip() for n in range(4)]
+    assert all(queued), queued
+    dead = kill_mid_run(project)
+    done = lw(project, "worker", "--once", "--max-concurrent", "1", "--json")
+    assert done.returncode == 0, done.stderr
+    picked = [(e["instanceId"], e["reason"]) for e in events(done.stdout) if e["event"] == "pickedUp"]
+    assert picked == [(dead, "resume"), *((iid, "start") for iid in queued)]
+
+
+def test_work_submitted_while_the_worker_reads_the_store_is_not_left_for_the_next_poll(project: Path) -> None:
+    """The lost wakeup: the worker made its wake event after reading the store, so a wake in between was lost.
+
+    The worker polls once an hour; an instance is submitted in its process while it reads the
+    store (so that read does not list it). The submit's wakeup must start it now.
+    """
+    from loopwright._config import load_assembly  # noqa: PLC0415 - the assembly, as the CLI reads it
+    from loopwright._runtime import Runtime  # noqa: PLC0415
+    from loopwright.cli._main import CliSettings  # noqa: PLC0415
+    from loopwright.cli._worker import Worker  # noqa: PLC0415
+
+    submitted: list[str] = []
+
+    class RacedStore(FileStore):
+        async def find_work(self, *, limit: int) -> list[str]:
+            ids = await super().find_work(limit=limit)
+            if not submitted:  # the work arrives after the store was read, before the worker waits
+                submitted.append(await rt.submit(str(project / "chat.yaml"), prompt="hi"))
+            return ids
+
+    store = RacedStore(StoreSettings(kind="file", base_dir=project, options={"path": "./store"}))
+    rt = Runtime(load_assembly(project / "loopwright.yaml"), store=store, autoload=False)
+
+    async def main() -> str:
+        async with store, rt:
+            worker = Worker(rt, CliSettings(), poll=3600, max_concurrent=2, once=False, grace=0)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(worker.serve)
+                with anyio.fail_after(60):  # a hang guard: the wakeup must not wait for the hour-long poll
+                    while not submitted or (await store.read_header(submitted[0]))["state"] != "waiting":
+                        await anyio.sleep(0.02)
+                tg.cancel_scope.cancel()
+            return str((await store.read_header(submitted[0]))["state"])
+
+    assert anyio.run(main) == "waiting"

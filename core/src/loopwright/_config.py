@@ -46,6 +46,7 @@ from loopwright._definition import (
     Assembly,
     Capabilities,
     Definition,
+    EngineConfig,
     FileGrants,
     InputSpec,
     Limits,
@@ -858,6 +859,8 @@ def _converter() -> cattrs.Converter:
                                                                         options=_split_kind(d)[1]))
     conv.register_structure_hook(StoreConfig, lambda d, _t: StoreConfig(kind=_split_kind(d, "file")[0],
                                                                           options=_split_kind(d, "file")[1]))
+    conv.register_structure_hook(EngineConfig, lambda d, _t: EngineConfig(kind=_split_kind(d, "local")[0],
+                                                                            options=_split_kind(d, "local")[1]))
     conv.register_structure_hook(ProviderConfig, _structure_provider)
     conv.register_structure_hook(Capabilities, _structure_capabilities)
     conv.register_structure_hook(InputSpec, _structure_input)
@@ -873,6 +876,7 @@ def _converter() -> cattrs.Converter:
     conv.register_structure_hook(Assembly, structure_assembly)
     conv.register_unstructure_hook(PluginSpec, lambda p: {"kind": p.kind, **p.options})
     conv.register_unstructure_hook(StoreConfig, lambda s: {"kind": s.kind, **s.options})
+    conv.register_unstructure_hook(EngineConfig, lambda e: {"kind": e.kind, **e.options})
     conv.register_unstructure_hook(ProviderConfig, _unstructure_provider)
     conv.register_unstructure_hook(Capabilities, capabilities_to_dict)
     conv.register_unstructure_hook(InputSpec, _unstructure_input)
@@ -1010,7 +1014,7 @@ _KIND_BY_NAME: Mapping[str, Kind] = {
     **dict.fromkeys(ASSEMBLY_FILE_NAMES, "assembly"), "instance.json": "instance",
 }
 _ASSEMBLY_ONLY_KEYS = frozenset({
-    "store", "providers", "defaultModel", "plugins", "disablePlugins", "capabilities",
+    "store", "engine", "providers", "defaultModel", "plugins", "disablePlugins", "capabilities",
     "agentDefinitions", "agentsMayReachAnyInstance", "records", "pricing", "agentRetry", "pluginSettings",
     "server",
 })

@@ -309,6 +309,19 @@ class StoreConfig:
 
 
 @attrs.frozen(kw_only=True)
+class EngineConfig:
+    """The assembly's ``engine:``: who advances submitted work (:class:`loopwright.abc.Engine`).
+
+    Attributes:
+        kind: The registered engine kind (``local`` by default).
+        options: Every other key, checked by the engine kind.
+    """
+
+    kind: str = "local"
+    options: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen(kw_only=True)
 class AgentRetry:
     """Runtime-level retries of transient provider failures (seed 000: default none).
 
@@ -325,6 +338,7 @@ class Assembly:
 
     Attributes:
         store: Where instances live.
+        engine: Who advances submitted work.
         providers: Named provider configurations.
         default_model: The model for definitions that name none.
         plugins: Plugin references to load after the entry points.
@@ -345,6 +359,7 @@ class Assembly:
     """
 
     store: StoreConfig = attrs.field(factory=StoreConfig)
+    engine: EngineConfig = attrs.field(factory=EngineConfig)
     providers: Mapping[str, ProviderConfig] = attrs.field(factory=dict)
     default_model: str | None = None
     plugins: tuple[str, ...] = ()

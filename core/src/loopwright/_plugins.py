@@ -45,6 +45,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "loopwright.builtins.tools",
     "loopwright.builtins.file_store",
     "loopwright.builtins.sqlite_store",
+    "loopwright.builtins.local_engine",
     "loopwright.builtins.context",
     "loopwright.builtins.records",
 )
@@ -153,6 +154,7 @@ class PluginHost:
         providers: Provider kinds → factories.
         tools: Tool names → :class:`~loopwright.Tool`.
         stores: Store kinds → factories.
+        engines: Engine kinds → factories (``factory(options, runtime)``).
         context_strategies: Strategy kinds → factories.
         record_sinks: Sink kinds → factories.
         commands: CLI command names → click commands.
@@ -174,6 +176,7 @@ class PluginHost:
         self.providers = Registry("provider")
         self.tools = Registry("tool")
         self.stores = Registry("store")
+        self.engines = Registry("engine")
         self.context_strategies = Registry("context strategy")
         self.record_sinks = Registry("record sink")
         self.commands = Registry("command")
@@ -268,7 +271,7 @@ class PluginHost:
         return out
 
     def _registries(self) -> tuple[Registry, ...]:
-        return (self.providers, self.tools, self.stores, self.context_strategies,
+        return (self.providers, self.tools, self.stores, self.engines, self.context_strategies,
                 self.record_sinks, self.commands, self.guardrails, self.verifiers, self.hook_sets)
 
     def _register_checked(self, plugin: object, name: str) -> None:
@@ -319,6 +322,7 @@ class PluginHost:
             "loopwright_register_providers": keyed(self.providers),
             "loopwright_register_tools": register_tools,
             "loopwright_register_stores": keyed(self.stores),
+            "loopwright_register_engines": keyed(self.engines),
             "loopwright_register_context_strategies": keyed(self.context_strategies),
             "loopwright_register_record_sinks": keyed(self.record_sinks),
             "loopwright_register_commands": register_commands,

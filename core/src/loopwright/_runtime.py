@@ -94,7 +94,7 @@ if TYPE_CHECKING:
 
     from loopwright._tools import Tool
     from loopwright._types import ToolSpec
-    from loopwright.abc import ContextStrategy, Lease, Provider, RecordSink, Store
+    from loopwright.abc import ContextStrategy, Engine, Lease, Provider, RecordSink, Store
 
 __all__ = [
     "AgentRun",
@@ -354,6 +354,8 @@ class Runtime:
         self.shell_approver = shell_approver
         self.plugins = PluginHost(settings=self.assembly.plugin_settings, runtime=self)
         self.store: Store = store  # type: ignore[assignment]
+        #: Who advances submitted work (the assembly's ``engine:``), built when the runtime opens.
+        self.engine: Engine = None  # type: ignore[assignment]
         self.prices = PriceTable(self.assembly.pricing)
         self._providers: dict[str, Provider] = {}
         self._plans: dict[int, _DefinitionPlan] = {}
@@ -429,6 +431,7 @@ class Runtime:
                 self.plugins.record_sinks, spec.kind, spec.options, ("records", n),
                 what=f"the record sink {spec.kind!r}", make=lambda factory, spec=spec: factory(dict(spec.options))))
         self._check_out_of_reach(self.assembly.capabilities)
+        self._open_engine()
         self._loop = Loop(self)
         self._tg_cm = anyio.create_task_group()
         self._tg = await self._tg_cm.__aenter__()
@@ -449,6 +452,8 @@ class Runtime:
             self._tg = None
             with anyio.CancelScope(shield=True):
                 await self._notify_close()
+                if self.engine is not None:
+                    await self.engine.aclose()
                 for provider in self._providers.values():
                     await provider.aclose()
                 for sink in self._sinks:
@@ -996,11 +1001,21 @@ class Runtime:
         :raises CapabilityError: A granted root would reach the store or a record sink.
         """
         defn = self.load_definition(definition)
+        grants = self._requested_grants(capabilities)
+        return await self.create_run(defn, inputs, prompt, grants=grants, stream=stream, instance_id=instance_id)
+
+    def _requested_grants(self, capabilities: Capabilities | None) -> Capabilities:
+        """Return the grants of a new top-level instance: ``capabilities`` narrowed to the runtime's.
+
+        Relative roots are resolved against the assembly's folder.
+
+        :raises CapabilityError: A granted root would reach the store or a record sink.
+        """
         if capabilities is not None:
             capabilities = resolve_roots(capabilities, self.assembly.base_dir)
         grants = intersect(self.assembly.capabilities, capabilities)
         self._check_out_of_reach(grants)
-        return await self.create_run(defn, inputs, prompt, grants=grants, stream=stream, instance_id=instance_id)
+        return grants
 
     def _check_out_of_reach(self, grants: Capabilities) -> None:
         """Raise CapabilityError if a granted root overlaps the store or a record sink's locations."""
@@ -1022,11 +1037,47 @@ class Runtime:
         :param spawner: The live instance that started it: it draws from that instance's tree budget.
         """
         loop = self.loop
+        header = self._new_header(defn, inputs, prompt, grants=grants, instance_id=instance_id)
+        iid = header["instanceId"]
+        if links:
+            header.update(links)
+        # Created with its lease held: a worker polling the store never takes it for a dead runner's.
+        lease = await self.store.create_leased(iid, header, self.owner)
+        try:
+            inst = Instance(id=iid, definition=defn, header=header, grants=grants, task_given=not prompt,
+                            spawner=spawner, tree_counted=True)
+            self._instances[iid] = inst
+            run = AgentRun(self, inst)
+            run.stream = stream
+            self._runs[iid] = run
+            self.queue_record(iid, "state", {"from": None, "to": State.RUNNING.value, "stopReason": None})
+            impls = self.plugins.impls("loopwright_on_state_change")
+            if impls:
+                await loop.observe(inst, "loopwright_on_state_change", old=None, new=State.RUNNING.value,
+                                   stop_reason=None)
+        except BaseException:
+            lease.release()
+            raise
+
+        async def prelude() -> None:
+            await self._begin(run)
+
+        await self._start_segment(run, new_segment=True, prelude=prelude, lease=lease, fresh=True)
+        return run
+
+    def _new_header(self, defn: Definition, inputs: Mapping[str, Any] | None, prompt: str | None, *,
+                    grants: Capabilities, instance_id: str | None) -> dict[str, Any]:
+        """Check ``defn`` and ``inputs`` and return a new instance's header (``running``, run by this runtime).
+
+        Every configuration error is raised here, before anything is created.
+
+        :raises ConfigError: The definition or inputs are invalid, or it names unknown tools.
+        """
         plan = self._plan(defn)
         values = resolve_inputs(defn, inputs or {})
         self._check_templates(defn, values)
         iid = instance_id or _new_id()
-        header: dict[str, Any] = {
+        return {
             "instanceId": iid, "name": defn.name, "version": 1,
             "definitionPath": str(defn.source) if defn.source else None,
             "definition": self._snapshot(plan), "inputs": dict(values),
@@ -1037,26 +1088,6 @@ class Runtime:
             "delegationPrompt": None, "createdAt": now_iso(), "updatedAt": now_iso(), "model": plan.model_ref,
             "runner": self.owner, "taskPrompt": prompt,
         }
-        if links:
-            header.update(links)
-        await self.store.create(iid, header)
-        inst = Instance(id=iid, definition=defn, header=header, grants=grants, task_given=not prompt,
-                        spawner=spawner, tree_counted=True)
-        self._instances[iid] = inst
-        run = AgentRun(self, inst)
-        run.stream = stream
-        self._runs[iid] = run
-        self.queue_record(iid, "state", {"from": None, "to": State.RUNNING.value, "stopReason": None})
-        impls = self.plugins.impls("loopwright_on_state_change")
-        if impls:
-            await loop.observe(inst, "loopwright_on_state_change", old=None, new=State.RUNNING.value,
-                               stop_reason=None)
-
-        async def prelude() -> None:
-            await self._begin(run)
-
-        await self._start_segment(run, new_segment=True, prelude=prelude, fresh=True)
-        return run
 
     async def _begin(self, run: AgentRun, *, resume: bool = False) -> None:  # noqa: C901 - the set-up, in order
         """First segment of a new instance: system prompt, initial prompts and injected calls, task prompt.
@@ -1469,6 +1500,9 @@ class Runtime:
         if run.inst.state is not State.RUNNING:
             lease.release()
             return run
+        if run.inst.header.get("queued") is True:  # submitted, never started: start it here
+            await self._start_queued(run, lease)
+            return run
         await self._start_resumed(run, lease)
         return run
 
@@ -1611,15 +1645,19 @@ class Runtime:
 
     async def pick_up(  # noqa: PLR0911 - one return per kind of work, or none
         self, instance_id: str,
-    ) -> tuple[AgentRun, Literal["resume", "approval", "message"]] | None:
-        """Start the work another process left for an instance, if it has any (``loopwright worker``).
+    ) -> tuple[AgentRun, Literal["start", "resume", "approval", "message"]] | None:
+        """Start the work another process left for an instance, if it has any.
 
-        Under the instance's lease, on a fresh copy of it: an instance left ``running`` (its
-        runner died) is resumed as by :meth:`resume`; one waiting for approval whose held calls
-        are all decided goes on as after the last :meth:`AgentRun.approve`; a resting one with
-        a message in its mailbox starts a segment as :meth:`AgentRun.message` does.
+        The one way a runner advances submitted work (``loopwright worker``, an engine's
+        worker). Under the instance's lease, on a fresh copy of it: a submitted instance that no
+        runner started yet (``queued``, see :meth:`submit`) starts its first segment; an
+        instance left ``running`` (its runner died) is resumed as by :meth:`resume`; one waiting
+        for approval whose held calls are all decided goes on as after the last
+        :meth:`AgentRun.approve`; a resting one with a message in its mailbox starts a segment
+        as :meth:`AgentRun.message` does. A cancel request needs no runner: :meth:`cancel`
+        stops a resting or queued instance itself, and the runner of a running one reads it.
 
-        :return: The run (its segment started in the background) and which of the three it
+        :return: The run (its segment started in the background) and which of the four it
             was, or ``None``: nothing to do, or another runner holds the instance.
         """
         run = await self.get_agent(instance_id)
@@ -1633,6 +1671,9 @@ class Runtime:
             await self._refresh(run)
             inst = run.inst
             pending = inst.pending_approvals
+            if inst.state is State.RUNNING and inst.header.get("queued") is True:
+                await self._start_queued(run, lease)
+                return run, "start"
             if inst.state is State.RUNNING:
                 await self._start_resumed(run, lease)
                 return run, "resume"
@@ -1651,27 +1692,201 @@ class Runtime:
         await self._start_for_mail(run, lease)
         return run, "message"
 
+    # -- submitting work (engines and workers) ------------------------------------------
+
+    def _open_engine(self) -> None:
+        """Build the assembly's engine (``engine: {kind: ...}``, default ``local``) for the open runtime."""
+        cfg = self.assembly.engine
+        self.engine = self._build(self.plugins.engines, cfg.kind, cfg.options, ("engine",), what="the engine",
+                                  make=lambda factory: factory(dict(cfg.options), self))
+
+    async def submit(
+        self, definition: str | os.PathLike[str] | Definition | Mapping[str, Any],
+        inputs: Mapping[str, Any] | None = None, prompt: str | None = None, *,
+        capabilities: Capabilities | None = None, instance_id: str | None = None,
+    ) -> str:
+        """Create an instance of ``definition`` for a runner to start, hand it to the engine, and return its id.
+
+        Nothing runs here. The checks are those of :meth:`start_agent` (registered names, grants
+        narrowed to the runtime's, roots out of the store's reach, every configuration error
+        before anything is created). The instance is saved ``running`` and ``queued``, with no
+        runner: a worker (``loopwright worker``, or the engine's) starts it through
+        :meth:`pick_up`, which never takes it for a dead runner's. Then
+        :meth:`loopwright.abc.Engine.submit` is told; with the ``local`` engine the instance
+        waits in the store for a worker. :meth:`get_agent` follows it from any process.
+
+        :param definition: As for :meth:`start_agent`.
+        :param inputs: As for :meth:`start_agent`.
+        :param prompt: As for :meth:`start_agent`.
+        :param capabilities: As for :meth:`start_agent`.
+        :param instance_id: An id to use instead of a generated one.
+        :return: The new instance's id.
+        :raises ConfigError: The definition or inputs are invalid, or it names unknown tools.
+        :raises CapabilityError: A granted root would reach the store or a record sink.
+        :raises LoopwrightError: The runtime is not open, or the engine could not take the work
+            (the instance stays queued in the store, where a worker's poll finds it).
+        """
+        self.loop  # noqa: B018 - raises if the runtime is not open
+        defn = self.load_definition(definition)
+        grants = self._requested_grants(capabilities)
+        header = self._new_header(defn, inputs, prompt, grants=grants, instance_id=instance_id)
+        header.update(runner=None, queued=True, submittedBy=self.owner)
+        iid = header["instanceId"]
+        await self.store.create(iid, header)
+        await self.engine.submit(iid)
+        return iid
+
+    async def _start_queued(self, run: AgentRun, lease: Lease) -> None:
+        """Start the first segment of a submitted instance no runner started yet (the lease is handed over).
+
+        The header stops being ``queued`` before anything else is saved, so a crash from here on
+        leaves an instance that a worker resumes as a dead runner's.
+        """
+        inst = run.inst
+        try:
+            inst.header.pop("queued", None)
+            inst.header["runner"] = self.owner
+            inst.header["updatedAt"] = now_iso()
+            inst.tree_counted = True  # a top-level instance that never ran: nothing below it yet
+            await self.write_header(inst)
+            self.queue_record(inst.id, "state", {"from": None, "to": State.RUNNING.value, "stopReason": None})
+            if self.plugins.impls("loopwright_on_state_change"):
+                await self.loop.observe(inst, "loopwright_on_state_change", old=None, new=State.RUNNING.value,
+                                        stop_reason=None)
+        except BaseException:
+            lease.release()
+            raise
+
+        async def prelude() -> None:
+            await self._begin(run)
+
+        await self._start_segment(run, new_segment=True, prelude=prelude, lease=lease, fresh=True)
+
+    async def submit_message(self, instance_id: str, text: str, *, source: str = "api") -> None:
+        """Post a message to an instance's mailbox for its runner, and tell the engine; nothing runs here.
+
+        A running instance reads it at its next turn boundary; a resting one is picked up by a
+        worker (:meth:`pick_up`, ``message``); one waiting for approval reads it once its calls
+        are decided.
+
+        :raises InstanceNotFoundError: No such instance.
+        """
+        self.loop  # noqa: B018 - raises if the runtime is not open
+        await self.store.read_header(instance_id)
+        await self.store.post(instance_id, {"type": "message", "text": text, "source": source, "at": now_iso()})
+        await self.engine.submit(instance_id)
+
+    async def submit_decision(
+        self, instance_id: str, tool_call_id: str | None, decision: Literal["approved", "denied"],
+        reason: str | None = None, *, subtree: bool = False, by: str | None = None,
+    ) -> list[PendingApproval]:
+        """Save decisions on held calls (as :meth:`decide`, or :meth:`decide_subtree`), and tell the engine.
+
+        ``by`` names who decided, as in :meth:`decide`.
+
+        Nothing continues here: each holder whose calls are now all decided is handed to the
+        engine, and so are the callers above it, for runners to continue (:meth:`pick_up`,
+        ``approval``; a caller a dead runner left ``running``, ``resume``).
+
+        :return: What was decided, each entry naming its holder.
+        :raises LoopwrightError: As :meth:`decide`.
+        """
+        run = await self.get_agent(instance_id)
+        if subtree:
+            decided = await self.decide_subtree(run, decision, reason, by=by, detach=True)
+        else:
+            decided = await self.decide(run, tool_call_id, decision, reason, by=by, detach=True)
+        told: list[str] = []
+        for holder in dict.fromkeys(str(p.instance_id or instance_id) for p in decided):
+            for iid in (holder, *await self._callers(holder)):
+                if iid not in told:
+                    told.append(iid)
+                    await self.engine.submit(iid)
+        return decided
+
+    async def submit_resume(self, instance_id: str) -> bool:
+        """Hand an instance with work left to the engine, for a runner to continue; nothing runs here.
+
+        Work left: a dead runner's instance (``running``, lease free), a queued one, or one
+        waiting for approval whose held calls are all decided.
+
+        :return: Whether it had such work (a resting instance has none; send it a message).
+        :raises InstanceNotFoundError: No such instance.
+        """
+        self.loop  # noqa: B018 - raises if the runtime is not open
+        header = await self.store.read_header(instance_id)
+        pending = header.get("pendingApprovals") or []
+        decided = header.get("state") == State.WAITING_FOR_APPROVAL.value and bool(pending) and all(
+            isinstance(p, Mapping) and p.get("decision") is not None for p in pending)
+        if header.get("state") != State.RUNNING.value and not decided:
+            return False
+        await self.engine.submit(instance_id)
+        return True
+
+    async def follow_submitted(self, instance_id: str, *, since: str | None = None, poll: float = 0.2) -> AgentRun:
+        """Wait until an instance another runner advances rests, and return its run, reloaded from the store.
+
+        For work handed to an engine (:meth:`submit`, :meth:`submit_message` ...): it rests once
+        its header is no longer ``running`` and was written after ``since`` (the ``updatedAt``
+        read when the work was submitted, so that the old resting state is not taken for the
+        new one). An instance ``running`` only because calls held in its tree wait for approval
+        counts as resting too (it waits for its operator).
+
+        :param poll: Seconds between looks at the header.
+        """
+        stalled = 0
+        while True:
+            header = await self.store.read_header(instance_id)
+            state = header.get("state")
+            if state != State.RUNNING.value and header.get("updatedAt") != since:
+                break
+            stalled = stalled + 1 if state == State.RUNNING.value and await self.tree_approvals(instance_id) else 0
+            if stalled >= 2:  # noqa: PLR2004 - twice: a decision taken in between resets it
+                break
+            await anyio.sleep(poll)
+        run = await self.get_agent(instance_id)
+        if not run.running:
+            await self._refresh(run)
+        return run
+
+    async def _callers(self, instance_id: str) -> list[str]:
+        """Return the ids above ``instance_id`` (its spawner, theirs ...) up to the root, from the saved headers."""
+        out: list[str] = []
+        seen = {instance_id}
+        current = await self.store.read_header(instance_id)
+        while True:
+            spawner = current.get("spawnerInstanceId")
+            if not isinstance(spawner, str) or not spawner or spawner in seen:
+                return out
+            seen.add(spawner)
+            out.append(spawner)
+            try:
+                current = await self.store.read_header(spawner)
+            except InstanceNotFoundError:
+                return out
+
     async def decide(
         self, run: AgentRun, tool_call_id: str | None, decision: Literal["approved", "denied"], reason: str | None,
-        *, by: str | None = None,
+        *, by: str | None = None, detach: bool = False,
     ) -> list[PendingApproval]:
         """Record a decision on held calls; continue the segment once every one is decided.
 
         With ``tool_call_id``, the call may be held anywhere in ``run``'s subtree: it is decided
         on the instance that holds it (:meth:`decide_held`), whose callers then go on too. Without,
         every undecided call held by ``run``'s own instance is decided. ``by`` names who decided
-        (saved with each decision as ``decidedBy``, and in its ``approval`` record).
+        (saved with each decision as ``decidedBy``, and in its ``approval`` record). With ``detach``,
+        only the decisions are saved: nothing continues here (see :meth:`submit_decision`).
 
         :return: What was decided, each entry naming its holder and path.
         :raises LoopwrightError: No such call is waiting for approval (any more), or it is held
             by more than one instance of the tree (name the holder instead).
         """
         if tool_call_id is None:
-            return await self.decide_held(run, None, decision, reason, by=by)
+            return await self.decide_held(run, None, decision, reason, by=by, detach=detach)
         header = await self.store.read_header(run.instance_id)
         own = {p.get("toolCallId") for p in header.get("pendingApprovals") or [] if p.get("decision") is None}
         if tool_call_id in own and header.get("state") == State.WAITING_FOR_APPROVAL.value:
-            return await self.decide_held(run, tool_call_id, decision, reason, by=by)
+            return await self.decide_held(run, tool_call_id, decision, reason, by=by, detach=detach)
         found = [p for p in await self.tree_approvals(run.instance_id) if p.tool_call_id == tool_call_id]
         if not found:
             raise LoopwrightError(f"no call {tool_call_id!r} is waiting for approval in the tree of instance "
@@ -1681,17 +1896,20 @@ class Runtime:
             raise LoopwrightError(f"call {tool_call_id!r} is held by more than one instance ({holders}); "
                                   "decide it on its holder: approve HOLDER --call CALL_ID")
         holder = await self.get_agent(str(found[0].instance_id))
-        decided = await self.decide_held(holder, tool_call_id, decision, reason, by=by)
-        await self.wake_callers(holder.instance_id)
+        decided = await self.decide_held(holder, tool_call_id, decision, reason, by=by, detach=detach)
+        if not detach:
+            await self.wake_callers(holder.instance_id)
         path = found[0].path
         return [attrs.evolve(p, instance_id=holder.instance_id, path=path) for p in decided]
 
     async def decide_subtree(
-        self, run: AgentRun, decision: Literal["approved", "denied"], reason: str | None, *, by: str | None = None,
+        self, run: AgentRun, decision: Literal["approved", "denied"], reason: str | None, *,
+        by: str | None = None, detach: bool = False,
     ) -> list[PendingApproval]:
         """Decide every undecided call in ``run``'s subtree, holder by holder (deepest first).
 
-        ``by`` names who decided, as in :meth:`decide`.
+        ``by`` names who decided, as in :meth:`decide`. With ``detach``, only the decisions are
+        saved (see :meth:`decide`).
 
         :return: What was decided, each entry naming its holder and path.
         :raises LoopwrightError: Nothing in the tree waits for approval.
@@ -1706,17 +1924,20 @@ class Runtime:
         for holder_id in sorted(holders, key=lambda h: -len(holders[h][0].path)):
             holder = await self.get_agent(holder_id)
             path = holders[holder_id][0].path
-            done = await self.decide_held(holder, None, decision, reason, by=by)
+            done = await self.decide_held(holder, None, decision, reason, by=by, detach=detach)
             decided += [attrs.evolve(p, instance_id=holder_id, path=path) for p in done]
-            if holder_id != run.instance_id:
+            if holder_id != run.instance_id and not detach:
                 await self.wake_callers(holder_id)
         return decided
 
     async def decide_held(
         self, run: AgentRun, tool_call_id: str | None, decision: Literal["approved", "denied"], reason: str | None,
-        *, by: str | None = None,
+        *, by: str | None = None, detach: bool = False,
     ) -> list[PendingApproval]:
         """Record a decision on calls ``run``'s own instance holds; continue once every one is decided.
+
+        With ``detach``, the lease is given back once the decisions are saved, even when every
+        call is decided: a runner continues it through :meth:`pick_up`.
 
         The decision is written under the instance's lease, on a fresh copy of its header, so a
         decision from another process is never lost, and two processes deciding the same call
@@ -1766,7 +1987,7 @@ class Runtime:
         except BaseException:
             lease.release()
             raise
-        if not all(p.decision is not None for p in decided):
+        if detach or not all(p.decision is not None for p in decided):
             lease.release()
         else:
             await self._continue_decided(run, lease)
@@ -2018,6 +2239,7 @@ class Runtime:
             lease = await self.store.acquire(run.instance_id, self.owner)
         except InstanceLockedError:
             await self.store.post(run.instance_id, {"type": "cancel", "at": now_iso()})
+            await self.engine.submit(run.instance_id)  # its runner may be the engine's, far away
             with anyio.move_on_after(timeout):
                 # Another process owns the run: there is nothing local to wait on but its header.
                 while (await self.store.read_header(run.instance_id)).get("state") == State.RUNNING.value:  # noqa: ASYNC110
@@ -2031,11 +2253,13 @@ class Runtime:
                 return
             run._done = anyio.Event()  # noqa: SLF001
             try:
+                inst.header.pop("queued", None)  # a queued instance is stopped before any runner started it
                 await self.loop.set_state(run, State.STOPPED, StopReason.CANCELLED, cancelled=True)
             finally:
                 run._done.set()  # noqa: SLF001
         finally:
             lease.release()
+        await self.engine.submit(run.instance_id)  # an engine that tracks the instance learns it is done
 
 
 def _subtree_in(header: Mapping[str, Any], by_id: Mapping[Any, Mapping[str, Any]], seen: set[Any]) -> float | None:
@@ -2124,6 +2348,7 @@ def summary(header: Mapping[str, Any], *, subtree_cost: float | object | None = 
         "instanceId": header.get("instanceId"),
         "name": header.get("name"),
         "state": header.get("state"),
+        "queued": header.get("queued") is True,
         "stopReason": header.get("stopReason"),
         "cancelled": bool(header.get("cancelled", False)),
         "error": header.get("error"),

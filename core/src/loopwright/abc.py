@@ -1,4 +1,4 @@
-"""The interfaces plugins implement: providers, stores, context strategies and record sinks.
+"""The interfaces plugins implement: providers, stores, engines, context strategies and record sinks.
 
 Each is an abstract class with one or a few async methods that raise ``NotImplementedError``,
 plus ``aclose()`` and the async context manager protocol. A plugin registers a *factory* for its
@@ -11,7 +11,7 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import attrs
 
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CompactionContext",
     "ContextStrategy",
+    "Engine",
     "Lease",
     "Provider",
     "ProviderSettings",
@@ -210,6 +211,24 @@ class Store(_AsyncClosing, abc.ABC):
         """
         del instance_id, fold
 
+    async def create_leased(self, instance_id: str, header: Mapping[str, Any], owner: str) -> Lease:
+        """Create an instance (as :meth:`create`) with its runner lease already held by ``owner``.
+
+        The runtime creates an instance it is about to run here this way, so that no worker can
+        take the new instance between its creation and its first segment (a worker treats an
+        instance left ``running`` whose lease is free as a dead runner's, and resumes it). A
+        store that others share must make the two one step: the instance is never visible to
+        :meth:`acquire` with its lease free. The default calls :meth:`create`, then
+        :meth:`acquire`: enough for a store no worker shares, not for one it does (the file and
+        sqlite stores override it).
+
+        :raises StoreError: As :meth:`create`; nothing is left behind.
+
+        .. versionadded:: 0.1
+        """
+        await self.create(instance_id, header)
+        return await self.acquire(instance_id, owner)
+
     async def acquire(self, instance_id: str, owner: str) -> Lease:
         """Take the instance's runner lease without waiting: one runner per instance.
 
@@ -241,25 +260,33 @@ class Store(_AsyncClosing, abc.ABC):
 
         Candidates, in this order: an instance ``waiting_for_approval`` whose held calls are all
         decided; a resting one (``waiting``, ``stopped``, ``error``) with a message in its
-        mailbox after its header's ``inboxCursor``; an instance left ``running`` (its runner may
-        have died), the least recently updated first. A candidate list is enough: the worker
-        takes the lease and checks again under it, so an id whose runner is alive costs one
-        failed :meth:`acquire`. Called every poll interval by every worker, so a store shared
-        by many should override it with one cheap query (the postgres store does, and leaves
-        out instances whose lease is held). The default reads :meth:`list_headers` and, for
-        resting instances, :meth:`read_posts`; that suits the file and sqlite stores.
+        mailbox after its header's ``inboxCursor``; an instance left ``running`` that some runner
+        began (its runner may have died), the least recently updated first; and last the queue:
+        instances submitted for any worker (``running`` with ``queued: true`` in the header,
+        written by :meth:`loopwright.Runtime.submit`), oldest first. So a dead runner's instances
+        go ahead of the queue, and a queued instance is never mistaken for a dead runner's (the
+        runtime starts it, it does not resume it). A candidate list is enough: the worker takes
+        the lease and checks again under it, so an id whose runner is alive costs one failed
+        :meth:`acquire`. Called every poll interval by every worker, so a store shared by many
+        should override it with one cheap query (the postgres store does, and leaves out
+        instances whose lease is held). The default reads :meth:`list_headers` and, for resting
+        instances, :meth:`read_posts`; that suits the file and sqlite stores.
 
         .. versionadded:: 0.1
         """
         decided: list[str] = []
         mail: list[str] = []
         running: list[tuple[str, str]] = []
+        queued: list[str] = []
         for header in await self.list_headers():
             instance_id, state = header.get("instanceId"), header.get("state")
             if not isinstance(instance_id, str):
                 continue
             if state == "running":
-                running.append((str(header.get("updatedAt") or ""), instance_id))
+                if header.get("queued") is True:
+                    queued.append(instance_id)  # list_headers is oldest first
+                else:
+                    running.append((str(header.get("updatedAt") or ""), instance_id))
             elif state == "waiting_for_approval":
                 pending = header.get("pendingApprovals") or []
                 if pending and all(isinstance(p, Mapping) and p.get("decision") is not None for p in pending):
@@ -269,10 +296,10 @@ class Store(_AsyncClosing, abc.ABC):
                 try:
                     posts, _ = await self.read_posts(instance_id, cursor if isinstance(cursor, int) else 0)
                 except NotImplementedError:
-                    return [*decided, *(iid for _at, iid in sorted(running))][:limit]
+                    return [*decided, *(iid for _at, iid in sorted(running)), *queued][:limit]
                 if any(p.get("type") == "message" for p in posts):
                     mail.append(instance_id)
-        return [*decided, *mail, *(iid for _at, iid in sorted(running))][:limit]
+        return [*decided, *mail, *(iid for _at, iid in sorted(running)), *queued][:limit]
 
     def locations(self) -> Sequence[Path]:
         """Return the folders and files this store keeps data in.
@@ -280,6 +307,62 @@ class Store(_AsyncClosing, abc.ABC):
         The runtime refuses to grant any of them to an agent. A store with no local files returns ``()``.
         """
         return ()
+
+
+class Engine(_AsyncClosing, abc.ABC):
+    """Who advances submitted work: the seam between the store (what is to be done) and the runners.
+
+    Every change that gives an instance work is first written to the store: a new instance
+    (:meth:`loopwright.Runtime.submit`), a message in its mailbox, a decision on a held call,
+    a cancel request, or a dead runner's instance to resume. The store stays the one source
+    of truth; the engine only makes sure that some runner picks the work up, through
+    :meth:`loopwright.Runtime.pick_up` (which takes the instance's lease, checks again under it
+    and starts the segment). An engine is built once per runtime, when it opens, from the
+    assembly's ``engine: {kind: NAME, ...options}`` by the factory its plugin registered
+    (``loopwright_register_engines``: ``factory(options, runtime)``), and closed when it closes.
+
+    The built-in ``local`` engine leaves the work in the store for ``loopwright worker``
+    processes to find (and wakes a worker running in the same process at once).
+
+    Attributes:
+        in_process: ``True`` when ``loopwright run`` (without ``--detach``) runs the instance in
+            the calling process, as the ``local`` engine does. ``False`` for an engine whose
+            runners live elsewhere (a Temporal worker): the plain commands then submit the work
+            and follow the instance until it rests.
+
+    Usage::
+
+        class NudgeEngine(Engine):
+            in_process = True
+
+            def __init__(self, options, runtime):
+                self.runtime = runtime
+
+            async def submit(self, instance_id: str) -> None:
+                await tell_my_workers(instance_id)
+
+        @loopwright.hookimpl
+        def loopwright_register_engines(register):
+            register("nudge", NudgeEngine, options=loopwright.options.options_schema({}))
+
+    .. versionadded:: 0.1
+    """
+
+    in_process: ClassVar[bool] = True
+
+    @abc.abstractmethod
+    async def submit(self, instance_id: str) -> None:
+        """Make some runner advance this instance: the store now holds work for it.
+
+        Called after the work was written (a new instance, a message, a decision, a cancel, a
+        resume), by any process. Returns once the work is handed over, not when it is done; a
+        runner advances it with :meth:`loopwright.Runtime.pick_up`. Calling it again for work
+        already handed over, or for an instance with nothing to do, must be harmless (the
+        runner finds nothing and moves on). Raise :class:`~loopwright.errors.LoopwrightError`
+        if the work cannot be handed over; the work stays in the store, where a later
+        ``submit`` or a worker's poll finds it.
+        """
+        raise NotImplementedError
 
 
 class Lease:

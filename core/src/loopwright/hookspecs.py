@@ -82,6 +82,7 @@ __all__ = [  # noqa: RUF022 - plainly sorted, as the project's __all__ test chec
     "loopwright_on_stream_event",
     "loopwright_register_commands",
     "loopwright_register_context_strategies",
+    "loopwright_register_engines",
     "loopwright_register_guardrails",
     "loopwright_register_hooks",
     "loopwright_register_providers",
@@ -149,6 +150,29 @@ def loopwright_register_stores(
 
     Call ``register(kind, factory)``, where ``factory(settings)`` takes a
     :class:`~loopwright.StoreSettings` and returns a :class:`~loopwright.abc.Store`.
+
+    :param register: The registrar.
+    :param settings: The assembly's ``pluginSettings`` (plugin name → its settings mapping).
+    :param runtime: The runtime loading the plugins (not open yet), or ``None`` for a plugin host
+        used on its own.
+
+    Return value ignored. ``async def`` is not allowed.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def loopwright_register_engines(
+    register: Callable[..., None], settings: Mapping[str, Any], runtime: Runtime | None,
+) -> None:
+    """Register engine kinds (who advances submitted work; the assembly's ``engine:``).
+
+    Call ``register(kind, factory)``, where ``factory(options, runtime)`` takes the engine's
+    YAML mapping (without ``kind``) and the open :class:`~loopwright.Runtime`, and returns a
+    :class:`~loopwright.abc.Engine`. Pass ``options=SCHEMA`` (see :mod:`loopwright.options`) to
+    have the options checked, at their place in the assembly, before the factory is called.
+    The built-in kind is ``local``.
 
     :param register: The registrar.
     :param settings: The assembly's ``pluginSettings`` (plugin name → its settings mapping).
@@ -531,6 +555,7 @@ HOOKS: Mapping[str, HookRule] = MappingProxyType({
     "loopwright_register_providers": _REGISTRATION,
     "loopwright_register_tools": _REGISTRATION,
     "loopwright_register_stores": _REGISTRATION,
+    "loopwright_register_engines": _REGISTRATION,
     "loopwright_register_context_strategies": _REGISTRATION,
     "loopwright_register_record_sinks": _REGISTRATION,
     "loopwright_register_commands": _REGISTRATION,

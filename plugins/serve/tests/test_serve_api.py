@@ -244,6 +244,13 @@ def test_sse_resumes_with_last_event_id_across_processes(client: httpx.Client, a
     assert client.get(f"/v1/instances/{iid}/events", headers={"Last-Event-ID": "banana"}).status_code == 400
 
 
+def no_streams_open(client: httpx.Client) -> None:
+    deadline = time.monotonic() + 30
+    while client.get("/healthz").json()["eventStreams"]:
+        assert time.monotonic() < deadline, "a closed stream's place was never given back"
+        time.sleep(0.05)
+
+
 def test_event_streams_are_bounded_and_end_at_shutdown(tmp_path: Path) -> None:
     assembly = project(tmp_path, "  maxEventStreams: 1\n")
     with serving(assembly) as server, server.client() as client:
@@ -254,14 +261,46 @@ def test_event_streams_are_bounded_and_end_at_shutdown(tmp_path: Path) -> None:
             assert refused.status_code == 503
             assert refused.headers["retry-after"]
         # Closed: the place is given back once the server has seen the client leave.
-        deadline = time.monotonic() + 30
-        while client.get("/healthz").json()["eventStreams"]:
-            assert time.monotonic() < deadline, "the closed stream's place was never given back"
-            time.sleep(0.05)
+        no_streams_open(client)
         read_events(client, iid, rests_in("waiting"))
+        no_streams_open(client)
         with client.stream("GET", f"/v1/instances/{iid}/events") as held:
             assert held.status_code == 200
             server.process.terminate()
             # The server ends the stream itself and exits cleanly.
             list(held.iter_raw())
         assert server.process.wait(timeout=60) == 0
+
+
+def test_run_false_only_writes_the_work_and_workers_run_it(tmp_path: Path) -> None:
+    """With server.run false nothing runs in the server: `loopwright worker` processes do the work it writes."""
+    assembly = project(tmp_path, "  run: false\n")
+    with serving(assembly) as server, server.client() as client:
+        created = start(client, "approve", prompt="queued")
+        iid = created["instanceId"]
+        assert created["state"] == "running"
+        assert created["queued"] is True
+        # Nobody runs it until a worker does.
+        assert client.get(f"/v1/instances/{iid}/records").json() == []
+        worker = cli(assembly, "worker", "--once", "--poll", "100ms")
+        assert worker.returncode == 0, worker.stderr
+        shown = client.get(f"/v1/instances/{iid}").json()
+        assert shown["state"] == "waiting_for_approval"
+        decided = client.post(f"/v1/instances/{iid}/approvals/call_del", json={"decision": "approve"})
+        assert decided.status_code == 200, decided.text
+        assert decided.json()["decided"][0]["decidedBy"] == "local"
+        # Saved, not continued here: the call waits, decided, for a worker.
+        assert client.get(f"/v1/instances/{iid}").json()["state"] == "waiting_for_approval"
+        worker = cli(assembly, "worker", "--once", "--poll", "100ms")
+        assert worker.returncode == 0, worker.stderr
+        assert client.get(f"/v1/instances/{iid}").json()["state"] == "waiting"
+        approvals = client.get(f"/v1/instances/{iid}/records", params={"kind": "approval"}).json()
+        assert approvals[-1]["data"]["by"] == "local"
+        # A message goes to the mailbox; the next worker reads it.
+        assert client.post(f"/v1/instances/{iid}/messages", json={"text": "more"}).status_code == 202
+        assert client.get(f"/v1/instances/{iid}").json()["state"] == "waiting"
+        worker = cli(assembly, "worker", "--once", "--poll", "100ms")
+        assert worker.returncode == 0, worker.stderr
+        transcript = read_events(client, iid, lambda e: e.event == "transcript"
+                                 and e.data["message"].get("content") == "result: more")
+        assert transcript[-1].data["message"]["role"] == "assistant"

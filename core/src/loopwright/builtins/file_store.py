@@ -331,12 +331,27 @@ class FileStore(Store):
 
     # -- headers -------------------------------------------------------------------------------
 
-    async def create(self, instance_id: str, header: Mapping[str, Any]) -> None:  # noqa: C901 - cleanup paths
+    async def create(self, instance_id: str, header: Mapping[str, Any]) -> None:
         """Create the instance's folder, empty logs and header.
 
         Raise :class:`~loopwright.errors.StoreError` if the folder exists (even without a header),
         the id is invalid, or the header is not JSON-ready.
         """
+        self._create(instance_id, header, None)
+
+    async def create_leased(self, instance_id: str, header: Mapping[str, Any], owner: str) -> Lease:
+        """Create the instance (as :meth:`create`) with its lock already held by ``owner``.
+
+        The new folder is locked before its header is written, so another process's
+        :meth:`acquire` finds no instance, then a locked one: never a free lease.
+        """
+        lease = self._create(instance_id, header, owner)
+        assert lease is not None  # noqa: S101 - an owner always gets its lease
+        return lease
+
+    def _create(self, instance_id: str, header: Mapping[str, Any],  # noqa: C901, PLR0912 - cleanup paths
+                owner: str | None) -> Lease | None:
+        """Create the instance; with ``owner``, lock the folder first and return the lease."""
         folder = self.root / _check_id(instance_id)
         data = self._header_bytes(instance_id, header)
         try:
@@ -348,7 +363,11 @@ class FileStore(Store):
             raise StoreError(f"already exists ({folder})", instance_id=instance_id) from None
         except OSError as exc:
             raise StoreError(f"cannot create {folder}: {exc}", instance_id=instance_id) from exc
+        lock_fd = -1
         try:
+            if owner is not None:
+                lock_fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _O_CLOEXEC)
+                fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a folder nobody else knows of yet
             # The logs are created open, and stay cached for the appends that follow at once.
             for name in (ENTRIES_FILE, RECORDS_FILE):
                 fd = os.open(folder / name, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o600)
@@ -370,6 +389,8 @@ class FileStore(Store):
                 _fsync_dir(self.root)
             self._note_checkpoint(instance_id, 0)
         except BaseException:
+            if lock_fd >= 0:
+                os.close(lock_fd)
             # Leave no header-less folder behind: it would block the id and look like litter.
             for name in (ENTRIES_FILE, RECORDS_FILE):
                 fd = self._logs.pop((instance_id, name), -1)
@@ -382,6 +403,13 @@ class FileStore(Store):
             with contextlib.suppress(OSError):
                 folder.rmdir()
             raise
+        if owner is None:
+            return None
+        self._held.add(instance_id)
+        lease = Lease(instance_id=instance_id, owner=owner, path=folder, fd=lock_fd, on_release=self._released,
+                      find_previous=functools.partial(self._dead_runner, instance_id, owner))
+        self._leases.add(lease)
+        return lease
 
     async def write_header(self, instance_id: str, header: Mapping[str, Any]) -> None:
         """Replace the header atomically (temp file, fsync, rename; and fsync the folder with ``fsync: true``).

@@ -275,6 +275,46 @@ class SqliteStore(Store):
         text, created = self._header_text(_check_id(instance_id), header)
         await self._run(self._create, instance_id, text, created)
 
+    async def create_leased(self, instance_id: str, header: Mapping[str, Any], owner: str) -> Lease:
+        """Create the instance (as :meth:`create`) with its lease already held by ``owner``.
+
+        The lock file is locked before the row is inserted, so another process's
+        :meth:`acquire` finds no instance, then a locked one: never a free lease.
+        """
+        text, created = self._header_text(_check_id(instance_id), header)
+        fd = self._lock_fd(instance_id)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:  # a lock file left by an earlier instance of this id, held by its runner
+                if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
+                    raise StoreError(f"cannot lock {self.lock_dir / instance_id}.lock: {exc}",
+                                     instance_id=instance_id) from exc
+                raise StoreError(f"already exists (in {self.path})", instance_id=instance_id) from None
+            await self._run(self._create, instance_id, text, created)
+        except BaseException:
+            os.close(fd)
+            raise
+        lease = Lease(instance_id=instance_id, owner=owner, path=self.lock_dir / f"{instance_id}.lock", fd=fd,
+                      on_release=self._leases.discard,
+                      find_previous=functools.partial(self._dead_runner, instance_id, owner))
+        self._leases.add(lease)
+        return lease
+
+    def _lock_fd(self, instance_id: str) -> int:
+        """Open (creating it and its folder if needed) the instance's lock file; return the descriptor."""
+        path = self.lock_dir / f"{instance_id}.lock"
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o600)
+        except FileNotFoundError:
+            try:
+                self.lock_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+                return os.open(path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o600)
+            except OSError as exc:
+                raise StoreError(f"cannot create {path}: {exc}", instance_id=instance_id) from exc
+        except OSError as exc:
+            raise StoreError(f"cannot open {path}: {exc}", instance_id=instance_id) from exc
+
     def _create(self, instance_id: str, text: str, created: str) -> None:
         conn = self._connect(create=True)
         assert conn is not None  # noqa: S101 - create=True always connects
@@ -460,16 +500,7 @@ class SqliteStore(Store):
         """
         header = await self.read_header(instance_id)  # raises for an unknown or invalid id
         path = self.lock_dir / f"{instance_id}.lock"
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o600)
-        except FileNotFoundError:
-            try:
-                self.lock_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o600)
-            except OSError as exc:
-                raise StoreError(f"cannot create {path}: {exc}", instance_id=instance_id) from exc
-        except OSError as exc:
-            raise StoreError(f"cannot open {path}: {exc}", instance_id=instance_id) from exc
+        fd = self._lock_fd(instance_id)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:

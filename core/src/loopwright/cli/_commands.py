@@ -136,14 +136,45 @@ async def _follow(settings: CliSettings, agent: AgentRun) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
+# Submitted work (--detach, and engines whose runners live elsewhere)
+# ---------------------------------------------------------------------------------------------
+
+
+def _submitted(settings: CliSettings, header: Mapping[str, Any], what: str) -> int:
+    """Report work handed to the engine (``--detach``): the id on stdout, or the summary with ``submitted: true``."""
+    instance_id = str(header.get("instanceId"))
+    if settings.json:
+        echo_json({**summary(header), "submitted": True})
+    else:
+        click.echo(safe_text(instance_id))
+        click.echo(f"submitted: {what}; a worker runs it (loopwright worker). Follow it with: "
+                   f"loopwright show {safe_text(instance_id)}", err=True)
+    return EXIT_OK
+
+
+async def _follow_elsewhere(settings: CliSettings, rt: Runtime, instance_id: str, since: str | None) -> int:
+    """Follow an instance the engine's runners advance until it rests, then report it as ``run`` does."""
+    settings.instance_id = instance_id
+    if not settings.json:
+        click.echo(f"following instance {safe_text(instance_id)}, run by the {safe_text(rt.assembly.engine.kind)} "
+                   "engine's workers", err=True)
+    agent = await rt.follow_submitted(instance_id, since=since)
+    result = await agent.wait()
+    if result.state is State.RUNNING:
+        waiting = await rt.tree_approvals(instance_id)
+        result = attrs.evolve(result, pending_approvals=tuple(waiting))
+    return report(result, settings, turns=agent.inst.turn)
+
+
+# ---------------------------------------------------------------------------------------------
 # run and the commands that continue an instance
 # ---------------------------------------------------------------------------------------------
 
 
 @_sync
-async def run(settings: CliSettings, definition: str, prompt: str | None, inputs: Mapping[str, str],
-              stream: bool) -> int:
-    """``loopwright run``: start an instance and follow it until it rests."""
+async def run(settings: CliSettings, definition: str, prompt: str | None, inputs: Mapping[str, str],  # noqa: PLR0917 - click passes them in order
+              stream: bool, detach: bool = False) -> int:
+    """``loopwright run``: start an instance and follow it until it rests (``detach``: queue it for a worker)."""
     async with _runtime(settings) as rt:
         if definition not in rt.assembly.agent_definitions and not Path(definition).exists():  # noqa: ASYNC240
             names = ", ".join(sorted(rt.assembly.agent_definitions))
@@ -151,13 +182,19 @@ async def run(settings: CliSettings, definition: str, prompt: str | None, inputs
             raise CliError(f"no definition file {definition!r}{known}", EXIT_USAGE)
         defn = rt.load_definition(definition)
         values = resolve_inputs(defn, inputs, from_strings=True)
+        if detach or not rt.engine.in_process:
+            instance_id = await rt.submit(defn, values, prompt)
+            if detach:
+                return _submitted(settings, await rt.store.read_header(instance_id), "queued")
+            return await _follow_elsewhere(settings, rt, instance_id, None)
         agent = await rt.start_agent(defn, values, prompt, stream=stream)
         return await _follow(settings, agent)
 
 
-async def _decide(settings: CliSettings, instance_id: str, call_id: str | None, *, subtree: bool,
-                  decision: Literal["approved", "denied"], reason: str | None, stream: bool = False) -> int:
-    """Decide held calls of ``instance_id``'s tree, then follow it (see ``approve``)."""
+async def _decide(settings: CliSettings, instance_id: str, call_id: str | None, *, subtree: bool,  # noqa: C901 - each way to go on
+                  decision: Literal["approved", "denied"], reason: str | None, stream: bool = False,
+                  detach: bool = False) -> int:
+    """Decide held calls of ``instance_id``'s tree, then follow it (see ``approve``; ``detach``: a worker goes on)."""
     from loopwright.errors import InstanceLockedError  # noqa: PLC0415
 
     async with _runtime(settings) as rt:
@@ -169,8 +206,12 @@ async def _decide(settings: CliSettings, instance_id: str, call_id: str | None, 
                     f"in its tree: decide one with --call CALL_ID, or all with --subtree") if waiting else ""
             raise CliError(f"instance {instance_id} is {agent.state.value}, not waiting for approval{hint}",
                            EXIT_USAGE)
+        elsewhere = detach or not rt.engine.in_process
+        since = (await rt.store.read_header(instance_id)).get("updatedAt")
         try:
-            if subtree:
+            if elsewhere:
+                decided = await rt.submit_decision(instance_id, call_id, decision, reason, subtree=subtree)
+            elif subtree:
                 decided = await rt.decide_subtree(agent, decision, reason)
             else:
                 decided = await rt.decide(agent, call_id, decision, reason)
@@ -185,37 +226,50 @@ async def _decide(settings: CliSettings, instance_id: str, call_id: str | None, 
                 where = " > ".join(f"{safe_text(step.get('name'))} {safe_text(step.get('instanceId'))}"
                                    for step in p.path) or safe_text(p.instance_id or instance_id)
                 click.echo(f"{decision}: {safe_text(p.tool_call_id)} {safe_text(p.tool)} (in {where})", err=True)
+        if detach:
+            return _submitted(settings, await rt.store.read_header(instance_id), f"{decision}, for a worker to go on")
+        if elsewhere:
+            return await _follow_elsewhere(settings, rt, instance_id, since)
         return await _follow(settings, agent)
 
 
 @_sync
-async def approve(settings: CliSettings, instance_id: str, call_id: str | None, subtree: bool = False,
-                  stream: bool = False) -> int:
+async def approve(settings: CliSettings, instance_id: str, call_id: str | None, subtree: bool = False,  # noqa: PLR0917 - click passes them in order
+                  stream: bool = False, detach: bool = False) -> int:
     """``loopwright approve``: approve held calls (anywhere in its tree with ``--call``, ``--subtree``), then follow.
 
-    ``stream`` asks the provider to stream the answers that follow.
+    ``stream`` asks the provider to stream the answers that follow; ``detach`` only saves the decision.
     """
     return await _decide(settings, instance_id, call_id, subtree=subtree, decision="approved", reason=None,
-                         stream=stream)
+                         stream=stream, detach=detach)
 
 
 @_sync
 async def deny(settings: CliSettings, instance_id: str, call_id: str | None, reason: str | None,  # noqa: PLR0917 - click passes them in order
-               subtree: bool = False, stream: bool = False) -> int:
+               subtree: bool = False, stream: bool = False, detach: bool = False) -> int:
     """``loopwright deny``: deny held calls (the model sees ``denied: REASON``), then follow the instance."""
     return await _decide(settings, instance_id, call_id, subtree=subtree, decision="denied", reason=reason,
-                         stream=stream)
+                         stream=stream, detach=detach)
 
 
 @_sync
-async def message(settings: CliSettings, instance_id: str, text: str, stream: bool) -> int:
-    """``loopwright message``: send a message, then follow the instance (``stream``: ask to stream)."""
+async def message(settings: CliSettings, instance_id: str, text: str, stream: bool, detach: bool = False) -> int:
+    """``loopwright message``: send a message, then follow the instance.
+
+    ``stream`` asks the provider to stream; ``detach`` only posts the message, for a worker.
+    """
     async with _runtime(settings) as rt:
         agent = await _lookup(rt, instance_id)
         agent.stream = stream
         if agent.state is State.WAITING_FOR_APPROVAL and not settings.json:
             click.echo("the message is queued: it is read once the calls waiting for approval are decided",
                        err=True)
+        if detach or not rt.engine.in_process:
+            since = (await rt.store.read_header(instance_id)).get("updatedAt")
+            await rt.submit_message(instance_id, text, source="user")
+            if detach:
+                return _submitted(settings, await rt.store.read_header(instance_id), "the message is posted")
+            return await _follow_elsewhere(settings, rt, instance_id, since)
         agent = await rt.message(instance_id, text, source="user")
         if not agent.running and agent.state is State.RUNNING:
             # Another process runs it: the message is in its mailbox, read at its next turn boundary.
@@ -229,8 +283,8 @@ async def message(settings: CliSettings, instance_id: str, text: str, stream: bo
 
 
 @_sync
-async def resume(settings: CliSettings, instance_id: str, stream: bool) -> int:
-    """``loopwright resume``: continue an instance a crash left running, then follow it."""
+async def resume(settings: CliSettings, instance_id: str, stream: bool, detach: bool = False) -> int:
+    """``loopwright resume``: continue an instance a crash left running, then follow it (``detach``: a worker does)."""
     async with _runtime(settings) as rt:
         agent = await _lookup(rt, instance_id)
         agent.stream = stream
@@ -239,6 +293,17 @@ async def resume(settings: CliSettings, instance_id: str, stream: bool) -> int:
                 f" (send it a message to go on: loopwright message {instance_id} TEXT)")
             click.echo(f"instance {instance_id} is {agent.state.value}, not running: nothing to resume{hint}",
                        err=True)
+        if detach or not rt.engine.in_process:
+            since = (await rt.store.read_header(instance_id)).get("updatedAt")
+            handed = await rt.submit_resume(instance_id)
+            if detach:
+                header = await rt.store.read_header(instance_id)
+                return _submitted(settings, header, "to be continued") if handed else report(
+                    agent.inst.result(), settings, turns=agent.inst.turn)
+            if handed:
+                return await _follow_elsewhere(settings, rt, instance_id, since if agent.state is not State.RUNNING
+                                               else None)
+            return report(agent.inst.result(), settings, turns=agent.inst.turn)
         agent = await rt.resume(instance_id)
         return await _follow(settings, agent)
 
@@ -391,7 +456,8 @@ def server(settings: CliSettings, host: str, port: int) -> int:
 # ---------------------------------------------------------------------------------------------
 
 _REGISTRY_KEYS = {
-    "provider": "providers", "tool": "tools", "store": "stores", "context strategy": "contextStrategies",
+    "provider": "providers", "tool": "tools", "store": "stores", "engine": "engines",
+    "context strategy": "contextStrategies",
     "record sink": "recordSinks", "command": "commands", "guardrail": "guardrails", "verifier": "verifiers",
     "hook set": "hookSets",
 }

@@ -186,15 +186,40 @@ def _invoke(name: str, settings: CliSettings, *args: Any) -> int:
               help="An input value (repeatable). VALUE is read as JSON for inputs that are not strings "
                    '(3, true, {"a": 1}); KEY=@FILE reads the value from a file.')
 @click.option("--stream", is_flag=True, help="Ask the provider to stream its answers.")
+@click.option("--detach", is_flag=True,
+              help="Write the work to the store for a worker (loopwright worker), print the id and exit 0 at once.")
 @_pass_settings
-def run_command(settings: CliSettings, definition: str, prompt: str | None, inputs: tuple[str, ...],
-                stream: bool) -> int:
+def run_command(settings: CliSettings, definition: str, prompt: str | None, inputs: tuple[str, ...],  # noqa: PLR0917 - click
+                stream: bool, detach: bool) -> int:
     """Start an instance of DEFINITION and follow it until it rests.
 
     DEFINITION is a definition file or a name from the assembly's agentDefinitions. Prints the
-    final text (or the calls waiting for approval) and a status line on stderr.
+    final text (or the calls waiting for approval) and a status line on stderr. With --detach
+    (or 'loopwright submit'), the instance is queued for a worker and its id printed at once.
     """
-    return _invoke("run", settings, definition, prompt, parse_inputs(inputs), stream)
+    _no_stream(stream, detach)
+    return _invoke("run", settings, definition, prompt, parse_inputs(inputs), stream, detach)
+
+
+@_command("submit")
+@click.argument("definition")
+@click.option("-p", "--prompt", help="The task prompt, sent after the definition's initial prompts.")
+@click.option("-i", "--input", "inputs", multiple=True, metavar="KEY=VALUE",
+              help="An input value (repeatable), as for run.")
+@_pass_settings
+def submit_command(settings: CliSettings, definition: str, prompt: str | None, inputs: tuple[str, ...]) -> int:
+    """Queue an instance of DEFINITION for a worker and print its id: 'run --detach'.
+
+    Nothing runs here: a 'loopwright worker' sharing the store (or the assembly's engine)
+    starts it. Exits 0 once the instance is saved; 'loopwright show ID' follows it.
+    """
+    stream, detach = False, True
+    return _invoke("run", settings, definition, prompt, parse_inputs(inputs), stream, detach)
+
+
+def _no_stream(stream: bool, detach: bool) -> None:
+    if stream and detach:
+        raise click.UsageError("--detach runs nothing here, so --stream does not apply: give one of them")
 
 
 @_command("approve")
@@ -203,16 +228,21 @@ def run_command(settings: CliSettings, definition: str, prompt: str | None, inpu
               help="Approve only this call, held by ID or by any agent below it (default: every call ID holds).")
 @click.option("--subtree", is_flag=True, help="Approve every call held in ID's tree, and print each.")
 @click.option("--stream", is_flag=True, help="Ask the provider to stream its answers.")
+@click.option("--detach", is_flag=True,
+              help="Write the work to the store for a worker (loopwright worker), print the id and exit 0 at once.")
 @_pass_settings
-def approve_command(settings: CliSettings, instance_id: str, call_id: str | None, subtree: bool, stream: bool) -> int:
+def approve_command(settings: CliSettings, instance_id: str, call_id: str | None, subtree: bool,  # noqa: PLR0917 - click
+                    stream: bool, detach: bool) -> int:
     """Approve held tool calls of instance ID or its tree, then follow ID until it rests.
 
     The instance holding the call goes on, and so do the agents above it waiting for it. A
-    call that is no longer waiting is an error (exit 2).
+    call that is no longer waiting is an error (exit 2). With --detach, only the decision is
+    saved: a worker continues the instance.
     """
     if subtree and call_id is not None:
         raise click.UsageError("give --call or --subtree, not both")
-    return _invoke("approve", settings, instance_id, call_id, subtree, stream)
+    _no_stream(stream, detach)
+    return _invoke("approve", settings, instance_id, call_id, subtree, stream, detach)
 
 
 @_command("deny")
@@ -222,39 +252,50 @@ def approve_command(settings: CliSettings, instance_id: str, call_id: str | None
 @click.option("--subtree", is_flag=True, help="Deny every call held in ID's tree, and print each.")
 @click.option("--reason", help="Why; the model reads it in the call's 'denied' result.")
 @click.option("--stream", is_flag=True, help="Ask the provider to stream its answers.")
+@click.option("--detach", is_flag=True,
+              help="Write the work to the store for a worker (loopwright worker), print the id and exit 0 at once.")
 @_pass_settings
 def deny_command(settings: CliSettings, instance_id: str, call_id: str | None, subtree: bool,  # noqa: PLR0917 - click
-                 reason: str | None, stream: bool) -> int:
-    """Deny held tool calls of instance ID or its tree, then follow ID until it rests."""
+                 reason: str | None, stream: bool, detach: bool) -> int:
+    """Deny held tool calls of instance ID or its tree, then follow ID until it rests (--detach: a worker goes on)."""
     if subtree and call_id is not None:
         raise click.UsageError("give --call or --subtree, not both")
-    return _invoke("deny", settings, instance_id, call_id, reason, subtree, stream)
+    _no_stream(stream, detach)
+    return _invoke("deny", settings, instance_id, call_id, reason, subtree, stream, detach)
 
 
 @_command("message")
 @click.argument("instance_id", metavar="ID")
 @click.argument("text")
 @click.option("--stream", is_flag=True, help="Ask the provider to stream its answers.")
+@click.option("--detach", is_flag=True,
+              help="Write the work to the store for a worker (loopwright worker), print the id and exit 0 at once.")
 @_pass_settings
-def message_command(settings: CliSettings, instance_id: str, text: str, stream: bool) -> int:
+def message_command(settings: CliSettings, instance_id: str, text: str, stream: bool, detach: bool) -> int:
     """Send TEXT to instance ID and follow it until it rests.
 
     A message to an instance waiting on ask_user is the answer. While calls wait for approval,
-    the message is queued and read once they are decided.
+    the message is queued and read once they are decided. With --detach, the message is only
+    posted: a worker (or the instance's runner) reads it.
     """
-    return _invoke("message", settings, instance_id, text, stream)
+    _no_stream(stream, detach)
+    return _invoke("message", settings, instance_id, text, stream, detach)
 
 
 @_command("resume")
 @click.argument("instance_id", metavar="ID")
 @click.option("--stream", is_flag=True, help="Ask the provider to stream its answers.")
+@click.option("--detach", is_flag=True,
+              help="Write the work to the store for a worker (loopwright worker), print the id and exit 0 at once.")
 @_pass_settings
-def resume_command(settings: CliSettings, instance_id: str, stream: bool) -> int:
+def resume_command(settings: CliSettings, instance_id: str, stream: bool, detach: bool) -> int:
     """Continue instance ID after a crash left it running, and follow it until it rests.
 
     A resting instance is left as it is and its result printed; send it a message to go on.
+    With --detach, the instance is handed to the engine for a worker to continue.
     """
-    return _invoke("resume", settings, instance_id, stream)
+    _no_stream(stream, detach)
+    return _invoke("resume", settings, instance_id, stream, detach)
 
 
 @_command("fork")

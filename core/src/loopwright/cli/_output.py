@@ -334,6 +334,8 @@ def print_instances(summaries: Sequence[Mapping[str, Any]]) -> None:
         state = _state_text(s.get("state"), s.get("stopReason"))
         if s.get("cancelled") and s.get("stopReason") != "cancelled":
             state += ", cancelled"
+        if s.get("queued"):
+            state += " (queued)"
         row = (str(s.get("instanceId")), str(s.get("name") or ""), state, f"{int(total):,}",
                format_cost(s.get("cost")), _when(s.get("updatedAt")))
         rows.append(tuple(safe_text(value) for value in row))
@@ -364,7 +366,7 @@ def print_instances(summaries: Sequence[Mapping[str, Any]]) -> None:
 # ---------------------------------------------------------------------------------------------
 
 _REGISTERED_LABELS = (
-    ("providers", "providers"), ("tools", "tools"), ("stores", "stores"),
+    ("providers", "providers"), ("tools", "tools"), ("stores", "stores"), ("engines", "engines"),
     ("contextStrategies", "context strategies"), ("recordSinks", "record sinks"), ("commands", "commands"),
 )
 

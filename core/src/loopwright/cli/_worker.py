@@ -1,9 +1,11 @@
 """``loopwright worker``: a long-running process that runs the work other processes leave in the store.
 
-Every poll interval (or sooner, when a segment it runs rests) the worker asks the store for
-instances that may have work (:meth:`loopwright.abc.Store.find_work`) and hands each to
-:meth:`loopwright.Runtime.pick_up`, which takes the instance's lease, checks again under it and
-starts a segment: a resume for an instance whose runner died, the continuation of one whose held
+Every poll interval (or sooner, when a segment it runs rests, or when work is submitted in its
+own process) the worker asks the store for instances that may have work
+(:meth:`loopwright.abc.Store.find_work`) and hands each to :meth:`loopwright.Runtime.pick_up`,
+which takes the instance's lease, checks again under it and starts a segment: the first segment
+of a submitted instance (``run --detach``, :meth:`loopwright.Runtime.submit`), a resume for an
+instance whose runner died (these go ahead of the queue), the continuation of one whose held
 calls were all decided elsewhere, or a new segment for a resting one with mail. The lease is what
 keeps two workers (on one machine or many) from running one instance at once; a worker never
 waits for a lease, it moves on.
@@ -26,6 +28,7 @@ import click
 
 from loopwright._instance import now_iso
 from loopwright._runtime import Runtime, result_to_json
+from loopwright.builtins.local_engine import LocalEngine
 from loopwright.cli._exits import EXIT_CANCELLED, EXIT_ERROR, EXIT_OK
 from loopwright.cli._output import status_line
 from loopwright.display import safe_json, safe_text
@@ -102,6 +105,15 @@ class Worker:
         """Take work until stopped; return the exit code (0, 130 after SIGINT, 1 if ``once`` failed)."""
         self._note(f"worker: serving {self.rt.store!r}, polling every {self.poll:g} s, "
                    f"up to {self.max_concurrent} at once")
+        engine = self.rt.engine
+        unsubscribe = engine.subscribe(lambda _iid: self._wake.set()) if isinstance(engine, LocalEngine) else None
+        try:
+            return await self._serve()
+        finally:
+            if unsubscribe is not None:
+                unsubscribe()
+
+    async def _serve(self) -> int:
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._watch_signals)
             await self._take_work(tg)
@@ -134,10 +146,12 @@ class Worker:
 
     async def _take_work(self, tg: TaskGroup) -> None:
         while not self._stopped.is_set():
+            # A fresh event before looking: a segment that rests (or work submitted here) while
+            # the store is read wakes the wait below at once, instead of at the next poll.
+            self._wake = anyio.Event()
             started = await self._fill(tg)
             if self.once and not started and not self._active:
                 return
-            self._wake = anyio.Event()
             if self._stopped.is_set():
                 return
             with anyio.move_on_after(self.poll):

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from importlib.metadata import version
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from loopwright import PendingApproval, State
+from loopwright import Definition, PendingApproval, State
 from loopwright.errors import (
     CapabilityError,
     ConfigError,
@@ -30,14 +31,13 @@ from loopwright.errors import (
 )
 from loopwright_serve._auth import Principal, Scope
 from loopwright_serve._events import event_stream, parse_event_id
+from loopwright_serve._notify import Wakeups
 from loopwright_serve._problems import PROBLEM_MEDIA_TYPE, ProblemError
 from loopwright_serve._schema import body_field, json_schema, read_model
-from loopwright_serve._surface import null_lifespan
 
 if TYPE_CHECKING:
     from starlette.requests import Request
 
-    from loopwright import AgentRun
     from loopwright_serve._context import ServeContext
 
 __all__ = ["ENDPOINTS", "ApiSurface", "DecisionBody", "Endpoint", "MessageBody", "StartBody", "openapi"]
@@ -178,15 +178,26 @@ class ApiSurface:
 
     name = "api"
 
+    def __init__(self) -> None:
+        self.wakeups = Wakeups()
+
     def routes(self, ctx: ServeContext) -> list[BaseRoute]:
         """Return one route per row of :data:`ENDPOINTS`, bound to ``ctx``."""
-        handlers = _Handlers(ctx)
+        handlers = _Handlers(ctx, self.wakeups)
         return [Route(ep.path, _endpoint(ctx, ep, getattr(handlers, ep.key)), methods=[ep.method], name=ep.key)
                 for ep in ENDPOINTS]
 
-    def lifespan(self, ctx: ServeContext) -> contextlib.AbstractAsyncContextManager[None]:  # noqa: ARG002
-        """Hold nothing open."""
-        return null_lifespan()
+    def lifespan(self, ctx: ServeContext) -> contextlib.AbstractAsyncContextManager[None]:
+        """Register the event streams' wake-ups on the runtime while the server runs."""
+        return self._wakeups_registered(ctx)
+
+    @contextlib.asynccontextmanager
+    async def _wakeups_registered(self, ctx: ServeContext) -> AsyncIterator[None]:
+        name = ctx.runtime.register_plugin(self.wakeups, "loopwright-serve-events")
+        try:
+            yield
+        finally:
+            ctx.runtime.unregister_plugin(name)
 
 
 _Handler = Callable[["Request", "Principal | None", Any], Awaitable[Response]]
@@ -220,7 +231,7 @@ def _endpoint(ctx: ServeContext, ep: Endpoint, handler: _Handler) -> Callable[[R
 @contextlib.contextmanager
 def _loopwright_errors(instance_id: str | None) -> Iterator[None]:
     """Turn the runtime's errors into problem documents, with the instance they concern."""
-    extra = {"instanceId": instance_id} if instance_id else {}
+    extra: dict[str, Any] = {"instanceId": instance_id} if instance_id else {}
     try:
         yield
     except InstanceNotFoundError:
@@ -266,9 +277,11 @@ def _decision_json(p: PendingApproval) -> dict[str, Any]:
 class _Handlers:
     """The endpoints' work, one method per :data:`ENDPOINTS` key."""
 
-    def __init__(self, ctx: ServeContext) -> None:
+    def __init__(self, ctx: ServeContext, wakeups: Wakeups) -> None:
         self.ctx = ctx
         self.rt = ctx.runtime
+        self.wakeups = wakeups
+        self._definitions: dict[str, tuple[tuple[int, int], Definition]] = {}
 
     async def healthz(self, _request: Request, _principal: Principal | None, _body: None) -> Response:
         return JSONResponse({"status": "ok", "version": version("loopwright-serve"),
@@ -297,15 +310,33 @@ class _Handlers:
                 f"{body.definition!r} is not a name in the assembly's agentDefinitions (only those start over "
                 f"HTTP, never a file path); they are: {names}",
                 errors=[{"path": "$.definition", "message": "not a registered definition name"}])
-        defn = self.rt.load_definition(body.definition)
-        run = await self._start(defn, body)
-        summary = await self.rt.summary(run.instance_id)
-        return JSONResponse(summary, status_code=201, headers={"Location": f"/v1/instances/{run.instance_id}"})
+        defn = self._definition(body.definition, registered[body.definition])
+        if self.ctx.settings.run:
+            instance_id = (await self.rt.start_agent(defn, dict(body.inputs), body.prompt)).instance_id
+        else:  # written, queued, for a worker: nothing runs here
+            instance_id = await self.rt.submit(defn, dict(body.inputs), body.prompt)
+        summary = await self.rt.summary(instance_id)
+        return JSONResponse(summary, status_code=201, headers={"Location": f"/v1/instances/{instance_id}"})
 
-    async def _start(self, defn: Any, body: StartBody) -> AgentRun:
-        if not self.ctx.settings.run:
-            raise ProblemError(501, "Not implemented", "server.run false is not available yet")
-        return await self.rt.start_agent(defn, dict(body.inputs), body.prompt)
+    def _definition(self, name: str, path: str) -> Definition:
+        """Return the registered definition ``name``, read again only when its file changed.
+
+        Parsing and checking a definition file is most of what a start costs; the file's
+        modification time and size say when the copy read last is stale.
+        """
+        file = Path(path) if Path(path).is_absolute() else self.rt.assembly.base_dir / path
+        try:
+            stat = file.stat()
+            stamp: tuple[int, int] | None = (stat.st_mtime_ns, stat.st_size)
+        except OSError:
+            stamp = None  # let the loader say what is wrong with it
+        cached = self._definitions.get(name)
+        if stamp is not None and cached is not None and cached[0] == stamp:
+            return cached[1]
+        defn = self.rt.load_definition(name)
+        if stamp is not None:
+            self._definitions[name] = (stamp, defn)
+        return defn
 
     async def show_instance(self, request: Request, _principal: Principal | None, _body: None) -> Response:
         return JSONResponse(await self.rt.summary(request.path_params["instance_id"]))
@@ -315,7 +346,7 @@ class _Handlers:
         given = request.headers.get("last-event-id") or request.query_params.get("lastEventId")
         cursor = parse_event_id(given)
         await self.rt.store.read_header(instance_id)  # a 404 now, before the stream starts
-        return event_stream(self.ctx, instance_id, cursor)
+        return event_stream(self.ctx, instance_id, cursor, self.wakeups)
 
     async def records(self, request: Request, _principal: Principal | None, _body: None) -> Response:
         kind = request.query_params.get("kind")
@@ -327,20 +358,22 @@ class _Handlers:
 
     async def message(self, request: Request, _principal: Principal | None, body: MessageBody) -> Response:
         instance_id = request.path_params["instance_id"]
-        if not self.ctx.settings.run:
-            raise ProblemError(501, "Not implemented", "server.run false is not available yet")
-        run = await self.rt.message(instance_id, body.text, source="api")
-        return JSONResponse({"instanceId": instance_id, "delivered": True, "state": run.state.value},
-                            status_code=202)
+        if self.ctx.settings.run:
+            await self.rt.message(instance_id, body.text, source="api")
+        else:
+            await self.rt.submit_message(instance_id, body.text, source="api")
+        state = (await self.rt.store.read_header(instance_id)).get("state")
+        return JSONResponse({"instanceId": instance_id, "delivered": True, "state": state}, status_code=202)
 
     async def decide(self, request: Request, principal: Principal | None, body: DecisionBody) -> Response:
         instance_id, call_id = request.path_params["instance_id"], request.path_params["call_id"]
         assert principal is not None  # noqa: S101 - the endpoint needs a scope
-        if not self.ctx.settings.run:
-            raise ProblemError(501, "Not implemented", "server.run false is not available yet")
-        run = await self.rt.get_agent(instance_id)
         decision: Literal["approved", "denied"] = "approved" if body.decision == "approve" else "denied"
-        decided = await self.rt.decide(run, call_id, decision, body.reason, by=principal.source)
+        if self.ctx.settings.run:
+            run = await self.rt.get_agent(instance_id)
+            decided = await self.rt.decide(run, call_id, decision, body.reason, by=principal.source)
+        else:  # saved, and handed to the engine for a worker to continue
+            decided = await self.rt.submit_decision(instance_id, call_id, decision, body.reason, by=principal.source)
         return JSONResponse({"decided": [_decision_json(p) for p in decided],
                              "instance": await self.rt.summary(instance_id)})
 

@@ -35,7 +35,7 @@ class Principal:
     """
 
     name: str
-    scopes: frozenset[Scope] = attrs.field(converter=frozenset)
+    scopes: frozenset[Scope]
 
     def allows(self, scope: Scope) -> bool:
         """Whether this principal has ``scope``, directly or through ``admin``."""

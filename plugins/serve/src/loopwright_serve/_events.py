@@ -5,7 +5,8 @@ so a position in the pair is a durable cursor: event ids are ``RECORDS-ENTRIES``
 records and entries read when the event was sent. A client that reconnects with
 ``Last-Event-ID`` gets every event after that point, whether the instance ran in this server,
 in a ``loopwright run`` or in a ``loopwright worker`` on another machine. The logs are read
-again every :data:`POLL` seconds while the stream is open.
+again every :data:`POLL` seconds while the stream is open, and at once when the runtime says
+they grew (:mod:`._notify`, for instances running in this server).
 """
 
 from __future__ import annotations
@@ -26,11 +27,14 @@ if TYPE_CHECKING:
     from starlette.types import Receive, Scope, Send
 
     from loopwright_serve._context import ServeContext
+    from loopwright_serve._notify import Waiter, Wakeups
 
 __all__ = ["HEARTBEAT", "POLL", "Cursor", "event_stream", "parse_event_id"]
 
-#: Seconds between two reads of the logs while nothing is new.
+#: Seconds between two reads of the logs of an instance that runs elsewhere.
 POLL = 0.2
+#: Seconds between two reads of the logs of an instance that runs here (its writes wake the stream).
+POLL_WOKEN = 2.0
 #: Seconds between two keep-alive comments on an idle stream (so that proxies keep it open).
 HEARTBEAT = 15.0
 
@@ -66,7 +70,7 @@ def _frame(event: str, cursor: Cursor, data: Any) -> bytes:
     return f"id: {cursor}\nevent: {event}\ndata: {body}\n\n".encode()
 
 
-def event_stream(ctx: ServeContext, instance_id: str, cursor: Cursor) -> StreamingResponse:
+def event_stream(ctx: ServeContext, instance_id: str, cursor: Cursor, wakeups: Wakeups) -> StreamingResponse:
     """Return the SSE response following ``instance_id`` from ``cursor`` until the client leaves.
 
     Events: ``transcript`` (``{"index", "message", "turn"?}``, one per message of the entry log)
@@ -76,7 +80,7 @@ def event_stream(ctx: ServeContext, instance_id: str, cursor: Cursor) -> Streami
     :raises ProblemError: 503 when the most streams are open.
     """
     ctx.streams.enter()
-    return _EventResponse(ctx, _follow(ctx, instance_id, cursor), media_type="text/event-stream", headers={
+    return _EventResponse(ctx, _follow(ctx, instance_id, cursor, wakeups), media_type="text/event-stream", headers={
         "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
@@ -94,34 +98,72 @@ class _EventResponse(StreamingResponse):
             self.gate.leave()
 
 
-async def _follow(ctx: ServeContext, instance_id: str, cursor: Cursor) -> AsyncIterator[bytes]:
+async def _follow(ctx: ServeContext, instance_id: str, cursor: Cursor, wakeups: Wakeups) -> AsyncIterator[bytes]:
+    waiter = wakeups.add(instance_id)
+    try:
+        async for chunk in _read(ctx, instance_id, cursor, waiter):
+            yield chunk
+    finally:
+        wakeups.remove(instance_id, waiter)
+
+
+async def _read(ctx: ServeContext, instance_id: str, cursor: Cursor, waiter: Waiter) -> AsyncIterator[bytes]:
     store = ctx.runtime.store
     closing = ctx.streams.closing
     yield b"retry: 1000\n\n"
     idle = 0.0
+    entries: list[dict[str, Any]] = []
+    records: list[dict[str, Any]] = []
     while not closing.is_set():
+        # Woken by this runtime: read only the log that grew; polled: both.
+        read_entries, read_records = waiter.entries, waiter.records
+        waiter.rearm()
         try:
-            entries = await store.read_entries(instance_id)
-            records = await store.read_records(instance_id)
+            if read_entries:
+                entries = await store.read_entries(instance_id)
+            if read_records:
+                records = await store.read_records(instance_id)
         except InstanceNotFoundError:
             return
-        sent = False
-        for index in range(cursor.entries, len(entries)):
-            entry = entries[index]
-            cursor = attrs.evolve(cursor, entries=index + 1)
-            if entry.get("t") == "msg":
-                data: dict[str, Any] = {"index": index, "message": entry.get("m")}
-                if "turn" in entry:
-                    data["turn"] = entry["turn"]
-                yield _frame("transcript", cursor, data)
-                sent = True
-        for index in range(cursor.records, len(records)):
-            cursor = attrs.evolve(cursor, records=index + 1)
-            yield _frame("record", cursor, records[index])
-            sent = True
-        idle = 0.0 if sent else idle + POLL
+        frames, cursor = _frames(entries, records, cursor)
+        for frame in frames:
+            yield frame
+        waited = await _wait(waiter, closing)
+        idle = 0.0 if frames else idle + waited
         if idle >= HEARTBEAT:
             idle = 0.0
             yield b": keep-alive\n\n"
-        with anyio.move_on_after(POLL):
-            await closing.wait()
+
+
+def _frames(entries: list[dict[str, Any]], records: list[dict[str, Any]], cursor: Cursor) -> tuple[list[bytes], Cursor]:
+    """Return the events for what the logs hold past ``cursor``, and the cursor after them."""
+    frames: list[bytes] = []
+    for index in range(cursor.entries, len(entries)):
+        entry = entries[index]
+        cursor = attrs.evolve(cursor, entries=index + 1)
+        if entry.get("t") == "msg":
+            data: dict[str, Any] = {"index": index, "message": entry.get("m")}
+            if "turn" in entry:
+                data["turn"] = entry["turn"]
+            frames.append(_frame("transcript", cursor, data))
+    for index in range(cursor.records, len(records)):
+        cursor = attrs.evolve(cursor, records=index + 1)
+        frames.append(_frame("record", cursor, records[index]))
+    return frames, cursor
+
+
+async def _wait(waiter: Waiter, closing: anyio.Event) -> float:
+    """Wait until the logs grew here, the poll interval passed, or the server closes; return the seconds waited."""
+    started = anyio.current_time()
+    with anyio.move_on_after(POLL_WOKEN if waiter.woken else POLL) as timer:
+        async with anyio.create_task_group() as tg:
+            async def closed() -> None:
+                await closing.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(closed)
+            await waiter.event.wait()
+            tg.cancel_scope.cancel()
+    if timer.cancelled_caught:  # nobody said what grew: read both
+        waiter.entries = waiter.records = True
+    return anyio.current_time() - started

@@ -8,6 +8,7 @@ the code.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import types
@@ -105,8 +106,6 @@ def read_model(raw: bytes, cls: type[T], *, empty_ok: bool = False) -> T:
     :raises ProblemError: 400 for a body that is not JSON (with its line and column), 422 with
         ``errors: [{path, message}]`` for one that does not fit the schema.
     """
-    import jsonschema  # noqa: PLC0415 - only for requests with a body
-
     if not raw.strip() and empty_ok:
         data: Any = {}
     else:
@@ -116,14 +115,23 @@ def read_model(raw: bytes, cls: type[T], *, empty_ok: bool = False) -> T:
             where = f" at line {exc.lineno}, column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
             detail = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc) or type(exc).__name__
             raise ProblemError(400, "Malformed JSON", f"the request body is not JSON{where}: {detail}") from None
-    validator = jsonschema.Draft202012Validator(json_schema(cls))
-    errors = sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path))
+    model: Any = cls
+    errors = sorted(_validator(model).iter_errors(data), key=lambda e: list(e.absolute_path))
     if errors:
         listed = [{"path": _where(e), "message": e.message[:300]} for e in errors[:20]]
         raise ProblemError(422, "Invalid request body",
                            "; ".join(f"{e['path']}: {e['message']}" for e in listed[:3]), errors=listed)
-    names = {camel(f.name): f.name for f in attrs.fields(cls)}
-    return cls(**{names[key]: value for key, value in data.items()})
+    names = {camel(f.name): f.name for f in attrs.fields(model)}
+    made: T = model(**{names[key]: value for key, value in data.items()})
+    return made
+
+
+@functools.cache
+def _validator(cls: Any) -> Any:
+    """Return the checker of ``cls``'s schema, built once per class."""
+    import jsonschema  # noqa: PLC0415 - only for requests with a body
+
+    return jsonschema.Draft202012Validator(json_schema(cls))
 
 
 def _refuse_constant(name: str) -> Any:

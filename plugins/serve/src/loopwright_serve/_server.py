@@ -22,6 +22,8 @@ __all__ = ["bind", "run_server"]
 
 #: Seconds open requests may take to finish after SIGTERM or Ctrl-C (event streams end at once).
 GRACE = 10.0
+#: Seconds an idle kept-alive connection stays open (uvicorn's 5 s races busy clients' reuse).
+KEEP_ALIVE = 30
 
 
 class _Server(uvicorn.Server):
@@ -88,7 +90,7 @@ def run_server(app: Starlette, host: str, port: int, *, announce: Callable[[str]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
     announce(f"http://{shown}:{bound_port}")
     config = uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=int(GRACE))
+                            timeout_graceful_shutdown=int(GRACE), timeout_keep_alive=KEEP_ALIVE)
     server = _Server(config, app.state.ctx.streams)
     try:
         server.run(sockets=[sock])

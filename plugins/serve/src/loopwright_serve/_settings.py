@@ -34,7 +34,7 @@ class TokenSpec:
 
     name: str
     token_env: str
-    scopes: frozenset[Scope] = attrs.field(converter=frozenset)
+    scopes: frozenset[Scope]
     secret: str = attrs.field(repr=False)
 
 

@@ -1,0 +1,269 @@
+"""Submitting work: ``Runtime.submit``, the engine seam, and ``pick_up`` starting queued instances.
+
+A submitted instance is written ``running`` and ``queued`` with no runner; nothing runs in the
+submitting runtime. A runner (the worker, an engine's activity) starts it through
+``Runtime.pick_up``. An instance ``start_agent`` creates is created with its lease held, so a
+worker polling the store at that moment can never take it for a dead runner's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import Harness, defn, make_runtime, records_of, reply
+
+import loopwright
+from loopwright import State, StopReason
+from loopwright._definition import Assembly, Capabilities, EngineConfig, FileGrants, StoreConfig
+from loopwright.abc import Engine, StoreSettings
+from loopwright.builtins.file_store import FileStore
+from loopwright.builtins.local_engine import LocalEngine
+from loopwright.builtins.sqlite_store import SqliteStore
+from loopwright.errors import ConfigError
+
+pytestmark = pytest.mark.anyio
+
+
+class RecordingEngine(Engine):
+    """An engine that only notes what it was handed (``in_process`` False, as a remote engine's)."""
+
+    in_process = False
+
+    def __init__(self, options: dict[str, Any], runtime: loopwright.Runtime) -> None:
+        self.options = options
+        self.runtime = runtime
+        self.submitted: list[str] = []
+        self.closed = False
+
+    async def submit(self, instance_id: str) -> None:
+        self.submitted.append(instance_id)
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+class EnginePlugin:
+    """Registers the ``recording`` engine kind, with one declared option."""
+
+    def __init__(self) -> None:
+        self.engines: list[RecordingEngine] = []
+
+    def _make(self, options: dict[str, Any], runtime: loopwright.Runtime) -> RecordingEngine:
+        engine = RecordingEngine(options, runtime)
+        self.engines.append(engine)
+        return engine
+
+    @loopwright.hookimpl
+    def loopwright_register_engines(self, register: Any) -> None:
+        register("recording", self._make, options=loopwright.options.options_schema({"queue": {"type": "string"}}))
+
+
+async def test_submit_writes_a_queued_instance_and_runs_nothing(tmp_path: Path) -> None:
+    h = Harness(reply("done"))
+    async with make_runtime(tmp_path, h) as rt:
+        assert isinstance(rt.engine, LocalEngine)
+        iid = await rt.submit(defn(system_prompt="be brief"), prompt="go")
+        assert rt.running() == []
+        header = await rt.store.read_header(iid)
+        assert header["state"] == "running"
+        assert header["queued"] is True
+        assert header["runner"] is None
+        assert header["submittedBy"] == rt.owner
+        assert await rt.store.read_entries(iid) == []
+        assert await rt.store.find_work(limit=10) == [iid]
+    assert h.requests == []
+
+
+async def test_pick_up_starts_a_queued_instance_in_another_runtime(tmp_path: Path) -> None:
+    async with make_runtime(tmp_path, Harness()) as rt:
+        iid = await rt.submit(defn(system_prompt="be brief"), prompt="go")
+    h = Harness(reply("done"))
+    async with make_runtime(tmp_path, h) as rt:
+        picked = await rt.pick_up(iid)
+        assert picked is not None
+        run, why = picked
+        assert why == "start"
+        result = await run.wait()
+        assert result.state is State.WAITING
+        assert [m.content for m in run.inst.transcript] == ["be brief", "go", "done"]
+        header = await rt.store.read_header(iid)
+        assert "queued" not in header
+        assert header["runner"] == rt.owner
+        states = [(r["from"], r["to"]) for r in records_of(await rt.records(iid), "state")]
+        assert states[0] == (None, "running")
+        assert ("running", "running") not in states
+        assert await rt.pick_up(iid) is None  # nothing left to do
+    assert len(h.requests) == 1
+
+
+async def test_resume_starts_a_queued_instance_here(tmp_path: Path) -> None:
+    async with make_runtime(tmp_path, Harness()) as rt:
+        iid = await rt.submit(defn(), prompt="go")
+    async with make_runtime(tmp_path, Harness(reply("done"))) as rt:
+        run = await rt.resume(iid)
+        result = await run.wait()
+        assert result.state is State.WAITING
+        assert [m.content for m in run.inst.transcript] == ["go", "done"]
+
+
+async def test_a_queued_instance_is_never_resumed_as_a_dead_runners(tmp_path: Path) -> None:
+    """Resuming would repair an "interrupted" step and skip the start; a queued one must start."""
+    async with make_runtime(tmp_path, Harness()) as rt:
+        iid = await rt.submit(defn(system_prompt="sys"), prompt="go")
+    async with make_runtime(tmp_path, Harness(reply("done"))) as rt:
+        run, why = await rt.pick_up(iid) or (None, None)
+        assert why == "start"
+        await run.wait()
+        kinds = [r["kind"] for r in await rt.records(iid)]
+        assert "resumed" not in kinds
+        assert not any(r["kind"] == "error" for r in await rt.records(iid))
+
+
+async def test_submit_checks_like_start_agent_before_creating_anything(tmp_path: Path) -> None:
+    async with make_runtime(tmp_path, Harness()) as rt:
+        with pytest.raises(ConfigError, match="nope"):
+            await rt.submit(defn(tools=("nope",)), prompt="go")
+        with pytest.raises(ConfigError):
+            await rt.submit(defn(model="missing:m"), prompt="go")
+        with pytest.raises(ConfigError, match="nothing"):  # an input the definition does not declare
+            await rt.submit(defn(), {"nothing": 1}, prompt="go")
+        assert await rt.store.list_headers() == []
+
+
+async def test_submit_narrows_the_grants_to_the_runtimes(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    asm_caps = Capabilities(files=FileGrants(read=(str(work),)))
+    async with make_runtime(tmp_path, Harness(), capabilities=asm_caps) as rt:
+        wider = Capabilities(files=FileGrants(read=(str(work),), write=(str(work),)), shell="allow", network=True)  # noqa: S604 - a grant
+        iid = await rt.submit(defn(), prompt="go", capabilities=wider)
+        header = await rt.store.read_header(iid)
+    caps = header["capabilities"]
+    assert caps["files"]["write"] == []
+    assert caps["shell"] == "none"
+    assert caps["network"] is False
+
+
+async def test_submit_by_registered_name_only_uses_the_assemblys_file(tmp_path: Path) -> None:
+    (tmp_path / "agents").mkdir()
+    (tmp_path / "agents" / "helper.yaml").write_text("name: helper\nmodel: s:m\n")
+    async with make_runtime(tmp_path, Harness(), agent_definitions={"helper": str(tmp_path / "agents/helper.yaml")},
+                            ) as rt:
+        iid = await rt.submit("helper", prompt="go")
+        assert (await rt.store.read_header(iid))["name"] == "helper"
+
+
+async def test_the_engine_is_built_from_the_assembly_and_told_of_each_submit(tmp_path: Path) -> None:
+    plugin = EnginePlugin()
+    rt = make_runtime(tmp_path, plugin, Harness(), engine=EngineConfig(kind="recording", options={"queue": "q"}))
+    async with rt:
+        engine = rt.engine
+        assert isinstance(engine, RecordingEngine)
+        assert engine.options == {"queue": "q"}
+        assert engine.runtime is rt
+        first = await rt.submit(defn(), prompt="one")
+        second = await rt.submit(defn(), prompt="two", instance_id="chosen-id")
+        assert engine.submitted == [first, "chosen-id"]
+        assert second == "chosen-id"
+        assert not engine.closed
+    assert engine.closed
+
+
+async def test_an_unknown_engine_kind_or_option_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"unknown engine kind 'nope'.*local"):
+        async with make_runtime(tmp_path, Harness(), engine=EngineConfig(kind="nope")):
+            pass
+    with pytest.raises(ConfigError, match="invalid options for the engine"):
+        async with make_runtime(tmp_path, Harness(), engine=EngineConfig(kind="local", options={"x": 1})):
+            pass
+    with pytest.raises(ConfigError, match="invalid options for the engine"):
+        async with make_runtime(tmp_path, EnginePlugin(), Harness(),
+                                engine=EngineConfig(kind="recording", options={"queue": 3})):
+            pass
+
+
+async def test_the_engine_key_is_read_from_the_assembly_file(tmp_path: Path) -> None:
+    from loopwright._config import load_assembly  # noqa: PLC0415 - the loader, as the CLI uses it
+
+    (tmp_path / "loopwright.yaml").write_text("engine: {kind: recording, queue: q}\n")
+    assert load_assembly(tmp_path / "loopwright.yaml").engine == EngineConfig(kind="recording", options={"queue": "q"})
+    (tmp_path / "loopwright.yaml").write_text("{}\n")
+    assert load_assembly(tmp_path / "loopwright.yaml").engine == EngineConfig(kind="local")
+
+
+async def test_the_local_engine_wakes_a_subscriber_in_this_process(tmp_path: Path) -> None:
+    woken: list[str] = []
+    async with make_runtime(tmp_path, Harness()) as rt:
+        assert isinstance(rt.engine, LocalEngine)
+        assert rt.engine.in_process is True
+        unsubscribe = rt.engine.subscribe(woken.append)
+        iid = await rt.submit(defn(), prompt="go")
+        unsubscribe()
+        await rt.submit(defn(), prompt="again")
+    assert woken == [iid]
+
+
+async def test_cancel_stops_a_queued_instance_and_nothing_starts_it(tmp_path: Path) -> None:
+    h = Harness(reply("never"))
+    async with make_runtime(tmp_path, h) as rt:
+        iid = await rt.submit(defn(), prompt="go")
+        run = await rt.cancel(iid)
+        assert run.inst.state is State.STOPPED
+        header = await rt.store.read_header(iid)
+        assert header["stopReason"] == StopReason.CANCELLED.value
+        assert iid not in await rt.store.find_work(limit=10)
+        assert await rt.pick_up(iid) is None
+    assert h.requests == []
+
+
+async def test_dead_runners_go_ahead_of_the_queue(tmp_path: Path) -> None:
+    async with make_runtime(tmp_path, Harness()) as rt:
+        queued = [await rt.submit(defn(), prompt="go", instance_id=f"q{n}") for n in range(3)]
+        # An instance a runner began and then died on: running, not queued, updated last.
+        await rt.store.create("dead", {**(await rt.store.read_header(queued[0])), "instanceId": "dead",
+                                       "queued": False, "runner": "loopwright (host h, pid 1)",
+                                       "updatedAt": "2999-01-01T00:00:00.000Z"})
+        assert await rt.store.find_work(limit=10) == ["dead", *queued]
+
+
+_STORES: dict[str, tuple[type[Any], str]] = {"file": (FileStore, "./store"), "sqlite": (SqliteStore, "./lw.db")}
+
+
+@pytest.mark.parametrize("kind", sorted(_STORES))
+async def test_start_agent_cannot_lose_its_new_instance_to_a_polling_worker(tmp_path: Path, kind: str) -> None:
+    """Issue 15 item 4: a worker polling the store took a fresh instance before its creator held the lease.
+
+    The rival worker here looks the moment the store has created the instance, before
+    ``start_agent`` goes on: it must find the lease held, and the creator must run it.
+    """
+    base, path = _STORES[kind]
+    rival_picked: list[Any] = []
+
+    async def rival(instance_id: str) -> None:
+        asm = Assembly(store=StoreConfig(kind=kind, options={"path": path}), path=tmp_path / "loopwright.yaml")
+        async with loopwright.Runtime(asm, plugins=[Harness(reply("stolen"))], autoload=False) as other:
+            picked = await other.pick_up(instance_id)
+            rival_picked.append(picked)
+            if picked is not None:
+                await picked[0].wait()
+
+    class RacedStore(base):  # type: ignore[misc, valid-type]
+        async def create(self, instance_id: str, header: Any) -> None:
+            await super().create(instance_id, header)
+            await rival(instance_id)
+
+        async def create_leased(self, instance_id: str, header: Any, owner: str) -> Any:
+            lease = await super().create_leased(instance_id, header, owner)
+            await rival(instance_id)
+            return lease
+
+    store = RacedStore(StoreSettings(kind=kind, base_dir=tmp_path, options={"path": path}))
+    h = Harness(reply("mine"))
+    async with store, loopwright.Runtime(Assembly(), plugins=[h], autoload=False, store=store) as rt:
+        run = await rt.start_agent(defn(), prompt="go")
+        result = await run.wait()
+    assert rival_picked == [None]
+    assert result.state is State.WAITING
+    assert run.inst.transcript[-1].content == "mine"
