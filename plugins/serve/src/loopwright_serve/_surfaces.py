@@ -13,4 +13,6 @@ SURFACES: tuple[str, ...] = (
     "loopwright_serve._ui:UiSurface",
     "loopwright_serve._openai_compat:OpenAICompatSurface",
     "loopwright_serve._mcp_server:McpSurface",
+    "loopwright_serve._a2a:A2ASurface",
+    "loopwright_serve._agui:AguiSurface",
 )

@@ -1,0 +1,571 @@
+"""The A2A surface: every registered definition as an A2A (protocol v1.0) agent, on ``a2a-sdk``.
+
+Each name of the assembly's ``agentDefinitions`` gets an agent card at
+``/a2a/<name>/.well-known/agent-card.json`` and a JSON-RPC endpoint at ``/a2a/<name>``, served by
+the official ``a2a-sdk``'s request handler (extra ``loopwright-serve[a2a]``; without it the
+server leaves this surface out with a log line saying what to install).
+
+What maps to what (docs/protocols.md, "A2A"):
+
+- **Agent card.** One per registered definition: its name, description, one skill, the JSON-RPC
+  interface at ``/a2a/<name>``, streaming, and a Bearer security scheme (the serve tokens).
+- **Task.** A task is an instance of that definition. The task id *is* the instance id, and so is
+  the context id; a message naming a context (or a task) continues that instance. The
+  :class:`InstanceTaskStore` is a view of the instance, read from loopwright's store every time,
+  so a task survives a restart of the server and reflects what the serve API did to it.
+- **States.** ``running`` → working; ``waiting`` (an answer, or an ``ask_user`` question) and
+  ``waiting_for_approval`` → input-required; ``completed`` → completed; cancelled → canceled;
+  ``error`` and the other stop reasons (limits) → failed. A start refused for bad inputs → rejected.
+- **Messages.** The text parts of the first message are the task prompt (``metadata.inputs``
+  fills the definition's inputs). A follow-up's text is a message to the instance (the answer
+  to an ``ask_user``). A data part ``{"approve": CALL_ID}`` or ``{"deny": CALL_ID, "reason": ...}``
+  decides a held call, and needs the ``approve`` scope.
+- **Streaming.** The instance's events become task updates: each answer is the ``answer``
+  artifact (streamed pieces appended), tool calls and results are working status updates whose
+  message holds a data part, and the segment's end is the final status.
+- **Scopes.** ``run`` sends messages and cancels, ``read`` gets, lists and subscribes, and
+  ``approve`` decides held calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from a2a.helpers.proto_helpers import get_data_parts, get_text_parts, new_data_part, new_text_part
+from a2a.server.agent_execution import AgentExecutor, RequestContext, SimpleRequestContextBuilder
+from a2a.server.request_handlers import DefaultRequestHandler
+from a2a.server.request_handlers.response_helpers import agent_card_to_dict
+from a2a.server.routes import DefaultServerCallContextBuilder
+from a2a.server.routes.jsonrpc_dispatcher import JsonRpcDispatcher
+from a2a.server.tasks import TaskStore, TaskUpdater
+from a2a.types.a2a_pb2 import (
+    AgentCapabilities,
+    AgentCard,
+    AgentInterface,
+    AgentSkill,
+    Artifact,
+    HTTPAuthSecurityScheme,
+    ListTasksRequest,
+    ListTasksResponse,
+    Message,
+    Role,
+    SecurityRequirement,
+    SecurityScheme,
+    SendMessageRequest,
+    StringList,
+    Task,
+    TaskArtifactUpdateEvent,
+    TaskState,
+    TaskStatus,
+)
+from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH, PROTOCOL_VERSION_CURRENT, TransportProtocol
+from a2a.utils.errors import InvalidParamsError, InvalidRequestError
+from google.protobuf.json_format import MessageToDict, ParseDict
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from loopwright.errors import ConfigError, LoopwrightError
+from loopwright_serve._auth import Principal, Scope
+from loopwright_serve._problems import ProblemError
+from loopwright_serve._steer import GatedResponse, Session, new_id, segment_events, valid_id
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from a2a.server.context import ServerCallContext
+    from a2a.server.events import EventQueue
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import BaseRoute
+
+    from loopwright_serve._context import ServeContext
+
+__all__ = ["A2AAgent", "A2ASurface", "InstanceTaskStore", "LoopwrightExecutor", "decisions_of", "task_view"]
+
+_log = logging.getLogger("loopwright.serve")
+
+#: The scope each JSON-RPC method needs; a method not listed needs ``run``.
+_METHOD_SCOPES = {
+    "SendMessage": Scope.RUN, "SendStreamingMessage": Scope.RUN, "CancelTask": Scope.RUN,
+    "GetTask": Scope.READ, "ListTasks": Scope.READ, "SubscribeToTask": Scope.READ,
+    "GetExtendedAgentCard": Scope.READ,
+}
+#: The methods that start or steer an instance.
+_STEERING = frozenset({"SendMessage", "SendStreamingMessage", "CancelTask"})
+#: The methods answered with an event stream.
+_STREAMING = frozenset({"SendStreamingMessage", "SubscribeToTask"})
+#: Where the endpoint leaves the scopes it checked, for the call context.
+_SCOPES_KEY = "loopwright_a2a_scopes"
+#: Where the endpoint leaves who asks (``token:NAME``), recorded with the decisions they make.
+_BY_KEY = "loopwright_a2a_by"
+#: The artifact that holds the instance's latest answer.
+ANSWER = "answer"
+_LIST_PAGE = 50
+#: Seconds a2a-sdk keeps an idle input-required task in memory; a later message reads it from the store.
+_IDLE_RELEASE = 60.0
+
+
+def decisions_of(message: Message | None) -> list[tuple[str, str, str | None]]:
+    """Return the decisions a message carries: ``(decision, call_id, reason)``, in order.
+
+    A decision is a data part ``{"approve": CALL_ID}`` or ``{"deny": CALL_ID, "reason": TEXT}``.
+
+    :raises InvalidParamsError: A decision part is malformed (a call id that is not a string).
+    """
+    if message is None:
+        return []
+    out: list[tuple[str, str, str | None]] = []
+    for data in get_data_parts(message.parts):
+        if not isinstance(data, Mapping):
+            continue
+        for key, decision in (("approve", "approved"), ("deny", "denied")):
+            if key not in data:
+                continue
+            call_id = data[key]
+            if not isinstance(call_id, str) or not call_id:
+                raise InvalidParamsError(message=f'"{key}" names the held call to decide: give its call id as a string')
+            reason = data.get("reason")
+            out.append((decision, call_id, reason if isinstance(reason, str) else None))
+    return out
+
+
+def _other_data(message: Message) -> list[Any]:
+    """Return the data parts that are not decisions (sent to the agent as JSON text)."""
+    return [d for d in get_data_parts(message.parts)
+            if not (isinstance(d, Mapping) and ("approve" in d or "deny" in d))]
+
+
+def _message_text(message: Message | None) -> str:
+    if message is None:
+        return ""
+    pieces = list(get_text_parts(message.parts))
+    pieces += [json.dumps(d, sort_keys=True) for d in _other_data(message)]
+    return "\n".join(p for p in pieces if p)
+
+
+def _state_of(header: Mapping[str, Any]) -> TaskState:
+    state, stop = header.get("state"), header.get("stopReason")
+    if state == "running":
+        return TaskState.TASK_STATE_WORKING
+    if state in ("waiting", "waiting_for_approval"):
+        return TaskState.TASK_STATE_INPUT_REQUIRED
+    if state == "stopped" and stop == "completed":
+        return TaskState.TASK_STATE_COMPLETED
+    if header.get("cancelled") or stop == "cancelled":
+        return TaskState.TASK_STATE_CANCELED
+    return TaskState.TASK_STATE_FAILED
+
+
+def _details(header: Mapping[str, Any]) -> dict[str, Any]:
+    """Return the ``loopwright`` data of a status message: what a client needs to answer the task."""
+    pending = [{"toolCallId": p.get("toolCallId"), "tool": p.get("tool"), "arguments": p.get("arguments"),
+                "reason": p.get("reason")}
+               for p in header.get("pendingApprovals") or [] if p.get("decision") is None]
+    data: dict[str, Any] = {"instanceId": header.get("instanceId"), "state": header.get("state"),
+                            "stopReason": header.get("stopReason")}
+    if pending:
+        data["pendingApprovals"] = pending
+    if header.get("awaitingAnswer"):
+        data["question"] = header["awaitingAnswer"].get("question")
+    if header.get("error"):
+        data["error"] = header["error"]
+    if header.get("limit"):
+        data["limit"] = header["limit"]
+    return {"loopwright": data}
+
+
+def _status_text(header: Mapping[str, Any]) -> str:
+    pending = [p for p in header.get("pendingApprovals") or [] if p.get("decision") is None]
+    if header.get("state") == "waiting_for_approval" and pending:
+        calls = ", ".join(f"{p.get('tool')} ({p.get('toolCallId')})" for p in pending)
+        return (f"waiting for approval of {calls}: send a data part "
+                '{"approve": CALL_ID} or {"deny": CALL_ID, "reason": "..."}')
+    if header.get("awaitingAnswer"):
+        return str(header["awaitingAnswer"].get("question") or "")
+    if header.get("state") == "error":
+        return f"error: {header.get('error')}"
+    if header.get("state") == "stopped" and header.get("stopReason") not in ("completed", "cancelled"):
+        limit = f" ({header.get('limit')})" if header.get("limit") else ""
+        return f"stopped: {header.get('stopReason')}{limit}"
+    return str(header.get("text") or "")
+
+
+def status_of(header: Mapping[str, Any]) -> TaskStatus:
+    """Return the A2A status of an instance, from its saved header."""
+    iid = str(header.get("instanceId"))
+    parts = [new_data_part(_details(header))]
+    text = _status_text(header)
+    if text:
+        parts.insert(0, new_text_part(text))
+    message = Message(message_id=f"{iid}-{header.get('updatedAt')}", role=Role.ROLE_AGENT, task_id=iid,
+                      context_id=iid, parts=parts)
+    status = TaskStatus(state=_state_of(header), message=message)
+    status.timestamp.GetCurrentTime()
+    return status
+
+
+def _answer_artifact(header: Mapping[str, Any]) -> Artifact | None:
+    parts = []
+    if header.get("text"):
+        parts.append(new_text_part(str(header["text"])))
+    if header.get("output") is not None:
+        parts.append(new_data_part(header["output"]))
+    if not parts:
+        return None
+    return Artifact(artifact_id=ANSWER, name=ANSWER, description="the agent's latest answer", parts=parts)
+
+
+def task_view(header: Mapping[str, Any]) -> Task:
+    """Return the A2A task that an instance is, from its saved header (id = context id = instance id)."""
+    iid = str(header.get("instanceId"))
+    task = Task(id=iid, context_id=iid, status=status_of(header))
+    artifact = _answer_artifact(header) if header.get("state") != "running" else None
+    if artifact is not None:
+        task.artifacts.append(artifact)
+    task.metadata.update({"loopwright": {"instanceId": iid, "name": header.get("name"),
+                                         "usage": dict(header.get("usage") or {}), "cost": header.get("cost")}})
+    return task
+
+
+class A2AAgent:
+    """One registered definition, served over A2A: its card, its task store and its request handler."""
+
+    def __init__(self, ctx: ServeContext, key: str) -> None:
+        """Build the pieces for the definition registered as ``key`` (read once, here)."""
+        self.ctx = ctx
+        self.key = key
+        self.session = Session(ctx.runtime, key)
+        self.description = self.session.description
+        self.path = f"/a2a/{key}"
+        self.store = InstanceTaskStore(self)
+        self.handler = DefaultRequestHandler(
+            agent_executor=LoopwrightExecutor(self), task_store=self.store, agent_card=self.card("http://localhost"),
+            request_context_builder=_ContextBuilder(self), interrupted_task_timeout=_IDLE_RELEASE)
+        self.dispatcher = JsonRpcDispatcher(request_handler=self.handler, context_builder=_CallContextBuilder())
+
+    @property
+    def runtime(self) -> Any:
+        """The serve context's open runtime."""
+        return self.ctx.runtime
+
+    def card(self, base_url: str) -> AgentCard:
+        """Return the agent card, its interface URL under ``base_url``."""
+        return AgentCard(
+            name=self.key, description=self.description, version="1.0.0",
+            supported_interfaces=[AgentInterface(url=base_url.rstrip("/") + self.path,
+                                                 protocol_binding=TransportProtocol.JSONRPC.value,
+                                                 protocol_version=PROTOCOL_VERSION_CURRENT)],
+            capabilities=AgentCapabilities(streaming=True, push_notifications=False),
+            default_input_modes=["text/plain", "application/json"],
+            default_output_modes=["text/plain", "application/json"],
+            skills=[AgentSkill(id=self.key, name=self.key, description=self.description, tags=["loopwright"])],
+            security_schemes={"bearer": SecurityScheme(http_auth_security_scheme=HTTPAuthSecurityScheme(
+                scheme="Bearer", description="a token of `loopwright serve` (server.tokens): scope `run` to send "
+                "messages, `read` to get tasks, `approve` to decide held calls"))},
+            security_requirements=[SecurityRequirement(schemes={"bearer": StringList()})],
+        )
+
+    def owns(self, header: Mapping[str, Any]) -> bool:
+        """Whether an instance is a task of this agent: a top-level instance of its definition."""
+        return self.session.owns(header)
+
+    async def read(self, instance_id: str) -> dict[str, Any] | None:
+        """Return the header of a task of this agent, or ``None`` (none, or not this agent's)."""
+        return await self.session.read(instance_id)
+
+    # -- HTTP -------------------------------------------------------------------------------
+
+    async def serve_card(self, request: Request) -> Response:
+        """``GET /a2a/<name>/.well-known/agent-card.json``: the agent card.
+
+        With ``server.tokens`` it is public (no token needed: it is how a client discovers the
+        agent and the scheme to authenticate with); without tokens it answers the requests the
+        server answers at all (loopback, a loopback ``Host``, no foreign ``Origin``).
+        """
+        if not self.ctx.settings.tokens:
+            await self.ctx.authorize(request, Scope.READ)
+        return JSONResponse(agent_card_to_dict(self.card(str(request.base_url))))
+
+    async def serve_rpc(self, request: Request) -> Response:
+        """``POST /a2a/<name>``: check the token's scopes for the method, then hand over to a2a-sdk."""
+        scopes, method, principal = await self._authorize(request)
+        if not self.ctx.settings.run and method in _STEERING:
+            raise ProblemError(501, "Not implemented", "server.run false (workers run the instances) is not "
+                                                       "available to A2A yet")
+        request.state.loopwright_a2a_scopes = frozenset(scopes)
+        request.state.loopwright_a2a_by = principal.source
+        if method not in _STREAMING:
+            return await self.dispatcher.handle_requests(request)
+        gate = self.ctx.streams
+        gate.enter()  # an event stream: counted against server.maxEventStreams
+        try:
+            response = await self.dispatcher.handle_requests(request)
+        except BaseException:
+            gate.leave()
+            raise
+        return GatedResponse(response, gate)  # type: ignore[return-value] - an ASGI response
+
+    async def _authorize(self, request: Request) -> tuple[set[str], str | None, Principal]:
+        """Authorize the scopes the request needs; return them, the method and who asks.
+
+        Raises the serve context's :class:`~loopwright_serve.ProblemError` (401, 403) if refused.
+
+        The body is parsed as the dispatcher parses it, so the decisions checked here are the
+        ones the executor will apply.
+        """
+        try:
+            body = json.loads(await request.body())
+        except ValueError:
+            body = None
+        method = body.get("method") if isinstance(body, dict) else None
+        needed = [_METHOD_SCOPES.get(method, Scope.RUN) if isinstance(method, str) else Scope.RUN]
+        if method in ("SendMessage", "SendStreamingMessage") and isinstance(body.get("params"), dict):
+            try:
+                params = ParseDict(body["params"], SendMessageRequest(), ignore_unknown_fields=True)
+                if decisions_of(params.message):
+                    needed.append(Scope.APPROVE)
+            except Exception:  # noqa: BLE001 - the dispatcher answers a malformed request itself
+                _log.debug("A2A request params do not parse; the dispatcher will say so")
+        principals = [await self.ctx.authorize(request, scope) for scope in needed]
+        return {s.value for s in needed}, method if isinstance(method, str) else None, principals[0]
+
+    async def aclose(self) -> None:
+        """Drain the request handler's background tasks."""
+        await self.handler.aclose()
+
+
+class _CallContextBuilder(DefaultServerCallContextBuilder):
+    """The default call context, plus the scopes the endpoint checked."""
+
+    def build(self, request: Request) -> ServerCallContext:
+        context = super().build(request)
+        context.state[_SCOPES_KEY] = getattr(request.state, "loopwright_a2a_scopes", frozenset())
+        context.state[_BY_KEY] = getattr(request.state, "loopwright_a2a_by", None)
+        return context
+
+
+class _ContextBuilder(SimpleRequestContextBuilder):
+    """Resolve a message's task: the task id, the context id and the instance id are one id.
+
+    A message naming a task or a context continues that instance; one naming neither starts a
+    new instance with a fresh id. An id that names an instance that is not a task of this agent,
+    or that no store could hold, is refused.
+    """
+
+    def __init__(self, agent: A2AAgent) -> None:
+        super().__init__()
+        self.agent = agent
+
+    async def build(self, context: ServerCallContext, params: SendMessageRequest | None = None,
+                    task_id: str | None = None, context_id: str | None = None, task: Task | None = None,
+                    ) -> RequestContext:
+        message = params.message if params is not None else None
+        tid = task_id or (message.task_id if message is not None else "") or None
+        cid = context_id or (message.context_id if message is not None else "") or None
+        if tid and cid and tid != cid:
+            raise InvalidParamsError(message=f"task {tid} belongs to context {tid}, not {cid}: a loopwright task "
+                                             "is its own context")
+        iid = tid or cid
+        if iid is not None:
+            if not valid_id(iid):
+                raise InvalidParamsError(message=f"invalid task or context id {iid!r}: use 1 to 128 of "
+                                                 "A-Z a-z 0-9 _ . -")
+            header = await self.agent.session.header(iid)
+            if header is not None and not self.agent.owns(header):
+                raise InvalidParamsError(message=f"{iid} is not a task of the agent {self.agent.key}")
+        else:
+            iid = new_id()
+        if decisions_of(message) and Scope.APPROVE.value not in context.state.get(_SCOPES_KEY, ()):
+            raise InvalidRequestError(message="deciding a held call needs a token with the approve scope")
+        return await super().build(context, params, iid, iid, task)
+
+
+class InstanceTaskStore(TaskStore):
+    """A2A tasks as a view of loopwright instances (nothing of its own is kept).
+
+    ``get`` and ``list`` read the instances' headers from the runtime's store; ``save`` keeps
+    nothing, since every event it is given came from the instance, except a cancel written by
+    a2a-sdk for a task not running here, which cancels the instance.
+    """
+
+    def __init__(self, agent: A2AAgent) -> None:
+        """Serve the tasks of ``agent``."""
+        self.agent = agent
+        #: Tasks announced (a ``Task`` event queued) but not yet saved by a2a-sdk: not shown yet.
+        self.creating: set[str] = set()
+
+    async def save(self, task: Task, context: ServerCallContext) -> None:  # noqa: ARG002 - the TaskStore signature
+        """Apply a cancel to the instance; everything else the instance has saved already."""
+        self.creating.discard(task.id)
+        if task.status.state != TaskState.TASK_STATE_CANCELED:
+            return
+        header = await self.agent.read(task.id)
+        if header is not None and header.get("state") not in ("stopped", "error"):
+            await self.agent.runtime.cancel(task.id)
+
+    async def get(self, task_id: str, context: ServerCallContext) -> Task | None:  # noqa: ARG002
+        """Return the task that instance ``task_id`` is, or ``None`` if it is not a task of this agent."""
+        if task_id in self.creating:
+            return None
+        header = await self.agent.read(task_id)
+        return None if header is None else task_view(header)
+
+    async def list(self, params: ListTasksRequest, context: ServerCallContext) -> ListTasksResponse:  # noqa: ARG002
+        """List this agent's tasks, newest first; ``page_token`` is an offset."""
+        headers = [h for h in await self.agent.runtime.store.list_headers() if self.agent.owns(h)]
+        tasks = [task_view(h) for h in reversed(headers)]
+        if params.context_id:
+            tasks = [t for t in tasks if t.context_id == params.context_id]
+        if params.status != TaskState.TASK_STATE_UNSPECIFIED:
+            tasks = [t for t in tasks if t.status.state == params.status]
+        start = int(params.page_token) if params.page_token.isdigit() else 0
+        size = params.page_size if params.HasField("page_size") and params.page_size > 0 else _LIST_PAGE
+        page = tasks[start:start + size]
+        more = start + size < len(tasks)
+        return ListTasksResponse(tasks=page, next_page_token=str(start + size) if more else "",
+                                 page_size=size, total_size=len(tasks))
+
+    async def delete(self, task_id: str, context: ServerCallContext) -> None:  # noqa: ARG002
+        """Refuse: an instance is never deleted through A2A."""
+        raise InvalidRequestError(message=f"task {task_id} is a loopwright instance; it is not deleted over A2A")
+
+
+class LoopwrightExecutor(AgentExecutor):
+    """Run a message against its instance and publish what the instance does as task updates."""
+
+    def __init__(self, agent: A2AAgent) -> None:
+        """Execute for ``agent``."""
+        self.agent = agent
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        """Start the instance (a new task) or steer it (decisions, then the text), and follow it until it rests."""
+        iid = str(context.task_id)
+        updater = TaskUpdater(event_queue, iid, iid)
+        rt = self.agent.runtime
+        message = context.message
+        text = _message_text(message)
+        before: dict[str, Any] | None = None
+        if context.current_task is None:
+            # The new task is announced first, then the instance made; until a2a-sdk has saved
+            # that announcement, the store does not show the instance as the task yet.
+            self.agent.store.creating.add(iid)
+            await event_queue.enqueue_event(Task(id=iid, context_id=iid, history=[message] if message else [],
+                                                 status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED)))
+            try:
+                run = await rt.start_agent(self.agent.key, inputs=_inputs_of(context), prompt=text or None,
+                                           instance_id=iid)
+            except ConfigError as exc:
+                await updater.reject(updater.new_agent_message([new_text_part(f"refused: {exc}")]))
+                return
+        else:
+            run = await rt.get_agent(iid)
+            before = await rt.store.read_header(iid)
+            try:
+                by = context.call_context.state.get(_BY_KEY)
+                for decision, call_id, reason in decisions_of(message):
+                    if decision == "approved":
+                        await run.approve(call_id, by=by)
+                    else:
+                        await run.deny(call_id, reason, by=by)
+            except LoopwrightError as exc:
+                raise InvalidParamsError(message=str(exc)) from exc
+            if text:
+                await run.message(text)
+        await updater.start_work()
+        await self._follow(segment_events(run, before), updater)
+        await run.wait()
+        header = await rt.store.read_header(iid)
+        await updater.update_status(status_of(header).state, message=status_of(header).message,
+                                    metadata={"loopwright": {"instanceId": iid,
+                                                             "usage": dict(header.get("usage") or {}),
+                                                             "cost": header.get("cost")}})
+
+    async def _follow(self, events: Any, updater: TaskUpdater) -> None:
+        """Publish a segment's events: answers as the ``answer`` artifact, tool activity as status updates."""
+        streamed = False
+        async for event in events:
+            data = event.data
+            if event.kind == "text_delta":
+                await updater.event_queue.enqueue_event(TaskArtifactUpdateEvent(
+                    task_id=updater.task_id, context_id=updater.context_id, append=streamed,
+                    artifact=Artifact(artifact_id=ANSWER, name=ANSWER, parts=[new_text_part(str(data.get("delta")))])))
+                streamed = True
+            elif event.kind == "text" and data.get("text"):
+                await updater.event_queue.enqueue_event(TaskArtifactUpdateEvent(
+                    task_id=updater.task_id, context_id=updater.context_id, append=False, last_chunk=True,
+                    artifact=Artifact(artifact_id=ANSWER, name=ANSWER, parts=[new_text_part(str(data["text"]))])))
+                streamed = False
+            elif event.kind in ("tool_call", "tool_result", "approval"):
+                payload = {"toolCall": {"id": data.get("id"), "name": data.get("name"),
+                                        "arguments": data.get("arguments")}} if event.kind == "tool_call" else \
+                          {"toolResult": {"id": data.get("id"), "name": data.get("name"), "status": data.get("status"),
+                                          "content": data.get("content")}} if event.kind == "tool_result" else \
+                          {"approvalRequired": {"toolCallId": data.get("toolCallId"), "tool": data.get("tool"),
+                                                "reason": data.get("reason")}}
+                await updater.update_status(TaskState.TASK_STATE_WORKING,
+                                            message=updater.new_agent_message([new_data_part(_json_safe(payload))]))
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        """Cancel the instance; the task becomes canceled."""
+        iid = str(context.task_id)
+        await self.agent.runtime.cancel(iid)
+        await TaskUpdater(event_queue, iid, iid).cancel()
+
+
+def _inputs_of(context: RequestContext) -> dict[str, Any] | None:
+    """Return the definition's inputs: ``metadata.inputs`` of the request, or of its message.
+
+    Whole numbers come back from protobuf as floats; they are made integers again.
+    """
+    inputs = context.metadata.get("inputs")
+    if inputs is None and context.message is not None:
+        inputs = MessageToDict(context.message.metadata).get("inputs")
+    return _integers(inputs) if isinstance(inputs, dict) else None
+
+
+def _integers(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _integers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_integers(v) for v in value]
+    return value
+
+
+def _json_safe(value: Any) -> Any:
+    """``value`` as plain JSON (tool results may hold anything)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+class A2ASurface:
+    """Mounts ``/a2a/<name>`` (card and JSON-RPC endpoint) for each registered definition."""
+
+    name = "a2a"
+
+    def __init__(self) -> None:
+        """Make the surface; the agents are built by :meth:`routes`."""
+        self.agents: list[A2AAgent] = []
+
+    def routes(self, ctx: ServeContext) -> list[BaseRoute]:
+        """Return the card and JSON-RPC routes of every registered definition."""
+        routes: list[BaseRoute] = []
+        self.agents = [A2AAgent(ctx, key) for key in sorted(ctx.runtime.assembly.agent_definitions)]
+        for agent in self.agents:
+            routes.append(Route(agent.path + AGENT_CARD_WELL_KNOWN_PATH, agent.serve_card, methods=["GET"]))
+            routes.append(Route(agent.path, agent.serve_rpc, methods=["POST"]))
+        return routes
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, ctx: ServeContext) -> AsyncIterator[None]:  # noqa: ARG002 - the Surface signature
+        """Run while the server runs; on the way out, drain the request handlers' background tasks."""
+        try:
+            yield
+        finally:
+            for agent in self.agents:
+                await agent.aclose()
+

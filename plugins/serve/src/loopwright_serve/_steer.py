@@ -1,0 +1,114 @@
+"""What the A2A and AG-UI surfaces share: protocol ids as instance ids, and following a segment.
+
+A protocol session (an A2A task or context, an AG-UI thread) *is* a loopwright instance: its id
+is the instance id. Only top-level instances of the surface's own definition can be reached so.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import time
+from typing import TYPE_CHECKING, Any
+
+from loopwright.errors import InstanceNotFoundError
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Mapping
+
+    from starlette.responses import Response
+    from starlette.types import Receive, Scope, Send
+
+    from loopwright import AgentRun, Event
+    from loopwright_serve._context import StreamGate
+
+__all__ = ["GatedResponse", "Session", "new_id", "segment_events", "valid_id"]
+
+#: Ids a client may give (the file store's rule for instance ids).
+_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+
+
+def valid_id(value: str) -> bool:
+    """Whether ``value`` may be used as an instance id (1 to 128 of ``A-Z a-z 0-9 _ . -``, no ``..``)."""
+    return bool(_ID.fullmatch(value)) and ".." not in value
+
+
+def new_id() -> str:
+    """Return a fresh instance id, shaped like the runtime's own."""
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(4)
+
+
+class Session:
+    """The instances one registered definition owns over a protocol.
+
+    :param runtime: The open runtime.
+    :param key: The name the definition is registered under (``agentDefinitions``).
+    """
+
+    def __init__(self, runtime: Any, key: str) -> None:
+        """Read the definition once, for the ``name`` its instances carry."""
+        self.runtime = runtime
+        self.key = key
+        definition = runtime.load_definition(key)
+        self.definition_name: str = definition.name
+        self.description: str = definition.description or f"the loopwright agent {key}"
+
+    def owns(self, header: Mapping[str, Any]) -> bool:
+        """Whether an instance belongs to this session: a top-level instance of the definition."""
+        return header.get("name") == self.definition_name and not header.get("spawnerInstanceId")
+
+    async def header(self, instance_id: str) -> dict[str, Any] | None:
+        """Return the saved header of ``instance_id`` whoever owns it, or ``None`` if there is no such instance."""
+        if not valid_id(instance_id):
+            return None
+        try:
+            return await self.runtime.store.read_header(instance_id)
+        except InstanceNotFoundError:
+            return None
+
+    async def read(self, instance_id: str) -> dict[str, Any] | None:
+        """Return the header of an instance this session owns, or ``None``."""
+        header = await self.header(instance_id)
+        return header if header is not None and self.owns(header) else None
+
+
+async def segment_events(run: AgentRun, before: Mapping[str, Any] | None) -> AsyncIterator[Event]:
+    """Yield the events of the segment a start or a steering action began, if it began one.
+
+    A running segment is followed until the instance rests. One that already ended (a fast
+    model) is replayed from the run's backlog when the header changed since ``before`` (the
+    header read before the action; ``None`` for a new instance) in a way only a segment
+    makes: not a decision that left the instance waiting for approval.
+    """
+    if run.running or before is None:
+        async for event in run.events():
+            yield event
+        return
+    after = await run.runtime.store.read_header(run.instance_id)
+    if after.get("updatedAt") == before.get("updatedAt"):
+        return
+    if before.get("state") == after.get("state") == "waiting_for_approval":
+        return
+    async for event in run.events():
+        yield event
+
+
+class GatedResponse:
+    """A streaming response counted by the server's stream gate while it is sent.
+
+    The caller has entered the gate (:meth:`StreamGate.enter`, which refuses with 503 past
+    ``server.maxEventStreams``); this leaves it once the response is sent, or fails, or the
+    client goes away.
+    """
+
+    def __init__(self, response: Response, gate: StreamGate) -> None:
+        """Wrap ``response``, which holds one place in ``gate``."""
+        self.response = response
+        self.gate = gate
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Send the response, then give its place back."""
+        try:
+            await self.response(scope, receive, send)
+        finally:
+            self.gate.leave()
