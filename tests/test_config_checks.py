@@ -233,7 +233,7 @@ def loopwright_register_guardrails(register):
 #: server stands in for each (the environment's server file overrides the assembly's servers).
 MCP_SERVER = ROOT / "plugins" / "mcp" / "tests" / "mcp_test_server.py"
 MCP_STAND_INS = {"mcpServers": {name: {"command": sys.executable, "args": [str(MCP_SERVER)]}
-                                for name in ("files", "tickets")}}
+                                for name in ("files", "tickets", "served")}}
 
 
 def _sandbox(tmp_path: Path, assembly_text: str) -> tuple[Path, dict[str, str]]:

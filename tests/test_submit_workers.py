@@ -62,7 +62,8 @@ def postgres_dsn() -> Iterator[str]:
 
 def _project(tmp_path: Path, store: str) -> Path:
     shutil.copy(PLUGIN, tmp_path / "worker_plugin.py")
-    (tmp_path / "loopwright.yaml").write_text(f"store: {store}\nplugins: [worker_plugin.py]\n")
+    plugins = "loopwright_postgres, worker_plugin.py" if "postgres" in store else "worker_plugin.py"
+    (tmp_path / "loopwright.yaml").write_text(f"store: {store}\nplugins: [{plugins}]\n")
     (tmp_path / "brief.yaml").write_text("name: brief\nmodel: script:brief\ntools: [nap]\n")
     (tmp_path / "chat.yaml").write_text("name: chat\nmodel: script:chat\n")
     return tmp_path
@@ -86,7 +87,7 @@ def test_twenty_submitted_instances_each_run_once_beside_plain_runs(tmp_path: Pa
     extra: dict[str, str] = {}
     if store == "postgres":
         extra["LOOPWRIGHT_DSN"] = request.getfixturevalue("postgres_dsn")
-        config = "{kind: postgres, dsn: ${LOOPWRIGHT_DSN}}"
+        config = "{kind: postgres, dsnEnv: LOOPWRIGHT_DSN}"
     else:
         config = {"file": "{kind: file, path: ./store}", "sqlite": "{kind: sqlite, path: ./lw.db}"}[store]
     project = _project(tmp_path, config)
