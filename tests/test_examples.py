@@ -14,12 +14,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 import shutil
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -146,28 +144,6 @@ def test_mcp_tools(tmp_path: Path) -> None:
     [instance] = lw_json(folder, "ls")
     [call] = records(folder, instance["instanceId"], "tool_call")
     assert (call["data"]["tool"], call["data"]["status"]) == ("dictionary__define", "success")
-
-
-@pytest.fixture
-def fresh_database() -> Iterator[str]:
-    """A new, empty database on the test server, dropped afterwards; its DSN."""
-    dsn = os.environ.get("LOOPWRIGHT_TEST_POSTGRES_DSN", "")
-    if not dsn:
-        reason = "LOOPWRIGHT_TEST_POSTGRES_DSN is not set (bash scripts/test.sh starts a throwaway server)"
-        if os.environ.get("LOOPWRIGHT_REQUIRE_POSTGRES") == "1":
-            pytest.fail(f"LOOPWRIGHT_REQUIRE_POSTGRES=1 but {reason}", pytrace=False)
-        pytest.skip(reason)
-    import psycopg  # noqa: PLC0415 - only this test needs it, and only with a server
-    from psycopg import sql  # noqa: PLC0415
-
-    name = f"lw_example_{secrets.token_hex(4)}"
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        yield psycopg.conninfo.make_conninfo(dsn, dbname=name)
-    finally:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def test_postgres_workers(tmp_path: Path, fresh_database: str) -> None:

@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,28 +34,6 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPWRIGHT_")}
     env["LOOPWRIGHT_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     return {**env, **extra}
-
-
-@pytest.fixture
-def postgres_dsn() -> Iterator[str]:
-    """A fresh database on the test server (dropped afterwards), or a skip without one."""
-    dsn = os.environ.get("LOOPWRIGHT_TEST_POSTGRES_DSN", "")
-    if not dsn:
-        reason = "LOOPWRIGHT_TEST_POSTGRES_DSN is not set (bash scripts/test.sh starts a throwaway server)"
-        if os.environ.get("LOOPWRIGHT_REQUIRE_POSTGRES") == "1":
-            pytest.fail(f"LOOPWRIGHT_REQUIRE_POSTGRES=1 but {reason}", pytrace=False)
-        pytest.skip(reason)
-    import psycopg  # noqa: PLC0415 - only with a server
-    from psycopg import sql  # noqa: PLC0415
-
-    name = f"lw_submit_{secrets.token_hex(4)}"
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        yield psycopg.conninfo.make_conninfo(dsn, dbname=name)
-    finally:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def _project(tmp_path: Path, store: str) -> Path:
@@ -86,7 +62,7 @@ def test_twenty_submitted_instances_each_run_once_beside_plain_runs(tmp_path: Pa
                                                                     request: pytest.FixtureRequest) -> None:
     extra: dict[str, str] = {}
     if store == "postgres":
-        extra["LOOPWRIGHT_DSN"] = request.getfixturevalue("postgres_dsn")
+        extra["LOOPWRIGHT_DSN"] = request.getfixturevalue("fresh_database")
         config = "{kind: postgres, dsnEnv: LOOPWRIGHT_DSN}"
     else:
         config = {"file": "{kind: file, path: ./store}", "sqlite": "{kind: sqlite, path: ./lw.db}"}[store]

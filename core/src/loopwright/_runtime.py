@@ -1048,7 +1048,7 @@ class Runtime:
             ``callerInstanceId``, ``callerToolCallId``, ``delegationPrompt``, ``depth``).
         :param spawner: The live instance that started it: it draws from that instance's tree budget.
         """
-        loop = self.loop
+        self.loop  # noqa: B018 - raises if the runtime is not open
         header = self._new_header(defn, inputs, prompt, grants=grants, instance_id=instance_id, history=history)
         iid = header["instanceId"]
         if links:
@@ -1062,20 +1062,27 @@ class Runtime:
             run = AgentRun(self, inst)
             run.stream = stream
             self._runs[iid] = run
-            self.queue_record(iid, "state", {"from": None, "to": State.RUNNING.value, "stopReason": None})
-            impls = self.plugins.impls("loopwright_on_state_change")
-            if impls:
-                await loop.observe(inst, "loopwright_on_state_change", old=None, new=State.RUNNING.value,
-                                   stop_reason=None)
+            await self._announce_running(inst)
         except BaseException:
             lease.release()
             raise
+        await self._start_first_segment(run, lease)
+        return run
+
+    async def _announce_running(self, inst: Instance) -> None:
+        """Record, and tell observers, a new instance's first state: ``running``."""
+        self.queue_record(inst.id, "state", {"from": None, "to": State.RUNNING.value, "stopReason": None})
+        if self.plugins.impls("loopwright_on_state_change"):
+            await self.loop.observe(inst, "loopwright_on_state_change", old=None, new=State.RUNNING.value,
+                                    stop_reason=None)
+
+    async def _start_first_segment(self, run: AgentRun, lease: Lease) -> None:
+        """Start a new instance's first segment (its set-up, :meth:`_begin`, first); the lease is handed over."""
 
         async def prelude() -> None:
             await self._begin(run)
 
         await self._start_segment(run, new_segment=True, prelude=prelude, lease=lease, fresh=True)
-        return run
 
     def _new_header(self, defn: Definition, inputs: Mapping[str, Any] | None, prompt: str | None, *,
                     grants: Capabilities, instance_id: str | None,
@@ -1799,18 +1806,11 @@ class Runtime:
             inst.header["updatedAt"] = now_iso()
             inst.tree_counted = True  # a top-level instance that never ran: nothing below it yet
             await self.write_header(inst)
-            self.queue_record(inst.id, "state", {"from": None, "to": State.RUNNING.value, "stopReason": None})
-            if self.plugins.impls("loopwright_on_state_change"):
-                await self.loop.observe(inst, "loopwright_on_state_change", old=None, new=State.RUNNING.value,
-                                        stop_reason=None)
+            await self._announce_running(inst)
         except BaseException:
             lease.release()
             raise
-
-        async def prelude() -> None:
-            await self._begin(run)
-
-        await self._start_segment(run, new_segment=True, prelude=prelude, lease=lease, fresh=True)
+        await self._start_first_segment(run, lease)
 
     async def submit_message(self, instance_id: str, text: str, *, source: str = "api") -> None:
         """Post a message to an instance's mailbox for its runner, and tell the engine; nothing runs here.
