@@ -175,3 +175,24 @@ def rests_in(*states: str) -> Callable[[Event], bool]:
         data = event.data if isinstance(event.data, dict) else {}
         return event.event == "record" and data.get("kind") == "state" and data.get("data", {}).get("to") in states
     return check
+
+
+#: A plugin file with one tool, ``delete``, that always needs approval (the protocol surfaces' tests).
+DELETE_TOOL_PLUGIN = '''\
+import loopwright
+
+
+@loopwright.tool(requires_approval=True)
+def delete(path: str) -> str:
+    """Pretend to delete a file.
+
+    Args:
+        path: The file.
+    """
+    return f"deleted {path}"
+
+
+@loopwright.hookimpl
+def loopwright_register_tools(register):
+    register(delete)
+'''

@@ -14,7 +14,7 @@ from typing import Any, Self
 
 import httpx
 import pytest
-from _serve_testlib import Server, read_events, rests_in, serving
+from _serve_testlib import DELETE_TOOL_PLUGIN, Server, read_events, rests_in, serving
 from a2a.client import A2ACardResolver, A2AClientError, ClientConfig, create_client
 from a2a.helpers.proto_helpers import get_data_parts, get_text_parts, new_data_part, new_text_part
 from a2a.types.a2a_pb2 import (
@@ -67,24 +67,6 @@ description: Deletes files when allowed, and asks when unsure.
 model: script:any
 tools: [delete, ask_user, task_complete]
 """
-TOOLS = '''\
-import loopwright
-
-
-@loopwright.tool(requires_approval=True)
-def delete(path: str) -> str:
-    """Pretend to delete a file.
-
-    Args:
-        path: The file.
-    """
-    return f"deleted {path}"
-
-
-@loopwright.hookimpl
-def loopwright_register_tools(register):
-    register(delete)
-'''
 
 
 @pytest.fixture
@@ -97,7 +79,7 @@ def assembly(tmp_path: Path) -> Path:
     (tmp_path / "agents").mkdir()
     (tmp_path / "agents" / "helper.yaml").write_text(DEFINITION)
     (tmp_path / "agents" / "other.yaml").write_text("name: other\nmodel: other-script:any\n")
-    (tmp_path / "tools.py").write_text(TOOLS)
+    (tmp_path / "tools.py").write_text(DELETE_TOOL_PLUGIN)
     path = tmp_path / "loopwright.yaml"
     path.write_text(ASSEMBLY)
     return path

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from _serve_testlib import Server, serving
+from _serve_testlib import DELETE_TOOL_PLUGIN, Server, serving
 from ag_ui.core import (
     Event,
     EventType,
@@ -62,24 +62,6 @@ name: helper
 model: script:any
 tools: [delete, ask_user, task_complete]
 """
-TOOLS = '''\
-import loopwright
-
-
-@loopwright.tool(requires_approval=True)
-def delete(path: str) -> str:
-    """Pretend to delete a file.
-
-    Args:
-        path: The file.
-    """
-    return f"deleted {path}"
-
-
-@loopwright.hookimpl
-def loopwright_register_tools(register):
-    register(delete)
-'''
 
 EVENTS: TypeAdapter[Any] = TypeAdapter(Event)
 
@@ -89,7 +71,7 @@ def assembly(tmp_path: Path) -> Path:
     (tmp_path / "agents").mkdir()
     (tmp_path / "agents" / "helper.yaml").write_text(DEFINITION)
     (tmp_path / "agents" / "other.yaml").write_text("name: other\nmodel: other-script:any\n")
-    (tmp_path / "tools.py").write_text(TOOLS)
+    (tmp_path / "tools.py").write_text(DELETE_TOOL_PLUGIN)
     path = tmp_path / "loopwright.yaml"
     path.write_text(ASSEMBLY)
     return path
