@@ -75,6 +75,16 @@ from loopwright._types import (
     Usage,
     call_digest,
 )
+from loopwright._views import (
+    approval_to_json,
+    children_in,
+    result_to_json,
+    short_json,
+    subtree_in,
+    summary,
+    tree_node,
+    usage_to_json,
+)
 from loopwright.abc import ProviderSettings, StoreSettings
 from loopwright.errors import (
     ConfigError,
@@ -1445,7 +1455,7 @@ class Runtime:
         """Return every instance's summary (see :func:`summary`), optionally only those in ``state``."""
         headers = await self.store.list_headers()
         by_id = {h.get("instanceId"): h for h in headers}
-        return [summary(h, subtree_cost=_subtree_in(h, by_id, set()))
+        return [summary(h, subtree_cost=subtree_in(h, by_id, set()))
                 for h in headers if state is None or h.get("state") == state]
 
     async def summary(self, instance_id: str) -> dict[str, Any]:
@@ -1479,7 +1489,7 @@ class Runtime:
     async def children_cost(self, header: Mapping[str, Any]) -> float | None:
         """Return the summed subtree cost of the agents ``header``'s instance started (``None`` if unknown)."""
         by_id = await self._descendant_headers(header)
-        return _children_in(header, by_id, {header.get("instanceId")})
+        return children_in(header, by_id, {header.get("instanceId")})
 
     async def _descendant_headers(self, header: Mapping[str, Any]) -> dict[Any, Mapping[str, Any]]:
         """Return the saved headers of the agents ``header``'s instance started, directly or not, by id."""
@@ -2033,7 +2043,7 @@ class Runtime:
                 if held is None or call_digest(held.name, held.arguments) != call_digest(p.tool, p.arguments):
                     raise LoopwrightError(  # noqa: TRY301
                         f"instance {inst.id}: the held call {p.tool_call_id!r} in its log is not the call shown "
-                        f"for approval ({p.tool} {_short_json(p.arguments)}); it stays held, undecided")
+                        f"for approval ({p.tool} {short_json(p.arguments)}); it stays held, undecided")
             ids = {p.tool_call_id for p in chosen}
             decided = [
                 attrs.evolve(p, decision=decision, decision_reason=reason,
@@ -2112,7 +2122,7 @@ class Runtime:
         """
         header = await self.store.read_header(instance_id)
         by_id = {**await self._descendant_headers(header), header.get("instanceId"): header}
-        return _tree_node(header, by_id, set())
+        return tree_node(header, by_id, set())
 
     async def trees(self) -> list[dict[str, Any]]:
         """Return every tree in the store (``ls --tree``): one node per root, oldest first.
@@ -2121,7 +2131,7 @@ class Runtime:
         """
         headers = await self.store.list_headers()
         by_id = {h.get("instanceId"): h for h in headers}
-        return [_tree_node(h, by_id, set()) for h in headers if h.get("spawnerInstanceId") not in by_id]
+        return [tree_node(h, by_id, set()) for h in headers if h.get("spawnerInstanceId") not in by_id]
 
     def stalled(self, instance_id: str) -> bool:
         """Whether the instance can go on only after a person decides calls held in its tree.
@@ -2351,24 +2361,6 @@ class Runtime:
         await self.engine.submit(run.instance_id)  # an engine that tracks the instance learns it is done
 
 
-def _subtree_in(header: Mapping[str, Any], by_id: Mapping[Any, Mapping[str, Any]], seen: set[Any]) -> float | None:
-    """Return the subtree cost of ``header``'s instance from headers already read (``by_id``)."""
-    own, below = header.get("cost", 0.0), _children_in(header, by_id, seen)
-    return None if own is None or below is None else own + below
-
-
-def _children_in(header: Mapping[str, Any], by_id: Mapping[Any, Mapping[str, Any]], seen: set[Any]) -> float | None:
-    """Return the summed subtree costs of ``header``'s children found in ``by_id`` (``None`` if unknown)."""
-    total: float | None = 0.0
-    for child in header.get("children") or []:
-        if child in seen or child not in by_id:
-            continue
-        seen.add(child)
-        below = _subtree_in(by_id[child], by_id, seen)
-        total = None if total is None or below is None else total + below
-    return total
-
-
 #: Header keys a fork does not take from its original (it has its own, set by :meth:`Runtime.fork`).
 _NOT_FORKED = frozenset({"awaitingAnswer", "children", "inboxCursor", "monitors", "pausedAt", "segment",
                          "segmentStartedAt", "servedBy", "text", "output", "limit", "contextTokens",
@@ -2382,118 +2374,6 @@ def _fork_note(original: str, turn: int, children: Sequence[str], later: Sequenc
     if later:
         text += f" These were started after turn {turn} and are not in this history: {', '.join(later)}."
     return text
-
-
-def _tree_node(header: Mapping[str, Any], by_id: Mapping[Any, Mapping[str, Any]], seen: set[Any]) -> dict[str, Any]:
-    """Return the ``tree`` node of ``header``'s instance, its children's nodes from ``by_id`` (a loop is cut)."""
-    seen.add(header.get("instanceId"))
-    children = [_tree_node(by_id[c], by_id, seen) for c in header.get("children") or []
-                if c in by_id and c not in seen]
-    own = [_approval_json(p) for p in header.get("pendingApprovals") or [] if p.get("decision") is None]
-    cost = header.get("cost", 0.0)
-    below = [c["subtreeCost"] for c in children]
-    subtree = None if cost is None or None in below else cost + sum(below)
-    return {
-        "instanceId": header.get("instanceId"), "name": header.get("name"), "state": header.get("state"),
-        "stopReason": header.get("stopReason"), "turns": int(header.get("turns") or 0),
-        "depth": int(header.get("depth") or 0), "pendingApprovals": own,
-        "waitingOn": len(own) + sum(c["waitingOn"] for c in children),
-        "cost": cost, "subtreeCost": subtree, "forkedFrom": header.get("forkedFrom"), "children": children,
-    }
-
-
-def _approval_json(p: Mapping[str, Any]) -> dict[str, Any]:
-    return {"toolCallId": p.get("toolCallId"), "tool": p.get("tool"), "arguments": p.get("arguments"),
-            "reason": p.get("reason"), "requestedAt": p.get("requestedAt"), "decision": p.get("decision")}
-
-
-def approval_to_json(p: PendingApproval) -> dict[str, Any]:
-    """Return the ``--json`` form of a pending approval: with its holder and path when it has them."""
-    out: dict[str, Any] = {"toolCallId": p.tool_call_id, "tool": p.tool, "arguments": dict(p.arguments),
-                           "reason": p.reason}
-    if p.instance_id is not None:
-        out["instanceId"] = p.instance_id
-        out["path"] = [dict(step) for step in p.path]
-    if p.decision is not None:
-        out["decision"] = p.decision
-    return out
-
-
-def _short_json(value: Any, limit: int = 200) -> str:
-    import json  # noqa: PLC0415
-
-    text = json.dumps(value, default=str, ensure_ascii=False)
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def summary(header: Mapping[str, Any], *, subtree_cost: float | object | None = ...) -> dict[str, Any]:
-    """Return the JSON summary of an instance (``show`` and ``ls``), camelCase keys.
-
-    :param subtree_cost: Its ``subtreeCost`` when the caller read its children (see
-        :meth:`Runtime.subtree_cost`); by default its own cost.
-    """
-    usage = {"inputTokens": 0, "outputTokens": 0, "totalTokens": 0, **(header.get("usage") or {})}
-    return {
-        "instanceId": header.get("instanceId"),
-        "name": header.get("name"),
-        "state": header.get("state"),
-        "queued": header.get("queued") is True,
-        "stopReason": header.get("stopReason"),
-        "cancelled": bool(header.get("cancelled", False)),
-        "error": header.get("error"),
-        "model": header.get("model"),
-        "pendingApprovals": [
-            {"toolCallId": p.get("toolCallId"), "tool": p.get("tool"), "arguments": p.get("arguments"),
-             "reason": p.get("reason"), "requestedAt": p.get("requestedAt"), "decision": p.get("decision")}
-            for p in header.get("pendingApprovals") or []],
-        "usage": usage,
-        "cost": header.get("cost"),
-        "subtreeCost": header.get("cost") if subtree_cost is ... else subtree_cost,
-        "spawnerInstanceId": header.get("spawnerInstanceId"),
-        "callerInstanceId": header.get("callerInstanceId"),
-        "callerToolCallId": header.get("callerToolCallId"),
-        "delegationPrompt": header.get("delegationPrompt"),
-        "createdAt": header.get("createdAt"),
-        "updatedAt": header.get("updatedAt"),
-        "children": list(header.get("children") or []),
-        "depth": int(header.get("depth") or 0),
-    }
-
-
-def result_to_json(result: AgentResult) -> dict[str, Any]:
-    """Return the ``--json`` form of a result: camelCase keys, every key present."""
-    return {
-        "instanceId": result.instance_id,
-        "state": result.state.value,
-        "stopReason": result.stop_reason.value if result.stop_reason else None,
-        "text": result.text,
-        "output": result.output,
-        "usage": usage_to_json(result.usage),
-        "cost": result.cost.amount,
-        "subtreeCost": result.subtree_cost.amount,
-        "pendingApprovals": [approval_to_json(p) for p in result.pending_approvals if p.decision is None],
-        "error": result.error,
-        "cancelled": result.cancelled,
-        "limit": result.limit,
-        "model": result.model,
-    }
-
-
-def usage_to_json(usage: Usage) -> dict[str, Any]:
-    """Return ``{inputTokens, outputTokens, totalTokens}`` (always) plus the counts that are known.
-
-    ``unreportedRequests`` appears when some model calls came back without token counts.
-    """
-    out: dict[str, Any] = {"inputTokens": usage.input_tokens, "outputTokens": usage.output_tokens,
-                           "totalTokens": usage.total_tokens}
-    known = (("cacheReadTokens", usage.cache_read_tokens), ("cacheWriteTokens", usage.cache_write_tokens),
-             ("reasoningTokens", usage.reasoning_tokens))
-    out.update({key: value for key, value in known if value is not None})
-    if usage.requests:
-        out["requests"] = usage.requests
-    if usage.unreported_requests:
-        out["unreportedRequests"] = usage.unreported_requests
-    return out
 
 
 def all_todos_done(messages: Sequence[Message]) -> tuple[bool, str]:
