@@ -9,7 +9,6 @@ stops them (an interrupted instance stays ``running`` in the store and ``resume`
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import inspect
 import logging
@@ -61,9 +60,9 @@ from loopwright._loop import Loop, SegmentEnd, parse_output
 from loopwright._patterns import schema_validator
 from loopwright._plugins import PluginHost, checked_guardrail, checked_verifier, hook_set
 from loopwright._pricing import PriceTable
+from loopwright._run import AgentRun
 from loopwright._template import render, render_value, resolve_inputs
 from loopwright._types import (
-    AgentResult,
     Cost,
     Event,
     Message,
@@ -94,8 +93,6 @@ from loopwright.errors import (
     InstanceNotFoundError,
     LeaseLostError,
     LoopwrightError,
-    RunCancelledError,
-    RunError,
     StoreError,
     StoreUnavailableError,
 )
@@ -120,8 +117,6 @@ __all__ = [
 ]
 
 _log = logging.getLogger("loopwright")
-
-_EVENT_HISTORY = 10_000
 #: Seconds between looks at the mailbox for a cancel request while a segment runs.
 _CANCEL_POLL = 0.25
 
@@ -149,184 +144,6 @@ class _DefinitionPlan:
     #: The header's ``definition`` snapshot, built on first use and shared by every instance
     #: of the definition (never mutated: headers are only read and encoded).
     snapshot: dict[str, Any] | None = None
-
-
-class AgentRun:
-    """A handle on one instance: follow it, steer it, approve its calls, cancel it.
-
-    Get one from :meth:`Runtime.start_agent` or :meth:`Runtime.get_agent`. Every method works
-    whether the instance is running in this runtime or resting in the store.
-    """
-
-    def __init__(self, runtime: Runtime, inst: Instance) -> None:
-        """Wrap ``inst``; only the runtime makes these."""
-        self._rt = runtime
-        self.inst = inst
-        self.stream = False
-        #: The last turn whose answer was streamed, so a retried stream can announce a reset.
-        self.streamed_turn = 0
-        #: ``ask_user`` calls the crash repair ran again and that now wait for an answer.
-        self.awaiting_after_repair: set[str] = set()
-        self.failure: BaseException | None = None
-        self._subscribers: list[Any] = []
-        self._history: collections.deque[Event] = collections.deque(maxlen=_EVENT_HISTORY)
-        self._done = anyio.Event()
-        self._done.set()
-        self._scope: anyio.CancelScope | None = None
-        self._cancelled = False
-        #: The copy in memory may be ahead of the store (a segment ended on a refused or failed write).
-        self._stale = False
-        #: When (``time.monotonic()``) the loop last read the mailbox at a turn boundary.
-        self.mail_read_at = 0.0
-
-    @property
-    def runtime(self) -> Runtime:
-        """The runtime this run belongs to."""
-        return self._rt
-
-    def __repr__(self) -> str:
-        return f"AgentRun({self.instance_id!r}, state={self.inst.state.value!r})"
-
-    @property
-    def instance_id(self) -> str:
-        """The instance's id."""
-        return self.inst.id
-
-    @property
-    def state(self) -> State:
-        """The instance's state now."""
-        return self.inst.state
-
-    @property
-    def running(self) -> bool:
-        """Whether a run segment is executing in this runtime."""
-        return not self._done.is_set()
-
-    # -- events ---------------------------------------------------------------------------
-
-    def publish(self, event: Event) -> None:
-        """Deliver an event to every follower and keep it for followers who come later."""
-        self._history.append(event)
-        for send in self._subscribers:
-            send.send_nowait(event)
-
-    async def events(self, *, subtree: bool = False) -> AsyncIterator[Event]:
-        """Yield the events of the current run segment, from its start, until the instance rests.
-
-        Events: ``state``, ``text``, ``usage``, ``tool_call``, ``tool_result`` and ``approval``.
-        If no segment is running, yields what the last segment produced and returns.
-
-        :param subtree: Also yield the events of every agent it starts (and theirs) that runs
-            in this runtime, as they happen, until this instance rests. Each event's ``data``
-            then carries ``depth`` (0 for this instance) and ``agent`` (its definition's name),
-            and ``instance_id`` names its instance, so that a host can draw a live tree.
-        """
-        if subtree:
-            async for event in self._rt.tree_events(self):
-                yield event
-            return
-        backlog = list(self._history)
-        if not self.running:
-            for event in backlog:
-                yield event
-            return
-        send, receive = anyio.create_memory_object_stream[Event](math.inf)
-        self._subscribers.append(send)  # closed by the runtime when the segment ends
-        try:
-            for event in backlog:
-                yield event
-            async for event in receive:
-                yield event
-        finally:
-            if send in self._subscribers:
-                self._subscribers.remove(send)
-            send.close()
-            receive.close()
-
-    def close_followers(self) -> None:
-        """End every :meth:`events` iteration once it has drained (the segment ended)."""
-        for send in self._subscribers:
-            send.close()
-        self._subscribers.clear()
-
-    # -- waiting ----------------------------------------------------------------------------
-
-    async def wait(self) -> AgentResult:
-        """Wait until the instance rests and return its result, raising nothing.
-
-        ``subtree_cost`` includes the agents it started, read from the store now.
-        """
-        await self._done.wait()
-        inst = self.inst
-        if not inst.header.get("children"):
-            return inst.result()
-        inst.children_cost = Cost(amount=await self._rt.children_cost(inst.header))
-        return attrs.evolve(inst.result(), pending_approvals=tuple(await self._rt.tree_approvals(self.instance_id)))
-
-    async def pending_approvals(self) -> tuple[PendingApproval, ...]:
-        """Return every undecided call in this instance's subtree (its own first), read from the store.
-
-        Each entry names the instance that holds it (``instance_id``) and the ``path`` from
-        this instance down to that one; decide any of them with :meth:`approve` or
-        :meth:`deny` and its ``tool_call_id``.
-        """
-        return tuple(await self._rt.tree_approvals(self.instance_id))
-
-    async def result(self) -> AgentResult:
-        """Wait until the instance rests and return its :class:`~loopwright.AgentResult`.
-
-        :raises RunError: The model failed for good (``.cause`` holds the provider error) or a
-            hook blocked the model call (:class:`~loopwright.errors.HookBlockedError`).
-        :raises RunCancelledError: The run was cancelled; ``.result`` holds the saved result.
-
-        Ending on ``max_iterations`` or another limit raises nothing: the result says so.
-        """
-        result = await self.wait()
-        if result.cancelled and result.state is State.STOPPED:
-            raise RunCancelledError(f"run of instance {self.instance_id} was cancelled", result=result)
-        if result.state is State.ERROR and result.stop_reason is StopReason.ERROR:
-            failure = self.failure
-            if isinstance(failure, RunError):
-                failure.result = result
-                raise failure
-            raise RunError(f"instance {self.instance_id} failed: {result.error}", result=result, cause=failure)
-        return result
-
-    # -- steering ---------------------------------------------------------------------------
-
-    async def approve(self, tool_call_id: str | None = None, *, by: str | None = None) -> None:
-        """Approve a held call (all of this instance's when ``tool_call_id`` is None).
-
-        ``tool_call_id`` may name a call held anywhere in this instance's subtree: it is
-        decided on the instance that holds it, which goes on once all its calls are decided,
-        and so do the callers above it that wait for it. ``by`` names who decided (saved as
-        ``decidedBy``).
-
-        :raises LoopwrightError: No such call is waiting for approval (any more).
-        """
-        await self._rt.decide(self, tool_call_id, "approved", None, by=by)
-
-    async def deny(self, tool_call_id: str | None = None, reason: str | None = None, *, by: str | None = None) -> None:
-        """Deny a held call (as :meth:`approve` finds it); the model sees a ``denied`` result with ``reason``."""
-        await self._rt.decide(self, tool_call_id, "denied", reason, by=by)
-
-    async def message(self, text: str, *, source: str = "api") -> None:
-        """Send a message: read at the next turn boundary if running, else it starts a new segment.
-
-        From ``api`` or ``user`` to an instance waiting on ``ask_user``, it is the answer.
-        While approvals are pending it waits until they are decided.
-        """
-        await self._rt.deliver(self, text, source)
-
-    def request_cancel(self) -> None:
-        """Cancel the running segment from inside it (a cancel request reached its runner)."""
-        self._cancelled = True
-        if self._scope is not None:
-            self._scope.cancel()
-
-    async def cancel(self) -> None:
-        """Stop the run: the instance becomes ``stopped`` with ``cancelled: true``; the partial turn is kept."""
-        await self._rt.cancel_run(self)
 
 
 class Runtime:
@@ -1213,14 +1030,12 @@ class Runtime:
                 # posted to an instance its dead runner left running still stands: it stops the
                 # instance before anything more runs (see _drive).
                 if await self.loop.absorb_mail(run, running=run.inst.state is State.RUNNING):
-                    run._cancelled = True  # noqa: SLF001 - the runtime drives its runs
+                    run.mark_cancelled()
                 await self._join_tree(run.inst)
         except BaseException:
             lease.release()
             raise
-        run._done = anyio.Event()  # noqa: SLF001 - the runtime drives its runs
-        run._history.clear()  # noqa: SLF001
-        run.failure = None
+        run.segment_starting()
         for watch in list(self._segment_watchers):
             watch(run)
         self._tg.start_soon(self._drive, run, new_segment, prelude, lease)
@@ -1228,13 +1043,13 @@ class Runtime:
     async def _refresh(self, run: AgentRun) -> None:
         """Reload the instance if another process changed it since this copy was read."""
         header = await self.store.read_header(run.instance_id)
-        if header.get("updatedAt") == run.inst.header.get("updatedAt") and not run._stale:  # noqa: SLF001
+        if header.get("updatedAt") == run.inst.header.get("updatedAt") and not run.stale:
             return
         inst = run.inst
         await restore(inst, self.store)  # replaces nothing if the log cannot be read
         inst.header = header
         inst.grants = self._saved_grants(run.instance_id, header)
-        run._stale = False  # noqa: SLF001 - the runtime drives its runs
+        run.stale = False
 
     async def _join_tree(self, inst: Instance) -> None:
         """Make an instance loaded from the store draw from its tree's one budget.
@@ -1301,12 +1116,9 @@ class Runtime:
         inst = run.inst
         try:
             while True:
-                with anyio.CancelScope() as scope:
-                    run._scope = scope  # noqa: SLF001
-                    if run._cancelled:  # noqa: SLF001
-                        scope.cancel()
+                with run.segment_scope() as scope:
                     await loop.run_segment(run, new_segment=new_segment, prelude=prelude)
-                if scope.cancelled_caught and run._cancelled:  # noqa: SLF001
+                if run.cancelled_in(scope):
                     with anyio.CancelScope(shield=True):
                         await loop.settle_cancelled(run)
                         await loop.set_state(run, State.STOPPED, StopReason.CANCELLED, cancelled=True)
@@ -1321,7 +1133,7 @@ class Runtime:
             # refused), or the store stayed out of reach. Its state stays as last saved, for its
             # new runner or the next worker; the copy here may be ahead of the store.
             run.failure = exc
-            run._stale = True  # noqa: SLF001
+            run.stale = True
             self._records.pop(inst.id, None)  # the segment's unsaved records go with it
             _log.warning("instance %s: segment ended without a state change: %s", inst.id, exc)
         except Exception as exc:  # noqa: BLE001 - a bug must not leave the instance "running"
@@ -1333,23 +1145,20 @@ class Runtime:
                 except StoreError as saving:
                     # Saving the error failed too: the instance stays as last saved (a worker
                     # resumes it); this must not take down the other segments of the runtime.
-                    run._stale = True  # noqa: SLF001
+                    run.stale = True
                     _log.warning("instance %s: cannot save the error state: %s", inst.id, saving)
         finally:
             try:
                 # At rest, still holding the lease: a store may fold its log into a checkpoint
                 # (only when it grew enough since the last one), so loading it later costs O(1).
-                if not run._stale:  # noqa: SLF001 - no checkpoint of a copy that may be ahead of the store
+                if not run.stale:  # no checkpoint of a copy that may be ahead of the store
                     with anyio.CancelScope(shield=True):
                         await self.store.checkpoint(inst.id, fold_checkpoint)
             except StoreError as exc:
                 _log.warning("instance %s: no checkpoint: %s", inst.id, exc)
             finally:
                 lease.release()
-                run._scope = None  # noqa: SLF001
-                run._cancelled = False  # noqa: SLF001
-                run._done.set()  # noqa: SLF001
-                run.close_followers()
+                run.segment_ended()
 
     async def _watch_for_cancel(self) -> None:
         """While the runtime is open, look for posts other processes made to the instances running here.
@@ -1363,7 +1172,7 @@ class Runtime:
             await anyio.sleep(_CANCEL_POLL)
             fresh = time.monotonic() - _CANCEL_POLL
             for run in list(self._runs.values()):
-                if not run.running or run._scope is None or run.mail_read_at > fresh:  # noqa: SLF001
+                if not run.running or not run.cancellable or run.mail_read_at > fresh:
                     continue
                 try:
                     posted = await self.loop.cancel_posted(run)
@@ -2318,9 +2127,7 @@ class Runtime:
     async def cancel_run(self, run: AgentRun, *, timeout: float = 30.0) -> None:  # noqa: ASYNC109
         """Cancel a run (see :meth:`AgentRun.cancel` and :meth:`cancel`)."""
         if run.running:
-            run._cancelled = True  # noqa: SLF001
-            if run._scope is not None:  # noqa: SLF001
-                run._scope.cancel()  # noqa: SLF001
+            run.request_cancel()
             await run.wait()
             return
         lease: Lease | None = None
@@ -2346,16 +2153,13 @@ class Runtime:
             inst = run.inst
             if inst.state is State.STOPPED and inst.header.get("cancelled"):
                 return
-            run._done = anyio.Event()  # noqa: SLF001
-            try:
+            with run.changing():
                 if inst.state is State.RUNNING and inst.header.get("queued") is not True:
                     await self.loop.repair_records(run)  # a dead runner's: the records of its last turn
                 inst.header.pop("queued", None)  # a queued instance is stopped before any runner started it
                 # A dead runner's calls, held calls and an open question each get their result.
                 await self.loop.settle_cancelled(run)
                 await self.loop.set_state(run, State.STOPPED, StopReason.CANCELLED, cancelled=True)
-            finally:
-                run._done.set()  # noqa: SLF001
         finally:
             lease.release()
         await self.engine.submit(run.instance_id)  # an engine that tracks the instance learns it is done
