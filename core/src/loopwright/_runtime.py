@@ -60,6 +60,7 @@ from loopwright._loop import Loop, SegmentEnd, parse_output
 from loopwright._patterns import schema_validator
 from loopwright._plugins import PluginHost, checked_guardrail, checked_verifier, hook_set
 from loopwright._pricing import PriceTable
+from loopwright._records import Recorder
 from loopwright._run import AgentRun
 from loopwright._template import render, render_value, resolve_inputs
 from loopwright._types import (
@@ -67,7 +68,6 @@ from loopwright._types import (
     Event,
     Message,
     PendingApproval,
-    Record,
     State,
     StopReason,
     ToolCall,
@@ -195,8 +195,9 @@ class Runtime:
         self._runs: weakref.WeakValueDictionary[str, AgentRun] = weakref.WeakValueDictionary()
         #: The monitors armed by instances run here (built when the runtime is entered).
         self.monitors: Any = None
-        self._records: dict[str, list[dict[str, Any]]] = {}
         self._sinks: list[RecordSink] = []
+        #: Queued records, the record sinks and the order of header writes.
+        self.recorder = Recorder(self.plugins, self._sinks)
         self._tg: TaskGroup | None = None
         self._tg_cm: Any = None
         self._loop: Loop | None = None
@@ -210,7 +211,6 @@ class Runtime:
         #: The agents each instance running here waits for in ``await_agent`` now, by instance id
         #: (kept by :class:`loopwright._agents.Agents`; :meth:`stalled` reads it).
         self.awaiting: dict[str, tuple[str, ...]] = {}
-        self._header_locks: dict[str, anyio.Lock] = {}
         #: Called with each run whose segment starts here (the followers of :meth:`tree_events`).
         self._segment_watchers: list[Callable[[AgentRun], None]] = []
 
@@ -258,6 +258,7 @@ class Runtime:
             settings = StoreSettings(kind=cfg.kind, base_dir=self.assembly.base_dir, options=cfg.options)
             self.store = self._build(self.plugins.stores, cfg.kind, cfg.options, ("store",), what="the store",
                                      make=lambda factory: factory(settings))
+        self.recorder.store = self.store
         for n, spec in enumerate(self.assembly.records):
             self._sinks.append(self._build(
                 self.plugins.record_sinks, spec.kind, spec.options, ("records", n),
@@ -753,49 +754,16 @@ class Runtime:
     # -- records ----------------------------------------------------------------------------
 
     def queue_record(self, instance_id: str, kind: str, data: Mapping[str, Any]) -> None:
-        """Queue a record; :meth:`flush_records` writes it with the next save."""
-        self._records.setdefault(instance_id, []).append(
-            {"kind": kind, "instanceId": instance_id, "at": now_iso(), "data": data})
+        """Queue a record; :meth:`flush_records` writes it with the next save (see :class:`Recorder`)."""
+        self.recorder.queue(instance_id, kind, data)
 
     async def flush_records(self, instance_id: str) -> None:
         """Write queued records to the store, the record sinks and the ``on_record`` hook."""
-        queued = self._records.pop(instance_id, None)
-        if not queued:
-            return
-        await self.store.append_records(instance_id, queued)
-        impls = self.plugins.impls("loopwright_on_record")
-        if not impls and not self._sinks:
-            return
-
-        for raw in queued:
-            record = Record(kind=raw["kind"], instance_id=instance_id, at=raw["at"], data=raw["data"])
-            for sink in self._sinks:
-                try:
-                    await sink.write(record)
-                except Exception as exc:  # noqa: BLE001 - sinks fail open
-                    self.queue_record(instance_id, "observer_error",
-                                      {"plugin": type(sink).__name__, "error": f"{type(exc).__name__}: {exc}"})
-            if impls:
-                await notify(impls, {"record": record}, on_error=lambda plugin, exc: self.queue_record(
-                    instance_id, "observer_error", {"plugin": plugin, "error": f"{type(exc).__name__}: {exc}"}))
+        await self.recorder.flush(instance_id)
 
     async def write_header(self, inst: Instance) -> None:
-        """Save the instance's header atomically, one write at a time per instance.
-
-        Writes of one instance's header are applied in the order they were asked for, each
-        with the header as it is when its turn comes: two writes in flight at once (two agents
-        started in parallel by the same caller, a store that writes in a worker thread) can
-        never leave the older copy on disk.
-        """
-        lock = self._header_locks.get(inst.id)
-        if lock is None:
-            lock = self._header_locks[inst.id] = anyio.Lock()
-        try:
-            async with lock:
-                await self.store.write_header(inst.id, inst.header)
-        finally:
-            if not lock.locked() and not lock.statistics().tasks_waiting and self._header_locks.get(inst.id) is lock:
-                del self._header_locks[inst.id]
+        """Save the instance's header atomically, one write at a time per instance (see :class:`Recorder`)."""
+        await self.recorder.write_header(inst)
 
     # -- starting and finding instances -----------------------------------------------------
 
@@ -1134,7 +1102,7 @@ class Runtime:
             # new runner or the next worker; the copy here may be ahead of the store.
             run.failure = exc
             run.stale = True
-            self._records.pop(inst.id, None)  # the segment's unsaved records go with it
+            self.recorder.drop(inst.id)  # the segment's unsaved records go with it
             _log.warning("instance %s: segment ended without a state change: %s", inst.id, exc)
         except Exception as exc:  # noqa: BLE001 - a bug must not leave the instance "running"
             run.failure = exc
