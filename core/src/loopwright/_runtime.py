@@ -59,7 +59,7 @@ from loopwright._instance import (
 from loopwright._loop import Loop, SegmentEnd, parse_output
 from loopwright._patterns import schema_validator
 from loopwright._plugins import PluginHost, checked_guardrail, checked_verifier, hook_set
-from loopwright._pricing import PriceTable
+from loopwright._providers import Providers, assembly_error, build_component
 from loopwright._records import Recorder
 from loopwright._run import AgentRun
 from loopwright._template import render, render_value, resolve_inputs
@@ -84,7 +84,7 @@ from loopwright._views import (
     tree_node,
     usage_to_json,
 )
-from loopwright.abc import ProviderSettings, StoreSettings
+from loopwright.abc import StoreSettings
 from loopwright.errors import (
     ConfigError,
     ConfigProblem,
@@ -182,14 +182,14 @@ class Runtime:
         self._extra_plugins = tuple(plugins)
         self._autoload = autoload
         self._given_store = store
-        self._http_client = http_client
         self.shell_approver = shell_approver
         self.plugins = PluginHost(settings=self.assembly.plugin_settings, runtime=self)
         self.store: Store = store  # type: ignore[assignment]
         #: Who advances submitted work (the assembly's ``engine:``), built when the runtime opens.
         self.engine: Engine = None  # type: ignore[assignment]
-        self.prices = PriceTable(self.assembly.pricing)
-        self._providers: dict[str, Provider] = {}
+        #: The providers of model references, built on first use.
+        self.providers = Providers(self.assembly, self.plugins, http_client)
+        self.prices = self.providers.prices
         self._plans: dict[int, _DefinitionPlan] = {}
         # Runs are kept only while something holds them: a running segment's task, or a caller.
         self._runs: weakref.WeakValueDictionary[str, AgentRun] = weakref.WeakValueDictionary()
@@ -256,12 +256,12 @@ class Runtime:
         if self.store is None:
             cfg = self.assembly.store
             settings = StoreSettings(kind=cfg.kind, base_dir=self.assembly.base_dir, options=cfg.options)
-            self.store = self._build(self.plugins.stores, cfg.kind, cfg.options, ("store",), what="the store",
-                                     make=lambda factory: factory(settings))
+            self.store = build_component(self.assembly, self.plugins.stores, cfg.kind, cfg.options, ("store",),
+                                         what="the store", make=lambda factory: factory(settings))
         self.recorder.store = self.store
         for n, spec in enumerate(self.assembly.records):
-            self._sinks.append(self._build(
-                self.plugins.record_sinks, spec.kind, spec.options, ("records", n),
+            self._sinks.append(build_component(
+                self.assembly, self.plugins.record_sinks, spec.kind, spec.options, ("records", n),
                 what=f"the record sink {spec.kind!r}", make=lambda factory, spec=spec: factory(dict(spec.options))))
         self._check_out_of_reach(self.assembly.capabilities)
         self._open_engine()
@@ -287,8 +287,7 @@ class Runtime:
                 await self._notify_close()
                 if self.engine is not None:
                     await self.engine.aclose()
-                for provider in self._providers.values():
-                    await provider.aclose()
+                await self.providers.aclose()
                 for sink in self._sinks:
                     await sink.aclose()
                 if self._given_store is None and self.store is not None:
@@ -366,120 +365,6 @@ class Runtime:
                 self.verifier(definition.completion.verify)
             except ConfigError as exc:
                 raise ConfigError(f"completion.verify: {exc}; {rule}") from None
-
-    def split_model(self, ref: str) -> tuple[str, str]:
-        """Split ``PROVIDER:MODEL`` into its two parts."""
-        provider, sep, model = ref.partition(":")
-        if not sep or not provider:
-            raise ConfigError(f"model reference {ref!r} is not of the form PROVIDER:MODEL")
-        return provider, model
-
-    def model_ref(self, definition: Definition) -> str:
-        """Return the definition's model, or the assembly's default."""
-        ref = definition.model or self.assembly.default_model
-        if not ref:
-            raise ConfigError(f"definition {definition.name!r} names no model and the assembly has no defaultModel")
-        return ref
-
-    def provider(self, name: str) -> Provider:
-        """Return the provider ``name``: an assembly entry, else a registered kind with defaults."""
-        found = self._providers.get(name)
-        if found is not None:
-            return found
-        cfg = self.assembly.providers.get(name)
-        if cfg is None and name not in self.plugins.providers:
-            entries = ", ".join(sorted(self.assembly.providers)) or "none"
-            raise ConfigError(f"unknown provider {name!r}: the assembly's providers are {entries}, and no "
-                              f"provider kind {name!r} is registered (kinds: "
-                              f"{', '.join(self.plugins.providers.names()) or 'none'})")
-        at = ("providers", name)
-        api_key = None
-        if cfg is not None:
-            api_key = cfg.api_key
-            if cfg.api_key_env:
-                api_key = os.environ.get(cfg.api_key_env)
-                if api_key is None:
-                    raise self._assembly_error(
-                        f"provider {name!r}: the environment variable {cfg.api_key_env} (its apiKeyEnv) is not set",
-                        (*at, "apiKeyEnv"))
-        kind = cfg.kind if cfg else name
-        options = {k: v for k, v in cfg.options.items() if k != "stream"} if cfg else {}
-        settings = ProviderSettings(name=name, kind=kind, base_url=cfg.base_url if cfg else None, api_key=api_key,
-                                    options=options, http_client=self._http_client,
-                                    base_dir=self.assembly.base_dir)
-        made: Provider = self._build(self.plugins.providers, kind, options, at, what=f"provider {name!r}",
-                                     make=lambda factory: factory(settings))
-        self._providers[name] = made
-        return made
-
-    def assembly_error(self, message: str, at: tuple[str | int, ...], *, key: bool = False) -> ConfigError:
-        """Return a ConfigError for a problem a host found in the assembly, placed at its line and column.
-
-        :param at: The key path of what is wrong (``("server", "tokens", 0, "tokenEnv")``).
-        :param key: Point at the key rather than its value.
-        """
-        return self._assembly_error(message, at, key=key)
-
-    def _assembly_error(self, message: str, at: tuple[str | int, ...], *, key: bool = False) -> ConfigError:
-        """Return a ConfigError for a problem at ``at`` in the assembly, placed at its line and column."""
-        from loopwright._config import locate  # noqa: PLC0415 - only when something is wrong
-
-        return ConfigError(message, path=str(self.assembly.path) if self.assembly.path else None,
-                           problems=[locate(message, at, self.assembly.path, key=key)])
-
-    def _build(
-        self, registry: Any, kind: str, options: Mapping[str, Any], at: tuple[str | int, ...], *,
-        what: str, make: Callable[[Any], Any],
-    ) -> Any:
-        """Build a component of a registered ``kind`` (a store, a sink, a provider) from its options.
-
-        The options are checked first against the JSON Schema its plugin registered, if any; a
-        problem the factory finds is placed at its key in the assembly as well.
-
-        :param at: Where the component's mapping sits in the assembly (``("providers", "local")``).
-        :param what: The component, for messages (``provider 'local'``).
-        :param make: Calls the factory with the component's settings.
-        :raises ConfigError: The kind is not registered (naming the registered kinds), or the
-            options are unknown or ill-typed; each problem with file, line and column.
-        """
-        from loopwright._config import option_problems, placed  # noqa: PLC0415 - YAML machinery only when needed
-
-        if kind not in registry:
-            raise self._assembly_error(
-                f"{what}: unknown {registry.kind} kind {kind!r}; registered {registry.kind} kinds: "
-                f"{', '.join(registry.names()) or 'none'}", (*at, "kind"))
-        declared = registry.options_of(kind)
-        file = self.assembly.path
-        if declared is not None:
-            problems = option_problems(declared, options, at=at, file=file)
-            if problems:
-                raise ConfigError(f"invalid options for {what}", path=str(file) if file else None, problems=problems)
-        try:
-            return make(registry.get(kind))
-        except ConfigError as exc:
-            if file is None or (exc.problems and all(p.file is not None for p in exc.problems)):
-                raise
-            if not exc.problems:
-                raise self._assembly_error(str(exc), at) from None
-            raise ConfigError(str(exc.args[0]).split("\n", 1)[0], path=str(file),
-                              problems=placed(exc.problems, file)) from None
-
-    def provider_streams(self, name: str) -> bool:
-        """Return whether the assembly asks provider ``name`` to stream (``stream: true``)."""
-        cfg = self.assembly.providers.get(name)
-        return bool(cfg is not None and cfg.options.get("stream"))
-
-    def price(self, usage: Usage, provider_name: str, model: str) -> Cost:
-        """Return what ``usage`` cost on ``provider_name:model`` (unknown prices stay unknown)."""
-        provider = self._providers.get(provider_name)
-        free = bool(getattr(provider, "free", False))
-        price_id = getattr(provider, "price_provider_id", None)
-        if price_id is None and not free:
-            cfg = self.assembly.providers.get(provider_name)
-            price_id = None if cfg else provider_name
-        if f"{provider_name}:{model}" in self.assembly.pricing:
-            price_id = provider_name
-        return self.prices.cost(usage, model=model, price_provider=price_id, free=free)
 
     def _plan(self, definition: Definition) -> _DefinitionPlan:  # noqa: C901, PLR0912 - each check collects its problem
         plan = self._plans.get(id(definition))
@@ -750,6 +635,34 @@ class Runtime:
     def context_strategy(self, definition: Definition) -> ContextStrategy | None:
         """Return the definition's context strategy, built once."""
         return self._plan(definition).strategy
+
+    def split_model(self, ref: str) -> tuple[str, str]:
+        """Split ``PROVIDER:MODEL`` into its two parts (see :class:`Providers`)."""
+        return self.providers.split_model(ref)
+
+    def model_ref(self, definition: Definition) -> str:
+        """Return the definition's model, or the assembly's default."""
+        return self.providers.model_ref(definition)
+
+    def provider(self, name: str) -> Provider:
+        """Return the provider ``name``: an assembly entry, else a registered kind with defaults."""
+        return self.providers.provider(name)
+
+    def provider_streams(self, name: str) -> bool:
+        """Return whether the assembly asks provider ``name`` to stream (``stream: true``)."""
+        return self.providers.provider_streams(name)
+
+    def price(self, usage: Usage, provider_name: str, model: str) -> Cost:
+        """Return what ``usage`` cost on ``provider_name:model`` (unknown prices stay unknown)."""
+        return self.providers.price(usage, provider_name, model)
+
+    def assembly_error(self, message: str, at: tuple[str | int, ...], *, key: bool = False) -> ConfigError:
+        """Return a ConfigError for a problem a host found in the assembly, placed at its line and column.
+
+        :param at: The key path of what is wrong (``("server", "tokens", 0, "tokenEnv")``).
+        :param key: Point at the key rather than its value.
+        """
+        return assembly_error(self.assembly, message, at, key=key)
 
     # -- records ----------------------------------------------------------------------------
 
@@ -1540,8 +1453,8 @@ class Runtime:
     def _open_engine(self) -> None:
         """Build the assembly's engine (``engine: {kind: ...}``, default ``local``) for the open runtime."""
         cfg = self.assembly.engine
-        self.engine = self._build(self.plugins.engines, cfg.kind, cfg.options, ("engine",), what="the engine",
-                                  make=lambda factory: factory(dict(cfg.options), self))
+        self.engine = build_component(self.assembly, self.plugins.engines, cfg.kind, cfg.options, ("engine",),
+                                      what="the engine", make=lambda factory: factory(dict(cfg.options), self))
 
     async def submit(
         self, definition: str | os.PathLike[str] | Definition | Mapping[str, Any],
