@@ -29,11 +29,11 @@ from loopwright import (
     State,
     StopReason,
     ToolStatus,
-    _loop,
     _plugins,
     hookimpl,
 )
 from loopwright._definition import PluginSpec
+from loopwright._engine import _loop
 from loopwright.errors import HookBlockedError, PluginError, RegistrationError
 
 pytestmark = pytest.mark.anyio

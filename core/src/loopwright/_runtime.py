@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 import anyio
 import attrs
 
-from loopwright._agents import Monitors
+from loopwright._agents import Agents, Monitors
 from loopwright._capabilities import (
     capabilities_from_dict,
     capabilities_to_dict,
@@ -43,6 +43,18 @@ from loopwright._definition import (
     gates_from_json,
     with_gates,
 )
+from loopwright._engine import (
+    Decided,
+    EngineDeps,
+    LateMail,
+    Loop,
+    Mail,
+    Resume,
+    Segment,
+    SegmentEnd,
+    Start,
+    parse_output,
+)
 from loopwright._hooks import notify
 from loopwright._instance import (
     Instance,
@@ -56,7 +68,6 @@ from loopwright._instance import (
     restore,
     unanswered_calls,
 )
-from loopwright._loop import Loop, SegmentEnd, parse_output
 from loopwright._patterns import schema_validator
 from loopwright._plugins import PluginHost, checked_guardrail, checked_verifier, hook_set
 from loopwright._providers import Providers, assembly_error, build_component
@@ -265,7 +276,7 @@ class Runtime:
                 what=f"the record sink {spec.kind!r}", make=lambda factory, spec=spec: factory(dict(spec.options))))
         self._check_out_of_reach(self.assembly.capabilities)
         self._open_engine()
-        self._loop = Loop(self)
+        self._loop = Loop(self._engine_deps())
         self._tg_cm = anyio.create_task_group()
         self._tg = await self._tg_cm.__aenter__()
         self._tg.start_soon(self._watch_for_cancel)
@@ -304,6 +315,21 @@ class Runtime:
                          plugin, type(exc).__name__, exc, exc_info=exc)
 
         await notify(impls, {"runtime": self}, on_error=on_error)
+
+    def _engine_deps(self) -> EngineDeps:
+        """Return what the loop uses of this runtime (see :class:`loopwright._engine.EngineDeps`)."""
+        return EngineDeps(
+            store=self.store, owner=self.owner, queue_record=self.queue_record, flush_records=self.flush_records,
+            write_header=self.write_header, hook_impls=self.hook_impls, model_ref=self.model_ref,
+            split_model=self.split_model, provider=self.provider, provider_streams=self.provider_streams,
+            price=self.price, agent_retries=self.assembly.agent_retry.max_retries,
+            context_strategy=self.context_strategy, output_problems=self.output_problems, verifier=self.verifier,
+            tool_for=self.tool_for, tool_names=self.tool_names, tool_specs=self.tool_specs,
+            limits_of=self.limits_of, limits_for=self.limits_for, base_dir=lambda: self.assembly.base_dir,
+            shell_approver=self.shell_approver,
+            agents=lambda caller, call_id, timeout: Agents(self, caller, call_id, timeout),
+            begin=self._begin, still_beginning=self._still_beginning,
+            defer_task=self._defer_task, hold_changed=self._hold_changed)
 
     @property
     def loop(self) -> Loop:
@@ -786,11 +812,7 @@ class Runtime:
 
     async def _start_first_segment(self, run: AgentRun, lease: Lease) -> None:
         """Start a new instance's first segment (its set-up, :meth:`_begin`, first); the lease is handed over."""
-
-        async def prelude() -> None:
-            await self._begin(run)
-
-        await self._start_segment(run, new_segment=True, prelude=prelude, lease=lease, fresh=True)
+        await self._start_segment(run, Start(), lease=lease, fresh=True)
 
     def _new_header(self, defn: Definition, inputs: Mapping[str, Any] | None, prompt: str | None, *,
                     grants: Capabilities, instance_id: str | None,
@@ -889,10 +911,9 @@ class Runtime:
             i.get("behindTurn") for i in inst.header.get("inbox") or [])
 
     async def _start_segment(
-        self, run: AgentRun, *, new_segment: bool, prelude: Any = None, lease: Lease | None = None,
-        fresh: bool = False,
+        self, run: AgentRun, segment: Segment, *, lease: Lease | None = None, fresh: bool = False,
     ) -> None:
-        """Take the instance's runner lease and start a segment in the background.
+        """Take the instance's runner lease and start a segment of kind ``segment`` in the background.
 
         :param lease: A lease the caller already holds (it is handed over).
         :param fresh: The instance was just created here, so the copy in memory is current.
@@ -919,7 +940,7 @@ class Runtime:
         run.segment_starting()
         for watch in list(self._segment_watchers):
             watch(run)
-        self._tg.start_soon(self._drive, run, new_segment, prelude, lease)
+        self._tg.start_soon(self._drive, run, segment, lease)
 
     async def _refresh(self, run: AgentRun) -> None:
         """Reload the instance if another process changed it since this copy was read."""
@@ -992,13 +1013,13 @@ class Runtime:
         inst.tree_tool_calls += calls
         inst.tree_cost = None if inst.tree_cost is None or cost is None else inst.tree_cost + cost
 
-    async def _drive(self, run: AgentRun, new_segment: bool, prelude: Any, lease: Lease) -> None:
+    async def _drive(self, run: AgentRun, segment: Segment, lease: Lease) -> None:
         loop = self.loop
         inst = run.inst
         try:
             while True:
                 with run.segment_scope() as scope:
-                    await loop.run_segment(run, new_segment=new_segment, prelude=prelude)
+                    await loop.run_segment(run, segment)
                 if run.cancelled_in(scope):
                     with anyio.CancelScope(shield=True):
                         await loop.settle_cancelled(run)
@@ -1008,7 +1029,7 @@ class Runtime:
                 # now, so nothing posted while the instance was running is left unread.
                 if inst.state is State.WAITING_FOR_APPROVAL or not await loop.has_mail(run):
                     break
-                new_segment, prelude = True, None
+                segment = LateMail()
         except (LeaseLostError, StoreUnavailableError) as exc:
             # Not the instance's failure: another runner took it over (this one's write was
             # refused), or the store stayed out of reach. Its state stays as last saved, for its
@@ -1380,24 +1401,8 @@ class Runtime:
 
     async def _start_resumed(self, run: AgentRun, lease: Lease) -> None:
         """Start the segment that continues an instance a dead runner left ``running`` (lease held)."""
-        loop = self.loop
-        inst = run.inst
-
-        async def prelude() -> None:
-            await loop.repair_records(run)
-            await loop.repair_interrupted(run)
-            beginning = self._still_beginning(inst)
-            try:
-                await loop.finish_interrupted_turn(run)
-            except SegmentEnd as end:
-                if beginning and end.reason in (StopReason.WAITING_FOR_APPROVAL, StopReason.WAITING):
-                    self._defer_task(inst)
-                raise
-            if beginning:
-                await self._begin(run, resume=True)
-
         # A crash before the first segment saved anything: that segment starts over.
-        await self._start_segment(run, new_segment=not inst.begun, prelude=prelude, lease=lease)
+        await self._start_segment(run, Resume(new_segment=not run.inst.begun), lease=lease)
 
     async def pick_up(  # noqa: PLR0911 - one return per kind of work, or none
         self, instance_id: str,
@@ -1919,18 +1924,7 @@ class Runtime:
         whose name or arguments in the log differ from it now is held again, undecided, and
         the segment rests waiting for approval without running anything.
         """
-        loop = self.loop
-
-        async def prelude() -> None:
-            from loopwright._loop import SegmentEnd  # noqa: PLC0415
-
-            if self._hold_changed(run.inst):
-                await self.write_header(run.inst)
-                await self.flush_records(run.instance_id)
-                raise SegmentEnd(State.WAITING_FOR_APPROVAL, StopReason.WAITING_FOR_APPROVAL)
-            await loop.continue_after_decisions(run)
-
-        await self._start_segment(run, new_segment=False, prelude=prelude, lease=lease)
+        await self._start_segment(run, Decided(), lease=lease)
 
     def _hold_changed(self, inst: Instance) -> bool:
         """Undo the decisions whose call changed since (see :meth:`_continue_decided`); return whether any did."""
@@ -1966,11 +1960,7 @@ class Runtime:
             except BaseException:
                 lease.release()
                 raise
-
-        async def prelude() -> None:
-            await loop.repair_interrupted(run)
-
-        await self._start_segment(run, new_segment=True, prelude=prelude, lease=lease)
+        await self._start_segment(run, Mail(), lease=lease)
 
     async def deliver(self, run: AgentRun, text: str, source: str) -> None:
         """Deliver a message (see :meth:`AgentRun.message`) through the instance's mailbox.

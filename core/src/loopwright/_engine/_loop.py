@@ -22,7 +22,6 @@ import anyio
 import attrs
 import cattrs
 
-from loopwright._agents import Agents
 from loopwright._arguments import MAX_ARGUMENT_DEPTH, argument_problem, dumps_for_raw
 from loopwright._convert import converter
 from loopwright._decisions import (
@@ -35,6 +34,8 @@ from loopwright._decisions import (
     RequireApproval,
     Respond,
 )
+from loopwright._engine._common import SegmentEnd
+from loopwright._engine._segments import prepare
 from loopwright._hooks import intercept, notify
 from loopwright._instance import Instance, message_to_json, now_iso, rebuild, unanswered_calls
 from loopwright._retry import retry_transient
@@ -62,7 +63,8 @@ from loopwright.errors import HookBlockedError, ProviderError, RunError, ToolCal
 
 if TYPE_CHECKING:
     from loopwright._definition import Limits
-    from loopwright._runtime import AgentRun, Runtime
+    from loopwright._engine._deps import EngineDeps, SegmentRun
+    from loopwright._engine._segments import Segment
     from loopwright._tools import Tool
     from loopwright.abc import ContextStrategy
 
@@ -93,19 +95,6 @@ _dumps = functools.partial(json.dumps, ensure_ascii=False, default=str)
 _usage_unstructure = converter.get_unstructure_hook(Usage)
 #: Tool return values reach the model with their own field names, defaults included.
 _plain = cattrs.Converter()
-
-
-class SegmentEnd(Exception):  # noqa: N818 - control flow inside the loop only
-    """Raised inside the loop to end the segment in a resting state."""
-
-    def __init__(self, state: State, reason: StopReason, *, error: str | None = None,
-                 limit: str | None = None, failure: BaseException | None = None) -> None:
-        self.state = state
-        self.reason = reason
-        self.error = error
-        self.limit = limit
-        self.failure = failure
-        super().__init__(reason.value)
 
 
 @attrs.define
@@ -149,11 +138,10 @@ class _Spent:
 class Loop:
     """Drives instances of one runtime. Stateless apart from the runtime it serves."""
 
-    def __init__(self, runtime: Runtime) -> None:
-        """Bind the loop to ``runtime`` (its plugins, store, providers and prices)."""
-        self.rt = runtime
-        self.host = runtime.plugins
-        self.store = runtime.store
+    def __init__(self, deps: EngineDeps) -> None:
+        """Bind the loop to what it uses (its store, hooks, providers, prices, tools and limits)."""
+        self.deps = deps
+        self.store = deps.store
 
     # ------------------------------------------------------------------ hook helpers
 
@@ -161,7 +149,7 @@ class Loop:
         info = inst.info
         if info is None:
             info = inst.info = InstanceInfo(
-                instance_id=inst.id, name=inst.definition.name, model=self.rt.model_ref(inst.definition),
+                instance_id=inst.id, name=inst.definition.name, model=self.deps.model_ref(inst.definition),
                 depth=int(inst.header.get("depth", 0)),
                 spawner_instance_id=inst.header.get("spawnerInstanceId"))
         return info
@@ -172,7 +160,7 @@ class Loop:
         return on_error
 
     async def observe(self, inst: Instance, hook: str, **values: Any) -> None:
-        impls = self.rt.hook_impls(inst.definition, hook)
+        impls = self.deps.hook_impls(inst.definition, hook)
         if impls:
             values.setdefault("instance", self._info(inst))
             await notify(impls, values, on_error=self._observer_error(inst))
@@ -192,13 +180,13 @@ class Loop:
 
     def record(self, inst: Instance, kind: str, data: Mapping[str, Any]) -> None:
         """Queue a record for the instance's record log (written with the next save)."""
-        self.rt.queue_record(inst.id, kind, data)
+        self.deps.queue_record(inst.id, kind, data)
 
-    async def emit(self, run: AgentRun, kind: str, turn: int | None, **data: Any) -> None:
+    async def emit(self, run: SegmentRun, kind: str, turn: int | None, **data: Any) -> None:
         """Give an event to the run's subscribers and the ``on_stream_event`` hook."""
         event = Event(kind=kind, instance_id=run.instance_id, turn=turn, data=data)
         run.publish(event)
-        impls = self.rt.hook_impls(run.inst.definition, "loopwright_on_stream_event")
+        impls = self.deps.hook_impls(run.inst.definition, "loopwright_on_stream_event")
         if impls:
             await notify(impls, {"event": event, "instance": self._info(run.inst)},
                          on_error=self._observer_error(run.inst))
@@ -208,7 +196,7 @@ class Loop:
         if entries:
             await self.store.append_entries(inst.id, entries)
 
-    async def add_message(self, run: AgentRun, message: Message, *, save: bool = True,
+    async def add_message(self, run: SegmentRun, message: Message, *, save: bool = True,
                           marks: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Append a message to the transcript; return its entry (saved unless ``save=False``).
 
@@ -222,7 +210,7 @@ class Loop:
         await self.observe(inst, "loopwright_on_message", message=message)
         return entry
 
-    async def set_state(self, run: AgentRun, state: State, reason: StopReason | None = None, **extra: Any,
+    async def set_state(self, run: SegmentRun, state: State, reason: StopReason | None = None, **extra: Any,
                         ) -> None:
         """Change the instance's state, save the header and tell observers."""
         inst = run.inst
@@ -242,35 +230,34 @@ class Loop:
         if state is not State.RUNNING:
             # What happened before the instance rests is on disk before the header says it rests: a
             # crash in between leaves it running, and the runner that resumes it repairs the rest.
-            await self.rt.flush_records(inst.id)
-        await self.rt.write_header(inst)
+            await self.deps.flush_records(inst.id)
+        await self.deps.write_header(inst)
         self.record(inst, "state", {"from": old, "to": state.value, "stopReason": h["stopReason"],
                                     **{k: v for k, v in extra.items() if v is not None}})
         await self.observe(inst, "loopwright_on_state_change", old=old, new=state.value,
                            stop_reason=h["stopReason"])
-        await self.rt.flush_records(inst.id)
+        await self.deps.flush_records(inst.id)
         await self.emit(run, "state", inst.turn, state=state.value, stopReason=h["stopReason"])
 
     # ------------------------------------------------------------------ segments
 
-    async def run_segment(self, run: AgentRun, *, new_segment: bool, prelude: Any = None) -> None:
-        """Run the instance until it rests. ``prelude`` runs first, inside the segment.
+    async def run_segment(self, run: SegmentRun, segment: Segment) -> None:
+        """Run the instance until it rests: set it ``running``, do what ``segment``'s kind does first, then turns.
 
-        :param new_segment: Whether the limits' counters restart (a start or a message) or
+        :param segment: Why the segment runs (:mod:`loopwright._engine._segments`): its
+            ``new_segment`` says whether the limits' counters restart (a start or a message) or
             continue (an approval decision, a resume after a crash).
-        :param prelude: An async function of no arguments run after the state is ``running``.
         """
         inst = run.inst
-        if new_segment:
+        if segment.new_segment:
             inst.seg_iterations = inst.seg_tool_calls = inst.seg_tokens = inst.tree_tokens = inst.tree_tool_calls = 0
             inst.seg_cost = inst.tree_cost = 0.0
             inst.completion_attempts = inst.output_attempts = 0
             inst.header["segmentStartedAt"] = time.time()
             await self.store.append_entries(inst.id, [{"t": "seg", "at": now_iso()}])
-        await self.set_state(run, State.RUNNING, None, error=None, limit=None, cancelled=False, runner=self.rt.owner)
+        await self.set_state(run, State.RUNNING, None, error=None, limit=None, cancelled=False, runner=self.deps.owner)
         try:
-            if prelude is not None:
-                await prelude()
+            await prepare(self, run, segment)
             await self._turns(run)
         except SegmentEnd as end:
             run.failure = end.failure
@@ -279,14 +266,14 @@ class Loop:
                 self.record(inst, "error", {"message": end.error, "stopReason": end.reason.value})
             await self.set_state(run, end.state, end.reason, **extra)
 
-    async def _turns(self, run: AgentRun) -> None:
+    async def _turns(self, run: SegmentRun) -> None:
         inst = run.inst
         defn = inst.definition
-        limits = self.rt.limits_of(inst)
+        limits = self.deps.limits_of(inst)
         while True:
             await self._drain_inbox(run)
             self._check_limits(inst, limits)
-            strategy = self.rt.context_strategy(defn)
+            strategy = self.deps.context_strategy(defn)
             if strategy is not None and await self._compact(run, strategy):
                 self._check_limits(inst, limits)  # what the summary cost may have used a limit up
             response, message = await self._infer(run)
@@ -312,13 +299,13 @@ class Loop:
         _check_budget(inst, limits, "")
         if inst.spawner is not None:
             for above in inst.ancestors():
-                _check_budget(above, self.rt.limits_of(above), _of_ancestor(above))
+                _check_budget(above, self.deps.limits_of(above), _of_ancestor(above))
 
     def budgets(self, inst: Instance, limits: Limits) -> list[tuple[Instance, Limits]]:
         """Return the budgets ``inst`` draws from: its own limits, then each live ancestor's."""
         if inst.spawner is None:
             return [(inst, limits)]
-        return [(inst, limits), *((above, self.rt.limits_of(above)) for above in inst.ancestors())]
+        return [(inst, limits), *((above, self.deps.limits_of(above)) for above in inst.ancestors())]
 
     def tool_room(self, inst: Instance, limits: Limits) -> tuple[int | None, str]:
         """Return how many more tool calls ``inst`` may start (``None``: no limit) and the limit that says so."""
@@ -333,7 +320,7 @@ class Loop:
                 which = f"the tool-call limit ({owned.tool_calls}){_of_ancestor(owner) if owner is not inst else ''}"
         return room, which
 
-    async def absorb_mail(self, run: AgentRun, *, running: bool) -> bool:
+    async def absorb_mail(self, run: SegmentRun, *, running: bool) -> bool:
         """Move new mailbox posts into the header's queue (``inbox``); return whether a cancel came.
 
         Called when a segment starts (``running=False``: cancel requests are stale and dropped)
@@ -356,7 +343,7 @@ class Loop:
                 cancel = cancel or running
         return cancel
 
-    async def _drain_inbox(self, run: AgentRun) -> None:
+    async def _drain_inbox(self, run: SegmentRun) -> None:
         """Deliver queued messages at a turn boundary; act on a cancel request.
 
         Messages come from the instance's mailbox (any process may post) and wait in the
@@ -371,7 +358,7 @@ class Loop:
         h = inst.header
         before = h.get("inboxCursor")
         if await self.absorb_mail(run, running=True):
-            await self.rt.write_header(inst)
+            await self.deps.write_header(inst)
             run.request_cancel()
             await anyio.lowlevel.checkpoint()
         queue: list[dict[str, Any]] = h.get("inbox") or []
@@ -386,13 +373,13 @@ class Loop:
                 await self.add_message(run, Message(role="user", content=item.get("text"), source=item.get("source")),
                                        marks={"task": True} if item.get("behindTurn") else None)
                 self.record(inst, "message", {"source": item.get("source"), "at": item.get("at")})
-            await self.rt.write_header(inst)
+            await self.deps.write_header(inst)
         elif h.get("inboxCursor") != before:
-            await self.rt.write_header(inst)
+            await self.deps.write_header(inst)
         if h.get("awaitingAnswer"):
             raise SegmentEnd(State.WAITING, StopReason.WAITING)
 
-    async def has_mail(self, run: AgentRun) -> bool:
+    async def has_mail(self, run: SegmentRun) -> bool:
         """Return whether messages wait in the mailbox of a resting instance (cancel requests are dropped)."""
         inst = run.inst
         cursor = int(inst.header.get("inboxCursor") or 0)
@@ -402,10 +389,10 @@ class Loop:
         if any(p.get("type") == "message" for p in posts):
             return True
         inst.header["inboxCursor"] = new_cursor  # a cancel request for a segment that has ended
-        await self.rt.write_header(inst)
+        await self.deps.write_header(inst)
         return False
 
-    async def cancel_posted(self, run: AgentRun) -> bool:
+    async def cancel_posted(self, run: SegmentRun) -> bool:
         """Return whether the unread posts hold a cancel request (nothing is consumed)."""
         posts, _ = await self.store.read_posts(run.inst.id, int(run.inst.header.get("inboxCursor") or 0))
         return any(p.get("type") == "cancel" for p in posts)
@@ -413,24 +400,24 @@ class Loop:
     # ------------------------------------------------------------------ inference
 
     async def _infer(  # noqa: C901, PLR0912, PLR0915 - one model turn, top to bottom
-        self, run: AgentRun,
+        self, run: SegmentRun,
     ) -> tuple[ModelResponse, Message]:
         """Make one model call; return the response and the assistant message as the transcript keeps it."""
         inst = run.inst
         defn = inst.definition
         turn = inst.turn + 1
-        ref = self.rt.model_ref(defn)
-        pname, model_id = self.rt.split_model(ref)
+        ref = self.deps.model_ref(defn)
+        pname, model_id = self.deps.split_model(ref)
         managed = None
         if defn.context_strategy is not None:  # providerNative: the provider manages the context
-            strategy = self.rt.context_strategy(defn)
+            strategy = self.deps.context_strategy(defn)
             managed = strategy.context_management if strategy is not None else None
         request = ModelRequest(
-            model=model_id, provider=pname, messages=inst.transcript, tools=self.rt.tool_specs(defn, inst.grants),
+            model=model_id, provider=pname, messages=inst.transcript, tools=self.deps.tool_specs(defn, inst.grants),
             settings=defn.model_settings, output_schema=defn.output,
-            stream=run.stream or self.rt.provider_streams(pname), context_management=managed)
+            stream=run.stream or self.deps.provider_streams(pname), context_management=managed)
         response: ModelResponse | None = None
-        impls = self.rt.hook_impls(inst.definition, "loopwright_before_inference")
+        impls = self.deps.hook_impls(inst.definition, "loopwright_before_inference")
         if impls:
             outcome = await intercept(
                 impls, {"request": request, "instance": self._info(inst), "turn": turn},
@@ -449,7 +436,7 @@ class Loop:
         served = ref
         t0 = time.perf_counter()
         if response is None:
-            budgets = self.budgets(inst, self.rt.limits_of(inst))
+            budgets = self.budgets(inst, self.deps.limits_of(inst))
             # The call, its stream, retries and fallbacks included, ends when an elapsed limit does.
             called: tuple[ModelResponse, str] | None = None
             with _elapsed_scope(budgets):
@@ -460,7 +447,7 @@ class Loop:
             if not response.usage.requests:  # the provider left Usage() as it was
                 response = attrs.evolve(response, usage=_one_request(response.usage))
         latency = time.perf_counter() - t0
-        impls = self.rt.hook_impls(inst.definition, "loopwright_after_inference")
+        impls = self.deps.hook_impls(inst.definition, "loopwright_after_inference")
         if impls:
             outcome = await intercept(
                 impls, {"response": response, "request": request, "instance": self._info(inst), "turn": turn},
@@ -484,8 +471,8 @@ class Loop:
             message = Message(role="assistant", content=message.content, tool_calls=calls, source=message.source,
                               injected=message.injected, model=served, provider_data=message.provider_data)
         usage = response.usage
-        spname, smodel = self.rt.split_model(served)
-        cost = self.rt.price(usage, spname, smodel)
+        spname, smodel = self.deps.split_model(served)
+        cost = self.deps.price(usage, spname, smodel)
         inst.turn = turn
         if not usage.unreported_requests:
             inst.context_tokens = usage.input_tokens
@@ -510,15 +497,15 @@ class Loop:
         await self.emit(run, "usage", turn, usage=usage_json, cost=cost.amount, model=served)
         return response, message
 
-    async def _call_model(self, run: AgentRun, request: ModelRequest, ref: str) -> tuple[ModelResponse, str]:
+    async def _call_model(self, run: SegmentRun, request: ModelRequest, ref: str) -> tuple[ModelResponse, str]:
         inst = run.inst
         refs = (ref, *inst.definition.fallback_models)
-        retries = self.rt.assembly.agent_retry.max_retries
+        retries = self.deps.agent_retries
         failure: ProviderError | None = None
         for i, candidate in enumerate(refs):
-            pname, model_id = self.rt.split_model(candidate)
+            pname, model_id = self.deps.split_model(candidate)
             try:
-                provider = self.rt.provider(pname)
+                provider = self.deps.provider(pname)
             except Exception as exc:  # noqa: BLE001 - a misconfigured fallback is one more failure
                 failure = ProviderError(str(exc), provider=pname, model=model_id)
                 self.record(inst, "error", {"model": candidate, "message": str(failure)})
@@ -538,7 +525,7 @@ class Loop:
         raise SegmentEnd(State.ERROR, StopReason.ERROR, error=str(failure),
                          failure=RunError(f"model call failed: {failure}", cause=failure))
 
-    async def _stream(self, run: AgentRun, provider: Any, request: ModelRequest) -> ModelResponse:
+    async def _stream(self, run: SegmentRun, provider: Any, request: ModelRequest) -> ModelResponse:
         """Consume a provider's stream: text and tool-call starts become events; return the answer."""
         turn = run.inst.turn + 1
         response: ModelResponse | None = None
@@ -569,7 +556,7 @@ class Loop:
 
     # ------------------------------------------------------------------ structured output
 
-    async def _output_rejected(self, run: AgentRun, message: Message) -> bool:
+    async def _output_rejected(self, run: SegmentRun, message: Message) -> bool:
         """Check a final answer against the definition's ``output`` schema.
 
         Return True when it was rejected and the model was asked again. A valid answer is parsed
@@ -577,7 +564,7 @@ class Loop:
         ends ``output_invalid``.
         """
         inst = run.inst
-        problems = self.rt.output_problems(inst.definition, message.content)
+        problems = self.deps.output_problems(inst.definition, message.content)
         if isinstance(problems, _Parsed):
             inst.header["output"] = problems.value
             return False
@@ -595,7 +582,7 @@ class Loop:
 
     # ------------------------------------------------------------------ completion gate
 
-    async def _completion_gate(self, run: AgentRun, limits: Limits) -> bool:
+    async def _completion_gate(self, run: SegmentRun, limits: Limits) -> bool:
         """Return True to keep looping (the gate failed and re-prompted)."""
         inst = run.inst
         completion = inst.definition.completion
@@ -604,7 +591,7 @@ class Loop:
         inst.completion_attempts += 1
         check: dict[str, Any] = {"attempt": inst.completion_attempts}
         try:  # a verifier that raises, or answers anything but (ok, reason), fails the check (fails closed)
-            ok, reason = self.rt.verifier(completion.verify)(inst.transcript)
+            ok, reason = self.deps.verifier(completion.verify)(inst.transcript)
             if not isinstance(ok, bool):
                 raise TypeError(f"it returned {ok!r} for ok, not True or False")  # noqa: TRY301
             reason = str(reason)
@@ -625,7 +612,7 @@ class Loop:
 
     # ------------------------------------------------------------------ context strategy
 
-    async def _compact(self, run: AgentRun, strategy: ContextStrategy) -> bool:
+    async def _compact(self, run: SegmentRun, strategy: ContextStrategy) -> bool:
         """Run the context strategy if its trigger holds; return whether it spent anything.
 
         The trigger sees the input tokens of the latest model call (``None`` before any, and
@@ -640,7 +627,7 @@ class Loop:
         last = None if inst.context_tokens is None else Usage(input_tokens=inst.context_tokens)
         if not strategy.should_apply(inst.transcript, last_usage=last, context_window=None):
             return False
-        impls = self.rt.hook_impls(inst.definition, "loopwright_before_compaction")
+        impls = self.deps.hook_impls(inst.definition, "loopwright_before_compaction")
         if impls:
             outcome = await intercept(
                 impls, {"instance": self._info(inst), "strategy": strategy.kind, "messages": inst.transcript},
@@ -649,13 +636,13 @@ class Loop:
             if outcome.stop is not None:
                 return False
         spent = _Spent()
-        context = CompactionContext(model=self.rt.model_ref(inst.definition), turn=inst.turn,
+        context = CompactionContext(model=self.deps.model_ref(inst.definition), turn=inst.turn,
                                     summarize=functools.partial(self._summarize, run, spent))
         before = len(inst.transcript)
         data: dict[str, Any] = {"strategy": strategy.kind, "turn": inst.turn, "before": before}
         failure: ProviderError | None = None
         kept: list[Message] = []
-        budgets = self.budgets(inst, self.rt.limits_of(inst))
+        budgets = self.budgets(inst, self.deps.limits_of(inst))
         with _elapsed_scope(budgets) as scope:  # its summary calls end when an elapsed limit does
             try:
                 kept = list(await strategy.run(inst.transcript, context))
@@ -683,21 +670,21 @@ class Loop:
         self.record(inst, "compaction", data)
         return spend is not None
 
-    async def _summarize(self, run: AgentRun, spent: _Spent, messages: Sequence[Message], instruction: str,
+    async def _summarize(self, run: SegmentRun, spent: _Spent, messages: Sequence[Message], instruction: str,
                          model: str | None) -> str:
         """One summary call for a context strategy (``CompactionContext.summarize``)."""
         inst = run.inst
         defn = inst.definition
-        own = self.rt.model_ref(defn)
+        own = self.deps.model_ref(defn)
         refs = (model,) if model else (own, *defn.fallback_models)
         sent = (Message(role="system", content=instruction),
                 Message(role="user", content=render_transcript(messages)))
-        retries = self.rt.assembly.agent_retry.max_retries
+        retries = self.deps.agent_retries
         failure: ProviderError | None = None
         for candidate in refs:
-            pname, model_id = self.rt.split_model(candidate)
+            pname, model_id = self.deps.split_model(candidate)
             try:
-                provider = self.rt.provider(pname)
+                provider = self.deps.provider(pname)
             except Exception as exc:  # noqa: BLE001 - a misconfigured model is one more failure
                 failure = ProviderError(str(exc), provider=pname, model=model_id)
                 self.record(inst, "error", {"model": candidate, "message": str(failure), "compaction": True})
@@ -714,7 +701,7 @@ class Loop:
                                             "transient": exc.transient, "compaction": True})
                 continue
             usage = response.usage if response.usage.requests else _one_request(response.usage)
-            cost = self.rt.price(usage, pname, model_id)
+            cost = self.deps.price(usage, pname, model_id)
             spent.add(usage, cost, candidate)
             await self.observe(inst, "loopwright_on_cost", turn=inst.turn, usage=usage, cost=cost, model=candidate)
             text = (response.message.content or "").strip()
@@ -726,7 +713,7 @@ class Loop:
 
     # ------------------------------------------------------------------ tool calls
 
-    async def run_calls(self, run: AgentRun, calls: Sequence[ToolCall], limits: Limits) -> None:  # noqa: C901, PLR0912
+    async def run_calls(self, run: SegmentRun, calls: Sequence[ToolCall], limits: Limits) -> None:  # noqa: C901, PLR0912
         """Run the calls of one assistant message and end the segment if the turn says so."""
         inst = run.inst
         defn = inst.definition
@@ -770,10 +757,10 @@ class Loop:
         for item in items:
             if item.result is not None:
                 inst.transcript.append(_tool_message(item))
-        await self.rt.flush_records(inst.id)
+        await self.deps.flush_records(inst.id)
         await self._end_of_turn(run, items, exceeded or any(i.over_limit for i in items), limits)
 
-    async def _end_of_turn(self, run: AgentRun, items: Sequence[_Call], exceeded: bool, limits: Limits) -> None:
+    async def _end_of_turn(self, run: SegmentRun, items: Sequence[_Call], exceeded: bool, limits: Limits) -> None:
         inst = run.inst
         held = [i for i in items if i.held]
         awaiting = next((i for i in items if i.awaiting_user), None)
@@ -811,14 +798,14 @@ class Loop:
             raise SegmentEnd(State.ERROR, StopReason.LIMIT_EXCEEDED, limit="toolCalls",
                              error=f"{which or 'the tool-call limit'} reached")
 
-    async def _prepare(self, run: AgentRun, item: _Call, turn: int) -> None:  # noqa: C901, PLR0911, PLR0912 - one exit per status
+    async def _prepare(self, run: SegmentRun, item: _Call, turn: int) -> None:  # noqa: C901, PLR0911, PLR0912 - one exit per status
         """Validate a call and run before_tool_call; fill ``result`` or ``held`` when decided."""
         inst = run.inst
         call = item.call
-        tool = self.rt.tool_for(inst.definition, call.name, inst.grants)
+        tool = self.deps.tool_for(inst.definition, call.name, inst.grants)
         item.tool = tool
         if tool is None:
-            names = ", ".join(self.rt.tool_names(inst.definition, inst.grants)) or "(none)"
+            names = ", ".join(self.deps.tool_names(inst.definition, inst.grants)) or "(none)"
             item.result = _result(call, ToolStatus.UNKNOWN_TOOL,
                                   f"unknown tool {call.name!r}. The tools you have: {names}")
             return
@@ -832,7 +819,7 @@ class Loop:
         if problems:
             item.result = _result(call, ToolStatus.INVALID_ARGUMENTS, "invalid arguments: " + "; ".join(problems))
             return
-        impls = self.rt.hook_impls(inst.definition, "loopwright_before_tool_call")
+        impls = self.deps.hook_impls(inst.definition, "loopwright_before_tool_call")
         if impls:
             outcome = await intercept(
                 impls, {"call": call, "tool": tool, "instance": self._info(inst), "turn": turn},
@@ -869,11 +856,11 @@ class Loop:
 
     def tool_context(self, inst: Instance, tool: Tool, call: ToolCall, timeout: float | None = None) -> ToolContext:
         """Return the :class:`ToolContext` of a call: what ``hold`` and a tool's context parameter get."""
-        timeout = timeout or tool.timeout or self.rt.limits_for(inst.definition).tool_timeout or 60.0
+        timeout = timeout or tool.timeout or self.deps.limits_for(inst.definition).tool_timeout or 60.0
         return ToolContext(
-            instance_id=inst.id, tool_call_id=call.id, grants=inst.grants, base_dir=self.rt.assembly.base_dir,
-            store_locations=tuple(self.store.locations()), shell_approver=self.rt.shell_approver,
-            timeout=timeout, agents=Agents(self.rt, inst, call.id, timeout))
+            instance_id=inst.id, tool_call_id=call.id, grants=inst.grants, base_dir=self.deps.base_dir(),
+            store_locations=tuple(self.store.locations()), shell_approver=self.deps.shell_approver,
+            timeout=timeout, agents=self.deps.agents(inst, call.id, timeout))
 
     def _draw_tool_call(self, inst: Instance) -> str | None:
         """Count one tool call toward ``inst`` and its tree, or return the limit that has no room for it.
@@ -881,7 +868,7 @@ class Loop:
         Checked and charged in one step (no await between): the calls of agents running in
         parallel cannot all pass the check before any of them is counted.
         """
-        room, which = self.tool_room(inst, self.rt.limits_of(inst))
+        room, which = self.tool_room(inst, self.deps.limits_of(inst))
         if room is not None and room <= 0:
             return which
         inst.seg_tool_calls += 1
@@ -891,7 +878,7 @@ class Loop:
                 above.tree_tool_calls += 1
         return None
 
-    async def _execute(self, run: AgentRun, item: _Call, turn: int) -> None:  # noqa: C901 - one exit per outcome
+    async def _execute(self, run: SegmentRun, item: _Call, turn: int) -> None:  # noqa: C901 - one exit per outcome
         """Run the tool of a prepared call, count it, and finish it (hooks, save, record)."""
         inst = run.inst
         tool = item.tool
@@ -908,7 +895,7 @@ class Loop:
         # have had its effect; a call without it never started and can simply run.
         await self.store.append_entries(inst.id, [{"t": "start", "id": call.id}])
         await self.emit(run, "tool_call", turn, id=call.id, name=call.name, arguments=dict(call.arguments))
-        timeout = tool.timeout or self.rt.limits_for(inst.definition).tool_timeout or 60.0
+        timeout = tool.timeout or self.deps.limits_for(inst.definition).tool_timeout or 60.0
         arguments = call.arguments
         if tool.context_param is not None:
             arguments = {**arguments, tool.context_param: self.tool_context(inst, tool, call, timeout)}
@@ -940,12 +927,12 @@ class Loop:
             item.result = _success(call, value, time.perf_counter() - t0)
         await self._finish(run, item, turn, save=True)
 
-    async def _finish(self, run: AgentRun, item: _Call, turn: int, *, save: bool) -> None:
+    async def _finish(self, run: SegmentRun, item: _Call, turn: int, *, save: bool) -> None:
         """Run after_tool_call on a result, then save it and write its record."""
         inst = run.inst
         result = item.result
         assert result is not None  # noqa: S101
-        impls = self.rt.hook_impls(inst.definition, "loopwright_after_tool_call")
+        impls = self.deps.hook_impls(inst.definition, "loopwright_after_tool_call")
         if impls:
             outcome = await intercept(
                 impls, {"call": item.call, "result": result, "instance": self._info(inst), "turn": turn},
@@ -982,20 +969,20 @@ class Loop:
 
     # ------------------------------------------------------------------ approvals and answers
 
-    async def continue_after_decisions(self, run: AgentRun) -> None:
+    async def continue_after_decisions(self, run: SegmentRun) -> None:
         """Give every decided held call its result (approved ones run), then go on with the turn."""
         inst = run.inst
         pending = _take_decisions(inst)
         _assistant, unanswered = unanswered_calls(inst.transcript)
         by_id = {p.tool_call_id: p for p in pending}
         items: list[_Call] = []
-        limits = self.rt.limits_of(inst)
+        limits = self.deps.limits_of(inst)
         exceeded = False
         for index, call in enumerate(unanswered):
             p = by_id.get(call.id)
             if p is None:
                 continue
-            item = _Call(index, call, tool=self.rt.tool_for(inst.definition, call.name, inst.grants))
+            item = _Call(index, call, tool=self.deps.tool_for(inst.definition, call.name, inst.grants))
             self.record(inst, "approval", {"toolCallId": call.id, "tool": call.name, "decision": p.decision,
                                            "reason": p.decision_reason,
                                            **({"by": p.decided_by} if p.decided_by is not None else {})})
@@ -1004,11 +991,11 @@ class Loop:
                 inst.transcript.append(_tool_message(item))
             items.append(item)
         _restore_call_order(inst)
-        await self.rt.write_header(inst)
-        await self.rt.flush_records(inst.id)
+        await self.deps.write_header(inst)
+        await self.deps.flush_records(inst.id)
         await self._end_of_turn(run, items, exceeded=exceeded or any(i.over_limit for i in items), limits=limits)
 
-    async def _decided(self, run: AgentRun, item: _Call, decision: PendingApproval, limits: Limits) -> bool:
+    async def _decided(self, run: SegmentRun, item: _Call, decision: PendingApproval, limits: Limits) -> bool:
         """Give a decided held call that has not started its result: run it if approved, else ``denied``.
 
         :return: Whether a tool-call limit left no room for an approved call (it is ``skipped``).
@@ -1029,7 +1016,7 @@ class Loop:
             await self._finish(run, item, inst.turn, save=True)
         return False
 
-    async def answer_question(self, run: AgentRun, text: str) -> None:
+    async def answer_question(self, run: SegmentRun, text: str) -> None:
         """Make ``text`` the result of the pending ``ask_user`` call."""
         inst = run.inst
         awaiting = inst.header.pop("awaitingAnswer", None) or {}
@@ -1040,7 +1027,7 @@ class Loop:
         self.record(inst, "tool_call", {"turn": inst.turn, "toolCallId": call_id, "tool": "ask_user",
                                         "status": ToolStatus.SUCCESS.value, "answered": True})
 
-    async def repair_records(self, run: AgentRun) -> None:
+    async def repair_records(self, run: SegmentRun) -> None:
         """Write the ``turn`` and ``tool_call`` records a dead runner saved the entries of but not the records.
 
         Records are queued in memory and written once a turn, and before the header says the
@@ -1088,9 +1075,9 @@ class Loop:
                     data["error"] = str(m.get("content") or "")[:1000]
                 self.record(inst, "tool_call", data)
         if repaired:
-            await self.rt.flush_records(inst.id)
+            await self.deps.flush_records(inst.id)
 
-    async def repair_interrupted(self, run: AgentRun) -> None:  # noqa: C901, PLR0912 - one case per way a call was left
+    async def repair_interrupted(self, run: SegmentRun) -> None:  # noqa: C901, PLR0912 - one case per way a call was left
         """Give each call a dead process left without a result one, in call order.
 
         A call that never started runs now. A call that started may have had its effect:
@@ -1114,14 +1101,14 @@ class Loop:
             return
         skip = {p.tool_call_id for p in inst.pending_approvals}
         awaiting = (inst.header.get("awaitingAnswer") or {}).get("toolCallId")
-        limits = self.rt.limits_of(inst)
+        limits = self.deps.limits_of(inst)
         for index, call in enumerate(unanswered):
             if call.id in skip or call.id == awaiting:
                 continue
             item = _Call(index, call)
             decision = decided.get(call.id)
             if decision is not None and (call.id not in inst.started_calls or decision.decision != "approved"):
-                item.tool = self.rt.tool_for(inst.definition, call.name, inst.grants)
+                item.tool = self.deps.tool_for(inst.definition, call.name, inst.grants)
                 await self._decided(run, item, decision, limits)
             elif call.id not in inst.started_calls:
                 await self._prepare(run, item, inst.turn)
@@ -1134,8 +1121,8 @@ class Loop:
                     item.result = _result(call, ToolStatus.DENIED, "denied: the call needs approval and the "
                                           "process that held it stopped; ask again if it is still needed")
                     await self._finish(run, item, inst.turn, save=True)
-            elif item.tool is None and (tool := self.rt.tool_for(inst.definition, call.name, inst.grants)) is not None \
-                    and tool.idempotent:
+            elif item.tool is None and (tool := self.deps.tool_for(inst.definition, call.name, inst.grants)) \
+                    is not None and tool.idempotent:
                 item.tool = tool
                 await self._execute(run, item, inst.turn)
             else:
@@ -1149,7 +1136,7 @@ class Loop:
                 run.awaiting_after_repair.add(call.id)
         _restore_call_order(inst)
 
-    async def settle_cancelled(self, run: AgentRun) -> None:
+    async def settle_cancelled(self, run: SegmentRun) -> None:
         """Give each call still without a result one, as the instance stops cancelled; run nothing.
 
         A cancel ends the calls of the last turn where they stand: one that started (its start
@@ -1184,7 +1171,7 @@ class Loop:
         inst.header.pop("awaitingAnswer", None)
         _restore_call_order(inst)
 
-    async def finish_interrupted_turn(self, run: AgentRun) -> None:  # noqa: C901 - one case per way a turn ends
+    async def finish_interrupted_turn(self, run: SegmentRun) -> None:  # noqa: C901 - one case per way a turn ends
         """After a crash, end the last turn the way the dead process would have.
 
         Called on resume, after :meth:`repair_interrupted`. If the transcript ends with an answer
@@ -1199,7 +1186,7 @@ class Loop:
         if not messages:
             return
         last = messages[-1]
-        limits = self.rt.limits_of(inst)
+        limits = self.deps.limits_of(inst)
         if last.role == "assistant" and not last.tool_calls:
             if inst.definition.output is not None and await self._output_rejected(run, last):
                 return
@@ -1212,7 +1199,7 @@ class Loop:
         results = {m.tool_call_id: m for m in messages[messages.index(assistant) + 1:] if m.role == "tool"}
         items: list[_Call] = []
         for index, call in enumerate(assistant.tool_calls):
-            item = _Call(index, call, tool=self.rt.tool_for(inst.definition, call.name, inst.grants))
+            item = _Call(index, call, tool=self.deps.tool_for(inst.definition, call.name, inst.grants))
             m = results.get(call.id)
             if m is not None:
                 data = None
