@@ -10,7 +10,6 @@ stops them (an interrupted instance stays ``running`` in the store and ``resume`
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
 import math
 import os
@@ -33,9 +32,7 @@ from loopwright._capabilities import (
     intersect,
     resolve_roots,
 )
-from loopwright._decisions import Block, Decision
 from loopwright._definition import (
-    DEFAULT_LIMITS,
     Assembly,
     Capabilities,
     Definition,
@@ -53,7 +50,6 @@ from loopwright._engine import (
     Segment,
     SegmentEnd,
     Start,
-    parse_output,
 )
 from loopwright._hooks import notify
 from loopwright._instance import (
@@ -68,8 +64,8 @@ from loopwright._instance import (
     restore,
     unanswered_calls,
 )
-from loopwright._patterns import schema_validator
-from loopwright._plugins import PluginHost, checked_guardrail, checked_verifier, hook_set
+from loopwright._plans import Plans, all_todos_done, check_templates
+from loopwright._plugins import PluginHost
 from loopwright._providers import Providers, assembly_error, build_component
 from loopwright._records import Recorder
 from loopwright._run import AgentRun
@@ -98,7 +94,6 @@ from loopwright._views import (
 from loopwright.abc import StoreSettings
 from loopwright.errors import (
     ConfigError,
-    ConfigProblem,
     GrantsError,
     InstanceLockedError,
     InstanceNotFoundError,
@@ -130,31 +125,6 @@ __all__ = [
 _log = logging.getLogger("loopwright")
 #: Seconds between looks at the mailbox for a cancel request while a segment runs.
 _CANCEL_POLL = 0.25
-
-
-@attrs.define
-class _DefinitionPlan:
-    """What the runtime precomputes once per definition, so that turns do none of it."""
-
-    definition: Definition
-    tools: dict[str, Tool]
-    specs: tuple[ToolSpec, ...]
-    limits: Limits
-    model_ref: str
-    strategy: ContextStrategy | None
-    #: Hook implementations the definition names (``hooks:`` and ``guardrails:``), per hook.
-    hooks: dict[str, tuple[Any, ...]] = attrs.Factory(dict)
-    #: Combined (host + definition) implementation tuples, per hook, with the host's generation.
-    combined: dict[str, tuple[int, tuple[Any, ...]]] = attrs.Factory(dict)
-    #: The validator of the definition's ``output`` schema, built on first use.
-    output_validator: Any = None
-    #: Whether a tool of the definition is offered only under some grants (``Tool.available``).
-    gated: bool = False
-    #: The specs offered under each set of grants, for gated definitions.
-    offered: dict[Capabilities, tuple[ToolSpec, ...]] = attrs.Factory(dict)
-    #: The header's ``definition`` snapshot, built on first use and shared by every instance
-    #: of the definition (never mutated: headers are only read and encoded).
-    snapshot: dict[str, Any] | None = None
 
 
 class Runtime:
@@ -201,7 +171,8 @@ class Runtime:
         #: The providers of model references, built on first use.
         self.providers = Providers(self.assembly, self.plugins, http_client)
         self.prices = self.providers.prices
-        self._plans: dict[int, _DefinitionPlan] = {}
+        #: What each definition resolves to (tools, hooks, limits ...), worked out once.
+        self.plans = Plans(self.assembly, self.plugins, self.providers)
         # Runs are kept only while something holds them: a running segment's task, or a caller.
         self._runs: weakref.WeakValueDictionary[str, AgentRun] = weakref.WeakValueDictionary()
         #: The monitors armed by instances run here (built when the runtime is entered).
@@ -212,7 +183,6 @@ class Runtime:
         self._tg: TaskGroup | None = None
         self._tg_cm: Any = None
         self._loop: Loop | None = None
-        self._verifiers: dict[str, Callable[[Sequence[Message]], tuple[bool, str]]] = {"allTodosDone": all_todos_done}
         self._loaded = False
         #: Live instances, by id, while anything holds them (a run, or a child whose spawner they are):
         #: one object per instance, so the whole tree charges the same ledger.
@@ -344,143 +314,31 @@ class Runtime:
         """Register a plugin object now (hooks take effect at the next hook point)."""
         self.load_plugins()
         name = self.plugins.register(plugin, name)
-        self._plans.clear()
+        self.plans.clear()
         return name
 
     def unregister_plugin(self, name: str) -> None:
         """Remove a plugin registered earlier."""
         self.plugins.unregister(name)
-        self._plans.clear()
+        self.plans.clear()
 
     def add_verifier(self, name: str, verify: Callable[[Sequence[Message]], tuple[bool, str]]) -> None:
         """Add a completion verifier by name: ``verify(messages) -> (ok, reason)``.
 
         :raises PluginError: ``verify`` cannot be called with one argument.
         """
-        self._verifiers[name] = checked_verifier(name, verify, None)
-
-    def _verifier_names(self) -> list[str]:
-        return sorted({*self._verifiers, *self.plugins.verifiers.names()})
+        self.plans.add_verifier(name, verify)
 
     def verifier(self, name: str) -> Callable[[Sequence[Message]], tuple[bool, str]]:
         """Return the completion verifier registered as ``name`` (by :meth:`add_verifier` or a plugin)."""
-        found = self._verifiers.get(name)
-        if found is not None:
-            return found
-        if name in self.plugins.verifiers:
-            return self.plugins.verifiers.get(name)
-        raise ConfigError(f"unknown completion verifier {name!r}; registered: {', '.join(self._verifier_names())}")
+        return self.plans.verifier(name)
 
     def check_untrusted(self, definition: Definition) -> None:
         """Check that a definition an agent may have written names code only by registered name.
 
-        Its ``hooks`` must be registered hook sets, its ``guardrails`` registered guardrails and
-        its ``completion.verify`` a registered verifier: nothing it names is ever imported.
-
         :raises ConfigError: Naming the first entry that is not registered.
         """
-        rule = "a definition an agent may have written names code only by registered name, never a module or file"
-        for key, refs, registry in (("hooks", definition.hooks, self.plugins.hook_sets),
-                                    ("guardrails", definition.guardrails, self.plugins.guardrails)):
-            for ref in refs:
-                if ref not in registry:
-                    raise ConfigError(f"{key}: {ref!r} is not a registered {registry.kind} (registered: "
-                                      f"{', '.join(registry.names()) or 'none'}); {rule}")
-        if definition.completion is not None:
-            try:
-                self.verifier(definition.completion.verify)
-            except ConfigError as exc:
-                raise ConfigError(f"completion.verify: {exc}; {rule}") from None
-
-    def _plan(self, definition: Definition) -> _DefinitionPlan:  # noqa: C901, PLR0912 - each check collects its problem
-        plan = self._plans.get(id(definition))
-        if plan is not None and plan.definition is definition:
-            return plan
-        problems: list[ConfigProblem] = []
-        source = definition.source
-
-        def problem(exc: ConfigError, at: tuple[str | int, ...], file: Path | None = source) -> None:
-            from loopwright._config import locate  # noqa: PLC0415 - only to place a problem
-
-            if exc.problems:
-                problems.extend(exc.problems)
-            else:
-                problems.append(locate(str(exc), at, file))
-
-        tools: dict[str, Tool] = {}
-        for n, name in enumerate(definition.tool_names):
-            if name not in self.plugins.tools:
-                problem(ConfigError(
-                    f"definition {definition.name!r} names the tool {name!r}, which no plugin registers; "
-                    f"registered tools: {', '.join(self.plugins.tools.names())}"), ("tools", n))
-            else:
-                tools[name] = self.plugins.tools.get(name)
-        limits = DEFAULT_LIMITS.merged(self.assembly.limits).merged(definition.limits)
-        if definition.max_iterations is not None:
-            limits = attrs.evolve(limits, max_iterations=definition.max_iterations)
-        strategy = None
-        if definition.context_strategy is not None:
-            spec = definition.context_strategy
-            if spec.kind not in self.plugins.context_strategies:
-                problem(ConfigError(f"unknown context strategy {spec.kind!r}; registered: "
-                                    f"{', '.join(self.plugins.context_strategies.names())}"),
-                        ("contextStrategy", "kind"))
-            else:
-                try:
-                    strategy = self.plugins.context_strategies.get(spec.kind)(dict(spec.options))
-                except ConfigError as exc:
-                    problem(exc, ("contextStrategy",))
-        if definition.completion is not None:
-            try:  # an unknown verifier fails the start, not the run
-                self.verifier(definition.completion.verify)
-            except ConfigError as exc:
-                problem(exc, ("completion", "verify"))
-        model_ref = None
-        try:
-            model_ref = self.model_ref(definition)
-        except ConfigError as exc:
-            problem(exc, ())
-        problems.extend(self._model_problems(definition, model_ref, strategy))
-        hooks: dict[str, tuple[Any, ...]] = {}
-        if definition.hooks or definition.guardrails:
-            try:
-                hooks = self._definition_hooks(definition)
-            except ConfigError as exc:
-                problem(exc, ("hooks",) if definition.hooks else ("guardrails",))
-        if problems:
-            raise ConfigError(f"definition {definition.name!r} cannot run",
-                              path=str(source) if source else None, problems=problems)
-        assert model_ref is not None  # noqa: S101 - a missing model is a problem above
-        plan = _DefinitionPlan(definition=definition, tools=tools, specs=tuple(t.spec for t in tools.values()),
-                               limits=limits, model_ref=model_ref, strategy=strategy, hooks=hooks,
-                               gated=any(t.available is not None for t in tools.values()))
-        self._plans[id(definition)] = plan
-        return plan
-
-    def _model_problems(self, definition: Definition, model_ref: str | None, strategy: Any) -> list[ConfigProblem]:
-        """Resolve every model an instance may call to a provider (built, never called).
-
-        Its model (or the assembly's ``defaultModel``), its ``fallbackModels`` and its context
-        strategy's ``model``: a mistake in any is refused before the instance exists.
-        """
-        source = definition.source
-        models: list[tuple[str, tuple[str | int, ...], Path | None]] = []
-        if model_ref is not None:
-            models.append((model_ref, ("model",), source) if definition.model
-                          else (model_ref, ("defaultModel",), self.assembly.path))
-        models.extend((ref, ("fallbackModels", n), source) for n, ref in enumerate(definition.fallback_models))
-        compaction = getattr(strategy, "model", None)
-        if isinstance(compaction, str):
-            models.append((compaction, ("contextStrategy", "model"), source))
-        problems: list[ConfigProblem] = []
-        for ref, at, file in models:
-            try:
-                self.provider(self.split_model(ref)[0])
-            except ConfigError as exc:
-                from loopwright._config import locate  # noqa: PLC0415 - only to place a problem
-
-                problems.extend(exc.problems or [locate(f"{ref}: {exc}", at, file)])
-        return problems
+        self.plans.check_untrusted(definition)
 
     def check_definition(self, definition: Definition, inputs: Mapping[str, Any] | None = None) -> None:
         """Check everything an instance of ``definition`` needs to start, calling no model.
@@ -495,172 +353,39 @@ class Runtime:
         :raises ConfigError: listing every problem found, each with file, line and column where
             there is one.
         """
-        plan = self._plan(definition)
-        if inputs is not None:
-            from loopwright._template import resolve_inputs  # noqa: PLC0415
-
-            self._check_templates(plan.definition, resolve_inputs(definition, inputs))
-
-    @staticmethod
-    def _check_templates(definition: Definition, values: Mapping[str, Any]) -> None:
-        """Render the definition's templates with ``values`` (a dotted path that is not there fails here)."""
-        from loopwright._config import locate  # noqa: PLC0415 - only when something is wrong
-        from loopwright._template import TemplateError, render, render_value  # noqa: PLC0415
-
-        texts: list[tuple[tuple[str | int, ...], Any]] = []
-        if definition.system_prompt:
-            texts.append((("systemPrompt",), definition.system_prompt))
-        for n, ip in enumerate(definition.initial_prompts):
-            if ip.content:
-                texts.append((("initialPrompts", n, "content"), ip.content))
-            texts.extend((("initialPrompts", n, "toolCalls", k, "arguments"), dict(tc.arguments))
-                         for k, tc in enumerate(ip.tool_calls))
-        problems: list[ConfigProblem] = []
-        for at, text in texts:
-            try:
-                render(text, values) if isinstance(text, str) else render_value(text, values)
-            except TemplateError as exc:
-                problems.append(locate(str(exc), at, definition.source))
-        if problems:
-            raise ConfigError(f"definition {definition.name!r}: the inputs do not fit its templates",
-                              path=str(definition.source) if definition.source else None, problems=problems)
-
-    @staticmethod
-    def _snapshot(plan: _DefinitionPlan) -> dict[str, Any]:
-        """Return the definition's header snapshot, made once per definition."""
-        if plan.snapshot is None:
-            plan.snapshot = _definition_snapshot(plan.definition)
-        return plan.snapshot
+        self.plans.check_definition(definition, inputs)
 
     def hook_impls(self, definition: Definition, hook: str) -> tuple[Any, ...]:
-        """Return the implementations of ``hook`` for an instance of ``definition``, in call order.
-
-        Host hooks wrap the hooks a definition names: for ``before_*`` hooks and observers the
-        host's run first, for ``after_*`` hooks the definition's run first.
-        """
-        host = self.plugins.impls(hook)
-        if not definition.hooks and not definition.guardrails:
-            return host
-        plan = self._plan(definition)
-        own = plan.hooks.get(hook)
-        if not own:
-            return host
-        gen = self.plugins.pm.generation
-        hit = plan.combined.get(hook)
-        if hit is None or hit[0] != gen:
-            hit = plan.combined[hook] = (gen, own + host if hook.startswith("loopwright_after_") else host + own)
-        return hit[1]
-
-    def _definition_hooks(self, definition: Definition) -> dict[str, tuple[Any, ...]]:
-        """Return the hook implementations a definition names (``hooks:`` and ``guardrails:``), per hook.
-
-        Nothing is imported from a name a definition gives. A ``hooks:`` entry is a hook set
-        registered by name; else the name of a plugin this runtime loaded (the assembly's
-        ``plugins:``, entry points, a host's), whose hooks already apply to every agent, so the
-        entry adds nothing; else an installed entry point of group ``loopwright``, checked as a
-        hook set. A ``guardrails:`` entry is a registered guardrail, else ``PLUGIN:FUNCTION``, a
-        function of a loaded plugin. (A definition an agent wrote was limited to registered names
-        by :meth:`check_untrusted` before it started.)
-
-        :raises ConfigError: An entry names none of these.
-        :raises PluginError: An entry point's hooks do not match their specs.
-        """
-        host = self.plugins
-        loaded = set(host.plugin_names())
-        found: dict[str, list[Any]] = {}
-        for ref in definition.hooks:
-            if ref in host.hook_sets:
-                impls = host.hook_sets.get(ref)
-            elif ref in loaded:
-                continue
-            elif (entry_point := host.installed(ref)) is not None:
-                try:
-                    plugin = entry_point.load()
-                except Exception as exc:
-                    raise ConfigError(f"definition {definition.name!r}: cannot load the entry point {ref!r}: "
-                                      f"{exc}") from exc
-                impls = hook_set(plugin, f"{ref} (definition)")
-            else:
-                raise ConfigError(
-                    f"definition {definition.name!r}: hooks: {ref!r} is neither a registered hook set "
-                    f"(registered: {', '.join(host.hook_sets.names()) or 'none'}) nor a plugin of the assembly "
-                    "or an installed entry point; a definition's hooks are never imported from a path")
-            for name, impl in impls.items():
-                found.setdefault(name, []).extend(impl)
-        for ref in definition.guardrails:
-            if ref in host.guardrails:
-                policy = host.guardrails.get(ref)
-            else:
-                plugin_name, sep, attr = ref.rpartition(":")
-                plugin = host.pm.get_plugin(plugin_name) if sep and plugin_name in loaded else None
-                if plugin is None or not callable(getattr(plugin, attr, None)):
-                    raise ConfigError(
-                        f"definition {definition.name!r}: guardrails: {ref!r} is neither a registered guardrail "
-                        f"(registered: {', '.join(host.guardrails.names()) or 'none'}) nor PLUGIN:FUNCTION of a "
-                        "plugin the assembly loads; a guardrail is never imported from a path")
-                policy = checked_guardrail(ref, getattr(plugin, attr), plugin_name)
-            found.setdefault("loopwright_before_tool_call", []).append(_guardrail_impl(ref, policy))
-        return {k: tuple(v) for k, v in found.items()}
+        """Return the implementations of ``hook`` for an instance of ``definition``, in call order."""
+        return self.plans.hook_impls(definition, hook)
 
     def output_problems(self, definition: Definition, text: str | None) -> Any:
-        """Check a final answer against the definition's ``output`` schema (see ``_loop.parse_output``)."""
-        plan = self._plan(definition)
-        if plan.output_validator is None:
-            # RE2 for patterns: a model-written ``pattern`` must not be able to hang the loop. The
-            # loader refused patterns RE2 cannot compile; lenient covers a definition built otherwise.
-            plan.output_validator = schema_validator(definition.output or {}, lenient=True)
-        return parse_output(text, plan.output_validator)
+        """Check a final answer against the definition's ``output`` schema."""
+        return self.plans.output_problems(definition, text)
 
     def tool_for(self, definition: Definition, name: str, grants: Capabilities | None = None) -> Tool | None:
         """Return the tool ``name`` if the definition has it (and ``grants`` make it available)."""
-        tool = self._plan(definition).tools.get(name)
-        if tool is not None and grants is not None and tool.available is not None and not tool.available(grants):
-            return None
-        return tool
+        return self.plans.tool_for(definition, name, grants)
 
     def tool_names(self, definition: Definition, grants: Capabilities | None = None) -> list[str]:
         """Return the names of the definition's tools (those ``grants`` make available)."""
-        tools = self._plan(definition).tools
-        return [n for n, t in tools.items() if grants is None or t.available is None or t.available(grants)]
+        return self.plans.tool_names(definition, grants)
 
     def tool_specs(self, definition: Definition, grants: Capabilities | None = None) -> tuple[ToolSpec, ...]:
-        """Return what the model is told about the definition's tools (the same tuple every turn).
-
-        With ``grants``, tools whose ``available`` check refuses them are left out.
-        """
-        plan = self._plan(definition)
-        if grants is None or not plan.gated:
-            return plan.specs
-        specs = plan.offered.get(grants)
-        if specs is None:
-            specs = plan.offered[grants] = tuple(
-                t.spec for t in plan.tools.values() if t.available is None or t.available(grants))
-        return specs
+        """Return what the model is told about the definition's tools (the same tuple every turn)."""
+        return self.plans.tool_specs(definition, grants)
 
     def limits_for(self, definition: Definition) -> Limits:
         """Return the effective limits: defaults, then the assembly's, then the definition's."""
-        return self._plan(definition).limits
+        return self.plans.limits_for(definition)
 
     def limits_of(self, inst: Instance) -> Limits:
-        """Return an instance's own limits: its definition's, capped by the ``budget`` its caller gave it.
-
-        A budget (``tokens``, ``cost``, ``toolCalls``, ``elapsed`` seconds) is what remained of the
-        tree's budget when the instance started; each applies to every segment. While it runs, the
-        loop also holds it to each live ancestor's limits (:meth:`loopwright._loop.Loop.budgets`).
-        """
-        limits = self._plan(inst.definition).limits
-        budget = inst.header.get("budget")
-        if not budget:
-            return limits
-        return attrs.evolve(
-            limits, tokens=_smaller(limits.tokens, budget.get("tokens")),
-            cost=_smaller(limits.cost, budget.get("cost")),
-            tool_calls=_smaller(limits.tool_calls, budget.get("toolCalls")),
-            elapsed=_smaller(limits.elapsed, budget.get("elapsed")))
+        """Return an instance's own limits: its definition's, capped by the ``budget`` its caller gave it."""
+        return self.plans.limits_of(inst)
 
     def context_strategy(self, definition: Definition) -> ContextStrategy | None:
         """Return the definition's context strategy, built once."""
-        return self._plan(definition).strategy
+        return self.plans.context_strategy(definition)
 
     def split_model(self, ref: str) -> tuple[str, str]:
         """Split ``PROVIDER:MODEL`` into its two parts (see :class:`Providers`)."""
@@ -823,15 +548,15 @@ class Runtime:
 
         :raises ConfigError: The definition or inputs are invalid, or it names unknown tools.
         """
-        plan = self._plan(defn)
+        plan = self.plans.plan(defn)
         values = resolve_inputs(defn, inputs or {})
-        self._check_templates(defn, values)
+        check_templates(defn, values)
         task_history = _history_json(defn, history)
         iid = instance_id or _new_id()
         header = {
             "instanceId": iid, "name": defn.name, "version": 1,
             "definitionPath": str(defn.source) if defn.source else None,
-            "definition": self._snapshot(plan), "inputs": dict(values),
+            "definition": plan.header_snapshot(), "inputs": dict(values),
             "state": State.RUNNING.value, "stopReason": None, "cancelled": False, "error": None,
             "capabilities": capabilities_to_dict(grants), "capabilitiesRecorded": True,
             "pendingApprovals": [], "inbox": [],
@@ -2051,43 +1776,6 @@ def _fork_note(original: str, turn: int, children: Sequence[str], later: Sequenc
     return text
 
 
-def all_todos_done(messages: Sequence[Message]) -> tuple[bool, str]:
-    """Check that every item of the latest ``todowrite`` plan is completed (``allTodosDone``).
-
-    No plan at all passes: an agent that never uses ``todowrite`` is not punished by the gate.
-    """
-    for m in reversed(messages):
-        if m.role != "assistant":
-            continue
-        for call in reversed(m.tool_calls):
-            if call.name == "todowrite":
-                todos = call.arguments.get("todos") or []
-                open_items = [str(t.get("text", t.get("id"))) for t in todos
-                              if isinstance(t, Mapping) and not t.get("completed")]
-                if open_items:
-                    return False, "these plan items are not completed: " + ", ".join(open_items)
-                return True, ""
-    return True, ""
-
-
-def _guardrail_impl(ref: str, fn: Callable[..., Any]) -> tuple[str, Callable[..., Any], tuple[str, ...]]:
-    """Return a guardrail as a before_tool_call implementation (it raises: the walk blocks the call)."""
-    argnames = tuple(inspect.signature(fn).parameters)
-
-    async def impl(call: Any, tool: Any, instance: Any, turn: int) -> Any:
-        values = {"call": call, "tool": tool, "instance": instance, "turn": turn}
-        verdict = fn(**{a: values[a] for a in argnames})
-        if inspect.isawaitable(verdict):
-            verdict = await verdict
-        if verdict is None or verdict == "allow":
-            return None
-        if isinstance(verdict, Decision):
-            return verdict
-        return Block(str(verdict))
-
-    return (f"guardrail {ref}", impl, ("call", "tool", "instance", "turn"))
-
-
 def _history_json(defn: Definition, history: Sequence[Message]) -> list[dict[str, str]]:
     """Return the header's ``taskHistory`` for ``history``, or raise ConfigError naming the bad message."""
     if not history:
@@ -2104,13 +1792,6 @@ def _history_json(defn: Definition, history: Sequence[Message]) -> list[dict[str
     return out
 
 
-def _smaller(a: Any, b: Any) -> Any:
-    """Return the smaller of two optional limits (``None`` is no limit)."""
-    if a is None:
-        return b
-    return a if b is None else min(a, b)
-
-
 def _iso(seconds: float) -> str:
     """Return ``seconds`` since the epoch in the form of ``now_iso`` (so the two compare as text)."""
     whole = int(seconds)
@@ -2119,10 +1800,4 @@ def _iso(seconds: float) -> str:
 
 def _new_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(4)
-
-
-def _definition_snapshot(defn: Definition) -> dict[str, Any]:
-    from loopwright._config import definition_to_dict  # noqa: PLC0415 - the loader only to save a definition
-
-    return definition_to_dict(defn)
 
