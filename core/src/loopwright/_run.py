@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import anyio
 import attrs
@@ -20,14 +20,37 @@ from loopwright._types import AgentResult, Cost, Event, PendingApproval, State, 
 from loopwright.errors import RunCancelledError, RunError
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Iterator
+    from collections.abc import AsyncIterator, Iterator, Mapping
 
     from loopwright._instance import Instance
-    from loopwright._runtime import Runtime
+    from loopwright._runtime import Runtime  # the public type of AgentRun.runtime
 
-__all__ = ["AgentRun"]
+__all__ = ["AgentRun", "RunHost"]
 
 _EVENT_HISTORY = 10_000
+
+
+class RunHost(Protocol):
+    """What an :class:`AgentRun` asks of the runtime it belongs to (:class:`loopwright.Runtime` is one)."""
+
+    def tree_events(self, run: AgentRun) -> AsyncIterator[Event]:
+        """Yield the events of ``run`` and of every agent below it that runs here."""
+
+    async def children_cost(self, header: Mapping[str, Any]) -> float | None:
+        """Return the summed subtree cost of the agents ``header``'s instance started."""
+
+    async def tree_approvals(self, instance_id: str) -> list[PendingApproval]:
+        """Return every undecided call in the subtree of ``instance_id``."""
+
+    async def decide(self, run: AgentRun, tool_call_id: str | None, decision: Literal["approved", "denied"],
+                     reason: str | None, *, by: str | None = None) -> list[PendingApproval]:
+        """Record a decision on held calls; continue once every one is decided."""
+
+    async def deliver(self, run: AgentRun, text: str, source: str) -> None:
+        """Deliver a message through the instance's mailbox."""
+
+    async def cancel_run(self, run: AgentRun) -> None:
+        """Cancel a run."""
 
 
 class AgentRun:
@@ -37,7 +60,7 @@ class AgentRun:
     whether the instance is running in this runtime or resting in the store.
     """
 
-    def __init__(self, runtime: Runtime, inst: Instance) -> None:
+    def __init__(self, runtime: RunHost, inst: Instance) -> None:
         """Wrap ``inst``; only the runtime makes these."""
         self._rt = runtime
         self.inst = inst
@@ -61,7 +84,7 @@ class AgentRun:
     @property
     def runtime(self) -> Runtime:
         """The runtime this run belongs to."""
-        return self._rt
+        return self._rt  # type: ignore[return-value]  # the runtime is the only RunHost outside tests
 
     def __repr__(self) -> str:
         return f"AgentRun({self.instance_id!r}, state={self.inst.state.value!r})"

@@ -821,6 +821,10 @@ class Runtime:
                 return
             await running[0].wait()
 
+    def known_run(self, instance_id: str) -> AgentRun | None:
+        """Return the run of an instance this runtime holds now (running, or held by a caller), if any."""
+        return self._runs.get(instance_id)
+
     async def get_agent(self, instance_id: str) -> AgentRun:
         """Return the run of an instance, loading it from the store if it is not live here.
 
