@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import math
+import weakref
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import anyio
@@ -20,12 +21,12 @@ from loopwright._types import AgentResult, Cost, Event, PendingApproval, State, 
 from loopwright.errors import RunCancelledError, RunError
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Iterator, Mapping
+    from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 
     from loopwright._instance import Instance
     from loopwright._runtime import Runtime  # the public type of AgentRun.runtime
 
-__all__ = ["AgentRun", "RunHost"]
+__all__ = ["AgentRun", "LiveRuns", "RunHost"]
 
 _EVENT_HISTORY = 10_000
 
@@ -279,3 +280,47 @@ class AgentRun:
     async def cancel(self) -> None:
         """Stop the run: the instance becomes ``stopped`` with ``cancelled: true``; the partial turn is kept."""
         await self._rt.cancel_run(self)
+
+
+class LiveRuns:
+    """The runs and instances one runtime holds now, and who follows the segments that start here.
+
+    Both maps are weak: a run is kept while something holds it (its segment's task, or a
+    caller), an instance while a run or a child whose spawner it is holds it, so that one
+    object per instance charges the tree's one ledger.
+
+    Attributes:
+        watchers: Called with each run whose segment starts here (the followers of a live tree).
+    """
+
+    def __init__(self) -> None:
+        """Hold nothing yet."""
+        self._runs: weakref.WeakValueDictionary[str, AgentRun] = weakref.WeakValueDictionary()
+        self._instances: weakref.WeakValueDictionary[str, Instance] = weakref.WeakValueDictionary()
+        self.watchers: list[Callable[[AgentRun], None]] = []
+
+    def run(self, instance_id: str) -> AgentRun | None:
+        """Return the run of ``instance_id`` held here, if any."""
+        return self._runs.get(instance_id)
+
+    def instance(self, instance_id: str) -> Instance | None:
+        """Return the live instance ``instance_id``, if anything here holds it."""
+        return self._instances.get(instance_id)
+
+    def add(self, run: AgentRun) -> None:
+        """Hold ``run`` and its instance."""
+        self._instances[run.instance_id] = run.inst
+        self._runs[run.instance_id] = run
+
+    def runs(self) -> list[AgentRun]:
+        """Return every run held here now."""
+        return list(self._runs.values())
+
+    def running(self) -> list[AgentRun]:
+        """Return the runs with a segment running here now."""
+        return [run for run in self.runs() if run.running]
+
+    def segment_started(self, run: AgentRun) -> None:
+        """Tell every watcher that a segment of ``run`` starts."""
+        for watch in list(self.watchers):
+            watch(run)
