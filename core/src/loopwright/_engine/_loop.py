@@ -8,8 +8,9 @@ below it (none holds the runtime, none reaches into another's attributes)::
         │               ├── Gateway          │
         └── Recovery ───┴── Calls ── Checks ─┘   (Budgets: the limits, under all of them)
 
-and offers the runtime what it uses: run a segment, run the set-up's injected calls, settle a cancel, repair records, read the
-mailbox, and the journal's state changes, records, saves and observers.
+and offers the runtime what it uses: run a segment, run the set-up's injected calls, settle a
+cancel, repair records, read the mailbox, and the journal's state changes, records, saves and
+observers.
 """
 
 from __future__ import annotations
