@@ -33,7 +33,7 @@ from loopwright import (
     hookimpl,
 )
 from loopwright._definition import PluginSpec
-from loopwright._engine import _loop
+from loopwright._engine import _journal
 from loopwright.errors import HookBlockedError, PluginError, RegistrationError
 
 pytestmark = pytest.mark.anyio
@@ -607,14 +607,14 @@ async def multi_turn_run(tmp_path: Path, *plugins: object,
 
 async def test_no_hooks_means_no_hook_context(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With no hook registered, a full multi-turn run with tools never builds an InstanceInfo."""
-    monkeypatch.setattr(_loop, "InstanceInfo", _NoInstanceInfo)
+    monkeypatch.setattr(_journal, "InstanceInfo", _NoInstanceInfo)
     _, result = await multi_turn_run(tmp_path)
     assert (result.state, result.stop_reason, result.text) == (State.STOPPED, StopReason.COMPLETED, "11")
 
 
 async def test_one_hook_does_build_the_hook_context(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Registering one hook makes the loop build an InstanceInfo, so the no-hooks proof can fail."""
-    monkeypatch.setattr(_loop, "InstanceInfo", _NoInstanceInfo)
+    monkeypatch.setattr(_journal, "InstanceInfo", _NoInstanceInfo)
 
     class One:
         @hookimpl

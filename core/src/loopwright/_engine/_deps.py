@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import attrs
 
 if TYPE_CHECKING:
-    from loopwright._capabilities import Capabilities
-    from loopwright._definition import Definition, Limits
+    from loopwright._definition import Capabilities, Definition, Limits
     from loopwright._instance import Instance
     from loopwright._tools import Tool
     from loopwright._types import Cost, Event, Message, ToolSpec, Usage
