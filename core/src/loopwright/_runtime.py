@@ -21,7 +21,7 @@ import os
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import anyio
 import attrs
@@ -41,7 +41,7 @@ from loopwright._records import Recorder
 from loopwright._run import AgentRun, LiveRuns
 from loopwright._steering import Steering
 from loopwright._tree import Trees
-from loopwright._types import Message, PendingApproval, State
+from loopwright._types import Message, State
 from loopwright._views import approval_to_json, result_to_json, subtree_in, summary, usage_to_json
 from loopwright._work import Work
 from loopwright.abc import StoreSettings
@@ -305,21 +305,6 @@ class Runtime:
         """
         self.plans.add_verifier(name, verify)
 
-    def check_definition(self, definition: Definition, inputs: Mapping[str, Any] | None = None) -> None:
-        """Check everything an instance of ``definition`` needs to start, calling no model.
-
-        Its tools resolve; each model it may call (``model`` or the assembly's ``defaultModel``,
-        ``fallbackModels``, a context strategy's ``model``) resolves to a provider whose key
-        variable is set and whose options are valid; its context strategy, completion verifier,
-        hooks and guardrails resolve; with ``inputs``, they are valid and every template renders.
-        :meth:`start_agent` runs these checks before it creates the instance, and
-        ``loopwright validate -c`` runs them on a definition file.
-
-        :raises ConfigError: listing every problem found, each with file, line and column where
-            there is one.
-        """
-        self.plans.check_definition(definition, inputs)
-
     def assembly_error(self, message: str, at: tuple[str | int, ...], *, key: bool = False) -> ConfigError:
         """Return a ConfigError for a problem a host found in the assembly, placed at its line and column.
 
@@ -450,151 +435,21 @@ class Runtime:
         await self.cancel_run(run, timeout=timeout)
         return run
 
-    # -- submitted work, resume, fork and rewind ----------------------------------------------
+    # -- the API that is a component's method -------------------------------------------------
+    # Each is that method itself, with its signature and its docstring (see _Forward): submitted
+    # work and resume (Work), fork and rewind (History), then the seams that AgentRun, Agents, the
+    # CLI and hosts call.
 
-    async def resume(self, instance_id: str) -> AgentRun:
-        """Continue an instance a crash left ``running``; a resting instance is left as it is.
-
-        One waiting for approval whose held calls are all decided (the process that saved the
-        last decision died before it went on) goes on as that decision would have.
-
-        :raises InstanceLockedError: It is running in another process.
-        """
-        return await self.work.resume(instance_id)
-
-    async def pick_up(
-        self, instance_id: str,
-    ) -> tuple[AgentRun, Literal["start", "resume", "approval", "message"]] | None:
-        """Start the work another process left for an instance, if it has any.
-
-        The one way a runner advances submitted work (``loopwright worker``, an engine's
-        worker). Under the instance's lease, on a fresh copy of it: a submitted instance that no
-        runner started yet (``queued``, see :meth:`submit`) starts its first segment; an
-        instance left ``running`` (its runner died) is resumed as by :meth:`resume`; one waiting
-        for approval whose held calls are all decided goes on as after the last
-        :meth:`AgentRun.approve`; a resting one with a message in its mailbox starts a segment
-        as :meth:`AgentRun.message` does. A cancel request needs no runner: :meth:`cancel`
-        stops a resting or queued instance itself, and the runner of a running one reads it.
-
-        :return: The run (its segment started in the background) and which of the four it
-            was, or ``None``: nothing to do, or another runner holds the instance.
-        """
-        return await self.work.pick_up(instance_id)
-
-    async def submit(
-        self, definition: str | os.PathLike[str] | Definition | Mapping[str, Any],
-        inputs: Mapping[str, Any] | None = None, prompt: str | None = None, *,
-        capabilities: Capabilities | None = None, instance_id: str | None = None, history: Sequence[Message] = (),
-    ) -> str:
-        """Create an instance of ``definition`` for a runner to start, hand it to the engine, and return its id.
-
-        Nothing runs here. The checks are those of :meth:`start_agent` (registered names, grants
-        narrowed to the runtime's, roots out of the store's reach, every configuration error
-        before anything is created). The instance is saved ``running`` and ``queued``, with no
-        runner: a worker (``loopwright worker``, or the engine's) starts it through
-        :meth:`pick_up`, which never takes it for a dead runner's. Then
-        :meth:`loopwright.abc.Engine.submit` is told; with the ``local`` engine the instance
-        waits in the store for a worker. :meth:`get_agent` follows it from any process.
-
-        :param definition: As for :meth:`start_agent`.
-        :param inputs: As for :meth:`start_agent`.
-        :param prompt: As for :meth:`start_agent`.
-        :param capabilities: As for :meth:`start_agent`.
-        :param instance_id: An id to use instead of a generated one.
-        :param history: As for :meth:`start_agent`.
-        :return: The new instance's id.
-        :raises ConfigError: The definition or inputs are invalid, or it names unknown tools.
-        :raises CapabilityError: A granted root would reach the store or a record sink.
-        :raises LoopwrightError: The runtime is not open, or the engine could not take the work
-            (the instance stays queued in the store, where a worker's poll finds it).
-        """
-        return await self.work.submit(definition, inputs, prompt, capabilities=capabilities,
-                                      instance_id=instance_id, history=history)
-
-    async def submit_message(self, instance_id: str, text: str, *, source: str = "api") -> None:
-        """Post a message to an instance's mailbox for its runner, and tell the engine; nothing runs here.
-
-        A running instance reads it at its next turn boundary; a resting one is picked up by a
-        worker (:meth:`pick_up`, ``message``); one waiting for approval reads it once its calls
-        are decided.
-
-        :raises InstanceNotFoundError: No such instance.
-        """
-        await self.work.submit_message(instance_id, text, source=source)
-
-    async def submit_decision(
-        self, instance_id: str, tool_call_id: str | None, decision: Literal["approved", "denied"],
-        reason: str | None = None, *, subtree: bool = False, by: str | None = None,
-    ) -> list[PendingApproval]:
-        """Save decisions on held calls (as :meth:`decide`, or :meth:`decide_subtree`), and tell the engine.
-
-        ``by`` names who decided, as in :meth:`decide`.
-
-        Nothing continues here: each holder whose calls are now all decided is handed to the
-        engine, and so are the callers above it, for runners to continue (:meth:`pick_up`,
-        ``approval``; a caller a dead runner left ``running``, ``resume``).
-
-        :return: What was decided, each entry naming its holder.
-        :raises LoopwrightError: As :meth:`decide`.
-        """
-        return await self.work.submit_decision(instance_id, tool_call_id, decision, reason, subtree=subtree,
-                                               by=by)
-
-    async def submit_resume(self, instance_id: str) -> bool:
-        """Hand an instance with work left to the engine, for a runner to continue; nothing runs here.
-
-        Work left: a dead runner's instance (``running``, lease free), a queued one, or one
-        waiting for approval whose held calls are all decided.
-
-        :return: Whether it had such work (a resting instance has none; send it a message).
-        :raises InstanceNotFoundError: No such instance.
-        """
-        return await self.work.submit_resume(instance_id)
-
-    async def follow_submitted(self, instance_id: str, *, poll: float = 0.2) -> AgentRun:
-        """Wait until an instance other runners advance rests with no work left; return its run, reloaded.
-
-        For work handed to an engine (:meth:`submit`, :meth:`submit_message` ...). It rests when
-        it is not ``running`` and has nothing a runner would pick up: no held calls that are all
-        decided, and no unread message in its mailbox. An instance ``running`` only because
-        calls held in its tree wait for approval counts as resting too (it waits for its
-        operator).
-
-        :param poll: Seconds between looks at the store.
-        """
-        return await self.work.follow_submitted(instance_id, poll=poll)
-
-    async def fork(self, instance_id: str, at_turn: int | None = None) -> AgentRun:
-        """Create a new instance whose history is ``instance_id``'s up to the end of ``at_turn``.
-
-        By default the history as it stands (the instance rests). The new instance records
-        ``forkedFrom: {instanceId, turn}``, keeps the original's grants, gates and budget (never
-        wider: its saved grants intersected with this runtime's), starts no agent and copies
-        none, and rests ``waiting``, ready for a message. The original is not changed. Its
-        history ends with a note that the agents the original started belong to the original.
-
-        :raises LoopwrightError: The original is running, the turn is not in its history, or
-            it is inside a held turn.
-        """
-        return await self.history.fork(instance_id, at_turn)
-
-    async def rewind(self, instance_id: str, to_turn: int) -> AgentRun:
-        """Move a resting instance back to the end of ``to_turn``; it rests ``waiting``, ready for a message.
-
-        The entry log stays append-only: a ``rewind`` entry holds the history at that point, and
-        what came after stays in the log and the records (a ``rewind`` record marks it). Agents it
-        started after the point keep running or resting as they were; the history ends with a
-        note naming them.
-
-        :raises LoopwrightError: It is running or waiting for approval, the turn is not in its
-            history, or the point is inside a held turn.
-        :raises InstanceLockedError: Another process runs it.
-        """
-        return await self.history.rewind(instance_id, to_turn)
-
-    # -- seams: what the engine's tools, AgentRun, Agents and hosts call -----------------------
-    # Each is its component's method, with its signature and its docstring (see _Forward).
-
+    resume = _Forward("work")
+    pick_up = _Forward("work")
+    submit = _Forward("work")
+    submit_message = _Forward("work")
+    submit_decision = _Forward("work")
+    submit_resume = _Forward("work")
+    follow_submitted = _Forward("work")
+    fork = _Forward("history")
+    rewind = _Forward("history")
+    check_definition = _Forward("plans")
     verifier = _Forward("plans")
     check_untrusted = _Forward("plans")
     tool_names = _Forward("plans")

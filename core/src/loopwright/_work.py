@@ -40,7 +40,10 @@ class Work:
     async def resume(self, instance_id: str) -> AgentRun:
         """Continue an instance a crash left ``running``; a resting instance is left as it is.
 
-        See :meth:`loopwright.Runtime.resume`, which states the contract.
+        One waiting for approval whose held calls are all decided (the process that saved the
+        last decision died before it went on) goes on as that decision would have.
+
+        :raises InstanceLockedError: It is running in another process.
         """
         run = await self._rt.get_agent(instance_id)
         if run.running:
@@ -62,7 +65,17 @@ class Work:
     ) -> tuple[AgentRun, Literal["start", "resume", "approval", "message"]] | None:
         """Start the work another process left for an instance, if it has any.
 
-        See :meth:`loopwright.Runtime.pick_up`, which states the contract.
+        The one way a runner advances submitted work (``loopwright worker``, an engine's
+        worker). Under the instance's lease, on a fresh copy of it: a submitted instance that no
+        runner started yet (``queued``, see :meth:`Runtime.submit`) starts its first segment; an
+        instance left ``running`` (its runner died) is resumed as by :meth:`~loopwright.Runtime.resume`; one waiting
+        for approval whose held calls are all decided goes on as after the last
+        :meth:`AgentRun.approve`; a resting one with a message in its mailbox starts a segment
+        as :meth:`AgentRun.message` does. A cancel request needs no runner: :meth:`~loopwright.Runtime.cancel`
+        stops a resting or queued instance itself, and the runner of a running one reads it.
+
+        :return: The run (its segment started in the background) and which of the four it
+            was, or ``None``: nothing to do, or another runner holds the instance.
         """
         run = await self._rt.get_agent(instance_id)
         if run.running:
@@ -96,7 +109,25 @@ class Work:
     ) -> str:
         """Create an instance of ``definition`` for a runner to start, hand it to the engine, and return its id.
 
-        See :meth:`loopwright.Runtime.submit`, which states the contract.
+        Nothing runs here. The checks are those of :meth:`~loopwright.Runtime.start_agent` (registered names, grants
+        narrowed to the runtime's, roots out of the store's reach, every configuration error
+        before anything is created). The instance is saved ``running`` and ``queued``, with no
+        runner: a worker (``loopwright worker``, or the engine's) starts it through
+        :meth:`~loopwright.Runtime.pick_up`, which never takes it for a dead runner's. Then
+        :meth:`loopwright.abc.Engine.submit` is told; with the ``local`` engine the instance
+        waits in the store for a worker. :meth:`~loopwright.Runtime.get_agent` follows it from any process.
+
+        :param definition: As for :meth:`~loopwright.Runtime.start_agent`.
+        :param inputs: As for :meth:`~loopwright.Runtime.start_agent`.
+        :param prompt: As for :meth:`~loopwright.Runtime.start_agent`.
+        :param capabilities: As for :meth:`~loopwright.Runtime.start_agent`.
+        :param instance_id: An id to use instead of a generated one.
+        :param history: As for :meth:`~loopwright.Runtime.start_agent`.
+        :return: The new instance's id.
+        :raises ConfigError: The definition or inputs are invalid, or it names unknown tools.
+        :raises CapabilityError: A granted root would reach the store or a record sink.
+        :raises LoopwrightError: The runtime is not open, or the engine could not take the work
+            (the instance stays queued in the store, where a worker's poll finds it).
         """
         self._rt.loop  # noqa: B018 - raises if the runtime is not open
         defn = self._rt.load_definition(definition)
@@ -112,7 +143,11 @@ class Work:
     async def submit_message(self, instance_id: str, text: str, *, source: str = "api") -> None:
         """Post a message to an instance's mailbox for its runner, and tell the engine; nothing runs here.
 
-        See :meth:`loopwright.Runtime.submit_message`, which states the contract.
+        A running instance reads it at its next turn boundary; a resting one is picked up by a
+        worker (:meth:`~loopwright.Runtime.pick_up`, ``message``); one waiting for approval reads it once its calls
+        are decided.
+
+        :raises InstanceNotFoundError: No such instance.
         """
         self._rt.loop  # noqa: B018 - raises if the runtime is not open
         await self._rt.store.read_header(instance_id)
@@ -123,9 +158,16 @@ class Work:
         self, instance_id: str, tool_call_id: str | None, decision: Literal["approved", "denied"],
         reason: str | None = None, *, subtree: bool = False, by: str | None = None,
     ) -> list[PendingApproval]:
-        """Save decisions on held calls (as :meth:`decide`, or :meth:`decide_subtree`), and tell the engine.
+        """Save decisions on held calls (as :meth:`Runtime.decide` or :meth:`Runtime.decide_subtree`); tell the engine.
 
-        See :meth:`loopwright.Runtime.submit_decision`, which states the contract.
+        ``by`` names who decided, as in :meth:`Runtime.decide`.
+
+        Nothing continues here: each holder whose calls are now all decided is handed to the
+        engine, and so are the callers above it, for runners to continue (:meth:`~loopwright.Runtime.pick_up`,
+        ``approval``; a caller a dead runner left ``running``, ``resume``).
+
+        :return: What was decided, each entry naming its holder.
+        :raises LoopwrightError: As :meth:`Runtime.decide`.
         """
         run = await self._rt.get_agent(instance_id)
         if subtree:
@@ -143,7 +185,11 @@ class Work:
     async def submit_resume(self, instance_id: str) -> bool:
         """Hand an instance with work left to the engine, for a runner to continue; nothing runs here.
 
-        See :meth:`loopwright.Runtime.submit_resume`, which states the contract.
+        Work left: a dead runner's instance (``running``, lease free), a queued one, or one
+        waiting for approval whose held calls are all decided.
+
+        :return: Whether it had such work (a resting instance has none; send it a message).
+        :raises InstanceNotFoundError: No such instance.
         """
         self._rt.loop  # noqa: B018 - raises if the runtime is not open
         header = await self._rt.store.read_header(instance_id)
@@ -158,7 +204,13 @@ class Work:
     async def follow_submitted(self, instance_id: str, *, poll: float = 0.2) -> AgentRun:
         """Wait until an instance other runners advance rests with no work left; return its run, reloaded.
 
-        See :meth:`loopwright.Runtime.follow_submitted`, which states the contract.
+        For work handed to an engine (:meth:`Runtime.submit`, :meth:`Runtime.submit_message` ...).
+        It rests when it is not ``running`` and has nothing a runner would pick up: no held calls that are all
+        decided, and no unread message in its mailbox. An instance ``running`` only because
+        calls held in its tree wait for approval counts as resting too (it waits for its
+        operator).
+
+        :param poll: Seconds between looks at the store.
         """
         stalled = 0
         while True:
