@@ -21,21 +21,17 @@ import anyio
 import attrs
 
 from loopwright._capabilities import (
-    capabilities_from_dict,
     capabilities_to_dict,
     check_store_outside,
     intersect,
     resolve_roots,
 )
-from loopwright._definition import gates_from_json, with_gates
 from loopwright._engine import Decided, LateMail, Mail, Resume, SegmentEnd, Start
 from loopwright._instance import (
     Instance,
     fold_checkpoint,
-    log_totals,
     message_to_json,
     now_iso,
-    restore,
     unanswered_calls,
 )
 from loopwright._lease import holding
@@ -45,7 +41,6 @@ from loopwright._template import render, render_value, resolve_inputs
 from loopwright._types import Message, PendingApproval, State, StopReason, ToolCall, call_digest
 from loopwright.errors import (
     ConfigError,
-    GrantsError,
     LeaseLostError,
     LoopwrightError,
     StoreError,
@@ -223,87 +218,16 @@ class Driver:
         if run.running:
             raise LoopwrightError(f"instance {run.instance_id} is already running here")
         if not fresh:
-            await self.refresh(run)
+            await self._rt.loader.refresh(run)
             # A cancel posted to a segment that has ended came too late and is dropped; one
             # posted to an instance its dead runner left running still stands: it stops the
             # instance before anything more runs (see _drive).
             if await self._rt.loop.absorb_mail(run, running=run.inst.state is State.RUNNING):
                 run.mark_cancelled()
-            await self.join_tree(run.inst)
+            await self._rt.forest.join_tree(run.inst)
         run.segment_starting()
         self._rt.live.segment_started(run)
         self._rt.start_soon(self._drive, run, segment, held.hand_over())
-
-    async def refresh(self, run: AgentRun) -> None:
-        """Reload the instance if another process changed it since this copy was read."""
-        header = await self._rt.store.read_header(run.instance_id)
-        if header.get("updatedAt") == run.inst.header.get("updatedAt") and not run.stale:
-            return
-        inst = run.inst
-        await restore(inst, self._rt.store)  # replaces nothing if the log cannot be read
-        inst.header = header
-        inst.grants = self.saved_grants(run.instance_id, header)
-        run.stale = False
-
-    async def join_tree(self, inst: Instance) -> None:
-        """Make an instance loaded from the store draw from its tree's one budget.
-
-        Each instance on the way up is counted once per runtime (:meth:`_count_tree`), and linked
-        to its spawner's live instance, loading the spawner if it is not live here. A spawner
-        that cannot be loaded ends the chain (the saved ``budget`` still caps the instance); a
-        tampered link that would make a loop is not followed.
-        """
-        current = inst
-        while True:
-            await self._count_tree(current)
-            spawner_id = current.header.get("spawnerInstanceId")
-            if current.spawner is not None or not isinstance(spawner_id, str) or not spawner_id:
-                return
-            try:
-                parent = (await self._rt.get_agent(spawner_id)).inst
-            except LoopwrightError:
-                return
-            if any(above is current for above in (parent, *parent.ancestors())):
-                return
-            current.spawner = parent
-            current = parent
-
-    async def _count_tree(self, inst: Instance) -> None:
-        """Set a loaded instance's tree counters from its descendants' saved headers (once per runtime).
-
-        ``descendants`` counts them all; the tokens, cost and tool calls are those of the descendants
-        created since its current segment started (their whole spending: more than their share,
-        never less), from the totals in their headers, or from the entry log of one a crash left
-        ``running`` (its header's totals are those of its last state change).
-        """
-        if inst.tree_counted:
-            return
-        inst.tree_counted = True
-        headers = await self._rt.forest.descendant_headers(inst.header)
-        started = inst.header.get("segmentStartedAt")
-        since = _iso(float(started)) if isinstance(started, (int, float)) else ""
-        tokens, calls, cost = 0, 0, 0.0
-        for iid, h in headers.items():
-            if str(h.get("createdAt") or "") < since:
-                continue
-            if h.get("state") == State.RUNNING.value:  # its totals were saved at its last state change: replay its log
-                usage, spent, ran = log_totals(await self._rt.store.read_entries(iid))
-                tokens += usage.input_tokens + usage.output_tokens
-                calls += ran
-                cost = None if cost is None or spent.amount is None else cost + spent.amount
-                continue
-            ran = h.get("toolCallsStarted")
-            calls += ran if isinstance(ran, int) and not isinstance(ran, bool) and ran > 0 else 0
-            saved = h.get("usage")
-            if isinstance(saved, Mapping):
-                tokens += sum(n for n in (saved.get("inputTokens"), saved.get("outputTokens"))
-                              if isinstance(n, int) and not isinstance(n, bool) and n > 0)
-            amount = h.get("cost", 0.0)
-            cost = None if cost is None or not isinstance(amount, (int, float)) else cost + max(amount, 0.0)
-        inst.descendants = max(inst.descendants, len(headers))
-        inst.tree_tokens += tokens
-        inst.tree_tool_calls += calls
-        inst.tree_cost = None if inst.tree_cost is None or cost is None else inst.tree_cost + cost
 
     async def _drive(self, run: AgentRun, segment: Segment, lease: Lease) -> None:
         """Run segments of ``run`` until it rests (a late message starts the next one), then give ``lease`` back."""
@@ -437,73 +361,6 @@ class Driver:
             await self._rt.loop.repair_records(run)
         await self.start_segment(run, Mail(), held)
 
-    def definition_from_header(self, instance_id: str, header: Mapping[str, Any]) -> Definition:
-        """Return the definition a saved header runs (its snapshot, else its file), under its inherited gates.
-
-        :raises StoreError: The header holds no valid definition.
-        :raises GrantsError: Its inherited gates are missing or malformed (fails closed).
-        """
-        snapshot = header.get("definition")
-        if isinstance(snapshot, Mapping):
-            from loopwright._config import definition_from_dict  # noqa: PLC0415 - the loader only to resume a saved definition
-
-            try:
-                defn = definition_from_dict(snapshot)
-            except ConfigError as exc:
-                raise StoreError(f"saved definition is invalid: {exc}", instance_id=instance_id) from exc
-        elif header.get("definitionPath"):
-            defn = self._rt.load_definition(header["definitionPath"])
-        else:
-            raise StoreError("the header holds no definition", instance_id=instance_id)
-        if "inheritedGates" not in header:
-            if header.get("spawnerInstanceId"):
-                raise GrantsError("it was started by an agent but its header has no inheritedGates (its caller's "
-                                  "gates); refusing to run it", instance_id=instance_id)
-            return defn
-        # The caller's gates, saved at spawn: applied again, so the child never runs without them.
-        try:
-            return with_gates(defn, gates_from_json(header["inheritedGates"]))
-        except ValueError as exc:
-            raise GrantsError(f"saved inheritedGates are malformed ({exc}); refusing to run it",
-                              instance_id=instance_id) from exc
-
-    def saved_grants(self, instance_id: str, header: Mapping[str, Any]) -> Capabilities:
-        """Return the saved grants intersected with this runtime's; fail closed on a bad marker."""
-        if header.get("capabilitiesRecorded"):
-            try:
-                saved = capabilities_from_dict(header.get("capabilities"))
-            except ValueError as exc:
-                raise GrantsError(f"saved grants are marked recorded but are not valid ({exc}); "
-                                  "refusing to run it", instance_id=instance_id) from exc
-            return intersect(self._rt.assembly.capabilities, saved)
-        if "capabilities" in header:
-            raise GrantsError("saved grants have no capabilitiesRecorded marker; refusing to run it",
-                              instance_id=instance_id)
-        return self._rt.assembly.capabilities
-
-    async def load_run(self, instance_id: str) -> AgentRun:
-        """Return the run of an instance, loading it from the store if it is not live here (see ``get_agent``)."""
-        rt = self._rt
-        run = rt.live.run(instance_id)
-        if run is not None:
-            return run
-        inst = rt.live.instance(instance_id)  # a spawner whose run was let go: the same ledger
-        if inst is not None:
-            run = AgentRun(rt, inst)
-            await self.refresh(run)  # as loading would: what another process saved since wins
-            rt.live.add(run)
-            return run
-        header = await rt.store.read_header(instance_id)
-        defn = self.definition_from_header(instance_id, header)
-        grants = self.saved_grants(instance_id, header)
-        inst = Instance(id=instance_id, definition=defn, header=header, grants=grants)
-        await restore(inst, rt.store)
-        run = AgentRun(rt, inst)
-        rt.live.add(run)
-        if header.get("monitors") and rt.monitors is not None:
-            rt.monitors.load(header)
-        return run
-
     def requested_grants(self, capabilities: Capabilities | None) -> Capabilities:
         """Return the grants of a new top-level instance: ``capabilities`` narrowed to the runtime's.
 
@@ -542,12 +399,6 @@ def _history_json(defn: Definition, history: Sequence[Message]) -> list[dict[str
                               f"and no tool calls (got role {message.role!r})")
         out.append({"role": message.role, "content": message.content})
     return out
-
-
-def _iso(seconds: float) -> str:
-    """Return ``seconds`` since the epoch in the form of ``now_iso`` (so the two compare as text)."""
-    whole = int(seconds)
-    return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(whole))}.{int((seconds - whole) * 1000):03d}Z"
 
 
 def new_id() -> str:

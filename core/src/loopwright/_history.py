@@ -94,10 +94,10 @@ class History:
         """
         src = await self._rt.get_agent(instance_id)
         if not src.running:
-            await self._rt.driver.refresh(src)  # what another process saved since wins
+            await self._rt.loader.refresh(src)  # what another process saved since wins
         messages, at, later = await self._history_point(src, at_turn, "fork")
         original = src.inst.header
-        grants = self._rt.driver.saved_grants(instance_id, original)
+        grants = self._rt.loader.saved_grants(instance_id, original)
         iid = new_id()
         header = {key: value for key, value in original.items() if key not in _NOT_FORKED}
         header.update({
@@ -137,7 +137,7 @@ class History:
         if run.running:
             raise LoopwrightError(f"cannot rewind instance {instance_id}: it is running; let it rest first")
         async with held_lease(self._rt.store, instance_id, self._rt.owner):
-            await self._rt.driver.refresh(run)
+            await self._rt.loader.refresh(run)
             inst = run.inst
             if inst.state is State.WAITING_FOR_APPROVAL:
                 raise LoopwrightError(

@@ -9,7 +9,8 @@ stops them (an interrupted instance stays ``running`` in the store and ``resume`
 The runtime is its lifecycle, its components and the documented API; each step lives in the
 component that owns its state: :class:`~loopwright._plans.Plans` (definitions),
 :class:`~loopwright._providers.Providers`, :class:`~loopwright._records.Recorder`,
-:class:`~loopwright._run.LiveRuns`, :class:`~loopwright._driver.Driver` (segments),
+:class:`~loopwright._run.LiveRuns`, :class:`~loopwright._loading.Loader`,
+:class:`~loopwright._driver.Driver` (segments),
 :class:`~loopwright._steering.Steering`, :class:`~loopwright._work.Work` (submitted work),
 :class:`~loopwright._tree.Trees` and :class:`~loopwright._history.History` (fork, rewind).
 """
@@ -34,6 +35,7 @@ from loopwright._engine import EngineDeps, Loop
 from loopwright._history import History
 from loopwright._hooks import notify
 from loopwright._instance import entry_totals
+from loopwright._loading import Loader
 from loopwright._plans import Plans, all_todos_done
 from loopwright._plugins import PluginHost
 from loopwright._providers import Providers, assembly_error, build_component
@@ -149,6 +151,7 @@ class Runtime:
         #: The agents each instance running here waits for in ``await_agent`` now, by instance id
         #: (kept by :class:`loopwright._agents.Agents`; :meth:`stalled` reads it).
         self.awaiting: dict[str, tuple[str, ...]] = {}
+        self.loader = Loader(self)
         self.driver = Driver(self)
         self.steering = Steering(self)
         self.work = Work(self)
@@ -380,7 +383,7 @@ class Runtime:
         :raises InstanceNotFoundError: No such instance.
         :raises GrantsError: Its saved grants are marked recorded but malformed (fails closed).
         """
-        return await self.driver.load_run(instance_id)
+        return await self.loader.load_run(instance_id)
 
     async def list_instances(self, state: str | None = None) -> list[dict[str, Any]]:
         """Return every instance's summary (see :func:`summary`), optionally only those in ``state``."""

@@ -124,7 +124,7 @@ class Steering:
             if lease is None:
                 raise LoopwrightError(f"instance {run.instance_id} is running in another process, which is deciding "
                                       "or running its calls: none of them waits for approval here")
-            await self._rt.driver.refresh(run)
+            await self._rt.loader.refresh(run)
             inst = run.inst
             pending = inst.pending_approvals
             undecided = [p for p in pending if p.decision is None]
@@ -169,7 +169,7 @@ class Steering:
         async with held_lease(self._rt.store, run.instance_id, self._rt.owner, if_free=True) as lease:
             if lease is None:
                 return  # running in another process: its runner reads the mailbox
-            await self._rt.driver.refresh(run)
+            await self._rt.loader.refresh(run)
             if run.inst.header.get("state") == State.WAITING_FOR_APPROVAL.value:  # refreshed just now
                 return  # another process held a call meanwhile: read once it is decided
             if run.inst.header.get("queued") is True:  # submitted, never started: it starts here, and reads it
@@ -194,7 +194,7 @@ class Steering:
             await self._rt.engine.submit(run.instance_id)  # its runner may be the engine's, far away
             lease = await self._lease_once_free(run, timeout)
             if lease is None:
-                await self._rt.driver.refresh(run)
+                await self._rt.loader.refresh(run)
                 return
             async with holding(lease, run.instance_id):
                 stopped = await self._stop(run)
@@ -218,7 +218,7 @@ class Steering:
 
     async def _stop(self, run: AgentRun) -> bool:
         """Stop a resting instance (or a dead runner's) under its lease; False if it was stopped already."""
-        await self._rt.driver.refresh(run)
+        await self._rt.loader.refresh(run)
         inst = run.inst
         if inst.state is State.STOPPED and inst.header.get("cancelled"):
             return False

@@ -3,13 +3,15 @@
 An instance's tree is the agents it started, their agents, and so on (each header lists its
 ``children`` and names its ``spawnerInstanceId``). :class:`Trees` answers what the operator
 asks of a tree: its cost, the calls held anywhere in it, its nested view, whether it waits for
-a person, and the live events of every instance of it that runs here; and it wakes the callers
-a stopped process left waiting.
+a person, and the live events of every instance of it that runs here; it wakes the callers a
+stopped process left waiting, and links an instance loaded from the store into its tree's one
+budget (:meth:`Trees.join_tree`).
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -17,9 +19,10 @@ import anyio
 import attrs
 
 from loopwright._convert import converter
+from loopwright._instance import log_totals
 from loopwright._types import Event, PendingApproval, State
 from loopwright._views import children_in, tree_node
-from loopwright.errors import InstanceLockedError, InstanceNotFoundError
+from loopwright.errors import InstanceLockedError, InstanceNotFoundError, LoopwrightError
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -243,3 +246,69 @@ class Trees:
             except InstanceLockedError:
                 continue
             woken.append(spawner)
+
+    async def join_tree(self, inst: Instance) -> None:
+        """Make an instance loaded from the store draw from its tree's one budget.
+
+        Each instance on the way up is counted once per runtime (:meth:`_count_tree`), and linked
+        to its spawner's live instance, loading the spawner if it is not live here. A spawner
+        that cannot be loaded ends the chain (the saved ``budget`` still caps the instance); a
+        tampered link that would make a loop is not followed.
+        """
+        current = inst
+        while True:
+            await self._count_tree(current)
+            spawner_id = current.header.get("spawnerInstanceId")
+            if current.spawner is not None or not isinstance(spawner_id, str) or not spawner_id:
+                return
+            try:
+                parent = (await self._rt.get_agent(spawner_id)).inst
+            except LoopwrightError:
+                return
+            if any(above is current for above in (parent, *parent.ancestors())):
+                return
+            current.spawner = parent
+            current = parent
+
+    async def _count_tree(self, inst: Instance) -> None:
+        """Set a loaded instance's tree counters from its descendants' saved headers (once per runtime).
+
+        ``descendants`` counts them all; the tokens, cost and tool calls are those of the descendants
+        created since its current segment started (their whole spending: more than their share,
+        never less), from the totals in their headers, or from the entry log of one a crash left
+        ``running`` (its header's totals are those of its last state change).
+        """
+        if inst.tree_counted:
+            return
+        inst.tree_counted = True
+        headers = await self.descendant_headers(inst.header)
+        started = inst.header.get("segmentStartedAt")
+        since = _iso(float(started)) if isinstance(started, (int, float)) else ""
+        tokens, calls, cost = 0, 0, 0.0
+        for iid, h in headers.items():
+            if str(h.get("createdAt") or "") < since:
+                continue
+            if h.get("state") == State.RUNNING.value:  # its totals were saved at its last state change: replay its log
+                usage, spent, ran = log_totals(await self._rt.store.read_entries(iid))
+                tokens += usage.input_tokens + usage.output_tokens
+                calls += ran
+                cost = None if cost is None or spent.amount is None else cost + spent.amount
+                continue
+            ran = h.get("toolCallsStarted")
+            calls += ran if isinstance(ran, int) and not isinstance(ran, bool) and ran > 0 else 0
+            saved = h.get("usage")
+            if isinstance(saved, Mapping):
+                tokens += sum(n for n in (saved.get("inputTokens"), saved.get("outputTokens"))
+                              if isinstance(n, int) and not isinstance(n, bool) and n > 0)
+            amount = h.get("cost", 0.0)
+            cost = None if cost is None or not isinstance(amount, (int, float)) else cost + max(amount, 0.0)
+        inst.descendants = max(inst.descendants, len(headers))
+        inst.tree_tokens += tokens
+        inst.tree_tool_calls += calls
+        inst.tree_cost = None if inst.tree_cost is None or cost is None else inst.tree_cost + cost
+
+
+def _iso(seconds: float) -> str:
+    """Return ``seconds`` since the epoch in the form of ``now_iso`` (so the two compare as text)."""
+    whole = int(seconds)
+    return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(whole))}.{int((seconds - whole) * 1000):03d}Z"

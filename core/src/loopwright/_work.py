@@ -49,7 +49,7 @@ class Work:
         if run.running:
             return run
         async with held_lease(self._rt.store, instance_id, self._rt.owner) as lease:
-            await self._rt.driver.refresh(run)
+            await self._rt.loader.refresh(run)
             pending = run.inst.pending_approvals
             if run.inst.state is State.WAITING_FOR_APPROVAL and pending and all(p.decision for p in pending):
                 await self._rt.driver.continue_decided(run, lease)
@@ -83,7 +83,7 @@ class Work:
         async with held_lease(self._rt.store, instance_id, self._rt.owner, if_free=True) as lease:
             if lease is None:
                 return None
-            await self._rt.driver.refresh(run)
+            await self._rt.loader.refresh(run)
             inst = run.inst
             pending = inst.pending_approvals
             if inst.state is State.RUNNING and inst.header.get("queued") is True:
@@ -224,7 +224,7 @@ class Work:
             await anyio.sleep(poll)
         run = await self._rt.get_agent(instance_id)
         if not run.running:
-            await self._rt.driver.refresh(run)
+            await self._rt.loader.refresh(run)
         return run
 
     async def _work_left(self, instance_id: str, header: Mapping[str, Any]) -> bool:
