@@ -202,21 +202,28 @@ class Trees:
         finally:
             scope.cancel()
 
-    async def callers(self, instance_id: str) -> list[str]:
-        """Return the ids above ``instance_id`` (its spawner, theirs ...) up to the root, from the saved headers."""
-        out: list[str] = []
+    async def _above(self, instance_id: str) -> AsyncIterator[tuple[str, dict[str, Any] | None]]:
+        """Yield each id above ``instance_id`` (its spawner, theirs ...) with its saved header, up to the root.
+
+        A spawner whose header is gone is yielded with ``None`` and ends the walk; so does a
+        tampered link that would make a loop (not yielded).
+        """
         seen = {instance_id}
-        current = await self._rt.store.read_header(instance_id)
-        while True:
+        current: dict[str, Any] | None = await self._rt.store.read_header(instance_id)
+        while current is not None:
             spawner = current.get("spawnerInstanceId")
             if not isinstance(spawner, str) or not spawner or spawner in seen:
-                return out
+                return
             seen.add(spawner)
-            out.append(spawner)
             try:
                 current = await self._rt.store.read_header(spawner)
             except InstanceNotFoundError:
-                return out
+                current = None
+            yield spawner, current
+
+    async def callers(self, instance_id: str) -> list[str]:
+        """Return the ids above ``instance_id`` (its spawner, theirs ...) up to the root, from the saved headers."""
+        return [spawner async for spawner, _header in self._above(instance_id)]
 
     async def wake_callers(self, instance_id: str) -> list[str]:
         """Continue, in order up to the root, the callers of ``instance_id`` a stopped process left ``running``.
@@ -227,17 +234,9 @@ class Trees:
         :return: The ids of the callers resumed.
         """
         woken: list[str] = []
-        seen = {instance_id}
-        current = await self._rt.store.read_header(instance_id)
-        while True:
-            spawner = current.get("spawnerInstanceId")
-            if not isinstance(spawner, str) or not spawner or spawner in seen:
-                return woken
-            seen.add(spawner)
-            try:
-                current = await self._rt.store.read_header(spawner)
-            except InstanceNotFoundError:
-                return woken
+        async for spawner, current in self._above(instance_id):
+            if current is None:
+                break
             live = self._rt.live.run(spawner)
             if current.get("state") != State.RUNNING.value or (live is not None and live.running):
                 continue
@@ -246,6 +245,7 @@ class Trees:
             except InstanceLockedError:
                 continue
             woken.append(spawner)
+        return woken
 
     async def join_tree(self, inst: Instance) -> None:
         """Make an instance loaded from the store draw from its tree's one budget.
