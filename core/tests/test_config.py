@@ -408,3 +408,35 @@ def test_validate_file_reports_every_line_of_a_record_log(tmp_path: Path) -> Non
     (problem,) = validate_file(path)
     assert (problem.line, problem.path) == (3, "$.data")
     assert "data.status" in problem.message
+
+
+# ---------------------------------------------------------------------------------------------
+# The loader's modules: importing compiles no schema
+# ---------------------------------------------------------------------------------------------
+
+
+def test_importing_the_loader_compiles_no_validator() -> None:
+    """Importing the config layer reads and compiles no schema; the first check compiles each once."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    code = """if True:
+        from loopwright import _config, _schemas
+        caches = (_schemas.schema, _schemas.validator, _schemas.meta_validator)
+        before = [c.cache_info().currsize for c in caches]
+        assert _config.validate_data("definition", {"name": "a", "output": {"type": "object"}}) == []
+        _config.validate_data("definition", {"name": "b"})
+        print(before, [c.cache_info().currsize for c in caches], _schemas.validator.cache_info().misses)
+    """
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    # definition and every schema it may $ref (the registry) loaded, one validator, the meta-schema's.
+    assert done.stdout.split()[:3] == ["[0,", "0,", "0]"], done.stdout
+    assert done.stdout.strip().endswith("[4, 1, 1] 1"), done.stdout
+
+
+def test_no_loader_module_is_over_600_lines() -> None:
+    """The loader is split by concern (_yaml reads, _schemas validates, _config assembles): none is long."""
+    for name in ("_config", "_schemas", "_yaml"):
+        path = SPECS_DIR.parent / f"{name}.py"
+        assert len(path.read_text(encoding="utf-8").splitlines()) <= 600, name
