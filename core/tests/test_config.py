@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import textwrap
 from typing import TYPE_CHECKING
 
@@ -417,9 +419,6 @@ def test_validate_file_reports_every_line_of_a_record_log(tmp_path: Path) -> Non
 
 def test_importing_the_loader_compiles_no_validator() -> None:
     """Importing the config layer reads and compiles no schema; the first check compiles each once."""
-    import subprocess  # noqa: PLC0415
-    import sys  # noqa: PLC0415
-
     code = """if True:
         from loopwright import _config, _schemas
         caches = (_schemas.schema, _schemas.validator, _schemas.meta_validator)
