@@ -32,14 +32,13 @@ from typing import Any
 import attrs
 import cattrs
 
-from loopwright._capabilities import capabilities_to_dict
+from loopwright._capabilities import capabilities_from_dict, capabilities_to_dict
 from loopwright._convert import camel, make_converter
 from loopwright._definition import (
     Assembly,
     Capabilities,
     Definition,
     EngineConfig,
-    FileGrants,
     InputSpec,
     Limits,
     PluginSpec,
@@ -232,20 +231,6 @@ def _unstructure_provider(provider: ProviderConfig) -> dict[str, Any]:
     return {**out, **provider.options}
 
 
-def _structure_capabilities(data: Mapping[str, Any], _t: type) -> Capabilities:
-    files = data.get("files") or {}
-    agents = data.get("agents") or {}
-    defaults = Capabilities()
-    return Capabilities(
-        files=FileGrants(read=tuple(files.get("read", ())), write=tuple(files.get("write", ()))),
-        shell=data.get("shell", defaults.shell),
-        network=bool(data.get("network", defaults.network)),
-        agents_spawn=bool(agents.get("spawn", defaults.agents_spawn)),
-        agents_max_depth=int(agents.get("maxDepth", defaults.agents_max_depth)),
-        agents_max_agents=int(agents.get("maxAgents", defaults.agents_max_agents)),
-    )
-
-
 def _structure_input(data: Any, _t: type) -> InputSpec:
     if isinstance(data, str):
         return InputSpec(type=data)
@@ -289,7 +274,7 @@ def _converter() -> cattrs.Converter:
     conv.register_structure_hook(EngineConfig, lambda d, _t: EngineConfig(kind=_split_kind(d, "local")[0],
                                                                             options=_split_kind(d, "local")[1]))
     conv.register_structure_hook(ProviderConfig, _structure_provider)
-    conv.register_structure_hook(Capabilities, _structure_capabilities)
+    conv.register_structure_hook(Capabilities, lambda d, _t: capabilities_from_dict(d, saved=False))
     conv.register_structure_hook(InputSpec, _structure_input)
     # Generated after the hooks above, so that its fields use them.
     base_assembly = conv.get_structure_hook(Assembly)
