@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -20,6 +21,7 @@ from loopwright._config import (
     load_definition,
     load_yaml,
     parse_duration,
+    schema,
     validate_data,
     validate_file,
 )
@@ -36,6 +38,7 @@ from loopwright._definition import (
     ProviderConfig,
     StoreConfig,
 )
+from loopwright._duration import DURATION_PATTERN
 from loopwright.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -131,6 +134,29 @@ def test_parse_duration_rejects_other_values(value: object) -> None:
     """Anything else is a ValueError that quotes the value."""
     with pytest.raises(ValueError, match="invalid duration"):
         parse_duration(value)  # type: ignore[arg-type]
+
+
+def test_the_schemas_duration_pattern_is_the_grammars() -> None:
+    """Both schemas' ``$defs/duration`` pattern is ``_duration.DURATION_PATTERN``, the grammar's own text."""
+    for kind in ("definition", "assembly"):
+        branches = schema(kind)["$defs"]["duration"]["oneOf"]
+        assert [b["pattern"] for b in branches if "pattern" in b] == [DURATION_PATTERN], kind
+
+
+@pytest.mark.parametrize("text", [
+    "0", "1", "1.5", ".5", "5.", " 7 ", "500ms", "30s", "2m", "1.5h", "1m30s", " 2h 5m ", "1m 30", "1h-30m",
+    "nan", "inf", "1e3", "-1", "-1s", "5 days", "soon", "", "1m30", "ms", "1d", "1 s", "s1", "1..5s", "\t3s\n",
+])
+def test_a_string_the_schema_accepts_is_a_duration_the_parser_reads(text: str) -> None:
+    """The schema's string branch and parse_duration accept the same strings (so one grammar decides)."""
+    try:
+        parse_duration(text)
+        parsed = True
+    except ValueError:
+        parsed = False
+    assert (re.search(DURATION_PATTERN, text) is not None) == parsed
+    problems = validate_data("definition", {"name": "a", "limits": {"elapsed": text}})
+    assert (problems == []) == parsed, problems
 
 
 def test_durations_in_limits_become_seconds() -> None:
