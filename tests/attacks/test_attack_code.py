@@ -240,7 +240,7 @@ def test_guardrail_module_function_imports_nothing(project: Project) -> None:
 
 
 def test_guardrail_os_abort_does_not_kill_the_runtime(project: Project) -> None:
-    """``guardrails: ["os:abort"]`` killed the process with SIGABRT, and every resume again."""
+    """``guardrails: ["os:abort"]`` killed the process with SIGABRT, and every resume and worker again."""
     _evil_child(project, guardrails=["os:abort"])
     done = project.cli("run", spawner(project), "-p", "go")
     assert done.returncode != -6, "the runtime died of SIGABRT"
@@ -248,6 +248,9 @@ def test_guardrail_os_abort_does_not_kill_the_runtime(project: Project) -> None:
     for header in project.headers():
         again = project.cli("resume", header["instanceId"])
         assert again.returncode == 0, (again.returncode, again.stderr)
+    worker = project.cli("worker", "--once")
+    assert worker.returncode == 0, (worker.returncode, worker.stderr)
+    assert not project.pwned
 
 
 def test_completion_verify_names_no_code(project: Project) -> None:
