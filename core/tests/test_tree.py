@@ -173,6 +173,38 @@ async def test_runtime_fork_after_a_restart_keeps_grants_and_goes_on_from_the_tu
             await rt.fork(original, at_turn=5)
 
 
+
+async def test_a_fork_keeps_the_originals_narrower_grants_and_a_widened_header_gains_nothing(tmp_path: Path) -> None:
+    """An original started with less than the runtime grants forks with exactly that, never the runtime's; an
+    original whose saved grants were edited to claim more forks with no more than the runtime's."""
+    work = tmp_path / "work"
+    (work / "sub").mkdir(parents=True)
+    wide = Capabilities(files=loopwright.FileGrants(read=(str(work),), write=(str(work),)), shell="approval",
+                        network=True, agents_spawn=True, agents_max_agents=9)
+    narrow = Capabilities(files=loopwright.FileGrants(read=(str(work / "sub"),)))
+    async with make_runtime(tmp_path, Harness(reply("a"), reply("b")), capabilities=wide) as rt:
+        run = await rt.start_agent(defn(), prompt="one", capabilities=narrow)
+        await run.wait()
+        fork = await rt.fork(run.instance_id)
+        saved = (await rt.store.read_header(fork.instance_id))["capabilities"]
+        assert saved == (await rt.store.read_header(run.instance_id))["capabilities"]
+        assert fork.inst.grants == run.inst.grants
+        assert fork.inst.grants.files.read == (str(work / "sub"),)
+        assert (fork.inst.grants.files.write, fork.inst.grants.network, fork.inst.grants.agents_spawn) == ((), False,
+                                                                                                          False)
+        assert fork.inst.grants.shell == "none"
+        # The original's header now claims everything: its fork still gets no more than this runtime grants.
+        header = await rt.store.read_header(run.instance_id)
+        header["capabilities"] = {"files": {"read": ["/"], "write": ["/"]}, "shell": "allow", "network": True,
+                                  "agents": {"spawn": True, "maxDepth": 99, "maxAgents": 10_000}}
+        await rt.store.write_header(run.instance_id, header)
+    async with make_runtime(tmp_path, Harness(), capabilities=wide) as rt:
+        fork = await rt.fork(run.instance_id)
+        grants = fork.inst.grants
+        assert all(Path(r).is_relative_to(work) for r in (*grants.files.read, *grants.files.write)), grants.files
+        assert grants.network is True  # both sides grant it
+        assert (grants.shell, grants.agents_max_agents) == ("approval", 9)
+
 @pytest.mark.xfail(strict=True, reason=(
     "open bug (issue 11, point 2): a before_tool_call hook's ModifyInputs on a call that is then held is "
     "saved in pendingApprovals but not in the transcript's assistant message, so Runtime._decide_own refuses "
