@@ -520,6 +520,24 @@ def test_inheritance_survives_a_new_process(project: Project) -> None:
     assert again.returncode == 3, (again.returncode, again.stdout, again.stderr)
 
 
+
+def test_a_fork_of_a_child_keeps_its_callers_gates(project: Project) -> None:
+    """``fork CHILD`` makes a root of the child's history, but not an ungated one: its call is still held."""
+    _touching_child(project)
+    project.assembly(parent=[start_child(), "started"], child=["ready"])
+    done = project.cli("run", spawner(project, requiresApproval=["touch"]), "-p", "go")
+    assert done.returncode == 0, done.stderr
+    child = project.header("child")["instanceId"]
+    forked = project.cli("fork", child)
+    assert forked.returncode == 0, forked.stderr
+    fork = forked.stdout.strip()
+    project.assembly(child=[calls(call("touch", name="child")), "done"])
+    again = project.cli("message", fork, "now touch")
+    assert again.returncode == 3, (again.returncode, again.stdout, again.stderr)
+    assert not (project.root / "touched-child").exists(), "the fork of the child ran touch unasked"
+    held = json.loads((project.root / "store" / fork / "instance.json").read_text())
+    assert [p["tool"] for p in held["pendingApprovals"]] == ["touch"]
+
 @pytest.mark.parametrize("tamper", ["malformed", "removed"])
 def test_tampered_inherited_gates_fail_closed(project: Project, tamper: str) -> None:
     """A malformed or missing inheritedGates entry refuses to run the child, naming it; nothing runs."""
