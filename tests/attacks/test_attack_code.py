@@ -272,6 +272,36 @@ def test_py_paths_are_refused(project: Project, keys: dict[str, Any]) -> None:
     assert result["status"] == "tool_error", result
 
 
+#: A module of the assembly's ``plugins:`` (trusted code), whose functions leave PWNED when called.
+POLICIES = textwrap.dedent("""
+    import pathlib
+    import loopwright
+
+    PWNED = pathlib.Path(__file__).resolve().parent / "PWNED"
+
+    def pwn(*args, **kwargs):
+        PWNED.write_text("a function of a plugin module ran on a model's say-so")
+
+    def verify(*args, **kwargs):
+        PWNED.write_text("verifier ran")
+        return True, ""
+""")
+
+
+@pytest.mark.parametrize("keys", [{"guardrails": ["policies:pwn"]}, {"hooks": ["otel"]},
+                                  {"completion": {"verify": "policies:verify", "maxAttempts": 1}}],
+                         ids=["guardrails", "hooks", "verify"])
+def test_a_definition_file_cannot_name_a_plugin_module_by_dotted_path(project: Project, keys: dict[str, Any]) -> None:
+    """A host definition may name ``policies:pwn`` (a function of a module of the assembly's plugins) and an
+    installed entry point (``otel``, not loaded here) as a hook set; a definition the model wrote may not: only
+    registered names, so no function of trusted code runs, and no package is loaded, on a model's say-so."""
+    (project.root / "policies.py").write_text(POLICIES)
+    project.plugins.append("policies")
+    project.agent("work/child.yaml", name="child", model="child:any", tools=["touch", "task_complete"], **keys)
+    project.assembly(parent=[start_child(), "started"], child=[calls(call("touch", name="child")), "done"])
+    assert_refused(project, project.cli("run", spawner(project), "-p", "go"), "names code only by registered name")
+
+
 def test_model_writes_module_and_definition_through_write_file(project: Project) -> None:
     """The whole attack by the model: write-file the module and the definition, then start it."""
     child = json.dumps({"name": "child", "model": "child:any", "tools": ["touch"], "hooks": ["work.evil"],
