@@ -276,6 +276,24 @@ def test_deny_from_the_root_reaches_the_holder(project: Project) -> None:
     assert "denied: not today" in records.stdout
 
 
+def test_deny_subtree_denies_every_call_and_the_root_finishes(project: Project) -> None:
+    """``deny ROOT --subtree --reason``: both held calls are denied (each printed with its holder), neither runs,
+    each holder's model reads the reason, and the root finishes. ``--call`` with ``--subtree`` is a usage error."""
+    root, calls = _held(project)
+    both = project.cli("deny", root, "--subtree", "--call", calls["grand"])
+    assert both.returncode == 2, both.stderr
+    assert "give --call or --subtree, not both" in both.stderr
+    done = project.cli("deny", root, "--subtree", "--reason", "not today")
+    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
+    assert f"denied: {calls['grand']} touch (in root {root} > middle" in done.stderr
+    assert f"denied: {calls['holder']} touch (in root {root} > holder" in done.stderr
+    assert project.touched("A") == project.touched("G") == 0
+    for holder in ("holder", "grand"):
+        records = project.cli("records", project.header(holder)["instanceId"], "--kind", "tool_call")
+        assert "denied: not today" in records.stdout, records.stdout
+    assert project.header("root")["text"] == "root done"
+
+
 def test_approve_without_call_on_a_root_that_holds_nothing_points_at_the_tree(project: Project) -> None:
     """``approve ROOT`` alone decides only ROOT's own calls; with none, it says how to reach the tree (exit 2)."""
     root, _calls = _held(project)
