@@ -66,6 +66,8 @@ the store's own steps.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import os
 import pathlib
@@ -132,6 +134,28 @@ SCRIPTS: dict[str, list[Any]] = {
 SCRIPTS["cleared"] = SCRIPTS["mixed"]
 SCRIPTS["compacted"] = SCRIPTS["mixed"]
 
+#: The prompt the tree's parent gives its child.
+CHILD_PROMPT = "Do the child's part."
+#: The id placeholder in a script's arguments: the provider puts in the child the transcript's
+#: ``run_agent_async`` result names (the harness does the same when it checks the script).
+CHILD_ID = "$child"
+#: The tree scenarios' roles (``tree`` scenarios): a parent that starts a child and awaits it, and
+#: the child, whose second call is held (``wire_slow``), decided from the root
+#: (``loopwright approve ROOT --call ID``). The child is ``agentDefinitions: {child: ...}``.
+TREE: dict[str, list[Any]] = {
+    "parent": [
+        [("run_agent_async", {"agentSwarmUri": "child", "prompt": CHILD_PROMPT})],
+        [("await_agent", {"ids": [CHILD_ID]})],
+        "done: parent",
+    ],
+    "child": [
+        [("charge", {"amount": 4})],
+        [("wire_slow", {"to": "c"})],
+        "done: child",
+    ],
+}
+SCRIPTS.update(TREE)
+
 #: The ``contextStrategy`` of the scripts that have one. ``compact`` summarises with the model
 #: ``crash:summary`` (see :meth:`ScriptProvider.complete`) whenever the last call's input tokens
 #: (100 + the number of messages) pass 106, keeping the last 2 messages.
@@ -145,7 +169,7 @@ SUMMARY_MODEL = "summary"
 _REPLIES = re.compile(r"\bc(\d+)_\d+\b|replies so far: (\d+)")
 
 #: The built-in tools scripts call (not in the ledger).
-BUILTINS: frozenset[str] = frozenset({"task_complete", "ask_user"})
+BUILTINS: frozenset[str] = frozenset({"task_complete", "ask_user", "run_agent_async", "await_agent"})
 
 #: What the harness answers an ``ask_user`` with (``loopwright message ID TEXT``).
 ANSWER = "yes, go on"
@@ -154,7 +178,7 @@ ANSWER = "yes, go on"
 UNIT_COST = 0.25
 
 #: How the harness decides the held calls of each script (``approve`` or ``deny``).
-DECISIONS: dict[str, str] = {"approve": "approve", "deny": "deny"}
+DECISIONS: dict[str, str] = {"approve": "approve", "deny": "deny", "child": "approve"}
 
 #: The tools that hold every call for approval (``requires_approval``).
 HELD: frozenset[str] = frozenset({"wire_slow", "probe_slow"})
@@ -176,6 +200,8 @@ TOOL_FLAGS: dict[str, tuple[bool, bool]] = {
     "ask_user": (True, True),
     "probe_slow": (True, True),
     "task_complete": (True, True),
+    "run_agent_async": (False, False),
+    "await_agent": (True, True),
 }
 
 LEDGER = "ledger.jsonl"
@@ -275,7 +301,8 @@ class ScriptProvider(Provider):
         if isinstance(reply, str):
             text = reply
         else:
-            calls = tuple(loopwright.ToolCall(id=f"c{index}_{k}", name=name, arguments=args)
+            child = _started_child(request.messages)
+            calls = tuple(loopwright.ToolCall(id=f"c{index}_{k}", name=name, arguments=_with_child(args, child))
                           for k, (name, args) in enumerate(reply))
         # Usage grows with the transcript, so lost or doubled turns show in the totals.
         return loopwright.ModelResponse(
@@ -283,6 +310,22 @@ class ScriptProvider(Provider):
             usage=loopwright.Usage(input_tokens=100 + size, output_tokens=10 + index,
                                    total_tokens=110 + size + index, requests=1),
             finish_reason="tool_calls" if calls else "stop")
+
+
+def _started_child(messages: Any) -> str | None:
+    """Return the instance id the transcript's ``run_agent_async`` result names, if any."""
+    for m in messages:
+        if m.role == "tool" and m.name == "run_agent_async" and m.status == "success":
+            with contextlib.suppress(ValueError, TypeError, KeyError):
+                return str(json.loads(m.content or "")["instanceId"])
+    return None
+
+
+def _with_child(args: dict[str, Any], child: str | None) -> dict[str, Any]:
+    """Put ``child`` in for :data:`CHILD_ID` in a call's arguments (the tree's ``await_agent``)."""
+    if child is None or CHILD_ID not in json.dumps(args):
+        return args
+    return json.loads(json.dumps(args).replace(json.dumps(CHILD_ID), json.dumps(child)))
 
 
 def _replies_so_far(messages: Any) -> int:
@@ -581,8 +624,107 @@ def _install_store_points() -> None:
     file_store.FileStore._create = _create  # type: ignore[method-assign]
 
 
+# ---------------------------------------------------------------------------------------------
+# Write points around the SQL stores' calls
+# ---------------------------------------------------------------------------------------------
+
+#: The Store methods wrapped on the SQL stores (``sqlite``, and ``postgres`` when it is loaded).
+_SQL_METHODS = ("create", "create_leased", "write_header", "append_entries", "append_records")
+#: Whether a ``create``/``create_leased`` of this process is in progress (its header is counted once).
+_sql_creating: contextvars.ContextVar[bool] = contextvars.ContextVar("crash_sql_creating", default=False)
+
+
+def _sql_point(found: tuple[str, str] | None, phase: str) -> None:
+    if found is not None and found[0] == phase:
+        die(found[1])
+
+
+def _wrap_sql_store(cls: Any) -> None:
+    """Wrap a SQL store's write calls with the write points: ``before`` the call, ``after`` it returned.
+
+    A statement commits whole or not at all, so there is no ``torn`` or ``rename`` phase: the
+    SQL stores' write points are ``before`` (nothing written) and ``after`` (committed, the caller
+    not yet told). Counting is the file store's: ``header`` counts ``create``/``create_leased``
+    and ``write_header``; ``entry:KIND`` counts each ``append_entries`` holding KIND; ``record``
+    counts ``append_records``. The double resume's gate waits after the first header saying
+    ``running`` (the lease is held: the store's keeper thread keeps it alive meanwhile).
+    """
+    original = {name: getattr(cls, name) for name in _SQL_METHODS}
+
+    async def create(self: Any, instance_id: str, header: Any, *rest: Any) -> Any:
+        if _sql_creating.get():
+            return await original["create"](self, instance_id, header, *rest)
+        (n,) = _count(("header", ""))
+        found = _armed_write("header", n)
+        _sql_point(found, "before")
+        token = _sql_creating.set(True)
+        try:
+            out = await original["create"](self, instance_id, header, *rest)
+        finally:
+            _sql_creating.reset(token)
+        _sql_point(found, "after")
+        return out
+
+    async def create_leased(self: Any, instance_id: str, header: Any, owner: str) -> Any:
+        (n,) = _count(("header", ""))
+        found = _armed_write("header", n)
+        _sql_point(found, "before")
+        token = _sql_creating.set(True)
+        try:
+            out = await original["create_leased"](self, instance_id, header, owner)
+        finally:
+            _sql_creating.reset(token)
+        _sql_point(found, "after")
+        return out
+
+    async def write_header(self: Any, instance_id: str, header: Any) -> None:
+        if _sql_creating.get():
+            await original["write_header"](self, instance_id, header)
+            return
+        (n,) = _count(("header", ""))
+        found = _armed_write("header", n)
+        _sql_point(found, "before")
+        await original["write_header"](self, instance_id, header)
+        _sql_point(found, "after")
+        if _GATE and n == 1 and header.get("state") == "running":
+            _wait_at_gate()
+
+    async def append_entries(self: Any, instance_id: str, entries: Any) -> None:
+        kinds = _entry_kinds(entries)
+        counts = _count(*(("entry", k) for k in kinds))
+        found = next((f for k, n in zip(kinds, counts, strict=True)
+                      if (f := _armed_write("entry", n, k)) is not None), None)
+        _sql_point(found, "before")
+        await original["append_entries"](self, instance_id, entries)
+        _sql_point(found, "after")
+
+    async def append_records(self: Any, instance_id: str, records: Any) -> None:
+        (n,) = _count(("record", ""))
+        found = _armed_write("record", n)
+        _sql_point(found, "before")
+        await original["append_records"](self, instance_id, records)
+        _sql_point(found, "after")
+
+    for name, fn in (("create", create), ("create_leased", create_leased), ("write_header", write_header),
+                     ("append_entries", append_entries), ("append_records", append_records)):
+        fn.__doc__ = f"``{cls.__name__}.{name}`` with the kill matrix's write points around it."
+        setattr(cls, name, fn)
+
+
+def _install_sql_points() -> None:
+    """Wrap the sqlite store, and the postgres store if its plugin is loaded (listed before this file)."""
+    from loopwright.builtins import sqlite_store  # noqa: PLC0415 - only with a write point armed
+
+    _wrap_sql_store(sqlite_store.SqliteStore)
+    if "loopwright_postgres" in sys.modules:
+        from loopwright_postgres import _store as postgres_store  # noqa: PLC0415
+
+        _wrap_sql_store(postgres_store.PostgresStore)
+
+
 if _GATE or any(p[0] in ("entry", "header", "record") for p in _POINTS):
     _install_store_points()
+    _install_sql_points()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import importlib.util
 import itertools
 import json
@@ -80,6 +81,8 @@ def _load_plugin() -> Any:
 plugin = _load_plugin()
 SCRIPTS: dict[str, list[Any]] = plugin.SCRIPTS
 TOOL_FLAGS: dict[str, tuple[bool, bool]] = plugin.TOOL_FLAGS
+#: The scripts a plain scenario plays (the tree scenarios play the roles of :data:`crash_plugin.TREE`).
+MATRIX_SCRIPTS: list[str] = sorted(set(SCRIPTS) - set(getattr(plugin, "TREE", {})))
 
 #: Known open core bugs, by tag: a violation :func:`check` tags with one is counted in the
 #: summary instead of failing the matrix. Each tag names exactly one open bug, is set only by the
@@ -137,7 +140,8 @@ class Scenario:
     index: int
     script: str
     stages: tuple[Stage, ...]
-    #: The store (:data:`STORES`): ``file``, ``fsync`` (the file store with ``fsync: true``) or ``sqlite``.
+    #: The store (:data:`STORES`): ``file``, ``fsync`` (the file store with ``fsync: true``), ``sqlite``
+    #: or ``postgres`` (a schema of its own in the matrix's database, see :data:`postgres`).
     store: str = "file"
 
     @property
@@ -149,20 +153,114 @@ class Scenario:
         return f"{self.name} [{' > '.join(str(s) for s in self.stages)}]"
 
 
-#: The stores a scenario can run on, and their assembly entries. The write kill points
-#: (``entry:``, ``header:``, ``record:``) wrap the file store's functions, so ``sqlite`` scenarios
-#: get model, tool and random kills only.
+#: The stores a scenario can run on, and their assembly entries (``postgres`` gets its ``dsn``
+#: and a ``schema`` of its own when the scenario is prepared). The write kill points (``entry:``,
+#: ``header:``, ``record:``) wrap the file store's own steps (every phase), and the SQL stores'
+#: calls (``before`` and ``after`` only: a statement commits whole or not at all).
 STORES: dict[str, dict[str, Any]] = {
     "file": {"kind": "file", "path": "./store"},
     "fsync": {"kind": "file", "path": "./store", "fsync": True},
     "sqlite": {"kind": "sqlite", "path": "./store.db"},
+    "postgres": {"kind": "postgres"},
 }
 SQLITE_FILE = "store.db"
+#: The stores whose write points have only the phases ``before`` and ``after``.
+SQL_STORES = frozenset({"sqlite", "postgres"})
 
 
-def write_points_work(store: str) -> bool:
-    """Whether the write kill points (which wrap the file store's functions) work on ``store``."""
-    return STORES[store]["kind"] == "file"
+def write_phases(store: str) -> tuple[str, ...]:
+    """Return the phases the write kill points have on ``store``."""
+    return ("before", "after") if store in SQL_STORES else ("before", "torn", "torn-last", "after", "rename")
+
+
+def point_works(point: str, store: str) -> bool:
+    """Whether kill point ``point`` can fire on ``store`` (model and tool points fire on every store)."""
+    parts = point.split(":")
+    return parts[0] in ("model", "tool") or parts[-1] in write_phases(store)
+
+
+@attrs.define
+class Postgres:
+    """The PostgreSQL server of the ``postgres`` scenarios: ``dsn`` names the matrix's database.
+
+    :func:`postgres_database` creates a fresh database for a matrix run (from the test server's
+    ``LOOPWRIGHT_TEST_POSTGRES_DSN``) and sets ``dsn``; each scenario uses a schema of its own in it.
+    """
+
+    dsn: str | None = None
+    #: Keep the database after the run (set by :func:`run_matrix` when a scenario failed, or asked).
+    keep: bool = False
+    _local: threading.local = attrs.Factory(threading.local)
+
+    def query(self, schema: str, statement: str, *args: Any) -> list[tuple[Any, ...]]:
+        """Run ``statement`` (``{s}`` is the schema) on this thread's connection; [] while the schema is not made."""
+        import psycopg  # noqa: PLC0415 - only postgres scenarios read it
+        from psycopg import sql  # noqa: PLC0415
+
+        conn = getattr(self._local, "conn", None)
+        if conn is None or conn.closed or getattr(self._local, "dsn", None) != self.dsn:
+            conn = self._local.conn = psycopg.connect(self.dsn, autocommit=True)
+            self._local.dsn = self.dsn
+        try:
+            return conn.execute(sql.SQL(statement).format(s=sql.Identifier(schema)), args).fetchall()
+        except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
+            return []
+
+
+#: The server of the postgres scenarios (its ``dsn`` is None outside :func:`postgres_database`).
+postgres = Postgres()
+POSTGRES_DSN_VAR = "LOOPWRIGHT_TEST_POSTGRES_DSN"
+
+
+def postgres_available() -> bool:
+    """Whether a PostgreSQL server for the ``postgres`` scenarios is set (``LOOPWRIGHT_TEST_POSTGRES_DSN``)."""
+    return bool(os.environ.get(POSTGRES_DSN_VAR))
+
+
+def _server_statement(statement: str, name: str) -> None:
+    import psycopg  # noqa: PLC0415
+    from psycopg import sql  # noqa: PLC0415
+
+    with psycopg.connect(os.environ[POSTGRES_DSN_VAR], autocommit=True) as conn:
+        conn.execute(sql.SQL(statement).format(sql.Identifier(name)))
+
+
+@contextlib.contextmanager
+def postgres_database() -> Iterator[Postgres]:
+    """Create a fresh database on the test server for a matrix run; point :data:`postgres` at it.
+
+    The database is dropped afterwards unless ``postgres.keep`` was set meanwhile (a failed
+    scenario's schema is kept for inspection, or ``--keep``). Raise RuntimeError without a server.
+    """
+    if not postgres_available():
+        raise RuntimeError(f"the postgres scenarios need a PostgreSQL server: set {POSTGRES_DSN_VAR} "
+                           "(source scripts/postgres.sh; loopwright_start_postgres starts a throwaway one)")
+    import psycopg.conninfo  # noqa: PLC0415
+
+    name = f"lw_kill_{random.SystemRandom().randrange(1 << 32):08x}"
+    _server_statement("CREATE DATABASE {}", name)
+    postgres.dsn, postgres.keep = psycopg.conninfo.make_conninfo(os.environ[POSTGRES_DSN_VAR], dbname=name), False
+    try:
+        yield postgres
+    finally:
+        conn = getattr(postgres._local, "conn", None)  # this thread's; the workers' close with their threads
+        if conn is not None:
+            conn.close()
+        if not postgres.keep:
+            _server_statement("DROP DATABASE IF EXISTS {} WITH (FORCE)", name)
+        postgres.dsn = None
+
+
+def schema_of(folder: Path) -> str:
+    """The postgres schema of the scenario in ``folder``."""
+    return "km_" + re.sub(r"[^a-z0-9_]", "_", folder.name.lower())
+
+
+@functools.lru_cache(maxsize=4096)
+def store_of(folder: Path) -> str:
+    """Return the store of the scenario in ``folder`` (from its assembly)."""
+    kind = json.loads((folder / "loopwright.yaml").read_text())["store"]["kind"]
+    return {"file": "file", "sqlite": "sqlite", "postgres": "postgres"}[kind]
 
 
 #: Scenarios run at every size, one per interesting kill point (and a few chains of them):
@@ -252,6 +350,41 @@ CURATED: tuple[tuple[Any, ...], ...] = (
     ("approve", ("plain", "tool:wire_slow:1:after"), "sqlite"),
     ("deny", ("plain", "model:1"), "sqlite"),
     ("mixed", ("random", "random"), "sqlite"),
+    ("mixed", ("entry:result:2:after",), "sqlite"),                # the SQL stores' write points: after a commit
+    ("complete", ("header:1:before",), "sqlite"),              # before the row is inserted: never created
+    # The postgres store: every kind of kill point (its write points come before a statement, or
+    # after it committed), held calls, messages, cancels, and two resumes racing for the lease.
+    ("mixed", ("model:2",), "postgres"),
+    ("mixed", ("tool:charge:1:after",), "postgres"),
+    ("complete", ("tool:charge:1:before",), "postgres"),
+    ("burst", ("tool:upload_slow:2:after", "model:1"), "postgres"),
+    ("mixed", ("entry:answer:2:before",), "postgres"),         # answer received, not saved
+    ("mixed", ("entry:answer:3:after",), "postgres"),          # answer committed, no call started
+    ("mixed", ("entry:start:2:before",), "postgres"),
+    ("mixed", ("entry:start:3:after",), "postgres"),           # start marker committed, tool not run
+    ("burst", ("entry:result:2:before",), "postgres"),         # tool done, result not saved
+    ("mixed", ("entry:result:4:after",), "postgres"),
+    ("complete", ("entry:seg:1:before",), "postgres"),         # the row inserted, nothing in its log
+    ("mixed", ("entry:seg:1:after",), "postgres"),
+    ("complete", ("entry:prompt:1:before",), "postgres"),
+    ("mixed", ("entry:prompt:1:after",), "postgres"),
+    ("complete", ("header:1:before",), "postgres"),            # before the row is inserted: never created
+    ("mixed", ("header:1:after",), "postgres"),                # the row and its lease inserted, nothing else
+    ("mixed", ("header:2:before",), "postgres"),               # the resting header not saved
+    ("complete", ("header:2:after",), "postgres"),             # resting header saved, its records not
+    ("mixed", ("record:2:after",), "postgres"),
+    ("compacted", ("entry:reset:1:before",), "postgres"),      # summary made, the reset not saved
+    ("cleared", ("entry:reset:2:after",), "postgres"),
+    ("approve", ("plain", "header:1:after"), "postgres"),      # decision saved, the segment not yet going on
+    ("approve", ("plain", "tool:wire_slow:1:after", "double"), "postgres"),  # approved call in flight; a race
+    ("deny", ("plain", "entry:result:1:after"), "postgres"),
+    ("faults", ("plain", "tool:priced:1:after"), "postgres"),  # after the answer, a priced call in flight
+    ("mixed", ("mail", "random"), "postgres"),
+    ("mixed", ("deadmail:tool:charge:1:after",), "postgres"),
+    ("burst", ("deadcancel:tool:upload_slow:2:after",), "postgres"),
+    ("mixed", ("cancelkill",), "postgres"),
+    ("mixed", ("tool:charge:2:before", "double"), "postgres"),  # two resumes race for the lease
+    ("mixed", ("random", "random"), "postgres"),
     # Messages arriving mid-turn (then a random kill), read at a turn boundary, exactly once.
     ("mixed", ("mail", "random")),
     # A message to an instance whose runner died: the message's process takes it over (a resume).
@@ -324,14 +457,14 @@ def catalog(script: str, store: str = "file") -> list[str]:
     points += [f"header:1:{p}" for p in ("before", "torn", "after")]  # creation: in place or renamed in
     points += [f"header:2:{p}" for p in ("torn", "rename", "after")]
     points += [f"record:{n}:torn" for n in ((1, 2, 3) if held is None else (1,))]
-    if not write_points_work(store):
-        points = [p for p in points if p.split(":")[0] in ("model", "tool")]
-    return points
+    if store in SQL_STORES:
+        points += [f"header:2:before", *(f"record:{n}:after" for n in ((1, 2, 3) if held is None else (1,)))]
+    return [p for p in points if point_works(p, store)]
 
 
-def catalog_kinds() -> set[tuple[str, str]]:
-    """Return every kind of kill point of every script's catalog: ``(point kind[:log kind], phase)``."""
-    return {_kind(p) for script in SCRIPTS for p in catalog(script)}
+def catalog_kinds(store: str = "file") -> set[tuple[str, str]]:
+    """Return every kind of kill point of every script's catalog on ``store``: ``(point kind[:log kind], phase)``."""
+    return {_kind(p) for script in MATRIX_SCRIPTS for p in catalog(script, store)}
 
 
 def _kind(point: str) -> tuple[str, str]:
@@ -344,15 +477,18 @@ def _kind(point: str) -> tuple[str, str]:
 #: header saying ``running`` again.
 RESUME_POINTS = ("model:1", "model:2", "tool:*:1:after", "tool:*:1:before", "tool:*:2:after", "entry:start:1:after",
                  "entry:result:1:after", "entry:result:2:after", "entry:answer:1:after", "entry:answer:1:torn",
-                 "header:1:rename", "header:1:torn", "header:1:after", "header:2:after", "record:1:torn")
+                 "header:1:rename", "header:1:torn", "header:1:after", "header:2:after", "record:1:torn",
+                 "entry:result:1:before", "header:1:before", "record:1:after")
 
 
-def scenarios(kills: int, seed: int) -> Iterator[Scenario]:  # noqa: C901 - one branch per kind of stage
+def scenarios(kills: int, seed: int, stores: Iterable[str] | None = None) -> Iterator[Scenario]:  # noqa: C901
     """Yield the scenarios of a matrix of about ``kills`` kills: the curated ones, then random ones forever.
 
     Below the curated size, the curated scenarios come in a seeded order, so that the first ones
-    are a sample. Everything, the random delays included, is a function of ``seed``.
+    are a sample. Everything, the random delays included, is a function of ``seed``. With
+    ``stores``, only the curated scenarios on those stores, and random ones drawn on them.
     """
+    allowed = set(STORES if stores is None else stores)
     rng = random.Random(seed)  # noqa: S311 - a replayable plan, not cryptography
 
     def stage(raw: str, script: str, first: bool) -> Stage:
@@ -373,16 +509,17 @@ def scenarios(kills: int, seed: int) -> Iterator[Scenario]:  # noqa: C901 - one 
     def make(index: int, script: str, raws: Sequence[str], store: str = "file") -> Scenario:
         return Scenario(index, script, tuple(stage(r, script, i == 0) for i, r in enumerate(raws)), store)
 
-    curated = list(CURATED)
-    if curated_kills() > kills:
+    curated = curated_for(allowed)
+    if curated_kills(allowed) > kills:
         rng.shuffle(curated)
     for index, (script, raws, *store) in enumerate(curated):
         yield make(index, script, raws, *store)
-    scripts = sorted(SCRIPTS)
+    scripts = sorted(MATRIX_SCRIPTS)
+    weighted = [st for st in ("file", "file", "file", "fsync", "sqlite", "postgres", "postgres") if st in allowed]
     for index in itertools.count(len(curated)):
         script = rng.choice(scripts)
-        store = rng.choice(("file", "file", "file", "fsync", "sqlite"))
-        later = [p for p in RESUME_POINTS if write_points_work(store) or p.split(":")[0] in ("model", "tool")]
+        store = rng.choice(weighted)
+        later = [p for p in RESUME_POINTS if point_works(p, store)]
         drawn = [rng.choice(catalog(script, store) if i == 0 else later) if rng.random() < 0.5
                  else rng.choice(("random", "random", "random", "mail", "cancel" if i else "cancelkill"))
                  for i in range(rng.choice((1, 2, 2, 3)))]
@@ -391,9 +528,15 @@ def scenarios(kills: int, seed: int) -> Iterator[Scenario]:  # noqa: C901 - one 
         yield make(index, script, drawn, store)
 
 
-def curated_kills() -> int:
-    """Return how many kills the curated scenarios plan."""
-    return sum(1 for _script, raws, *_store in CURATED for r in raws if r not in ("plain", "double"))
+def curated_for(stores: Iterable[str] | None = None) -> list[tuple[Any, ...]]:
+    """Return the curated scenarios on ``stores`` (default: every store)."""
+    allowed = set(STORES if stores is None else stores)
+    return [c for c in CURATED if (*c[2:], "file")[0] in allowed]
+
+
+def curated_kills(stores: Iterable[str] | None = None) -> int:
+    """Return how many kills the curated scenarios (on ``stores``) plan."""
+    return sum(1 for _script, raws, *_store in curated_for(stores) for r in raws if r not in ("plain", "double"))
 
 
 #: The kinds of stage that plan a SIGKILL.
@@ -405,10 +548,10 @@ def planned_kills(scenario: Scenario) -> int:
     return sum(1 for s in scenario.stages if s.kind in KILLING_STAGES)
 
 
-def plan(kills: int, seed: int) -> list[Scenario]:
+def plan(kills: int, seed: int, stores: Iterable[str] | None = None) -> list[Scenario]:
     """Return the first scenarios of :func:`scenarios` that plan at least ``kills`` kills."""
     out, total = [], 0
-    for scenario in scenarios(kills, seed):
+    for scenario in scenarios(kills, seed, stores):
         if total >= kills:
             break
         out.append(scenario)
@@ -508,7 +651,15 @@ def environment(point: str | None = None) -> dict[str, str]:
 def prepare(folder: Path, scenario: Scenario) -> None:
     """Write the scenario's assembly and definition (JSON is YAML) into ``folder``."""
     folder.mkdir(parents=True)
-    assembly = {"store": STORES[scenario.store], "plugins": [str(PLUGIN_FILE)],
+    store = dict(STORES[scenario.store])
+    plugins = [str(PLUGIN_FILE)]
+    if scenario.store == "postgres":
+        if postgres.dsn is None:
+            raise RuntimeError(f"{scenario.name} needs a PostgreSQL server: run it inside postgres_database() "
+                               f"with {POSTGRES_DSN_VAR} set (scripts/postgres.sh starts a throwaway one)")
+        store.update(dsn=postgres.dsn, schema=schema_of(folder))
+        plugins.insert(0, "loopwright_postgres")  # before the plugin file: its write points wrap the store
+    assembly = {"store": store, "plugins": plugins,
                 "providers": {"crash": {"kind": "crash", "latency": LATENCY}},
                 "pricing": {f"crash:{name}": PRICE for name in (*SCRIPTS, plugin.SUMMARY_MODEL)}}
     (folder / "loopwright.yaml").write_text(json.dumps(assembly, indent=2))
@@ -535,10 +686,26 @@ def _sqlite(folder: Path, query: str, *args: Any) -> list[tuple[Any, ...]]:
             return []
 
 
+def _sql(folder: Path, query: str, *args: Any) -> list[tuple[Any, ...]] | None:
+    """Run a read-only query on the scenario's SQL store; None if its store is the file store.
+
+    ``query`` is written for sqlite (``?`` parameters, the log column ``json``); for postgres it
+    runs in the scenario's schema, with ``%s`` parameters and the log column ``data``.
+    """
+    store = store_of(folder)
+    if store == "sqlite":
+        return _sqlite(folder, query, *args)
+    if store != "postgres":
+        return None
+    query = re.sub(r"\b(instances|entries|records|posts)\b", r"{s}.\1", query).replace("?", "%s")
+    return postgres.query(schema_of(folder), query.replace("SELECT json", "SELECT data::text"), *args)
+
+
 def instance_ids(folder: Path) -> list[str]:
     """Return the instances in the scenario's store (for the file store, its folders, half created too)."""
-    if (folder / SQLITE_FILE).exists():
-        return sorted(row[0] for row in _sqlite(folder, "SELECT id FROM instances"))
+    rows = _sql(folder, "SELECT id FROM instances")
+    if rows is not None:
+        return sorted(row[0] for row in rows)
     store = folder / "store"
     return sorted(p.name for p in store.iterdir() if p.is_dir()) if store.is_dir() else []
 
@@ -546,8 +713,9 @@ def instance_ids(folder: Path) -> list[str]:
 def read_header(folder: Path, iid: str) -> dict[str, Any] | None:
     """Return the instance's header, or None if it is missing or cannot be parsed."""
     try:
-        if (folder / SQLITE_FILE).exists():
-            rows = _sqlite(folder, "SELECT header FROM instances WHERE id = ?", iid)
+        rows = _sql(folder, "SELECT header::text FROM instances WHERE id = ?"
+                    if store_of(folder) == "postgres" else "SELECT header FROM instances WHERE id = ?", iid)
+        if rows is not None:
             header = json.loads(rows[0][0]) if rows else None
         else:
             header = json.loads((folder / "store" / iid / "instance.json").read_bytes())
@@ -558,9 +726,9 @@ def read_header(folder: Path, iid: str) -> dict[str, Any] | None:
 
 def read_instance_log(folder: Path, iid: str, name: str) -> tuple[list[dict[str, Any]], bytes]:
     """Return an instance's log (``entries.jsonl`` or ``records.jsonl``) as :func:`read_log` does."""
-    if (folder / SQLITE_FILE).exists():
-        table = {"entries.jsonl": "entries", "records.jsonl": "records"}[name]
-        rows = _sqlite(folder, f"SELECT json FROM {table} WHERE instance_id = ? ORDER BY seq", iid)  # noqa: S608
+    table = {"entries.jsonl": "entries", "records.jsonl": "records"}[name]
+    rows = _sql(folder, f"SELECT json FROM {table} WHERE instance_id = ? ORDER BY seq", iid)  # noqa: S608
+    if rows is not None:
         out = []
         for (text,) in rows:
             obj = json.loads(text)
@@ -597,9 +765,9 @@ def start(folder: Path, args: Sequence[str], stage: Stage) -> subprocess.Popen[s
 
 def _cancel_posted(folder: Path, iid: str) -> bool:
     """Whether a cancel request is in the instance's mailbox."""
-    if (folder / SQLITE_FILE).exists():
-        return any('"cancel"' in text for (text,) in _sqlite(
-            folder, "SELECT json FROM posts WHERE instance_id = ?", iid))
+    rows = _sql(folder, "SELECT json FROM posts WHERE instance_id = ?", iid)
+    if rows is not None:
+        return any('"cancel"' in text for (text,) in rows)
     posts = folder / "store" / iid / "posts.jsonl"
     return posts.exists() and b'"cancel"' in posts.read_bytes()
 
@@ -695,13 +863,15 @@ def point_category(point: str, command: str = "run") -> str:  # noqa: PLR0911 - 
     if kind == "tool":
         return f"during a tool call: {phase} its effect"
     if kind == "record":
+        if phase in ("before", "after"):  # the SQL stores' record points
+            return f"while a record is written: {phase} the records are saved"
         return "in a torn log write: record log"
     if kind == "header":
         if command == "run" and parts[1] == "1":
             return f"while the instance starts: creating it, first header write ({phase})"
         return "while the header is written: " + {
             "before": "nothing written yet", "torn": "temp file half written",
-            "rename": "temp file complete, before the rename", "after": "renamed, its records not yet written"}[phase]
+            "rename": "temp file complete, before the rename", "after": "saved, its records not yet written"}[phase]
     what = parts[1]
     if phase.startswith("torn"):
         return f"in a torn log write: entry log ({what}{', all lines but the last' if phase == 'torn-last' else ''})"
@@ -758,6 +928,11 @@ def run_scenario(root: Path, scenario: Scenario) -> Outcome:  # noqa: C901 - one
     if first.kind in ("point", "deadmail", "deadcancel") and not proc.killed:
         outcome.violations.append(Violation("harness", f"kill point {first.point} was not reached"))
     ids = instance_ids(folder)
+    if not ids and proc.killed and scenario.store in SQL_STORES:
+        # Killed before the instance's row was inserted: a SQL store has no half-created instance.
+        outcome.violations += check_never_created(folder, outcome)
+        outcome.seconds = time.monotonic() - t0
+        return outcome
     if len(ids) != 1:
         outcome.violations.append(Violation("store", f"expected one instance folder, found {ids}"))
         return outcome
@@ -982,18 +1157,20 @@ def check_never_created(folder: Path, outcome: Outcome) -> list[Violation]:
     ``show`` says there is no such instance (exit 2) and ``ls`` lists nothing, without a warning.
     """
     out = []
-    iid = outcome.instance_id or ""
-    if read_ledger(folder, iid):
+    iid = outcome.instance_id
+    if read_ledger(folder, iid) if iid else read_log(folder / plugin.LEDGER)[0]:
         out.append(Violation("ledger", "tools ran for an instance that was never created"))
-    show = _cli(folder, "show", iid)
-    if show.code != 2:
-        out.append(Violation("show", f"show of a half-created instance exited {show.code}: {show.err.strip()}"))
+    if iid:  # a SQL store has no id to show: its row was never inserted
+        show = _cli(folder, "show", iid)
+        outcome.procs.append(show)
+        if show.code != 2:
+            out.append(Violation("show", f"show of a half-created instance exited {show.code}: {show.err.strip()}"))
     ls = _cli(folder, "ls")
     if ls.code != 0 or json.loads(ls.out or "null") != []:
         out.append(Violation("ls", f"ls with a half-created instance: exit {ls.code}, {ls.out.strip()[:200]}"))
     elif ls.err.strip():
         out.append(Violation("ls", f"ls warns about a half-created instance: {ls.err.strip()[:200]}"))
-    outcome.procs += [show, ls]
+    outcome.procs.append(ls)
     outcome.notes.append("killed while creating the instance: it was never created")
     return out
 
@@ -1394,6 +1571,10 @@ class Report:
     seed: int
     outcomes: list[Outcome]
     seconds: float
+    #: Stores left out of the run, and why.
+    left_out: list[str] = attrs.Factory(list)
+    #: The DSN of the postgres scenarios' database when it was kept (a failure, or asked).
+    kept_database: str | None = None
 
     @property
     def kills(self) -> list[str]:
@@ -1435,6 +1616,16 @@ class Report:
         doubles = sum(1 for o in self.outcomes for st in o.scenario.stages if st.kind == "double")
         lines.append(f"  leases: {retries} resume(s) retried while a dying holder had the lease; "
                      f"{doubles} race(s) of two resumes, one refused")
+        by_store: collections.Counter[str] = collections.Counter()
+        scenarios_by_store: collections.Counter[str] = collections.Counter()
+        for o in self.outcomes:
+            by_store[o.scenario.store] += len(o.kills)
+            scenarios_by_store[o.scenario.store] += 1
+        lines.append("  stores: " + ", ".join(f"{st} {by_store[st]} kills in {scenarios_by_store[st]} scenarios"
+                                             for st in STORES if scenarios_by_store[st]))
+        lines += [f"  left out: {why}" for why in self.left_out]
+        if self.kept_database:
+            lines.append(f"  the postgres scenarios' database is kept: {self.kept_database}")
         for bug, count in sorted(self.known().items()):
             lines.append(f"  known bug {bug!r} hit in {count} scenario(s): {KNOWN_BUGS[bug]}")
         if failed:
@@ -1444,7 +1635,8 @@ class Report:
 
 #: The kill-point groups of the summary, in order.
 GROUPS = ("while the instance starts", "during a model call", "during a tool call", "between tool results",
-          "while the header is written", "while the transcript is reset", "in a torn log write",
+          "while the header is written", "while a record is written", "while the transcript is reset",
+          "in a torn log write",
           "after the instance rested")
 
 
@@ -1454,14 +1646,35 @@ def group(kill: str) -> str:
 
 
 def run_matrix(kills: int, seed: int, root: Path, *, jobs: int | None = None, keep: bool = False,
-               progress: Callable[[Outcome], None] | None = None) -> Report:
+               progress: Callable[[Outcome], None] | None = None, stores: Iterable[str] | None = None) -> Report:
     """Play scenarios of :func:`scenarios` under ``root``, ``jobs`` at a time, until ``kills`` kills landed.
 
     A random kill may miss (the process finished first) and a point in a resume may not be
     reached, so scenarios are started while the kills that landed, plus most of those planned by
     the scenarios in flight, fall short of ``kills``. Scenario folders are removed unless they
     broke an invariant no known bug explains, or ``keep`` is set.
+
+    ``stores`` limits the matrix to those stores (default: every store; ``postgres`` only when
+    :func:`postgres_available`, and the report says it was left out). The postgres scenarios run
+    in a fresh database (:func:`postgres_database`), kept if a scenario failed or with ``keep``.
     """
+    chosen = list(STORES if stores is None else stores)
+    left_out = []
+    if stores is None and not postgres_available():
+        chosen.remove("postgres")
+        left_out.append(f"postgres (no server: {POSTGRES_DSN_VAR} is not set)")
+    with contextlib.ExitStack() as stack:
+        database = stack.enter_context(postgres_database()) if "postgres" in chosen and postgres.dsn is None else None
+        report = _run_matrix(kills, seed, root, jobs=jobs, keep=keep, progress=progress, stores=chosen)
+        report.left_out = left_out
+        if database is not None and (keep or report.failures):
+            database.keep = True
+            report.kept_database = database.dsn
+    return report
+
+
+def _run_matrix(kills: int, seed: int, root: Path, *, jobs: int | None, keep: bool,
+                progress: Callable[[Outcome], None] | None, stores: list[str]) -> Report:
     t0 = time.monotonic()
     jobs = jobs or min(4, (os.cpu_count() or 2) + 1)
     root.mkdir(parents=True, exist_ok=True)
@@ -1478,7 +1691,7 @@ def run_matrix(kills: int, seed: int, root: Path, *, jobs: int | None = None, ke
             progress(outcome)
         return outcome
 
-    stream = itertools.islice(scenarios(kills, seed), 2 * kills + len(CURATED))  # if kills keep missing
+    stream = itertools.islice(scenarios(kills, seed, stores), 2 * kills + len(CURATED))  # if kills keep missing
     landed = 0
     flying: dict[Future[Outcome], int] = {}
     with ThreadPoolExecutor(jobs) as pool:

@@ -5,6 +5,12 @@ Usage::
     python tests/crash/run_matrix.py --runs 500              # about 500 SIGKILLs, a fresh seed
     python tests/crash/run_matrix.py --runs 60 --seed 1234   # replay a plan
     python tests/crash/run_matrix.py --runs 500 --jobs 4 --keep /tmp/matrix --verbose
+    python tests/crash/run_matrix.py --store postgres --runs 500   # the postgres store only
+
+The postgres scenarios need a server: ``source scripts/postgres.sh; loopwright_start_postgres``
+sets ``LOOPWRIGHT_TEST_POSTGRES_DSN`` (without it, the default run leaves postgres out and says so;
+``--store postgres`` refuses). They run in a fresh database, dropped afterwards unless a scenario
+failed or ``--keep`` is given.
 
 Prints one line per scenario with ``--verbose``, then the summary (kills survived, by kill
 point). Exits 1 if a scenario broke an invariant that no known bug explains (with ``--strict``,
@@ -40,12 +46,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", type=Path, default=None, metavar="DIR",
                         help="play the scenarios in DIR and keep every folder (default: a temp folder, "
                              "keeping only the folders of failed scenarios)")
+    parser.add_argument("--store", action="append", choices=sorted(kill_matrix.STORES), default=None,
+                        help="run only the scenarios on this store (repeat for several; default: every store)")
     parser.add_argument("--strict", action="store_true", help="fail on known bugs too")
     parser.add_argument("--verbose", "-v", action="store_true", help="a line per scenario")
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 32)
     root = args.keep or Path(tempfile.mkdtemp(prefix="loopwright-kill-matrix-"))
-    say(f"kill matrix: about {args.runs} kills, seed {seed}, in {root}")
+    stores = f" on {', '.join(args.store)}" if args.store else ""
+    say(f"kill matrix: about {args.runs} kills{stores}, seed {seed}, in {root}")
     lock = threading.Lock()
 
     def progress(outcome: kill_matrix.Outcome) -> None:
@@ -55,8 +64,12 @@ def main(argv: list[str] | None = None) -> int:
         with lock:
             say(f"{flags:>3} {outcome.seconds:5.1f}s {outcome.scenario}: {', '.join(outcome.kills) or 'no kill'}")
 
-    report = kill_matrix.run_matrix(args.runs, seed, root, jobs=args.jobs, keep=args.keep is not None,
-                                    progress=progress)
+    try:
+        report = kill_matrix.run_matrix(args.runs, seed, root, jobs=args.jobs, keep=args.keep is not None,
+                                        progress=progress, stores=args.store)
+    except RuntimeError as exc:  # --store postgres without a server
+        say(f"kill matrix: {exc}")
+        return 2
     if args.keep is None and not any(root.iterdir()):
         root.rmdir()
     bad = [o for o in report.outcomes if o.violations and (args.strict or o in report.failures)]
