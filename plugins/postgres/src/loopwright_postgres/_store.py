@@ -4,8 +4,8 @@ See the package docstring and ``docs/stores/postgres.md`` for the options and th
 
 Why threads, not psycopg's async API: psycopg's ``AsyncConnection`` runs only under asyncio,
 and loopwright runs under asyncio and trio (anyio). Every call here runs psycopg's blocking API
-in a worker thread (``anyio.to_thread.run_sync``) on a connection from a
-:class:`psycopg_pool.ConnectionPool`, so the store works the same under both. A thread hop costs
+in a worker thread (``anyio.to_thread.run_sync``) on a connection from the store's own small
+pool (:class:`~loopwright_postgres._connections.Pool`), so the store works the same under both. A thread hop costs
 tens of microseconds, well under a round trip to a database server. The wait for a worker thread
 is not cancellable: a write that started finishes (or fails) before the caller sees a
 cancellation, so it is never left half-known.
