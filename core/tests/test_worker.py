@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -242,6 +243,19 @@ def test_mail_read_by_a_stopped_worker_is_given_by_the_one_that_resumes(project:
     assert (picked["instanceId"], picked["reason"]) == (iid, "resume")
     assert finished["text"] == "after nap: napped"
     assert header(project, iid)["inbox"] == []
+
+
+def test_the_runtime_gives_each_post_an_id_of_its_own(project: Path) -> None:
+    """Messages and cancel requests the runtime posts carry ids (what makes a retried post land once)."""
+    iid = run_json(project, "chat.yaml", "-p", "hi")["instanceId"]
+    for text in ("one", "two"):
+        done = lw(project, "message", "--detach", iid, text)
+        assert done.returncode == 0, done.stderr
+    posts, _cursor = store_call(project, lambda store: store.read_posts(iid, 0))
+    assert [p["text"] for p in posts] == ["one", "two"]
+    ids = [p["id"] for p in posts]
+    assert len(set(ids)) == 2
+    assert all(re.fullmatch(r"[0-9a-f]{32}", i) for i in ids), ids
 
 
 # -- scheduling (issue 15 item 5) -------------------------------------------------------------

@@ -204,6 +204,24 @@ def _line_start(fd: int, end: int) -> int:
     return 0
 
 
+def _has_post(fd: int, post_id: str) -> bool:
+    """Whether the mailbox open at ``fd`` holds a complete line of an item whose ``id`` is ``post_id``."""
+    size = os.fstat(fd).st_size
+    data = os.pread(fd, size, 0) if size else b""
+    needle = _encode_line(post_id).encode()  # as post() writes it
+    if needle not in data:  # the usual case: one scan, no parsing
+        return False
+    for line in data[:data.rfind(b"\n") + 1].splitlines():
+        if needle in line:
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(obj, dict) and obj.get("id") == post_id:
+                return True
+    return False
+
+
 def _is_object_line(line: bytes) -> bool:
     try:
         return type(json.loads(line)) is dict
@@ -586,19 +604,28 @@ class FileStore(Store):
         """Append ``item`` to the instance's mailbox, ``posts.jsonl`` (any process, any time).
 
         Each post is one ``O_APPEND`` write of one line, so posts from several processes never
-        interleave. Raise :class:`~loopwright.errors.InstanceNotFoundError` for an unknown instance.
+        interleave. An item with an ``id`` is idempotent (see :meth:`loopwright.abc.Store.post`):
+        under an exclusive ``flock`` of the mailbox, which posters with an id take in turns, the
+        mailbox is searched for the id first (a read of the whole mailbox, which stays small).
+        Raise :class:`~loopwright.errors.InstanceNotFoundError` for an unknown instance.
         """
         folder = self.root / _check_id(instance_id)
         try:
             line = (_encode_item(item) + "\n").encode()
         except (TypeError, ValueError) as exc:
             raise StoreError(f"cannot post: {exc}", instance_id=instance_id) from exc
+        post_id = item.get("id")
         if not (folder / HEADER_FILE).is_file():
             raise InstanceNotFoundError(instance_id)
         path = folder / POSTS_FILE
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _O_CLOEXEC, 0o600)
+            flags = os.O_APPEND | os.O_CREAT | _O_CLOEXEC | (os.O_RDWR if post_id else os.O_WRONLY)
+            fd = os.open(path, flags, 0o600)
             try:
+                if isinstance(post_id, str) and post_id:
+                    fcntl.flock(fd, fcntl.LOCK_EX)  # released by the close below
+                    if _has_post(fd, post_id):
+                        return
                 _write_all(fd, line)
                 if self.fsync:
                     os.fsync(fd)
