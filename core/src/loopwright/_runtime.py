@@ -75,7 +75,7 @@ from loopwright._types import (
     Usage,
     call_digest,
 )
-from loopwright.abc import ProviderSettings, StoreSettings
+from loopwright.abc import ProviderSettings, StoreSettings, new_post_id
 from loopwright.errors import (
     ConfigError,
     ConfigProblem,
@@ -1823,7 +1823,8 @@ class Runtime:
         """
         self.loop  # noqa: B018 - raises if the runtime is not open
         await self.store.read_header(instance_id)
-        await self.store.post(instance_id, {"type": "message", "text": text, "source": source, "at": now_iso()})
+        await self.store.post(instance_id, {"id": new_post_id(), "type": "message", "text": text, "source": source,
+                                            "at": now_iso()})
         await self.engine.submit(instance_id)
 
     async def submit_decision(
@@ -2280,7 +2281,8 @@ class Runtime:
         runner is resumed here (as by :meth:`resume`) and reads it then; any other resting
         instance starts a new segment here at once.
         """
-        await self.store.post(run.instance_id, {"type": "message", "text": text, "source": source, "at": now_iso()})
+        await self.store.post(run.instance_id, {"id": new_post_id(), "type": "message", "text": text, "source": source,
+                                                "at": now_iso()})
         if run.running or run.inst.state is State.WAITING_FOR_APPROVAL:
             return
         try:
@@ -2317,7 +2319,7 @@ class Runtime:
         try:
             lease = await self.store.acquire(run.instance_id, self.owner)
         except InstanceLockedError:
-            await self.store.post(run.instance_id, {"type": "cancel", "at": now_iso()})
+            await self.store.post(run.instance_id, {"id": new_post_id(), "type": "cancel", "at": now_iso()})
             await self.engine.submit(run.instance_id)  # its runner may be the engine's, far away
             with anyio.move_on_after(timeout):
                 # Another process owns the run: there is nothing local to wait on but its header,
