@@ -74,7 +74,9 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 import anyio
 
 from loopwright.abc import Store, StoreSettings
-from loopwright.builtins.file_store import Lease, _check_id, _encode_line
+from loopwright.builtins._file_io import check_id as _check_id
+from loopwright.builtins._file_io import encode_line as _encode_line
+from loopwright.builtins._file_lease import Lease
 from loopwright.errors import (
     ConfigError,
     ConfigProblem,
