@@ -7,11 +7,6 @@ process picks the instance up. Each ``step`` call is tagged ``<task prompt>:<k>`
 its tag to ``effects.log`` (in the working folder) when it runs: the log counts how often each
 call really ran. ``LW_STEP_SECONDS`` sets how long a step sleeps (default 0.3); with
 ``LW_STEP_BARRIER`` set to a file name, a step then also waits until that file exists.
-
-With ``LW_PAUSE_RUNNING`` set (seconds), a segment pauses right after the header says
-``running`` and before its first turn (an observer of the state change), having written
-``paused.<instance id>``: a window in which a stop leaves an instance whose mail was read from
-the mailbox into the header's queue but not yet given to the model.
 """
 
 from __future__ import annotations
@@ -66,15 +61,6 @@ async def step(tag: str) -> str:
     while barrier and not Path(barrier).exists():
         await anyio.sleep(0.1)
     return f"stepped {tag}"
-
-
-@loopwright.hookimpl
-async def loopwright_on_state_change(instance: Any, old: str | None, new: str, stop_reason: str | None) -> None:
-    del old, stop_reason
-    pause = os.environ.get("LW_PAUSE_RUNNING")
-    if pause and new == "running":
-        Path(f"paused.{instance.instance_id}").write_text("paused")
-        await anyio.sleep(float(pause))
 
 
 @loopwright.hookimpl
