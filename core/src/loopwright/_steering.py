@@ -17,6 +17,7 @@ from loopwright._instance import now_iso, unanswered_calls
 from loopwright._lease import held_lease, holding
 from loopwright._types import PendingApproval, State, StopReason, call_digest
 from loopwright._views import short_json
+from loopwright.abc import new_post_id
 from loopwright.errors import LoopwrightError
 
 if TYPE_CHECKING:
@@ -163,7 +164,8 @@ class Steering:
         runner is resumed here (as by :meth:`resume`) and reads it then; any other resting
         instance starts a new segment here at once.
         """
-        await self._rt.store.post(run.instance_id, {"type": "message", "text": text, "source": source, "at": now_iso()})
+        await self._rt.store.post(run.instance_id, {"id": new_post_id(), "type": "message", "text": text,
+                                                     "source": source, "at": now_iso()})
         if run.running or run.inst.state is State.WAITING_FOR_APPROVAL:
             return
         async with held_lease(self._rt.store, run.instance_id, self._rt.owner, if_free=True) as lease:
@@ -190,7 +192,7 @@ class Steering:
         async with held_lease(self._rt.store, run.instance_id, self._rt.owner, if_free=True) as held:
             stopped = held is not None and await self._stop(run)
         if held is None:
-            await self._rt.store.post(run.instance_id, {"type": "cancel", "at": now_iso()})
+            await self._rt.store.post(run.instance_id, {"id": new_post_id(), "type": "cancel", "at": now_iso()})
             await self._rt.engine.submit(run.instance_id)  # its runner may be the engine's, far away
             lease = await self._lease_once_free(run, timeout)
             if lease is None:

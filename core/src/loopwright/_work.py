@@ -17,6 +17,7 @@ import anyio
 from loopwright._instance import now_iso
 from loopwright._lease import held_lease
 from loopwright._types import PendingApproval, State
+from loopwright.abc import new_post_id
 
 if TYPE_CHECKING:
     import os
@@ -151,7 +152,8 @@ class Work:
         """
         self._rt.loop  # noqa: B018 - raises if the runtime is not open
         await self._rt.store.read_header(instance_id)
-        await self._rt.store.post(instance_id, {"type": "message", "text": text, "source": source, "at": now_iso()})
+        await self._rt.store.post(instance_id, {"id": new_post_id(), "type": "message", "text": text, "source": source,
+                                           "at": now_iso()})
         await self._rt.engine.submit(instance_id)
 
     async def submit_decision(

@@ -195,7 +195,9 @@ class Recovery:
 
         Called on resume, after :meth:`repair_interrupted`. If the transcript ends with an answer
         without tool calls, the segment rests as it would have (``waiting``, after the output
-        check and the completion gate) instead of asking the model again. If it ends with the
+        check and the completion gate) instead of asking the model again; unless the header's
+        queue holds mail to give, which means the dead segment began for that mail and never
+        reached its first turn: the loop goes on, and gives it. If it ends with the
         results of a turn's calls, the turn's end is applied: a successful ``task_complete`` (or
         other loop-ending tool) completes the instance, an unanswered ``ask_user`` waits. Otherwise
         the loop goes on with the next model call.
@@ -206,6 +208,11 @@ class Recovery:
             return
         last = messages[-1]
         limits = self.deps.limits_of(inst)
+        if last.role == "assistant" and not last.tool_calls and _mail_to_give(inst):
+            # The dead runner's segment began for mail it had read into the header's queue but not
+            # yet given to the model (its first turn boundary gives it): this answer is the segment
+            # before's, which rested. The turns go on, and the first one gives the mail.
+            return
         if last.role == "assistant" and not last.tool_calls:
             if inst.definition.output is not None and await self.checks.output_rejected(run, last):
                 return
@@ -255,3 +262,16 @@ def _settle_answered_question(inst: Instance) -> None:
     first = next((m for m in queue if m.get("source") in ("api", "user") and not m.get("behindTurn")), None)
     if first is not None and str(first.get("text", "")) == (answer.content or ""):
         queue.remove(first)
+
+
+def _mail_to_give(inst: Instance) -> bool:
+    """Whether the header's queue (``inbox``) holds messages the next turn boundary gives the model.
+
+    The mailbox's rule (:meth:`Mailbox.drain_inbox`): every queued message, unless a question waits
+    for its answer, when only a message from ``api`` or ``user`` (not the task prompt behind a held
+    turn) is.
+    """
+    queue = inst.header.get("inbox") or []
+    if inst.header.get("awaitingAnswer"):
+        return any(m.get("source") in ("api", "user") and not m.get("behindTurn") for m in queue)
+    return bool(queue)
