@@ -1,10 +1,10 @@
 """What the CLI imports, held structurally (issue 10, item 7): the modules each command leaves in ``sys.modules``.
 
 These tests time nothing (``bench/cli_latency.py`` does): they check that a command imports
-only what it needs, which is what keeps it fast. ``ls`` and ``show`` import no plugin, no HTTP
-stack and no live display; ``run`` imports the plugin whose provider it names and no other;
-``--help`` imports no runtime. Entry points load when a lookup names what they provide
-(:mod:`loopwright._plugins`), checked here with entry points of our own.
+only what it needs, which is what keeps it fast. ``ls``, ``show`` and ``records`` import no
+plugin, no HTTP stack and no live display; ``--help`` imports no runtime. Entry points load when
+a lookup names what they provide, or all of them once an instance runs (their hooks take part
+in every run; :mod:`loopwright._plugins`), checked here with entry points of our own.
 """
 
 from __future__ import annotations
@@ -36,9 +36,6 @@ runpy.run_module("loopwright.cli", run_name="__main__")
 NOT_FOR_READING = ("loopwright_", "aiohttp", "httpx", "starlette", "uvicorn", "importlib.metadata",
                    "loopwright.cli._progress", "loopwright.cli._worker")
 
-#: The first-party plugins a run on ``test:any`` must not import (it names the testing one only).
-OTHER_PLUGINS = ("loopwright_serve", "loopwright_mcp", "loopwright_os", "loopwright_temporal", "loopwright_otel",
-                 "loopwright_openai", "loopwright_anthropic", "loopwright_postgres", "starlette", "uvicorn")
 
 
 def imported(cwd: Path, *args: str) -> set[str]:
@@ -81,12 +78,12 @@ def test_show_and_records_import_no_plugin(project: tuple[Path, str]) -> None:
         assert matching(imported(cwd, command, instance), NOT_FOR_READING) == [], command
 
 
-def test_run_imports_the_plugin_it_names_and_no_other(project: tuple[Path, str]) -> None:
-    """``run`` on ``test:any`` imports the testing plugin (its ``test`` provider), not serve, mcp, os ..."""
+def test_a_run_imports_every_installed_plugin(project: tuple[Path, str]) -> None:
+    """A run's hooks are every installed plugin's: ``run`` imports each entry point's module, as listed."""
     cwd, _ = project
     modules = imported(cwd, "run", "bench.yaml", "-p", "again")
-    assert "loopwright_testing" in modules
-    assert matching(modules, OTHER_PLUGINS) == []
+    installed = {ep.value.split(":")[0] for ep in importlib.metadata.entry_points(group="loopwright")}
+    assert installed - modules == set()
 
 
 def test_plugins_lists_every_entry_point(project: tuple[Path, str]) -> None:
@@ -186,6 +183,27 @@ async def test_a_lookup_loads_entry_points_until_one_answers(tmp_path: Path, ent
         assert await rt.list_instances() == []
         with pytest.raises(PluginError, match="lw_ep_broken"):
             _ = "lw_tool" in rt.plugins.tools
+
+
+@pytest.mark.anyio
+async def test_the_first_hook_call_loads_every_entry_point(
+        tmp_path: Path, entry_points: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hooks of every installed plugin take part in a run: asking for a hook's implementations loads them all.
+
+    Closing a runtime asks for ``loopwright_on_runtime_close`` only of what was loaded.
+    """
+    (tmp_path / "lw_ep_hook.py").write_text("from loopwright import hookimpl\n\n"
+                                            "@hookimpl\ndef loopwright_before_inference(request):\n    return None\n")
+    monkeypatch.delitem(sys.modules, "lw_ep_hook", raising=False)
+    eps = {**_plugins._entry_points(),  # the fixture's entry points, and one with a hook only
+           "lwhook": importlib.metadata.EntryPoint(name="lwhook", value="lw_ep_hook", group="loopwright")}
+    monkeypatch.setattr(_plugins, "_entry_points", lambda: dict(eps))
+    async with runtime(tmp_path, disable_plugins=("lwbroken",)) as rt:
+        assert rt.plugins.impls("loopwright_on_runtime_close") == ()
+        assert "lw_ep_hook" not in sys.modules
+        (impl,) = rt.plugins.impls("loopwright_before_inference")
+        assert impl[0] == "lwhook"
+        assert {entry_points["lwstore"], entry_points["lwtool"], "lw_ep_hook"} <= set(sys.modules)
 
 
 @pytest.mark.anyio

@@ -18,11 +18,11 @@ Entry points are imported lazily, only when something names what they provide: a
 registry (``kind in host.stores``, ``host.providers.get(kind)`` ...) that the plugins loaded so
 far do not answer loads pending entry points, the one whose name is most like the name looked
 up first, until one registers it; listing (``Registry.names()``, ``items()``,
-:meth:`PluginHost.plugin_names`, ``registered_by``) loads them all. So ``loopwright ls`` on a
-file store imports no plugin, and ``run`` on ``openai:...`` imports the ``openai`` one. An
-entry point loaded late still takes its place in the order above (step 2) for hooks. An
-entry-point plugin that implements hooks and registers nothing anybody names is imported once
-something else makes it load; to have it run for every instance, name it in ``plugins:``.
+:meth:`PluginHost.plugin_names`, ``registered_by``) and the first hook call
+(:meth:`PluginHost.impls`, when an instance runs: every installed plugin's hooks take part in
+every run) load them all. So a runtime that only reads the store (``loopwright ls``, ``show``,
+``records`` on a built-in store) imports no plugin. An entry point loaded late still takes its
+place in the order above (step 2), for hooks and for :meth:`PluginHost.plugin_names`.
 """
 
 from __future__ import annotations
@@ -421,8 +421,12 @@ class PluginHost:
     def impls(self, hook_name: str) -> tuple[Any, ...]:
         """Return ``(plugin_name, function, argnames)`` for each implementation, in registration order.
 
-        Cached; the cache refreshes when a plugin is registered or unregistered.
+        Cached; the cache refreshes when a plugin is registered or unregistered. Every pending
+        entry point is loaded first (their hooks take part in every call), except for
+        ``loopwright_on_runtime_close``: a plugin never loaded has nothing to close.
         """
+        if hook_name != "loopwright_on_runtime_close":
+            self._load_pending(None, lambda: False)
         gen = self.pm.generation
         hit = self._impl_cache.get(hook_name)
         if hit is not None and hit[0] == gen:
