@@ -74,16 +74,21 @@ def test_streamed_answer_is_printed_once_as_it_arrives(project: Path) -> None:
     assert screen.count(answer) == 1, screen
 
 
-def test_shell_approval_asks_at_the_terminal(project: Path) -> None:
-    """Under `shell: approval`, the CLI asks on the terminal; 'y' runs the command, its output reaches the model."""
+def shell_agent(project: Path, command: str) -> None:
+    """Write ``agents/shell.yaml``, whose model asks to run ``command`` once, under a ``shell: approval`` grant."""
     (project / "scripts" / "shell.json").write_text(json.dumps([
-        {"calls": [{"name": "execute_terminal_command", "arguments": {"command": "echo approved-run"}}]},
+        {"calls": [{"name": "execute_terminal_command", "arguments": {"command": command}}]},
         {"text": "result: {last}"},
     ]))
     (project / "agents" / "shell.yaml").write_text(
         "name: shell\nmodel: replay:shell\ntools: [execute_terminal_command]\n")
     assembly = (project / "loopwright.yaml").read_text() + "capabilities: {shell: approval}\n"
     (project / "loopwright.yaml").write_text(assembly)
+
+
+def test_shell_approval_asks_at_the_terminal(project: Path) -> None:
+    """Under `shell: approval`, the CLI asks on the terminal; 'y' runs the command, its output reaches the model."""
+    shell_agent(project, "echo approved-run")
     code, screen = run_in_pty(["run", "agents/shell.yaml", "-p", "go"], project, answer=b"y\n")
     assert code == 0, screen
     assert "Run this command? [y/N]" in screen
@@ -94,14 +99,7 @@ def test_shell_approval_asks_at_the_terminal(project: Path) -> None:
 def test_shell_approval_refused_at_the_terminal(project: Path) -> None:
     """Answering no at the terminal gives the model a denied result and does not run the command."""
     marker = project / "ran.txt"
-    (project / "scripts" / "shell.json").write_text(json.dumps([
-        {"calls": [{"name": "execute_terminal_command", "arguments": {"command": f"touch {marker}"}}]},
-        {"text": "result: {last}"},
-    ]))
-    (project / "agents" / "shell.yaml").write_text(
-        "name: shell\nmodel: replay:shell\ntools: [execute_terminal_command]\n")
-    assembly = (project / "loopwright.yaml").read_text() + "capabilities: {shell: approval}\n"
-    (project / "loopwright.yaml").write_text(assembly)
+    shell_agent(project, f"touch {marker}")
     code, screen = run_in_pty(["run", "agents/shell.yaml", "-p", "go"], project, answer=b"n\n")
     assert code == 0, screen
     assert not marker.exists()
@@ -142,14 +140,7 @@ def test_ctrl_c_at_the_approval_question_returns_at_once(project: Path) -> None:
     it (issue 10, item 4), and the instance is saved stopped.
     """
     marker = project / "ran.txt"
-    (project / "scripts" / "shell.json").write_text(json.dumps([
-        {"calls": [{"name": "execute_terminal_command", "arguments": {"command": f"touch {marker}"}}]},
-        {"text": "result: {last}"},
-    ]))
-    (project / "agents" / "shell.yaml").write_text(
-        "name: shell\nmodel: replay:shell\ntools: [execute_terminal_command]\n")
-    assembly = (project / "loopwright.yaml").read_text() + "capabilities: {shell: approval}\n"
-    (project / "loopwright.yaml").write_text(assembly)
+    shell_agent(project, f"touch {marker}")
     timings: list[float] = []
     code, screen = run_in_pty(["run", "agents/shell.yaml", "-p", "go"], project, answer=b"\x03", timings=timings,
                               timeout=30.0)

@@ -425,7 +425,7 @@ class PluginHost:
         entry point is loaded first (their hooks take part in every call), except for
         ``loopwright_on_runtime_close``: a plugin never loaded has nothing to close.
         """
-        if hook_name != "loopwright_on_runtime_close":
+        if (self._pending is None or self._pending) and hook_name != "loopwright_on_runtime_close":
             self._load_pending(None, lambda: False)
         gen = self.pm.generation
         hit = self._impl_cache.get(hook_name)
