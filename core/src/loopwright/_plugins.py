@@ -265,6 +265,16 @@ class PluginHost:
         for name in list(self._registered_order):
             self._call_registrations(name)
 
+    def load_entry_points(self) -> None:
+        """Load every entry point not loaded yet, so that each installed plugin's hooks take part from now on.
+
+        The runtime calls this before it creates or continues an instance, so that a plugin that
+        cannot load fails there, with nothing created, rather than at the run's first hook.
+
+        :raises PluginError: An entry point cannot be imported or registered (it names the entry point).
+        """
+        self._load_pending(None, lambda: False)
+
     def _pending_entry_points(self) -> dict[str, EntryPoint]:
         """Return the entry points not loaded yet (reading the installed ones the first time)."""
         if self._pending is None:
@@ -339,12 +349,12 @@ class PluginHost:
 
     def plugin_names(self) -> list[str]:
         """Return the plugins' names in loading order (every pending entry point loaded first)."""
-        self._load_pending(None, lambda: False)
+        self.load_entry_points()
         return list(self._registered_order)
 
     def registered_by(self, name: str) -> dict[str, list[str]]:
         """Return what plugin ``name`` registered, as ``{kind: [names]}`` (every pending entry point loaded first)."""
-        self._load_pending(None, lambda: False)
+        self.load_entry_points()
         out: dict[str, list[str]] = {}
         for reg in self._registries():
             names = [n for n, _i, p in reg.items() if p == name]
@@ -426,7 +436,7 @@ class PluginHost:
         ``loopwright_on_runtime_close``: a plugin never loaded has nothing to close.
         """
         if (self._pending is None or self._pending) and hook_name != "loopwright_on_runtime_close":
-            self._load_pending(None, lambda: False)
+            self.load_entry_points()
         gen = self.pm.generation
         hit = self._impl_cache.get(hook_name)
         if hit is not None and hit[0] == gen:
