@@ -653,10 +653,13 @@ class Runtime:
             price_id = provider_name
         return self.prices.cost(usage, model=model, price_provider=price_id, free=free)
 
-    def _plan(self, definition: Definition) -> _DefinitionPlan:  # noqa: C901, PLR0912 - each check collects its problem
+    def _plan(self, definition: Definition) -> _DefinitionPlan:  # noqa: C901, PLR0912, PLR0915 - each check collects its problem
         plan = self._plans.get(id(definition))
         if plan is not None and plan.definition is definition:
             return plan
+        # Every installed plugin's hooks take part in the run: an entry point that cannot load
+        # fails here, before an instance is created, not at the run's first hook.
+        self.plugins.load_entry_points()
         problems: list[ConfigProblem] = []
         source = definition.source
 
