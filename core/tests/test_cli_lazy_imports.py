@@ -20,7 +20,7 @@ import pytest
 
 import loopwright
 from loopwright import _plugins
-from loopwright._definition import Assembly, StoreConfig
+from loopwright._definition import Assembly, Definition, StoreConfig
 from loopwright.errors import PluginError
 
 #: Runs the CLI with ``sys.argv[2:]`` and writes the names in ``sys.modules`` at exit to ``sys.argv[1]``.
@@ -217,3 +217,18 @@ async def test_entry_points_loaded_late_keep_their_place(tmp_path: Path, entry_p
         assert names[-3:] == ["lwstore", "lwtool", "local_plugin.py"]
         assert names[: len(_plugins.BUILTIN_PLUGINS)] == list(_plugins.BUILTIN_PLUGINS)
         assert "lwbroken" not in names
+
+
+@pytest.mark.anyio
+async def test_a_plugin_that_cannot_load_fails_a_run_before_its_instance_exists(
+        tmp_path: Path, entry_points: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reading the store ignores a broken entry point; starting a run raises PluginError naming it, saving nothing."""
+    testing = importlib.metadata.EntryPoint(name="testing", value="loopwright_testing", group="loopwright")
+    eps = {**_plugins._entry_points(), "testing": testing}
+    monkeypatch.setattr(_plugins, "_entry_points", lambda: dict(eps))
+    async with loopwright.Runtime(Assembly(store=StoreConfig(options={"path": str(tmp_path / "store")}),
+                                           default_model="test:any"), autoload=True) as rt:
+        assert await rt.list_instances() == []
+        with pytest.raises(PluginError, match="lw_ep_broken"):
+            await rt.start_agent(Definition(name="a", system_prompt="You answer."), {}, "hello")
+        assert await rt.list_instances() == []

@@ -18,10 +18,11 @@ Entry points are imported lazily, only when something names what they provide: a
 registry (``kind in host.stores``, ``host.providers.get(kind)`` ...) that the plugins loaded so
 far do not answer loads pending entry points, the one whose name is most like the name looked
 up first, until one registers it; listing (``Registry.names()``, ``items()``,
-:meth:`PluginHost.plugin_names`, ``registered_by``) and the first hook call
-(:meth:`PluginHost.impls`, when an instance runs: every installed plugin's hooks take part in
-every run) load them all. So a runtime that only reads the store (``loopwright ls``, ``show``,
-``records`` on a built-in store) imports no plugin. An entry point loaded late still takes its
+:meth:`PluginHost.plugin_names`, ``registered_by``), :meth:`PluginHost.load_entry_points`
+(the runtime calls it before an instance is created or continued) and the first hook call
+(:meth:`PluginHost.impls`) load them all: every installed plugin's hooks take part in every
+run. So a runtime that only reads the store (``loopwright ls``, ``show``, ``records`` on a
+built-in store) imports no plugin. An entry point loaded late still takes its
 place in the order above (step 2), for hooks and for :meth:`PluginHost.plugin_names`.
 """
 
