@@ -134,6 +134,9 @@ class Plans:
         plan = self._cache.get(id(definition))
         if plan is not None and plan.definition is definition:
             return plan
+        # Every installed plugin's hooks take part in the run: an entry point that cannot load
+        # fails here, before an instance is created, not at the run's first hook.
+        self.plugins.load_entry_points()
         problems: list[ConfigProblem] = []
         source = definition.source
 
