@@ -1019,6 +1019,40 @@ async def test_definition_hooks_import_nothing_from_sys_path(tmp_path: Path, gua
                 await rt.start_agent(bad, None, "go")
 
 
+_BAD_HOOK_SETS = {
+    "argument": ("@loopwright.hookimpl\ndef loopwright_before_tool_call(nonsense):\n    return None\n",
+                 "loopwright_before_tool_call", "nonsense"),
+    "misspelt": ("@loopwright.hookimpl\ndef loopwright_on_mesage(message):\n    pass\n",
+                 "loopwright_on_mesage", "unknown hook"),
+    "wrapper": ("@loopwright.hookimpl(wrapper=True)\ndef loopwright_after_tool_call(result):\n    return (yield)\n",
+                "loopwright_after_tool_call", "wrapper=True"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_BAD_HOOK_SETS))
+async def test_an_entry_point_a_definition_names_is_checked_before_the_instance_exists(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str,
+) -> None:
+    """An entry point named in ``hooks:`` is checked by pluggy as host plugins are: a bad one fails the start."""
+    source, hook, why = _BAD_HOOK_SETS[kind]
+    (tmp_path / "lw_bad_hooks.py").write_text(f"import loopwright\n\n{source}")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "lw_bad_hooks", raising=False)
+    ep = importlib.metadata.EntryPoint(name="lwbad", value="lw_bad_hooks", group="loopwright")
+    monkeypatch.setattr(_plugins, "_entry_points", lambda: {"lwbad": ep})
+    h = Harness(reply("never"))
+    async with make_runtime(tmp_path, h) as rt:
+        definition = defn(hooks=("lwbad",))
+        with pytest.raises(PluginError) as info:
+            rt.check_definition(definition)
+        for part in ("lwbad", hook, why):
+            assert part in str(info.value), info.value
+        with pytest.raises(PluginError):
+            await rt.start_agent(definition, None, "go")
+        assert not h.requests
+        assert await rt.store.list_headers() == []
+
+
 # ------------------------------------------------------------------------------------------
 # Plugin settings and the runtime's close
 # ------------------------------------------------------------------------------------------

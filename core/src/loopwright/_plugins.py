@@ -336,11 +336,25 @@ class PluginHost:
 
     # -- calling ----------------------------------------------------------------------------
 
-    def impls(self, hook_name: str) -> tuple[Any, ...]:
-        """Return ``(plugin_name, function, argnames)`` for each implementation, in registration order.
+    def impls(self, hook_name: str, extra: Sequence[Any] = ()) -> tuple[Any, ...]:
+        """Return ``(plugin_name, function, argnames)`` for each implementation, in call order.
 
-        Cached; the cache refreshes when a plugin is registered or unregistered.
+        The host's implementations come in registration order (``tryfirst`` ones first,
+        ``trylast`` ones last); cached, the cache refreshes when a plugin is registered or
+        unregistered.
+
+        :param extra: Implementations that take part in these calls only, as pluggy's
+            ``call_extra`` adds temporarily participating methods: a definition's hook sets and
+            guardrails, each checked by pluggy when it was registered (:func:`hook_set`). The
+            host's implementations wrap them, on the side ``definition_first`` of the hook's rule
+            in :data:`loopwright.hookspecs.HOOKS` says. Callers cache the result (it is not).
         """
+        host = self._host_impls(hook_name)
+        if not extra:
+            return host
+        return (*extra, *host) if hookspecs.HOOKS[hook_name].definition_first else (*host, *extra)
+
+    def _host_impls(self, hook_name: str) -> tuple[Any, ...]:
         gen = self.pm.generation
         hit = self._impl_cache.get(hook_name)
         if hit is not None and hit[0] == gen:

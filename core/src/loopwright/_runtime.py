@@ -835,7 +835,7 @@ class Runtime:
         gen = self.plugins.pm.generation
         hit = plan.combined.get(hook)
         if hit is None or hit[0] != gen:
-            hit = plan.combined[hook] = (gen, own + host if hook.startswith("loopwright_after_") else host + own)
+            hit = plan.combined[hook] = (gen, self.plugins.impls(hook, extra=own))
         return hit[1]
 
     def _definition_hooks(self, definition: Definition) -> dict[str, tuple[Any, ...]]:
