@@ -443,6 +443,8 @@ async def _watch_stall(stalled: Callable[[], bool], scope: anyio.CancelScope) ->
 
 
 _STALL_POLL = 0.1
+#: Event-loop steps the terminal question yields before it is asked (see terminal_approver).
+_EVENT_HOPS = 8
 _current: Progress | None = None
 _prompt_lock: anyio.Lock | None = None
 
@@ -461,6 +463,11 @@ async def terminal_approver(command: str, context: Any) -> bool | str:
     if _prompt_lock is None:
         _prompt_lock = anyio.Lock()
     async with _prompt_lock:
+        # Let the follower show the events already published (the call's own line above all):
+        # they travel through a task or two of the subtree's event streams, each one step of
+        # the event loop, and the question below is written from a thread at once.
+        for _ in range(_EVENT_HOPS):
+            await anyio.lowlevel.checkpoint()
         display = _current
         if isinstance(display, LiveProgress):
             display.pause()
