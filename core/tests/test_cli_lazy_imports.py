@@ -86,6 +86,30 @@ def test_a_run_imports_every_installed_plugin(project: tuple[Path, str]) -> None
     assert installed - modules == set()
 
 
+def test_a_run_imports_no_http_server(project: tuple[Path, str]) -> None:
+    """Importing loopwright-serve (an entry point, so imported by every run) imports no Starlette or uvicorn.
+
+    Its public names import their modules on first access; a run on ``test:any`` starts no server.
+    """
+    cwd, _ = project
+    modules = imported(cwd, "run", "bench.yaml", "-p", "again")
+    assert "loopwright_serve" in modules
+    assert matching(modules, ("starlette", "uvicorn", "loopwright_serve._app", "loopwright_serve._server")) == []
+
+
+def test_loopwright_serve_names_import_on_first_access() -> None:
+    """``loopwright_serve.build_app`` and the other public names still resolve, each to its module's object."""
+    import loopwright_serve  # noqa: PLC0415 - the package under test
+    from loopwright_serve import _app, _settings  # noqa: PLC0415
+
+    assert loopwright_serve.build_app is _app.build_app
+    assert loopwright_serve.ServerSettings is _settings.ServerSettings
+    assert {name: getattr(loopwright_serve, name) for name in loopwright_serve.__all__}.keys() == set(
+        loopwright_serve.__all__)
+    with pytest.raises(AttributeError, match="no_such_name"):
+        _ = loopwright_serve.no_such_name
+
+
 def test_plugins_lists_every_entry_point(project: tuple[Path, str]) -> None:
     """Listing needs them all: ``plugins`` loads every installed entry point, each with its value."""
     cwd, _ = project
