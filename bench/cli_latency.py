@@ -24,7 +24,8 @@ measures that way). The figures:
   ``loopwright.Runtime`` was imported, the opening alone. Their CPU figures are the whole process's.
 
 ``--against OLD/core/src`` measures another checkout's loopwright (the plugins stay this
-environment's, unless their ``src`` folders are added: ``OLD/core/src:OLD/plugins/serve/src``) in turn with this one, for before and after figures taken under the same load.
+environment's, unless their ``src`` folders are added: ``OLD/core/src:OLD/plugins/serve/src``)
+in turn with this one, for before and after figures taken under the same load.
 
 Targets (issue 10): ``ls`` and ``show`` under 150 ms, ``run`` under 300 ms, opening a runtime
 under 50 ms.
