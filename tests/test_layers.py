@@ -14,7 +14,7 @@ CORE = ROOT / "core" / "src" / "loopwright"
 
 def _contract(container: str) -> dict:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
-    (contract,) = [c for c in config["contracts"] if c["containers"] == [container]]
+    (contract,) = [c for c in config["contracts"] if c.get("containers") == [container]]
     return contract
 
 

@@ -179,7 +179,7 @@ async def test_a_fork_keeps_the_originals_narrower_grants_and_a_widened_header_g
     original whose saved grants were edited to claim more forks with no more than the runtime's."""
     work = tmp_path / "work"
     (work / "sub").mkdir(parents=True)
-    wide = Capabilities(files=loopwright.FileGrants(read=(str(work),), write=(str(work),)), shell="approval",
+    wide = Capabilities(files=loopwright.FileGrants(read=(str(work),), write=(str(work),)), shell="approval",  # noqa: S604 - a grant, not a subprocess
                         network=True, agents_spawn=True, agents_max_agents=9)
     narrow = Capabilities(files=loopwright.FileGrants(read=(str(work / "sub"),)))
     async with make_runtime(tmp_path, Harness(reply("a"), reply("b")), capabilities=wide) as rt:
@@ -207,7 +207,7 @@ async def test_a_fork_keeps_the_originals_narrower_grants_and_a_widened_header_g
 
 @pytest.mark.xfail(strict=True, reason=(
     "open bug (issue 11, point 2): a before_tool_call hook's ModifyInputs on a call that is then held is "
-    "saved in pendingApprovals but not in the transcript's assistant message, so Runtime._decide_own refuses "
+    "saved in pendingApprovals but not in the transcript's assistant message, so Runtime.decide_held refuses "
     "every approval ('is not the call shown for approval') and continue_after_decisions would run the "
     "unmodified call; the fix is in _loop.py (_prepare/_end_of_turn)"))
 async def test_a_call_a_hook_changed_before_it_was_held_runs_as_shown_once_approved(tmp_path: Path) -> None:

@@ -366,8 +366,8 @@ class Runtime:
         """
         defn = self.load_definition(definition)
         grants = self.driver.requested_grants(capabilities)
-        return await self.create_run(defn, inputs, prompt, grants=grants, stream=stream, instance_id=instance_id,
-                                     history=history)
+        return await self.driver.create_run(defn, inputs, prompt, grants=grants, stream=stream,
+                                            instance_id=instance_id, history=history)
 
     async def wait_idle(self) -> None:
         """Wait until no segment runs in this runtime, those of agents started by agents included."""

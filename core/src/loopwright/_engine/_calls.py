@@ -172,7 +172,7 @@ class Calls:
         if impls:
             outcome = await intercept(
                 impls, {"call": call, "tool": tool, "instance": self.journal.info(inst), "turn": turn},
-                hook="before_tool_call", allowed=(ModifyInputs, Block, RequireApproval, Respond),
+                hook="before_tool_call",
                 modify={ModifyInputs: lambda v, d: v.__setitem__(
                     "call", attrs.evolve(v["call"], arguments=dict(d.arguments)))})
             self.journal.hook_records(inst, "before_tool_call", outcome.decisions, turn)
@@ -270,7 +270,7 @@ class Calls:
         if impls:
             outcome = await intercept(
                 impls, {"call": item.call, "result": result, "instance": self.journal.info(inst), "turn": turn},
-                hook="after_tool_call", allowed=(ModifyResult, Block),
+                hook="after_tool_call",
                 modify={ModifyResult: lambda v, d: v.__setitem__(
                     "result", attrs.evolve(v["result"], content=cut(d.content)))})
             self.journal.hook_records(inst, "after_tool_call", outcome.decisions, turn)

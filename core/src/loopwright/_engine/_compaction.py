@@ -10,7 +10,6 @@ import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from loopwright._decisions import Block
 from loopwright._engine._common import usage_json
 from loopwright._engine._limits import elapsed_reached, elapsed_scope
 from loopwright._hooks import intercept
@@ -86,7 +85,7 @@ class Compactor:
         if impls:
             outcome = await intercept(
                 impls, {"instance": journal.info(inst), "strategy": strategy.kind, "messages": inst.transcript},
-                hook="before_compaction", allowed=(Block,), modify={})
+                hook="before_compaction", modify={})
             journal.hook_records(inst, "before_compaction", outcome.decisions, inst.turn)
             if outcome.stop is not None:
                 return False

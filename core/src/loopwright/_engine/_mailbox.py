@@ -77,9 +77,15 @@ class Mailbox:
         if queue and not h.get("awaitingAnswer"):
             h["inbox"] = []
             for item in queue:
+                marks: dict[str, Any] = {"task": True} if item.get("behindTurn") else {}
+                if item.get("id"):
+                    # The post's id goes with the message: a runner killed before the header below
+                    # is saved leaves the item queued, and the one that resumes drops it
+                    # (Recovery.repair_records) instead of giving it twice.
+                    marks["post"] = item["id"]
                 await self.journal.add_message(
                     run, Message(role="user", content=item.get("text"), source=item.get("source")),
-                    marks={"task": True} if item.get("behindTurn") else None)
+                    marks=marks or None)
                 self.journal.record(inst, "message", {"source": item.get("source"), "at": item.get("at")})
             await self.deps.write_header(inst)
         elif h.get("inboxCursor") != before:

@@ -23,6 +23,8 @@ from loopwright._instance import rebuild, unanswered_calls
 from loopwright._types import State, StopReason, ToolResult, ToolStatus
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
     from loopwright._engine._calls import Calls
     from loopwright._engine._checks import Checks
     from loopwright._engine._deps import EngineDeps, SegmentRun
@@ -55,11 +57,16 @@ class Recovery:
         record, gets one built from the entry log (marked ``repaired: true``), so that the
         records always add up to the instance's turns, tokens and tool calls. It reads the whole
         record log, once per take-over.
+
+        Queued mail the dead runner already gave the model (a message entry carries its post's
+        id, and the runner died before the header that empties the queue was saved) leaves the
+        queue here, so it is given once.
         """
         inst = run.inst
         record = self.journal.record
         entries = await self.store.read_entries(inst.id)
         start = max((n for n, e in enumerate(entries) if e.get("t") == "seg"), default=-1) + 1
+        _drop_given_mail(inst, entries[start:])
         records = await self.store.read_records(inst.id)
         turns = {r["data"].get("turn") for r in records if r.get("kind") == "turn" and isinstance(r.get("data"), dict)}
         calls = {r["data"].get("toolCallId") for r in records
@@ -275,3 +282,13 @@ def _mail_to_give(inst: Instance) -> bool:
     if inst.header.get("awaitingAnswer"):
         return any(m.get("source") in ("api", "user") and not m.get("behindTurn") for m in queue)
     return bool(queue)
+
+
+def _drop_given_mail(inst: Instance, entries: Sequence[Mapping[str, Any]]) -> None:
+    """Remove from the header's queue the posts whose message is among ``entries`` (the current segment's)."""
+    queue = inst.header.get("inbox")
+    if not queue:
+        return
+    given = {e["post"] for e in entries if e.get("t") == "msg" and e.get("post")}
+    if given:
+        inst.header["inbox"] = [m for m in queue if m.get("id") not in given]

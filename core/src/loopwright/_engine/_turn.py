@@ -99,14 +99,12 @@ class Turns:
         if impls:
             outcome = await intercept(
                 impls, {"request": request, "instance": journal.info(inst), "turn": turn},
-                hook="before_inference", allowed=(ModifyRequest, Block, Respond),
+                hook="before_inference",
                 modify={ModifyRequest: lambda v, d: v.__setitem__("request", d.request)})
             journal.hook_records(inst, "before_inference", outcome.decisions, turn)
             request = outcome.values["request"]
             if isinstance(outcome.stop, Block):
-                raise SegmentEnd(State.ERROR, StopReason.ERROR, error=f"blocked by hook: {outcome.stop.reason}",
-                                 failure=HookBlockedError(hook=outcome.stopped_by or "?",
-                                                          reason=outcome.stop.reason))
+                raise _blocked(outcome.stop, outcome.stopped_by)
             if isinstance(outcome.stop, Respond):
                 content = outcome.stop.content
                 text = content if isinstance(content, str) or content is None else dumps(content)
@@ -127,15 +125,13 @@ class Turns:
         if impls:
             outcome = await intercept(
                 impls, {"response": response, "request": request, "instance": journal.info(inst), "turn": turn},
-                hook="after_inference", allowed=(ModifyMessage, Block),
+                hook="after_inference",
                 modify={ModifyMessage: lambda v, d: v.__setitem__(
                     "response", attrs.evolve(v["response"], message=d.message))})
             journal.hook_records(inst, "after_inference", outcome.decisions, turn)
             response = outcome.values["response"]
             if isinstance(outcome.stop, Block):
-                raise SegmentEnd(State.ERROR, StopReason.ERROR, error=f"blocked by hook: {outcome.stop.reason}",
-                                 failure=HookBlockedError(hook=outcome.stopped_by or "?",
-                                                          reason=outcome.stop.reason))
+                raise _blocked(outcome.stop, outcome.stopped_by)
         message = response.message
         calls = message.tool_calls
         if calls and (len(calls) != len({c.id for c in calls}) or not all(c.id for c in calls)):
@@ -182,6 +178,12 @@ class Turns:
         except ProviderError as failure:
             raise SegmentEnd(State.ERROR, StopReason.ERROR, error=str(failure),
                              failure=RunError(f"model call failed: {failure}", cause=failure)) from None
+
+
+def _blocked(block: Block, plugin: str | None) -> SegmentEnd:
+    """Return the end of a segment whose model turn an inference hook blocked."""
+    return SegmentEnd(State.ERROR, StopReason.ERROR, error=f"blocked by hook: {block.reason}",
+                      failure=HookBlockedError(hook=plugin or "?", reason=block.reason))
 
 
 def _unique_ids(calls: Sequence[ToolCall], turn: int) -> tuple[ToolCall, ...]:
