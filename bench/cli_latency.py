@@ -24,7 +24,8 @@ measures that way). The figures:
   ``loopwright.Runtime`` was imported, the opening alone. Their CPU figures are the whole process's.
 
 ``--against OLD/core/src`` measures another checkout's loopwright (the plugins stay this
-environment's) in turn with this one, for before and after figures taken under the same load.
+environment's, unless their ``src`` folders are added: ``OLD/core/src:OLD/plugins/serve/src``)
+in turn with this one, for before and after figures taken under the same load.
 
 Targets (issue 10): ``ls`` and ``show`` under 150 ms, ``run`` under 300 ms, opening a runtime
 under 50 ms.
@@ -109,9 +110,10 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=7, help="processes per figure (default 7)")
     ap.add_argument("--no-bytecode", action="store_true",
                     help="compile every module from source in every process (no .pyc files)")
-    ap.add_argument("--against", metavar="SRC", type=Path,
+    ap.add_argument("--against", metavar="SRC",
                     help="also measure the loopwright package under SRC (a checkout's core/src, put first on "
-                         "PYTHONPATH), run by run in turn with this one: before and after figures of a change")
+                         "PYTHONPATH; several folders joined with os.pathsep, e.g. OLD/core/src:OLD/plugins/serve/src "
+                         "for old plugins too), run by run in turn with this one: before and after figures of a change")
     args = ap.parse_args()
     py = sys.executable
     lw = [py, "-m", "loopwright.cli"]
@@ -121,7 +123,8 @@ def main() -> None:
         envs = {"this": env}
         if args.against is not None:
             envs = {"against": {**_env(cwd / "against", bytecode=not args.no_bytecode),
-                                "PYTHONPATH": str(args.against.resolve())}, **envs}
+                                "PYTHONPATH": os.pathsep.join(str(Path(each).resolve())
+                                                              for each in args.against.split(os.pathsep))}, **envs}
         (cwd / "loopwright.yaml").write_text(ASSEMBLY)
         (cwd / "bench.yaml").write_text(DEFINITION)
         out = subprocess.run([*lw, "--json", "run", "bench.yaml", "-p", "hello"], cwd=cwd, env=env,

@@ -86,6 +86,60 @@ def test_a_run_imports_every_installed_plugin(project: tuple[Path, str]) -> None
     assert installed - modules == set()
 
 
+def test_a_run_imports_no_http_server(project: tuple[Path, str]) -> None:
+    """Importing loopwright-serve (an entry point, so imported by every run) imports no Starlette or uvicorn.
+
+    Its public names import their modules on first access; a run on ``test:any`` starts no server.
+    """
+    cwd, _ = project
+    modules = imported(cwd, "run", "bench.yaml", "-p", "again")
+    assert "loopwright_serve" in modules
+    assert matching(modules, ("starlette", "uvicorn", "loopwright_serve._app", "loopwright_serve._server")) == []
+
+
+def test_loopwright_serve_names_import_on_first_access() -> None:
+    """``loopwright_serve.build_app`` and the other public names still resolve, each to its module's object."""
+    import loopwright_serve  # noqa: PLC0415 - the package under test
+    from loopwright_serve import _app, _settings  # noqa: PLC0415
+
+    assert loopwright_serve.build_app is _app.build_app
+    assert loopwright_serve.ServerSettings is _settings.ServerSettings
+    assert {name: getattr(loopwright_serve, name) for name in loopwright_serve.__all__}.keys() == set(
+        loopwright_serve.__all__)
+    with pytest.raises(AttributeError, match="no_such_name"):
+        _ = loopwright_serve.no_such_name
+
+
+def test_tools_import_no_schema_validator() -> None:
+    """Importing the tool and pattern modules imports no jsonschema, referencing or fastjsonschema.
+
+    They are imported when a schema is checked or a tool's arguments validated (the assembly's
+    own validation on load still imports jsonschema: ``ls`` pays that, not every import).
+    """
+    code = ("import sys, loopwright._tools, loopwright._patterns, loopwright._plugins\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('jsonschema', 'referencing', 'fastjsonschema')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+def test_a_tool_still_checks_and_validates_its_schema() -> None:
+    """The schema validators, imported late, still refuse a bad schema and explain bad arguments."""
+    import jsonschema  # noqa: PLC0415 - kept out of this module's imports, as the test above checks in a subprocess
+
+    from loopwright._tools import Tool  # noqa: PLC0415
+
+    with pytest.raises(jsonschema.SchemaError, match="is not valid"):
+        Tool(name="bad", description="d", parameters={"type": "object", "properties": {"a": {"type": 7}}},
+             function=lambda: "x")
+    good = Tool(name="good", description="d", function=lambda a: a,
+                parameters={"type": "object", "properties": {"a": {"type": "string", "pattern": "^x"}},
+                            "required": ["a"]})
+    assert good.validation_errors({"a": "xy"}) == []
+    assert good.validation_errors({"a": "yy"}) != []
+    assert good.validation_errors({}) != []
+
+
 def test_plugins_lists_every_entry_point(project: tuple[Path, str]) -> None:
     """Listing needs them all: ``plugins`` loads every installed entry point, each with its value."""
     cwd, _ = project

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jsonschema
 import re2
-from jsonschema.exceptions import ValidationError
+
+if TYPE_CHECKING:
+    import jsonschema
+    from jsonschema.exceptions import ValidationError
 
 __all__ = ["has_pattern_properties", "has_patterns", "pattern_problems", "schema_validator"]
 
@@ -120,6 +122,8 @@ def _search(pattern: str, text: str, *, lenient: bool) -> bool | None:
 def _pattern(validator: Any, patrn: str, instance: Any, _schema: Any, *,
              lenient: bool) -> Iterator[ValidationError]:
     if validator.is_type(instance, "string") and _search(patrn, instance, lenient=lenient) is False:
+        from jsonschema.exceptions import ValidationError  # noqa: PLC0415 - jsonschema only once a schema is validated (start-up)
+
         shown = instance if len(instance) <= 80 else f"{instance[:77]}..."  # noqa: PLR2004
         yield ValidationError(f"{shown!r} does not match {patrn!r}")
 
@@ -147,6 +151,8 @@ def _additional_properties(validator: Any, additional: Any, instance: Any, schem
         for extra in extras:
             yield from validator.descend(instance[extra], additional, path=extra)
     elif not additional and extras:
+        from jsonschema.exceptions import ValidationError  # noqa: PLC0415 - jsonschema only once a schema is validated (start-up)
+
         joined = ", ".join(repr(each) for each in extras)
         verb = "was" if len(extras) == 1 else "were"
         yield ValidationError(f"Additional properties are not allowed ({joined} {verb} unexpected)")
@@ -156,11 +162,21 @@ def _unevaluated_properties(validator: Any, unevaluated: Any, instance: Any,
                             schema: Mapping[str, Any]) -> Iterator[ValidationError]:
     if has_pattern_properties(validator.schema):
         return  # not enforced: jsonschema would match the patternProperties with re
+    import jsonschema  # noqa: PLC0415 - jsonschema only once a schema is validated (start-up)
+
     yield from jsonschema.Draft202012Validator.VALIDATORS["unevaluatedProperties"](
         validator, unevaluated, instance, schema)
 
 
+@functools.cache
 def _validator_class(*, lenient: bool) -> type[jsonschema.Draft202012Validator]:
+    """Return the validator class, built once, on the first schema validated.
+
+    Importing jsonschema costs tens of milliseconds that commands which validate nothing
+    (``ls``, ``show``) do not pay.
+    """
+    import jsonschema  # noqa: PLC0415 - jsonschema only once a schema is validated (start-up)
+
     keywords: dict[str, Any] = {
         "pattern": functools.partial(_pattern, lenient=lenient),
         "patternProperties": functools.partial(_pattern_properties, lenient=lenient),
@@ -176,10 +192,6 @@ def has_pattern_properties(schema: Any) -> bool:
     return any(keyword == "patternProperties" for _, node in _walk(schema) for keyword, _ in _patterns(node))
 
 
-_STRICT = _validator_class(lenient=False)
-_LENIENT = _validator_class(lenient=True)
-
-
 def schema_validator(schema: Mapping[str, Any], *, lenient: bool = False) -> jsonschema.Draft202012Validator:
     """Return a validator of ``schema`` whose patterns run on RE2 (see the module docstring).
 
@@ -188,5 +200,5 @@ def schema_validator(schema: Mapping[str, Any], *, lenient: bool = False) -> jso
         the schema with :func:`pattern_problems` first: validating against a pattern RE2 cannot
         compile raises :class:`ValueError`.
     """
-    cls = _LENIENT if lenient else _STRICT
+    cls = _validator_class(lenient=lenient)
     return cls(dict(schema))  # type: ignore[no-any-return]

@@ -24,8 +24,6 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 import attrs
-import fastjsonschema
-import jsonschema
 
 from loopwright._definition import Capabilities
 from loopwright._patterns import has_patterns, schema_validator
@@ -122,6 +120,8 @@ class Tool:
         if not self._generated:
             # A schema :func:`tool` made from type hints is valid by construction; one given as
             # ``parameters`` is checked against the metaschema (a few ms each: not at every start).
+            import jsonschema  # noqa: PLC0415 - jsonschema only once a schema is checked (start-up)
+
             jsonschema.Draft202012Validator.check_schema(self.parameters)
         # The validators are compiled at the first call's validation (see _validators): a
         # runtime registers every tool at start, and most are never called in a given process.
@@ -136,6 +136,8 @@ class Tool:
             validator = schema_validator(self.parameters, lenient=True)
             fast = None
             if not has_patterns(self.parameters):  # fastjsonschema would match patterns with re
+                import fastjsonschema  # noqa: PLC0415 - compiled on a tool's first call only (start-up)
+
                 try:
                     # Compiled to Python once: about 1 µs per call against 13 µs for jsonschema, which
                     # is kept to explain failures (and for schemas fastjsonschema cannot compile).
@@ -155,6 +157,8 @@ class Tool:
         """Return the problems with ``arguments`` (empty when they are valid), e.g. ``a: required``."""
         validator, fast = self._validators()
         if fast is not None:
+            import fastjsonschema  # noqa: PLC0415 - imported by _validators already (start-up)
+
             try:
                 fast(arguments)
             except fastjsonschema.JsonSchemaException:
