@@ -1483,7 +1483,8 @@ def check_script(seen: Seen, script_name: str, mailed: int = 0, *, cancelled: bo
     expected = [_reply(r, k, child) for k, r in enumerate(script)]
     actual = [_reply_of(m) for m in seen.assistants]
     extra = len(actual) - len(expected)
-    if 0 < extra <= mailed and all(a == plugin.PAST_END for a in actual[len(expected):]):
+    answered_late_mail = 0 < extra <= mailed and all(a == plugin.PAST_END for a in actual[len(expected):])
+    if answered_late_mail:
         extra = 0  # each answers a message that came after the script's end
     if actual[: len(expected)] != expected[: len(actual)]:
         out.append(Violation("script", f"the answers differ from the script: {actual} != {expected}"))
@@ -1492,7 +1493,9 @@ def check_script(seen: Seen, script_name: str, mailed: int = 0, *, cancelled: bo
     elif extra > 0:
         out.append(Violation("script", f"the model was asked {extra} more time(s) after the script's last answer"))
     ends_complete = any(c[0] == "task_complete" for r in script if not isinstance(r, str) for c in r)
-    want = ("stopped", "completed") if ends_complete else ("waiting", "waiting")
+    # A message that came after the script's end (a completed instance included) started a new
+    # segment, answered past the end: the instance then rests waiting (seed 500 of --store postgres).
+    want = ("stopped", "completed") if ends_complete and not answered_late_mail else ("waiting", "waiting")
     got = (seen.header.get("state"), seen.header.get("stopReason"))
     if cancelled and got == ("stopped", "cancelled") and seen.header.get("cancelled") is True:
         return out
