@@ -953,16 +953,7 @@ def run_scenario(root: Path, scenario: Scenario) -> Outcome:  # noqa: C901 - one
     """Play ``scenario`` in ``root/<name>``, then check the resting instance."""
     if scenario.script == TREE_SCENARIO:
         return run_tree_scenario(root, scenario)
-    t0 = time.monotonic()
-    folder = root / scenario.name
-    prepare(folder, scenario)
-    outcome = Outcome(scenario)
-    stages = list(scenario.stages)
-    first = stages.pop(0) if stages else Stage("plain")
-    proc = finish(folder, "run", start(folder, ["run", "agent.yaml", "-p", PROMPT], first), first)
-    outcome.procs.append(proc)
-    if first.kind in ("point", "deadmail", "deadcancel") and not proc.killed:
-        outcome.violations.append(Violation("harness", f"kill point {first.point} was not reached"))
+    t0, folder, outcome, stages, proc = _first_stage(root, scenario)
     ids = instance_ids(folder)
     if not ids and proc.killed and scenario.store in SQL_STORES:
         # Killed before the instance's row was inserted: a SQL store has no half-created instance.
@@ -1045,20 +1036,29 @@ def _next_tree_command(folder: Path) -> list[str] | None:
     return None
 
 
-def run_tree_scenario(root_dir: Path, scenario: Scenario) -> Outcome:
-    """Play a parent/child scenario: the parent starts a child and awaits it; the child's call is
-    held and decided from the root; each process is a stage (killed at its point). Then check both."""
+def _first_stage(root: Path, scenario: Scenario) -> tuple[float, Path, Outcome, list[Stage], Proc]:
+    """Prepare the scenario's folder and play its first stage (``loopwright run``).
+
+    Return the start time, the folder, the outcome so far, the stages left and the ``run`` process.
+    """
     t0 = time.monotonic()
-    folder = root_dir / scenario.name
+    folder = root / scenario.name
     prepare(folder, scenario)
     outcome = Outcome(scenario)
     stages = list(scenario.stages)
     first = stages.pop(0) if stages else Stage("plain")
     proc = finish(folder, "run", start(folder, ["run", "agent.yaml", "-p", PROMPT], first), first)
     outcome.procs.append(proc)
-    if first.kind == "point" and not proc.killed:
+    if first.kind in ("point", "deadmail", "deadcancel") and not proc.killed:
         outcome.violations.append(Violation("harness", f"kill point {first.point} was not reached"))
-    elif not proc.killed and proc.code != 3:
+    return t0, folder, outcome, stages, proc
+
+
+def run_tree_scenario(root_dir: Path, scenario: Scenario) -> Outcome:
+    """Play a parent/child scenario: the parent starts a child and awaits it; the child's call is
+    held and decided from the root; each process is a stage (killed at its point). Then check both."""
+    t0, folder, outcome, stages, proc = _first_stage(root_dir, scenario)
+    if not proc.killed and proc.stage.kind != "point" and proc.code != 3:  # a point not reached: noted already
         outcome.violations.append(Violation("tree", f"run exited {proc.code}, not 3 (the tree waits for approval): "
                                                     f"{proc.err.strip()[-300:]}"))
     steps = 0
