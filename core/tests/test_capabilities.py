@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from loopwright import Capabilities, FileGrants, intersect
 from loopwright._capabilities import capabilities_from_dict, capabilities_to_dict, is_within
-from loopwright._config import definition_to_dict
+from loopwright._config import definition_to_dict, load_assembly
 from loopwright.errors import CapabilityError, GrantsError
 
 SHELL_MODES = ["none", "loopApproval", "approval", "allow"]
@@ -157,6 +157,30 @@ def test_intersect_of_an_intersection_is_stable(tree: dict[str, Path]) -> None:
 # ------------------------------------------------------------------------------------------
 # Saved grants
 # ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("yaml_form", [
+    {},
+    {"files": {"read": ["docs", "/abs/data"], "write": ["out"]}, "shell": "approval", "network": True},
+    {"agents": {"spawn": True, "maxDepth": 2, "maxAgents": 0}},
+    {"agents": {"maxDepth": 3.0}, "files": {"write": []}},
+])
+def test_one_codec_for_the_yaml_form_and_the_saved_form(yaml_form: dict[str, Any]) -> None:
+    """The loader reads capabilities: with the one reader (saved=False), and writes them with the one writer."""
+    loaded = load_assembly({"capabilities": yaml_form}).capabilities
+    assert loaded == capabilities_from_dict(yaml_form, saved=False)
+    assert capabilities_from_dict(capabilities_to_dict(loaded), saved=False) == loaded
+    assert isinstance(loaded.agents_max_depth, int)
+
+
+def test_a_relative_root_is_yaml_only() -> None:
+    """A relative root is the YAML form's (resolved later against the assembly); a saved grant with one is malformed."""
+    data = {"files": {"read": ["docs"]}}
+    assert capabilities_from_dict(data, saved=False).files.read == ("docs",)
+    with pytest.raises(ValueError, match="not absolute"):
+        capabilities_from_dict(data)
+    with pytest.raises(ValueError, match="whole numbers"):
+        capabilities_from_dict({"agents": {"maxDepth": 3.0}})  # a saved count is an int, as written
 
 
 def test_capabilities_round_trip_through_the_header_form(tree: dict[str, Path]) -> None:
@@ -338,8 +362,6 @@ def test_the_runtime_resolves_relative_roots_against_the_assembly_folder(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Roots of an assembly file are taken from its folder, whatever the working folder."""
     from loopwright import Runtime  # noqa: PLC0415
-    from loopwright._config import load_assembly  # noqa: PLC0415
-
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     (tmp_path / "a" / "loopwright.yaml").write_text("capabilities: {files: {read: [./x], write: [../y]}}\n")

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import in_terminal
 
 #: Generous hang guards only; no test asserts how fast anything is.
 TIMEOUT = 120
@@ -275,6 +276,24 @@ def test_deny_from_the_root_reaches_the_holder(project: Project) -> None:
     assert "denied: not today" in records.stdout
 
 
+def test_deny_subtree_denies_every_call_and_the_root_finishes(project: Project) -> None:
+    """``deny ROOT --subtree --reason``: both held calls are denied (each printed with its holder), neither runs,
+    each holder's model reads the reason, and the root finishes. ``--call`` with ``--subtree`` is a usage error."""
+    root, calls = _held(project)
+    both = project.cli("deny", root, "--subtree", "--call", calls["grand"])
+    assert both.returncode == 2, both.stderr
+    assert "give --call or --subtree, not both" in both.stderr
+    done = project.cli("deny", root, "--subtree", "--reason", "not today")
+    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
+    assert f"denied: {calls['grand']} touch (in root {root} > middle" in done.stderr
+    assert f"denied: {calls['holder']} touch (in root {root} > holder" in done.stderr
+    assert project.touched("A") == project.touched("G") == 0
+    for holder in ("holder", "grand"):
+        records = project.cli("records", project.header(holder)["instanceId"], "--kind", "tool_call")
+        assert "denied: not today" in records.stdout, records.stdout
+    assert project.header("root")["text"] == "root done"
+
+
 def test_approve_without_call_on_a_root_that_holds_nothing_points_at_the_tree(project: Project) -> None:
     """``approve ROOT`` alone decides only ROOT's own calls; with none, it says how to reach the tree (exit 2)."""
     root, _calls = _held(project)
@@ -404,6 +423,33 @@ def test_the_tree_shows_no_raw_control_characters(project: Project) -> None:
     assert "\x1b" not in listed.stdout
     assert "\\x1b[2J\\nfake line" in listed.stdout
     assert len(listed.stdout.splitlines()) == 1
+
+
+def test_run_shows_the_agents_below_the_root_as_they_work(project: Project) -> None:
+    """On a terminal, ``run`` prints each agent's calls, approvals and states under the root, indented by its
+    depth; piped, the same as plain lines on stderr. Their calls are never taken for the root's own."""
+    code, screen = in_terminal(project.root, "run", "root", "-p", "go", env=_env())
+    assert code == 3, screen
+    holder, middle, grand = (project.header(n)["instanceId"] for n in ("holder", "middle", "grand"))
+    # Each line printed above the spinner starts with "erase line"; colours are dropped.
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.replace("\x1b[2K", "\n").replace("\r", "\n"))
+    lines = text.splitlines()
+
+    def agent_lines(prefix: str) -> list[str]:
+        return [line.strip() for line in lines if line.startswith(prefix)]
+
+    # depth 1 (children) by two spaces, depth 2 (the grandchild) by four
+    assert any("touch waits for approval" in line for line in agent_lines(f"  └ holder {holder}")), screen
+    assert any("→ run_agent_async" in line for line in agent_lines(f"  └ middle {middle}")), screen
+    assert any("touch waits for approval" in line for line in agent_lines(f"    └ grand {grand}")), screen
+    assert not any(line.startswith("→ touch") for line in lines), screen  # not shown as the root's call
+    piped = Project(project.root.parent / "piped")
+    done = piped.cli("run", "root", "-p", "go")
+    assert done.returncode == 3, done.stderr
+    holder, grand = (piped.header(n)["instanceId"] for n in ("holder", "grand"))
+    assert f"  [holder {holder}] touch waits for approval" in done.stderr, done.stderr
+    assert f"    [grand {grand}] touch waits for approval" in done.stderr, done.stderr
+    assert "\x1b" not in done.stderr
 
 
 # ------------------------------------------------------------------------------------------

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 import textwrap
 from typing import TYPE_CHECKING
 
@@ -18,6 +21,7 @@ from loopwright._config import (
     load_definition,
     load_yaml,
     parse_duration,
+    schema,
     validate_data,
     validate_file,
 )
@@ -34,6 +38,7 @@ from loopwright._definition import (
     ProviderConfig,
     StoreConfig,
 )
+from loopwright._duration import DURATION_PATTERN
 from loopwright.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -129,6 +134,29 @@ def test_parse_duration_rejects_other_values(value: object) -> None:
     """Anything else is a ValueError that quotes the value."""
     with pytest.raises(ValueError, match="invalid duration"):
         parse_duration(value)  # type: ignore[arg-type]
+
+
+def test_the_schemas_duration_pattern_is_the_grammars() -> None:
+    """Both schemas' ``$defs/duration`` pattern is ``_duration.DURATION_PATTERN``, the grammar's own text."""
+    for kind in ("definition", "assembly"):
+        branches = schema(kind)["$defs"]["duration"]["oneOf"]
+        assert [b["pattern"] for b in branches if "pattern" in b] == [DURATION_PATTERN], kind
+
+
+@pytest.mark.parametrize("text", [
+    "0", "1", "1.5", ".5", "5.", " 7 ", "500ms", "30s", "2m", "1.5h", "1m30s", " 2h 5m ", "1m 30", "1h-30m",
+    "nan", "inf", "1e3", "-1", "-1s", "5 days", "soon", "", "1m30", "ms", "1d", "1 s", "s1", "1..5s", "\t3s\n",
+])
+def test_a_string_the_schema_accepts_is_a_duration_the_parser_reads(text: str) -> None:
+    """The schema's string branch and parse_duration accept the same strings (so one grammar decides)."""
+    try:
+        parse_duration(text)
+        parsed = True
+    except ValueError:
+        parsed = False
+    assert (re.search(DURATION_PATTERN, text) is not None) == parsed
+    problems = validate_data("definition", {"name": "a", "limits": {"elapsed": text}})
+    assert (problems == []) == parsed, problems
 
 
 def test_durations_in_limits_become_seconds() -> None:
@@ -408,3 +436,32 @@ def test_validate_file_reports_every_line_of_a_record_log(tmp_path: Path) -> Non
     (problem,) = validate_file(path)
     assert (problem.line, problem.path) == (3, "$.data")
     assert "data.status" in problem.message
+
+
+# ---------------------------------------------------------------------------------------------
+# The loader's modules: importing compiles no schema
+# ---------------------------------------------------------------------------------------------
+
+
+def test_importing_the_loader_compiles_no_validator() -> None:
+    """Importing the config layer reads and compiles no schema; the first check compiles each once."""
+    code = """if True:
+        from loopwright import _config, _schemas
+        caches = (_schemas.schema, _schemas.validator, _schemas.meta_validator)
+        before = [c.cache_info().currsize for c in caches]
+        assert _config.validate_data("definition", {"name": "a", "output": {"type": "object"}}) == []
+        _config.validate_data("definition", {"name": "b"})
+        print(before, [c.cache_info().currsize for c in caches], _schemas.validator.cache_info().misses)
+    """
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    # definition and every schema it may $ref (the registry) loaded, one validator, the meta-schema's.
+    assert done.stdout.split()[:3] == ["[0,", "0,", "0]"], done.stdout
+    assert done.stdout.strip().endswith("[4, 1, 1] 1"), done.stdout
+
+
+def test_no_loader_module_is_over_600_lines() -> None:
+    """The loader is split by concern (_yaml reads, _schemas validates, _config assembles): none is long."""
+    for name in ("_config", "_schemas", "_yaml"):
+        path = SPECS_DIR.parent / f"{name}.py"
+        assert len(path.read_text(encoding="utf-8").splitlines()) <= 600, name

@@ -106,40 +106,44 @@ def _add() -> loopwright.Tool:
 class Everything:
     """Implements every hook a run calls, noting each call's hook name (and its detail) in order."""
 
-    def __init__(self) -> None:
-        self.log: list[str] = []
+    def __init__(self, log: list[str] | None = None, tag: str = "") -> None:
+        self.log: list[str] = log if log is not None else []
+        self.tag = tag
+
+    def note(self, entry: str) -> None:
+        self.log.append(f"{self.tag}{entry}")
 
     @hookimpl
     def loopwright_before_inference(self, turn: int) -> None:
-        self.log.append(f"before_inference {turn}")
+        self.note(f"before_inference {turn}")
 
     @hookimpl
     def loopwright_after_inference(self, turn: int) -> None:
-        self.log.append(f"after_inference {turn}")
+        self.note(f"after_inference {turn}")
 
     @hookimpl
     def loopwright_before_tool_call(self, call: loopwright.ToolCall) -> None:
-        self.log.append(f"before_tool_call {call.name}")
+        self.note(f"before_tool_call {call.name}")
 
     @hookimpl
     def loopwright_after_tool_call(self, call: loopwright.ToolCall) -> None:
-        self.log.append(f"after_tool_call {call.name}")
+        self.note(f"after_tool_call {call.name}")
 
     @hookimpl
     def loopwright_on_message(self, message: loopwright.Message) -> None:
-        self.log.append(f"on_message {message.role}")
+        self.note(f"on_message {message.role}")
 
     @hookimpl
     def loopwright_on_state_change(self, new: str) -> None:
-        self.log.append(f"on_state_change {new}")
+        self.note(f"on_state_change {new}")
 
     @hookimpl
     def loopwright_on_cost(self, turn: int) -> None:
-        self.log.append(f"on_cost {turn}")
+        self.note(f"on_cost {turn}")
 
     @hookimpl
     def loopwright_on_runtime_close(self) -> None:
-        self.log.append("on_runtime_close")
+        self.note("on_runtime_close")
 
 
 async def test_the_exact_order_of_hook_calls_over_one_scripted_run(tmp_path: Path) -> None:
@@ -172,6 +176,57 @@ EXPECTED_ORDER: list[str] = [
     "on_state_change waiting",
     "on_runtime_close",
 ]
+
+
+def test_the_table_says_which_side_runs_first() -> None:
+    """definition_first is true exactly for the after_* interceptors: host hooks wrap a definition's."""
+    for name, rule in hookspecs.HOOKS.items():
+        assert rule.definition_first == name.startswith("loopwright_after_"), name
+
+
+async def test_the_exact_order_with_a_definitions_hook_set(tmp_path: Path) -> None:
+    """With a hook set named by the definition, the host's hooks wrap it: first before a step, last after it."""
+    add = _add()
+    log: list[str] = []
+    host, own = Everything(log, "host "), Everything(log, "def ")
+
+    class Offers:
+        @hookimpl
+        def loopwright_register_hooks(self, register: Any) -> None:
+            register("everything", own)
+
+    h = Harness(reply(None, call("add", a=1, b=2)), reply("done"), tools=[add])
+    async with make_runtime(tmp_path, h, host, Offers()) as rt:
+        _, result = await run_to_rest(rt, defn(tools=[add], hooks=("everything",)))
+        assert result.state is State.WAITING
+    assert log == [
+        "host on_state_change running", "def on_state_change running",
+        "host on_message user", "def on_message user",
+        "host before_inference 1", "def before_inference 1",
+        "def after_inference 1", "host after_inference 1",
+        "host on_message assistant", "def on_message assistant",
+        "host on_cost 1", "def on_cost 1",
+        "host before_tool_call add", "def before_tool_call add",
+        "def after_tool_call add", "host after_tool_call add",
+        "host before_inference 2", "def before_inference 2",
+        "def after_inference 2", "host after_inference 2",
+        "host on_message assistant", "def on_message assistant",
+        "host on_cost 2", "def on_cost 2",
+        "host on_state_change waiting", "def on_state_change waiting",
+        "host on_runtime_close",  # never a definition's: not per_definition in the table
+    ]
+
+
+def test_extra_implementations_join_on_the_side_the_table_says() -> None:
+    """PluginHost.impls(hook, extra=...) puts a definition's implementations inside the host's, per HOOKS."""
+    host = PluginHost()
+    host.register(Everything(), "host")
+    extra = (("def", print, ()),)
+    for name in ("loopwright_before_tool_call", "loopwright_after_tool_call", "loopwright_on_message"):
+        names = [p for p, _f, _a in host.impls(name, extra=extra)]
+        expected = ["def", "host"] if hookspecs.HOOKS[name].definition_first else ["host", "def"]
+        assert names == expected, name
+    assert host.impls("loopwright_on_cost", extra=()) == host.impls("loopwright_on_cost")
 
 
 def test_unregister_removes_what_the_plugin_registered_and_nothing_else() -> None:

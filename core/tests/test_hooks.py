@@ -29,11 +29,11 @@ from loopwright import (
     State,
     StopReason,
     ToolStatus,
-    _loop,
     _plugins,
     hookimpl,
 )
 from loopwright._definition import PluginSpec
+from loopwright._engine import _journal
 from loopwright.errors import HookBlockedError, PluginError, RegistrationError
 
 pytestmark = pytest.mark.anyio
@@ -607,14 +607,14 @@ async def multi_turn_run(tmp_path: Path, *plugins: object,
 
 async def test_no_hooks_means_no_hook_context(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With no hook registered, a full multi-turn run with tools never builds an InstanceInfo."""
-    monkeypatch.setattr(_loop, "InstanceInfo", _NoInstanceInfo)
+    monkeypatch.setattr(_journal, "InstanceInfo", _NoInstanceInfo)
     _, result = await multi_turn_run(tmp_path)
     assert (result.state, result.stop_reason, result.text) == (State.STOPPED, StopReason.COMPLETED, "11")
 
 
 async def test_one_hook_does_build_the_hook_context(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Registering one hook makes the loop build an InstanceInfo, so the no-hooks proof can fail."""
-    monkeypatch.setattr(_loop, "InstanceInfo", _NoInstanceInfo)
+    monkeypatch.setattr(_journal, "InstanceInfo", _NoInstanceInfo)
 
     class One:
         @hookimpl
@@ -1017,6 +1017,40 @@ async def test_definition_hooks_import_nothing_from_sys_path(tmp_path: Path, gua
         for bad in (defn(hooks=("lw_guard_mod",)), defn(guardrails=("lw_guard_mod:no_big_numbers",))):
             with pytest.raises(loopwright.errors.ConfigError, match="lw_guard_mod"):
                 await rt.start_agent(bad, None, "go")
+
+
+_BAD_HOOK_SETS = {
+    "argument": ("@loopwright.hookimpl\ndef loopwright_before_tool_call(nonsense):\n    return None\n",
+                 "loopwright_before_tool_call", "nonsense"),
+    "misspelt": ("@loopwright.hookimpl\ndef loopwright_on_mesage(message):\n    pass\n",
+                 "loopwright_on_mesage", "unknown hook"),
+    "wrapper": ("@loopwright.hookimpl(wrapper=True)\ndef loopwright_after_tool_call(result):\n    return (yield)\n",
+                "loopwright_after_tool_call", "wrapper=True"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_BAD_HOOK_SETS))
+async def test_an_entry_point_a_definition_names_is_checked_before_the_instance_exists(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str,
+) -> None:
+    """An entry point named in ``hooks:`` is checked by pluggy as host plugins are: a bad one fails the start."""
+    source, hook, why = _BAD_HOOK_SETS[kind]
+    (tmp_path / "lw_bad_hooks.py").write_text(f"import loopwright\n\n{source}")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "lw_bad_hooks", raising=False)
+    ep = importlib.metadata.EntryPoint(name="lwbad", value="lw_bad_hooks", group="loopwright")
+    monkeypatch.setattr(_plugins, "_entry_points", lambda: {"lwbad": ep})
+    h = Harness(reply("never"))
+    async with make_runtime(tmp_path, h) as rt:
+        definition = defn(hooks=("lwbad",))
+        with pytest.raises(PluginError) as info:
+            rt.check_definition(definition)
+        for part in ("lwbad", hook, why):
+            assert part in str(info.value), info.value
+        with pytest.raises(PluginError):
+            await rt.start_agent(definition, None, "go")
+        assert not h.requests
+        assert await rt.store.list_headers() == []
 
 
 # ------------------------------------------------------------------------------------------

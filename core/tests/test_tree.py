@@ -171,3 +171,64 @@ async def test_runtime_fork_after_a_restart_keeps_grants_and_goes_on_from_the_tu
         assert [m.content for m in second.sent[0] if m.role == "user"] == ["one", "three"]
         with pytest.raises(LoopwrightError, match="turn 5 is not in its history"):
             await rt.fork(original, at_turn=5)
+
+
+
+async def test_a_fork_keeps_the_originals_narrower_grants_and_a_widened_header_gains_nothing(tmp_path: Path) -> None:
+    """An original started with less than the runtime grants forks with exactly that, never the runtime's; an
+    original whose saved grants were edited to claim more forks with no more than the runtime's."""
+    work = tmp_path / "work"
+    (work / "sub").mkdir(parents=True)
+    wide = Capabilities(files=loopwright.FileGrants(read=(str(work),), write=(str(work),)), shell="approval",
+                        network=True, agents_spawn=True, agents_max_agents=9)
+    narrow = Capabilities(files=loopwright.FileGrants(read=(str(work / "sub"),)))
+    async with make_runtime(tmp_path, Harness(reply("a"), reply("b")), capabilities=wide) as rt:
+        run = await rt.start_agent(defn(), prompt="one", capabilities=narrow)
+        await run.wait()
+        fork = await rt.fork(run.instance_id)
+        saved = (await rt.store.read_header(fork.instance_id))["capabilities"]
+        assert saved == (await rt.store.read_header(run.instance_id))["capabilities"]
+        assert fork.inst.grants == run.inst.grants
+        assert fork.inst.grants.files.read == (str(work / "sub"),)
+        assert (fork.inst.grants.files.write, fork.inst.grants.network, fork.inst.grants.agents_spawn) == ((), False,
+                                                                                                          False)
+        assert fork.inst.grants.shell == "none"
+        # The original's header now claims everything: its fork still gets no more than this runtime grants.
+        header = await rt.store.read_header(run.instance_id)
+        header["capabilities"] = {"files": {"read": ["/"], "write": ["/"]}, "shell": "allow", "network": True,
+                                  "agents": {"spawn": True, "maxDepth": 99, "maxAgents": 10_000}}
+        await rt.store.write_header(run.instance_id, header)
+    async with make_runtime(tmp_path, Harness(), capabilities=wide) as rt:
+        fork = await rt.fork(run.instance_id)
+        grants = fork.inst.grants
+        assert all(Path(r).is_relative_to(work) for r in (*grants.files.read, *grants.files.write)), grants.files
+        assert grants.network is True  # both sides grant it
+        assert (grants.shell, grants.agents_max_agents) == ("approval", 9)
+
+@pytest.mark.xfail(strict=True, reason=(
+    "open bug (issue 11, point 2): a before_tool_call hook's ModifyInputs on a call that is then held is "
+    "saved in pendingApprovals but not in the transcript's assistant message, so Runtime._decide_own refuses "
+    "every approval ('is not the call shown for approval') and continue_after_decisions would run the "
+    "unmodified call; the fix is in _loop.py (_prepare/_end_of_turn)"))
+async def test_a_call_a_hook_changed_before_it_was_held_runs_as_shown_once_approved(tmp_path: Path) -> None:
+    """A hook rewrites touch's argument, then the definition holds the call: the approval shows the rewritten
+    call, approving it is accepted, and the tool runs exactly what was shown, once."""
+    ran.clear()
+
+    class Rewrite:
+        @loopwright.hookimpl
+        def loopwright_before_tool_call(self, call: Any) -> Any:
+            return loopwright.ModifyInputs({"name": "rewritten"}) if call.arguments.get("name") == "asked" else None
+
+    h = Harness(reply(None, call("touch", "c1", name="asked")), reply("done"), tools=[touch])
+    async with make_runtime(tmp_path, h, Rewrite()) as rt:
+        run = await rt.start_agent(defn(tools=["touch"], requires_approval=("touch",)), prompt="go")
+        with anyio.fail_after(30):
+            result = await run.wait()
+        (pending,) = result.pending_approvals
+        assert dict(pending.arguments) == {"name": "rewritten"}
+        await run.approve(tool_call_id="c1")
+        with anyio.fail_after(30):
+            result = await run.wait()
+        assert result.text == "done"
+        assert ran == ["rewritten"]

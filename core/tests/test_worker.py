@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -49,8 +50,8 @@ def lw(project: Path, *args: str, timeout: float = 60) -> subprocess.CompletedPr
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 
-def start(project: Path, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "loopwright.cli", *args], cwd=project, env=_env(),
+def start(project: Path, *args: str, **env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "loopwright.cli", *args], cwd=project, env={**_env(), **env},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -216,6 +217,45 @@ def test_ctrl_c_after_the_grace_leaves_the_instance_for_another_worker(project: 
     picked, finished = events(done.stdout)
     assert (picked["instanceId"], picked["reason"]) == (iid, "resume")
     assert finished["text"].startswith("after long: the call was interrupted")
+
+
+def test_mail_read_by_a_stopped_worker_is_given_by_the_one_that_resumes(project: Path) -> None:
+    """SIGTERM after a segment read a message into the header's queue, before its first turn: the resume gives it.
+
+    The transcript the resume finds ends with the answer of the segment before (which rested);
+    the queued message is what this segment began for, and the model must see it.
+    """
+    iid = run_json(project, "nap.yaml")["instanceId"]
+    worker = start(project, "worker", "--poll", "50ms", "--grace", "0", LW_PAUSE_RUNNING="600")
+    try:
+        post_message(project, iid, "go")
+        wait_for(project / f"paused.{iid}", worker)
+        worker.send_signal(signal.SIGTERM)
+        _out, err = worker.communicate(timeout=120)  # a hang guard only
+    finally:
+        worker.kill()
+    assert worker.returncode == 0, err
+    h = header(project, iid)
+    assert (h["state"], [m["text"] for m in h["inbox"]]) == ("running", ["go"])  # read, not given yet
+    done = lw(project, "worker", "--once", "--json")
+    assert done.returncode == 0, done.stderr
+    picked, finished = events(done.stdout)
+    assert (picked["instanceId"], picked["reason"]) == (iid, "resume")
+    assert finished["text"] == "after nap: napped"
+    assert header(project, iid)["inbox"] == []
+
+
+def test_the_runtime_gives_each_post_an_id_of_its_own(project: Path) -> None:
+    """Messages and cancel requests the runtime posts carry ids (what makes a retried post land once)."""
+    iid = run_json(project, "chat.yaml", "-p", "hi")["instanceId"]
+    for text in ("one", "two"):
+        done = lw(project, "message", "--detach", iid, text)
+        assert done.returncode == 0, done.stderr
+    posts, _cursor = store_call(project, lambda store: store.read_posts(iid, 0))
+    assert [p["text"] for p in posts] == ["one", "two"]
+    ids = [p["id"] for p in posts]
+    assert len(set(ids)) == 2
+    assert all(re.fullmatch(r"[0-9a-f]{32}", i) for i in ids), ids
 
 
 # -- scheduling (issue 15 item 5) -------------------------------------------------------------

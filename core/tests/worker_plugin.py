@@ -5,10 +5,16 @@ this file in ``plugins:``. The model ``script:NAME`` plays ``SCRIPTS[NAME]``: wh
 next is the number of assistant messages already in the transcript, so a script goes on
 correctly in whichever process picks the instance up; past the end, the last reply repeats. In
 a reply's ``text``, ``{last}`` becomes the content of the transcript's last message.
+
+With ``LW_PAUSE_RUNNING`` set (seconds), a segment pauses right after the header says
+``running`` and before its first turn (an observer of the state change), having written
+``paused.<instance id>``: a stop then leaves an instance whose mail was read from the mailbox
+into the header's queue but not yet given to the model.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +94,15 @@ def delete(path: str) -> str:
         path: The file.
     """
     return f"deleted {path}"
+
+
+@loopwright.hookimpl
+async def loopwright_on_state_change(instance: Any, old: str | None, new: str, stop_reason: str | None) -> None:
+    del old, stop_reason
+    pause = os.environ.get("LW_PAUSE_RUNNING")
+    if pause and new == "running":
+        Path(f"paused.{instance.instance_id}").write_text("paused")
+        await anyio.sleep(float(pause))
 
 
 @loopwright.hookimpl

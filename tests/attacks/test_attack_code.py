@@ -240,7 +240,7 @@ def test_guardrail_module_function_imports_nothing(project: Project) -> None:
 
 
 def test_guardrail_os_abort_does_not_kill_the_runtime(project: Project) -> None:
-    """``guardrails: ["os:abort"]`` killed the process with SIGABRT, and every resume again."""
+    """``guardrails: ["os:abort"]`` killed the process with SIGABRT, and every resume and worker again."""
     _evil_child(project, guardrails=["os:abort"])
     done = project.cli("run", spawner(project), "-p", "go")
     assert done.returncode != -6, "the runtime died of SIGABRT"
@@ -248,6 +248,9 @@ def test_guardrail_os_abort_does_not_kill_the_runtime(project: Project) -> None:
     for header in project.headers():
         again = project.cli("resume", header["instanceId"])
         assert again.returncode == 0, (again.returncode, again.stderr)
+    worker = project.cli("worker", "--once")
+    assert worker.returncode == 0, (worker.returncode, worker.stderr)
+    assert not project.pwned
 
 
 def test_completion_verify_names_no_code(project: Project) -> None:
@@ -267,6 +270,36 @@ def test_py_paths_are_refused(project: Project, keys: dict[str, Any]) -> None:
     assert not project.pwned
     [result] = project.tool_results("parent", "run_agent_async")
     assert result["status"] == "tool_error", result
+
+
+#: A module of the assembly's ``plugins:`` (trusted code), whose functions leave PWNED when called.
+POLICIES = textwrap.dedent("""
+    import pathlib
+    import loopwright
+
+    PWNED = pathlib.Path(__file__).resolve().parent / "PWNED"
+
+    def pwn(*args, **kwargs):
+        PWNED.write_text("a function of a plugin module ran on a model's say-so")
+
+    def verify(*args, **kwargs):
+        PWNED.write_text("verifier ran")
+        return True, ""
+""")
+
+
+@pytest.mark.parametrize("keys", [{"guardrails": ["policies:pwn"]}, {"hooks": ["otel"]},
+                                  {"completion": {"verify": "policies:verify", "maxAttempts": 1}}],
+                         ids=["guardrails", "hooks", "verify"])
+def test_a_definition_file_cannot_name_a_plugin_module_by_dotted_path(project: Project, keys: dict[str, Any]) -> None:
+    """A host definition may name ``policies:pwn`` (a function of a module of the assembly's plugins) and an
+    installed entry point (``otel``, not loaded here) as a hook set; a definition the model wrote may not: only
+    registered names, so no function of trusted code runs, and no package is loaded, on a model's say-so."""
+    (project.root / "policies.py").write_text(POLICIES)
+    project.plugins.append("policies")
+    project.agent("work/child.yaml", name="child", model="child:any", tools=["touch", "task_complete"], **keys)
+    project.assembly(parent=[start_child(), "started"], child=[calls(call("touch", name="child")), "done"])
+    assert_refused(project, project.cli("run", spawner(project), "-p", "go"), "names code only by registered name")
 
 
 def test_model_writes_module_and_definition_through_write_file(project: Project) -> None:
@@ -516,6 +549,24 @@ def test_inheritance_survives_a_new_process(project: Project) -> None:
     assert not (project.root / "touched-child").exists(), "the resumed child ran touch unasked"
     assert again.returncode == 3, (again.returncode, again.stdout, again.stderr)
 
+
+
+def test_a_fork_of_a_child_keeps_its_callers_gates(project: Project) -> None:
+    """``fork CHILD`` makes a root of the child's history, but not an ungated one: its call is still held."""
+    _touching_child(project)
+    project.assembly(parent=[start_child(), "started"], child=["ready"])
+    done = project.cli("run", spawner(project, requiresApproval=["touch"]), "-p", "go")
+    assert done.returncode == 0, done.stderr
+    child = project.header("child")["instanceId"]
+    forked = project.cli("fork", child)
+    assert forked.returncode == 0, forked.stderr
+    fork = forked.stdout.strip()
+    project.assembly(child=[calls(call("touch", name="child")), "done"])
+    again = project.cli("message", fork, "now touch")
+    assert again.returncode == 3, (again.returncode, again.stdout, again.stderr)
+    assert not (project.root / "touched-child").exists(), "the fork of the child ran touch unasked"
+    held = json.loads((project.root / "store" / fork / "instance.json").read_text())
+    assert [p["tool"] for p in held["pendingApprovals"]] == ["touch"]
 
 @pytest.mark.parametrize("tamper", ["malformed", "removed"])
 def test_tampered_inherited_gates_fail_closed(project: Project, tamper: str) -> None:

@@ -110,7 +110,7 @@ def capabilities_to_dict(caps: Capabilities) -> dict[str, Any]:
     """Return the JSON form of ``caps``: the ``capabilities`` key of an instance header, and the YAML form.
 
     The one serialiser of grants: the loader's converter (``definition_to_dict``) writes
-    capabilities with it too; :func:`capabilities_from_dict` reads it back.
+    capabilities with it too; :func:`capabilities_from_dict`, the one reader, reads it back.
     """
     return {
         "files": {"read": list(caps.files.read), "write": list(caps.files.write)},
@@ -121,11 +121,17 @@ def capabilities_to_dict(caps: Capabilities) -> dict[str, Any]:
     }
 
 
-def capabilities_from_dict(data: Any) -> Capabilities:
-    """Parse a saved ``capabilities`` entry. Raise ValueError unless it is well formed.
+def capabilities_from_dict(data: Any, *, saved: bool = True) -> Capabilities:
+    """Parse the JSON form of grants (:func:`capabilities_to_dict`). Raise ValueError unless it is well formed.
 
-    File roots must be absolute (the runtime saves them resolved): a relative one would mean a
-    different folder in a process with another working folder, so it makes the entry malformed.
+    The one reader of grants: a saved ``capabilities`` entry of an instance header, and (with
+    ``saved=False``) the ``capabilities:`` of an assembly or a host's YAML, which the loader's
+    converter reads with it. Missing keys take :class:`Capabilities`' defaults.
+
+    :param saved: File roots must be absolute (the runtime saves them resolved): a relative one
+        would mean a different folder in a process with another working folder, so it makes a
+        saved entry malformed. ``False`` for the YAML form, whose relative roots the runtime
+        resolves against the assembly's folder (:func:`resolve_roots`).
     """
     if not isinstance(data, Mapping) or set(data) - {"files", "shell", "network", "agents"}:
         raise ValueError("capabilities must be a mapping of files, shell, network and agents")
@@ -137,7 +143,7 @@ def capabilities_from_dict(data: Any) -> Capabilities:
     if not all(isinstance(x, list) and all(isinstance(s, str) for s in x) for x in (read, write)):
         raise ValueError("file roots must be lists of strings")
     relative = [r for r in (*read, *write) if not Path(r).is_absolute()]
-    if relative:
+    if relative and saved:
         raise ValueError(f"file root {relative[0]!r} is not absolute (saved roots are resolved when granted)")
     shell = data.get("shell", "none")
     if shell not in _SHELL_ORDER:
@@ -145,9 +151,11 @@ def capabilities_from_dict(data: Any) -> Capabilities:
     network, spawn = data.get("network", False), agents.get("spawn", False)
     if set(agents) - {"spawn", "maxDepth", "maxAgents"}:
         raise ValueError("agents must be a mapping of spawn, maxDepth and maxAgents")
-    depth = agents.get("maxDepth", 8)
+    depth = agents.get("maxDepth", Capabilities().agents_max_depth)
     # A header saved before maxAgents existed gets the default; a present one must be a count.
     count = agents.get("maxAgents", Capabilities().agents_max_agents)
+    if not saved:  # YAML's ``maxDepth: 2.0`` is the integer JSON Schema says it is
+        depth, count = (int(n) if isinstance(n, float) and n.is_integer() else n for n in (depth, count))
     if not isinstance(network, bool) or not isinstance(spawn, bool) or not all(
             isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in (depth, count)):
         raise ValueError(

@@ -19,12 +19,17 @@ import math
 import re
 from typing import Any
 
-__all__ = ["is_finite_number", "parse_duration"]
+__all__ = ["DURATION_PATTERN", "is_finite_number", "parse_duration"]
 
 _NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)"
-_PAIRS_RE = re.compile(rf"^\s*(?:{_NUMBER}\s*(?:ms|s|m|h)\s*)+$")
+_PAIRS = rf"(?:{_NUMBER}\s*(?:ms|s|m|h)\s*)+"
+_PAIRS_RE = re.compile(rf"^\s*{_PAIRS}$")
 _PAIR_RE = re.compile(rf"({_NUMBER})\s*(ms|s|m|h)")
 _SECONDS_RE = re.compile(rf"^\s*{_NUMBER}\s*$")
+#: The strings of the grammar as one regular expression: the ``pattern`` of ``$defs/duration`` in
+#: ``specs/definition.schema.json`` and ``specs/assembly.schema.json`` is this text (a test holds
+#: them equal), so the schemas accept exactly the strings :func:`parse_duration` reads.
+DURATION_PATTERN = rf"^\s*(?:{_NUMBER}\s*|{_PAIRS})$"
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 

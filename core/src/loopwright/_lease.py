@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
     from loopwright.abc import Lease, Store
 
-__all__ = ["HeldLease", "held_lease"]
+__all__ = ["HeldLease", "held_lease", "holding"]
 
 
 class HeldLease:
@@ -91,6 +91,16 @@ async def _held(store: Store, instance_id: str, owner: str, *, if_free: bool) ->
             raise
         yield None
         return
+    async with holding(lease, instance_id) as held:
+        yield held
+
+
+@contextlib.asynccontextmanager
+async def holding(lease: Lease, instance_id: str) -> AsyncIterator[HeldLease]:
+    """Hold a lease taken otherwise (:meth:`~loopwright.abc.Store.create_leased`) as :func:`held_lease` does.
+
+    It is released when the block ends, on any exit, unless it was handed over.
+    """
     held = HeldLease(lease, instance_id)
     try:
         yield held

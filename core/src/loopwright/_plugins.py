@@ -13,25 +13,38 @@ Loading order (so that hooks run in this order too):
 Then ``check_pending()`` rejects hook implementations that match no spec (a misspelled hook), and
 the registration hooks fill the component registries. Each is called with the arguments it takes
 of ``register``, ``settings`` (the assembly's ``pluginSettings``) and ``runtime``.
+
+Entry points are imported lazily, only when something names what they provide: a lookup in a
+registry (``kind in host.stores``, ``host.providers.get(kind)`` ...) that the plugins loaded so
+far do not answer loads pending entry points, the one whose name is most like the name looked
+up first, until one registers it; listing (``Registry.names()``, ``items()``,
+:meth:`PluginHost.plugin_names`, ``registered_by``), :meth:`PluginHost.load_entry_points`
+(the runtime calls it before an instance is created or continued) and the first hook call
+(:meth:`PluginHost.impls`) load them all: every installed plugin's hooks take part in every
+run. So a runtime that only reads the store (``loopwright ls``, ``show``, ``records`` on a
+built-in store) imports no plugin. An entry point loaded late still takes its
+place in the order above (step 2), for hooks and for :meth:`PluginHost.plugin_names`.
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import importlib.util
 import inspect
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
 from loopwright import hookspecs
 from loopwright._tools import as_tool
 from loopwright.errors import PluginError, RegistrationError
+
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
 
 __all__ = [
     "BUILTIN_PLUGINS", "ENTRY_POINT_GROUP", "GUARDRAIL_ARGS", "PluginHost", "Registry", "checked_guardrail",
@@ -92,6 +105,19 @@ class Registry:
         self.kind = kind
         self._items: dict[str, tuple[Any, str]] = {}
         self._options: dict[str, Mapping[str, Any]] = {}
+        #: Loads pending entry points (see the module's docstring): called as ``load(name, found)``
+        #: with the name looked up (``None``: every one) and a test that tells when to stop.
+        self.load_pending: Callable[[str | None, Callable[[], bool]], None] | None = None
+
+    def _look_for(self, name: str) -> bool:
+        """Whether ``name`` is registered, once pending entry points were loaded until one registered it."""
+        if name not in self._items and self.load_pending is not None:
+            self.load_pending(name, lambda: name in self._items)
+        return name in self._items
+
+    def _load_all(self) -> None:
+        if self.load_pending is not None:
+            self.load_pending(None, lambda: False)
 
     def add(self, name: str, item: Any, plugin: str, *, options: Mapping[str, Any] | None = None) -> None:
         """Register ``item`` as ``name``; a name taken by another plugin raises RegistrationError.
@@ -114,6 +140,7 @@ class Registry:
         The runtime checks a component's options against it, at their place in the assembly,
         before it calls the factory.
         """
+        self._look_for(name)
         return self._options.get(name)
 
     def remove(self, name: str) -> None:
@@ -123,17 +150,20 @@ class Registry:
 
     def get(self, name: str) -> Any:
         """Return the item registered as ``name``. Raise KeyError if there is none."""
+        self._look_for(name)
         return self._items[name][0]
 
     def plugin_of(self, name: str) -> str:
         """Return the name of the plugin that registered ``name``."""
+        self._look_for(name)
         return self._items[name][1]
 
     def __contains__(self, name: object) -> bool:
-        return name in self._items
+        return self._look_for(name) if isinstance(name, str) else False
 
     def names(self) -> list[str]:
-        """Return the registered names, sorted."""
+        """Return the registered names, sorted (every pending entry point loaded first)."""
+        self._load_all()
         return sorted(self._items)
 
     def remove_plugin(self, plugin: str) -> None:
@@ -142,7 +172,8 @@ class Registry:
             del self._items[name]
 
     def items(self) -> list[tuple[str, Any, str]]:
-        """Return ``(name, item, plugin)`` for every entry, sorted by name."""
+        """Return ``(name, item, plugin)`` for every entry, sorted by name (every pending entry point loaded first)."""
+        self._load_all()
         return [(n, i, p) for n, (i, p) in sorted(self._items.items())]
 
 
@@ -185,10 +216,18 @@ class PluginHost:
         self.hook_sets = Registry("hook set")
         self._registered_order: list[str] = []
         self._impl_cache: dict[str, tuple[int, tuple[Any, ...]]] = {}
+        #: Entry points not loaded yet, by name; ``None`` until the installed ones are read.
+        self._pending: dict[str, EntryPoint] | None = {}
+        self._installed: dict[str, EntryPoint] | None = None
+        #: Where the next entry point loaded takes its place in ``_registered_order``.
+        self._entry_point_slot = 0
+        self._loading_pending = False
+        for reg in self._registries():
+            reg.load_pending = self._load_pending
 
     # -- loading ----------------------------------------------------------------------------
 
-    def load(  # noqa: C901 - the loading order, step by step
+    def load(
         self, *, extra: Sequence[str] = (), base_dir: Path | None = None,
         blocked: Iterable[str] = (), autoload: bool | None = None,
     ) -> None:
@@ -202,6 +241,7 @@ class PluginHost:
         """
         for modname in BUILTIN_PLUGINS:
             self._register_checked(importlib.import_module(modname), modname)
+        self._entry_point_slot = len(self._registered_order)
         blocked_names = set(blocked)
         env_blocked = os.environ.get("LOOPWRIGHT_DISABLE_PLUGINS", "")
         blocked_names.update(n.strip() for n in env_blocked.split(",") if n.strip())
@@ -209,25 +249,70 @@ class PluginHost:
             autoload = os.environ.get("LOOPWRIGHT_DISABLE_PLUGIN_AUTOLOAD", "") in ("", "0")
         for name in sorted(blocked_names):
             self.pm.set_blocked(name)
-        eps = _entry_points() if autoload else {}
-        for name, ep in eps.items():
-            if name in blocked_names or self.pm.has_plugin(name):
-                continue
-            try:
-                plugin = ep.load()
-            except Exception as exc:
-                raise PluginError(f"could not load entry point {ep.value!r}: {exc}", plugin_name=name) from exc
-            self._register_checked(plugin, name)
+        # The installed entry points are read, and each imported, only when something asks for
+        # them (see the module's docstring): reading them costs importlib.metadata and a scan of
+        # every installed distribution, importing them their whole dependency trees.
+        self._pending = None if autoload else {}
         for ref in extra:
-            plugin, name = _resolve_reference(ref, base_dir, eps)
+            plugin, name = _resolve_reference(ref, base_dir)
             if name in blocked_names:
                 raise PluginError("is listed in plugins: but also blocked", plugin_name=name)
             if not self.pm.has_plugin(name) and not self.pm.is_registered(plugin):
                 # A module named by its path that an entry point already loaded is loaded once.
                 self._register_checked(plugin, name)
+            if self._pending is not None:
+                self._pending.pop(name, None)
         self._check_pending()
         for name in list(self._registered_order):
             self._call_registrations(name)
+
+    def load_entry_points(self) -> None:
+        """Load every entry point not loaded yet, so that each installed plugin's hooks take part from now on.
+
+        The runtime calls this before it creates or continues an instance, so that a plugin that
+        cannot load fails there, with nothing created, rather than at the run's first hook.
+
+        :raises PluginError: An entry point cannot be imported or registered (it names the entry point).
+        """
+        self._load_pending(None, lambda: False)
+
+    def _pending_entry_points(self) -> dict[str, EntryPoint]:
+        """Return the entry points not loaded yet (reading the installed ones the first time)."""
+        if self._pending is None:
+            self._pending = {name: ep for name, ep in self._entry_points().items()
+                             if not self.pm.is_blocked(name) and not self.pm.has_plugin(name)}
+        return self._pending
+
+    def _load_pending(self, wanted: str | None, found: Callable[[], bool]) -> None:
+        """Load pending entry points, ``wanted``'s namesakes first, until ``found()`` holds (``None``: all).
+
+        A plugin's registration hooks may look things up while it loads: those lookups load nothing more.
+
+        :raises PluginError: An entry point cannot be imported or registered (it names the entry point).
+        """
+        if self._loading_pending or (self._pending is not None and not self._pending):
+            return
+        self._loading_pending = True
+        try:
+            pending = self._pending_entry_points()
+            for name in sorted(pending, key=lambda n: _likeness(n, wanted)):
+                ep = pending.pop(name)
+                try:
+                    plugin = ep.load()
+                except Exception as exc:
+                    raise PluginError(f"could not load entry point {ep.value!r}: {exc}", plugin_name=name) from exc
+                if self.pm.is_registered(plugin):
+                    continue  # the assembly's plugins: named its module already
+                self._register_checked(plugin, name)
+                self._registered_order.remove(name)
+                self._registered_order.insert(self._entry_point_slot, name)
+                self._entry_point_slot += 1
+                self._check_pending()
+                self._call_registrations(name)
+                if found():
+                    return
+        finally:
+            self._loading_pending = False
 
     def register(self, plugin: object, name: str | None = None) -> str:
         """Register one more plugin now (a host's hooks, a test's plugin) and its components."""
@@ -253,16 +338,24 @@ class PluginHost:
             name = self.pm.get_name(plugin) if plugin is not None else None
             raise PluginError(str(exc), plugin_name=name) from exc
 
-    def installed(self, name: str) -> importlib.metadata.EntryPoint | None:
+    def installed(self, name: str) -> EntryPoint | None:
         """Return the installed entry point ``name`` of group ``loopwright``, if there is one (not loaded)."""
-        return _entry_points().get(name)
+        return self._entry_points().get(name)
+
+    def _entry_points(self) -> dict[str, EntryPoint]:
+        """Return the installed entry points of group ``loopwright``, read once."""
+        if self._installed is None:
+            self._installed = _entry_points()
+        return self._installed
 
     def plugin_names(self) -> list[str]:
-        """Return the loaded plugins' names in registration order."""
+        """Return the plugins' names in loading order (every pending entry point loaded first)."""
+        self.load_entry_points()
         return list(self._registered_order)
 
     def registered_by(self, name: str) -> dict[str, list[str]]:
-        """Return what plugin ``name`` registered, as ``{kind: [names]}``."""
+        """Return what plugin ``name`` registered, as ``{kind: [names]}`` (every pending entry point loaded first)."""
+        self.load_entry_points()
         out: dict[str, list[str]] = {}
         for reg in self._registries():
             names = [n for n, _i, p in reg.items() if p == name]
@@ -336,11 +429,30 @@ class PluginHost:
 
     # -- calling ----------------------------------------------------------------------------
 
-    def impls(self, hook_name: str) -> tuple[Any, ...]:
-        """Return ``(plugin_name, function, argnames)`` for each implementation, in registration order.
+    def impls(self, hook_name: str, extra: Sequence[Any] = ()) -> tuple[Any, ...]:
+        """Return ``(plugin_name, function, argnames)`` for each implementation, in call order.
 
-        Cached; the cache refreshes when a plugin is registered or unregistered.
+        The host's implementations come in registration order (``tryfirst`` ones first,
+        ``trylast`` ones last); cached, the cache refreshes when a plugin is registered or
+        unregistered.
+
+        :param extra: Implementations that take part in these calls only, as pluggy's
+            ``call_extra`` adds temporarily participating methods: a definition's hook sets and
+            guardrails, each checked by pluggy when it was registered (:func:`hook_set`). The
+            host's implementations wrap them, on the side ``definition_first`` of the hook's rule
+            in :data:`loopwright.hookspecs.HOOKS` says. Callers cache the result (it is not).
+
+        Every pending entry point is loaded first (their hooks take part in every call), except
+        for ``loopwright_on_runtime_close``: a plugin never loaded has nothing to close.
         """
+        if (self._pending is None or self._pending) and hook_name != "loopwright_on_runtime_close":
+            self.load_entry_points()
+        host = self._host_impls(hook_name)
+        if not extra:
+            return host
+        return (*extra, *host) if hookspecs.HOOKS[hook_name].definition_first else (*host, *extra)
+
+    def _host_impls(self, hook_name: str) -> tuple[Any, ...]:
         gen = self.pm.generation
         hit = self._impl_cache.get(hook_name)
         if hit is not None and hit[0] == gen:
@@ -443,12 +555,25 @@ def _default_name(plugin: object) -> str:
     return f"{type(plugin).__module__}.{type(plugin).__qualname__}@{id(plugin):x}"
 
 
-def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
+def _entry_points() -> dict[str, EntryPoint]:
+    # importlib.metadata (about 10 ms with zipfile, email ...) only when entry points are read.
+    import importlib.metadata  # noqa: PLC0415
+
     return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
 
 
+def _likeness(entry_point: str, wanted: str | None) -> tuple[int, str]:
+    """Sort pending entry points for a lookup of ``wanted``: its namesake, names that start alike, the rest."""
+    if wanted is None:
+        return 2, entry_point
+    a, b = entry_point.lower(), wanted.lower()
+    if a == b:
+        return 0, entry_point
+    return (1 if a.startswith(b) or b.startswith(a) else 2), entry_point
+
+
 def _resolve_reference(
-    ref: str, base_dir: Path | None, eps: Mapping[str, importlib.metadata.EntryPoint],
+    ref: str, base_dir: Path | None,
 ) -> tuple[object, str]:
     """Load a ``plugins:`` entry: a ``.py`` file, an entry-point name, or a dotted module path."""
     if ref.endswith(".py"):
@@ -469,7 +594,7 @@ def _resolve_reference(
             del sys.modules[modname]
             raise PluginError(f"importing {path} failed: {exc!r}", plugin_name=ref) from exc
         return module, ref
-    ep = eps.get(ref) or _entry_points().get(ref)
+    ep = _entry_points().get(ref)
     if ep is not None:
         try:
             return ep.load(), ref

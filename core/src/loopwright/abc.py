@@ -9,6 +9,7 @@ assembly's settings and closes them when it closes.
 from __future__ import annotations
 
 import abc
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Self
@@ -30,6 +31,7 @@ __all__ = [
     "RecordSink",
     "Store",
     "StoreSettings",
+    "new_post_id",
 ]
 
 
@@ -137,6 +139,14 @@ class StoreSettings:
     kind: str
     base_dir: Path
     options: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+def new_post_id() -> str:
+    """Return a fresh id for a mailbox post (:meth:`Store.post`): 32 random hexadecimal digits.
+
+    .. versionadded:: 0.2
+    """
+    return secrets.token_hex(16)
 
 
 class Store(_AsyncClosing, abc.ABC):
@@ -251,6 +261,16 @@ class Store(_AsyncClosing, abc.ABC):
 
         Unlike every other write, any process may post while another one runs the instance;
         the runner reads the mailbox with :meth:`read_posts`.
+
+        Posting is idempotent by the item's ``id``, chosen by the poster (:func:`new_post_id`):
+        an item whose ``id`` (a non-empty string) the instance's mailbox already holds is not
+        added again, and the call returns as if it had been. So a post retried after an error
+        that left unknown whether it landed (a connection lost after the commit) lands once.
+        Items without an ``id`` are each added. The item comes back from :meth:`read_posts`
+        as given, ``id`` included.
+
+        .. versionchanged:: 0.2
+           Idempotent by ``id``.
         """
         raise NotImplementedError
 

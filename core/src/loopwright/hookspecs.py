@@ -540,11 +540,16 @@ class HookRule:
             allowed); empty for the other kinds. Any other return value blocks the step.
         per_definition: Whether a definition's ``hooks:`` (a hook set) may implement it: every
             interceptor and observer but ``loopwright_on_runtime_close``; no registration hook.
+        definition_first: Whether a definition's implementations run before the host's. The
+            host's hooks wrap a definition's: they run first before a step (``before_*``, and
+            observers) and last after it (``after_*``, where this is ``True``), so the host both
+            sees what is asked first and has the last word on what comes back.
     """
 
     kind: HookKind
     decisions: tuple[type[Decision], ...] = ()
     per_definition: bool = True
+    definition_first: bool = False
 
 
 _REGISTRATION = HookRule(HookKind.REGISTRATION, per_definition=False)
@@ -563,9 +568,9 @@ HOOKS: Mapping[str, HookRule] = MappingProxyType({
     "loopwright_register_verifiers": _REGISTRATION,
     "loopwright_register_hooks": _REGISTRATION,
     "loopwright_before_inference": HookRule(HookKind.INTERCEPTOR, (ModifyRequest, Block, Respond)),
-    "loopwright_after_inference": HookRule(HookKind.INTERCEPTOR, (ModifyMessage, Block)),
+    "loopwright_after_inference": HookRule(HookKind.INTERCEPTOR, (ModifyMessage, Block), definition_first=True),
     "loopwright_before_tool_call": HookRule(HookKind.INTERCEPTOR, (ModifyInputs, Block, RequireApproval, Respond)),
-    "loopwright_after_tool_call": HookRule(HookKind.INTERCEPTOR, (ModifyResult, Block)),
+    "loopwright_after_tool_call": HookRule(HookKind.INTERCEPTOR, (ModifyResult, Block), definition_first=True),
     "loopwright_before_compaction": HookRule(HookKind.INTERCEPTOR, (Block,)),
     "loopwright_on_message": _OBSERVER,
     "loopwright_on_state_change": _OBSERVER,

@@ -445,3 +445,58 @@ async def test_create_leased_is_never_free_and_the_queue_comes_after_dead_runner
     finally:
         await store.aclose()
         await other.aclose()
+
+
+@pytest.mark.parametrize("given_id", [True, False], ids=["poster's id", "no id"])
+async def test_a_post_whose_reply_is_lost_after_its_commit_lands_once(
+        tmp_path: Path, pg_dsn: str, pg_schema: str, given_id: bool) -> None:
+    """The connection drops after the post's transaction committed, before its reply: the retry inserts nothing.
+
+    A proxy between the store and the server lets the post's COMMIT through, throws the server's
+    answer away and cuts the connection; the store retries on a new connection (as in an outage).
+    The mailbox holds the post once, and ``last_post`` names that one row.
+    """
+    from pg_proxy import Proxy  # noqa: PLC0415
+
+    item: dict[str, object] = {"type": "message", "text": "once"}
+    if given_id:
+        item["id"] = "the-posters-id"
+    with Proxy(pg_dsn) as proxy:
+        store = make(tmp_path, dsn=proxy.dsn, schema=pg_schema)
+        try:
+            await store.create("retried", {})
+            proxy.lose_commit_reply(b".posts (instance_id")
+            await store.post("retried", item)
+            assert proxy.lost.is_set()  # the first attempt committed and its answer never came
+            assert (await store.read_posts("retried", 0))[0] == [item]
+        finally:
+            await store.aclose()
+    rows = query(pg_dsn, sql.SQL("SELECT seq, data::text FROM {}.posts WHERE instance_id = 'retried'").format(
+        sql.Identifier(pg_schema)).as_string(None))
+    assert [json.loads(data) for _seq, data in rows] == [item]
+    (last,) = query(pg_dsn, sql.SQL("SELECT last_post FROM {}.instances WHERE id = 'retried'").format(
+        sql.Identifier(pg_schema)).as_string(None))
+    assert last == (rows[0][0],)
+
+
+async def test_tables_made_before_post_ids_get_the_column_at_the_first_start(store_factory, pg_dsn: str) -> None:
+    """A schema whose posts table has no ``post_id`` (an older version made it) gets it; old posts stay."""
+    store = store_factory()
+    try:
+        await store.create("old", {})
+        await store.post("old", {"type": "message", "text": "before"})
+    finally:
+        await store.aclose()
+    posts = sql.SQL("{}.posts").format(sql.Identifier(store.schema)).as_string(None)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # as an older version made it
+        conn.execute(f"DROP INDEX {store.schema}.posts_post_id")
+        conn.execute(f"ALTER TABLE {posts} DROP COLUMN post_id")
+    again = store_factory()
+    try:
+        item = {"id": "p-1", "type": "message", "text": "after"}
+        await again.post("old", item)
+        await again.post("old", item)
+        assert [i["text"] for i in (await again.read_posts("old", 0))[0]] == ["before", "after"]
+    finally:
+        await again.aclose()
+    assert query(pg_dsn, f"SELECT post_id FROM {posts} ORDER BY seq") == [(None,), ("p-1",)]  # noqa: S608

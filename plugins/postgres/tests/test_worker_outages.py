@@ -31,15 +31,23 @@ from loopwright.abc import StoreSettings
 
 LOOPWRIGHT = str(Path(sys.executable).with_name("loopwright"))
 PLUGIN = Path(__file__).resolve().with_name("pg_worker_plugin.py")
+# Its LW_PAUSE_RUNNING holds a segment between its "running" header and its first turn.
+CORE_PLUGIN = Path(__file__).resolve().parents[3] / "core" / "tests" / "worker_plugin.py"
 SCHEMA = "lw_outages"
 
 
-def make_project(root: Path, dsn: str, *, steps: int, store: str = "", schema: str = SCHEMA) -> Path:
-    """A folder with an assembly on ``dsn`` (extra store options in ``store``) and steps.yaml."""
+def make_project(root: Path, dsn: str, *, steps: int, store: str = "", schema: str = SCHEMA,
+                 pausing: bool = False) -> Path:
+    """A folder with an assembly on ``dsn`` (extra store options in ``store``) and steps.yaml.
+
+    With ``pausing``, core/tests/worker_plugin.py is loaded too, for its ``LW_PAUSE_RUNNING``.
+    """
     shutil.copy(PLUGIN, root / "pg_worker_plugin.py")
+    if pausing:
+        shutil.copy(CORE_PLUGIN, root / "worker_plugin.py")
     (root / "loopwright.yaml").write_text(
         f"store:\n  kind: postgres\n  dsnEnv: LW_WORKER_DSN\n  schema: {schema}\n{store}"
-        "plugins: [loopwright_postgres, pg_worker_plugin.py]\n")
+        f"plugins: [loopwright_postgres, pg_worker_plugin.py{', worker_plugin.py' if pausing else ''}]\n")
     (root / "steps.yaml").write_text(f"name: steps\nmodel: steps:{steps}\ntools: [step]\n")
     os.environ["LW_WORKER_DSN"] = dsn  # for the runtimes of this process (tests run one at a time)
     return root
@@ -324,10 +332,19 @@ def test_a_killed_workers_instances_are_taken_over_before_the_poll(tmp_path: Pat
     check_all(project, [iid], 1)
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "open bug (issue 15): now and then an instance's 'go' message, posted while the worker ran, is not "
-    "read after a SIGTERM during an outage: the heir answers from the resting state ('ready' instead of "
-    "'done i5'); seen once in a fresh-clone CI run on 2026-12-02, passed in the run before"))
+def sigterm_during_an_outage(worker: subprocess.Popen[str], cluster: Any) -> str:
+    """Stop the server, SIGTERM the worker, check it exits 0, start the server again; return its stdout."""
+    cluster.stop("fast")
+    try:
+        worker.send_signal(signal.SIGTERM)
+        out, err = worker.communicate(timeout=120)
+        assert worker.returncode == 0, err[-3000:]
+    finally:
+        worker.kill()
+        cluster.start()
+    return out
+
+
 def test_sigterm_during_an_outage_stops_the_worker_and_loses_nothing(tmp_path: Path, own_cluster: Any) -> None:
     """A worker told to stop while the server is down exits 0; once it is back, another worker finishes the work."""
     steps = 4
@@ -336,18 +353,40 @@ def test_sigterm_during_an_outage_stops_the_worker_and_loses_nothing(tmp_path: P
     worker = start_worker(project, own_cluster.dsn, "--poll", "200ms", "--grace", "1s")
     post_go(own_cluster.dsn, ids)
     wait_until("work to start", lambda: len(effects(project)) >= 4)
-    own_cluster.stop("fast")
-    try:
-        worker.send_signal(signal.SIGTERM)
-        _out, err = worker.communicate(timeout=120)
-        assert worker.returncode == 0, err[-3000:]
-    finally:
-        worker.kill()
-        own_cluster.start()
+    sigterm_during_an_outage(worker, own_cluster)
     assert set(states(own_cluster.dsn)) <= {"running", "waiting"}
     heir = start_worker(project, own_cluster.dsn, "--poll", "200ms")
     try:
         wait_until("every instance to finish", lambda: states(own_cluster.dsn) == Counter({"waiting": 6}))
+    finally:
+        stop_workers([heir])
+    check_all(project, ids, steps)
+
+
+def test_mail_read_by_a_worker_stopped_during_an_outage_is_answered_by_the_next(tmp_path: Path,
+                                                                               own_cluster: Any) -> None:
+    """The take-over after a stop gives the model the message its first runner had read but not yet given.
+
+    Every segment pauses after its header says ``running`` (with the message moved from the
+    mailbox into the header's queue) and before its first turn; the server stops, the worker is
+    told to stop and leaves all of them ``running``. The heir resumes each one: its transcript
+    ends with the "ready" of the segment before, and the queued message must still be read.
+    """
+    steps = 2
+    project = make_project(tmp_path, own_cluster.dsn, steps=steps, store="  leaseTtl: 3\n", pausing=True)
+    ids = create_resting(project, 4)
+    worker = start_worker(project, own_cluster.dsn, "--poll", "200ms", "--grace", "1s", LW_PAUSE_RUNNING="600")
+    post_go(own_cluster.dsn, ids)
+    wait_until("every segment to pause", lambda: all((project / f"paused.{iid}").exists() for iid in ids))
+    out = sigterm_during_an_outage(worker, own_cluster)
+    assert states(own_cluster.dsn) == Counter({"running": 4}), out
+
+    async def queues(store: Any) -> list[list[str]]:
+        return [[m["text"] for m in (await store.read_header(iid))["inbox"]] for iid in ids]
+    assert store_call(own_cluster.dsn, queues) == [["go"]] * 4  # read from the mailbox, not given yet
+    heir = start_worker(project, own_cluster.dsn, "--poll", "200ms")
+    try:
+        wait_until("every instance to finish", lambda: states(own_cluster.dsn) == Counter({"waiting": 4}))
     finally:
         stop_workers([heir])
     check_all(project, ids, steps)

@@ -74,7 +74,9 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 import anyio
 
 from loopwright.abc import Store, StoreSettings
-from loopwright.builtins.file_store import Lease, _check_id, _encode_line
+from loopwright.builtins._file_io import check_id as _check_id
+from loopwright.builtins._file_io import encode_line as _encode_line
+from loopwright.builtins._file_lease import Lease
 from loopwright.errors import (
     ConfigError,
     ConfigProblem,
@@ -463,10 +465,29 @@ class SqliteStore(Store):
     async def post(self, instance_id: str, item: Mapping[str, Any]) -> None:
         """Append ``item`` to the instance's mailbox (any process, any time), committed on return.
 
-        Raise :class:`~loopwright.errors.InstanceNotFoundError` for an unknown instance.
+        An item with an ``id`` is idempotent (see :meth:`loopwright.abc.Store.post`): one
+        ``INSERT ... WHERE NOT EXISTS`` over the instance's posts, atomic since SQLite has one
+        writer at a time. Raise :class:`~loopwright.errors.InstanceNotFoundError` for an unknown instance.
         """
         line = _encode(_check_id(instance_id), item, "the mailbox")
+        post_id = item.get("id")
+        if isinstance(post_id, str) and post_id:
+            await self._run(self._insert_post, instance_id, line, post_id)
+            return
         await self._run(self._insert, instance_id, "posts", [line])
+
+    def _insert_post(self, instance_id: str, line: str, post_id: str) -> None:
+        conn = self._connect(create=False)
+        if conn is None:
+            raise InstanceNotFoundError(instance_id)
+        try:
+            conn.execute("INSERT INTO posts (instance_id, json) SELECT ?, ? WHERE NOT EXISTS (SELECT 1 FROM posts "
+                         "WHERE instance_id = ? AND json_extract(json, '$.id') = ?)",
+                         (instance_id, line, instance_id, post_id))
+        except sqlite3.IntegrityError:
+            raise InstanceNotFoundError(instance_id) from None  # the foreign key: no such instance
+        except sqlite3.Error as exc:
+            raise self._error(exc, instance_id, "post") from exc
 
     async def read_posts(self, instance_id: str, cursor: int) -> tuple[list[dict[str, Any]], int]:
         """Return the posts after ``cursor`` (a row ``seq``; 0 reads all) and the ``seq`` of the last one.

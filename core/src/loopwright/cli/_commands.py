@@ -3,12 +3,15 @@
 Each public function here takes the :class:`~loopwright.cli.CliSettings` and the parsed
 arguments of one command, and returns its exit code. Async work runs under :func:`anyio.run`:
 this is the only place loopwright goes from sync to async.
+
+What only some commands use is imported inside them (the live display and the terminal
+question for the commands that follow a run, the worker loop, entry-point metadata for
+``plugins``), so that ``ls`` and ``show`` import no more than reading the store takes.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
@@ -18,9 +21,8 @@ import anyio
 import attrs
 import click
 
-from loopwright._plugins import BUILTIN_PLUGINS, ENTRY_POINT_GROUP
+from loopwright._plugins import BUILTIN_PLUGINS
 from loopwright._runtime import AgentRun, Runtime, summary
-from loopwright._template import resolve_inputs
 from loopwright._types import State
 from loopwright.cli._exits import EXIT_OK, EXIT_USAGE, CliError
 from loopwright.cli._output import (
@@ -31,8 +33,6 @@ from loopwright.cli._output import (
     print_tree,
     report,
 )
-from loopwright.cli._progress import follow, make_progress, terminal_approver
-from loopwright.cli._worker import worker as serve
 from loopwright.display import safe_json, safe_text
 from loopwright.errors import ConfigError, InstanceNotFoundError, LoopwrightError, StoreError
 
@@ -74,7 +74,11 @@ def _runtime(settings: CliSettings) -> Runtime:
     grant are asked about at the terminal; elsewhere they wait at the loop's approval gate.
     """
     interactive = not settings.json and sys.stdin.isatty() and sys.stderr.isatty()
-    return Runtime.from_file(settings.assembly_path(), shell_approver=terminal_approver if interactive else None)
+    if not interactive:
+        return Runtime.from_file(settings.assembly_path())
+    from loopwright.cli._progress import terminal_approver  # noqa: PLC0415 - only on a terminal, for a cheap start
+
+    return Runtime.from_file(settings.assembly_path(), shell_approver=terminal_approver)
 
 
 async def _lookup(rt: Runtime, instance_id: str) -> AgentRun:
@@ -113,6 +117,8 @@ async def _follow(settings: CliSettings, agent: AgentRun) -> int:
     Agents it started that still run are then waited for, so that leaving the command does not
     interrupt them (Ctrl-C leaves them ``running``, to be resumed); the exit code is ``agent``'s.
     """
+    from loopwright.cli._progress import follow, make_progress  # noqa: PLC0415 - only for commands that follow a run
+
     settings.instance_id = agent.instance_id
     progress = make_progress(settings)
     progress.start_from(agent.inst.turn, agent.inst.usage.total_tokens or
@@ -176,6 +182,8 @@ async def _follow_elsewhere(settings: CliSettings, rt: Runtime, instance_id: str
 async def run(settings: CliSettings, definition: str, prompt: str | None, inputs: Mapping[str, str],  # noqa: PLR0917 - click passes them in order
               stream: bool, detach: bool = False) -> int:
     """``loopwright run``: start an instance and follow it until it rests (``detach``: queue it for a worker)."""
+    from loopwright._template import resolve_inputs  # noqa: PLC0415 - only for run, for a cheap start
+
     async with _runtime(settings) as rt:
         if definition not in rt.assembly.agent_definitions and not Path(definition).exists():  # noqa: ASYNC240
             names = ", ".join(sorted(rt.assembly.agent_definitions))
@@ -416,6 +424,8 @@ async def records(settings: CliSettings, instance_id: str, kinds: Sequence[str])
 @_sync
 async def worker(settings: CliSettings, poll: float, max_concurrent: int, once: bool, grace: float) -> int:
     """``loopwright worker``: run the work other processes leave in the store until stopped."""
+    from loopwright.cli._worker import worker as serve  # noqa: PLC0415 - only for worker, for a cheap start
+
     return await serve(settings, poll, max_concurrent, once, grace)
 
 
@@ -478,14 +488,14 @@ def plugins(settings: CliSettings) -> int:
     rt = _runtime(settings)
     rt.load_plugins()
     host = rt.plugins
-    entry_points = {ep.name: ep.value for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
     listed = set(rt.assembly.plugins)
     out: list[dict[str, Any]] = []
     for name in host.plugin_names():
+        installed = host.installed(name)
         if name in BUILTIN_PLUGINS:
             source, value = "builtin", None
-        elif name in entry_points:
-            source, value = "entrypoint", entry_points[name]
+        elif installed is not None:
+            source, value = "entrypoint", installed.value
         elif name in listed:
             source, value = "assembly", None
         else:

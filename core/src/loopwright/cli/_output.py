@@ -327,7 +327,7 @@ _LS_COLUMNS = ("ID", "NAME", "STATE", "TOKENS", "COST", "UPDATED (UTC)")
 
 def print_instances(summaries: Sequence[Mapping[str, Any]]) -> None:
     """Print instances as a table: plain aligned columns, or a rich table on a terminal."""
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for s in summaries:
         usage = s.get("usage") or {}
         total = usage.get("totalTokens") or (usage.get("inputTokens") or 0) + (usage.get("outputTokens") or 0)
@@ -336,8 +336,8 @@ def print_instances(summaries: Sequence[Mapping[str, Any]]) -> None:
             state += ", cancelled"
         if s.get("queued"):
             state += " (queued)"
-        row = (str(s.get("instanceId")), str(s.get("name") or ""), state, f"{int(total):,}",
-               format_cost(s.get("cost")), _when(s.get("updatedAt")))
+        row: tuple[str, ...] = (str(s.get("instanceId")), str(s.get("name") or ""), state, f"{int(total):,}",
+                                format_cost(s.get("cost")), _when(s.get("updatedAt")))
         rows.append(tuple(safe_text(value) for value in row))
     if not rows:
         click.echo("no instances", err=True)

@@ -26,6 +26,7 @@ cancelled run has rested, a further SIGINT while the process ends exits 130 at o
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import sys
@@ -453,6 +454,8 @@ async def terminal_approver(command: str, context: Any) -> bool | str:
     The command is shown through :func:`loopwright.display.safe_text`: a carriage return, an
     ANSI escape or a line break in it is shown as ``\r``, ``\x1b``, ``\n``, so the line on
     screen is the command that runs. Returns ``True`` for yes, otherwise the reason the model sees.
+    Ctrl-C at the question cancels the run as anywhere else, at once: the thread reading the
+    terminal is abandoned, not waited for.
     """
     global _prompt_lock  # noqa: PLW0603 - one prompt at a time in this process
     if _prompt_lock is None:
@@ -464,7 +467,13 @@ async def terminal_approver(command: str, context: Any) -> bool | str:
         try:
             who = safe_text(getattr(context, "instance_id", "?"))
             question = f"\ninstance {who} wants to run:\n  {safe_text(command)}\nRun this command? [y/N] "
-            answer = await anyio.to_thread.run_sync(_ask_terminal, question)
+            # A daemon thread, abandoned when the run is cancelled (Ctrl-C at the question): a
+            # thread blocked reading the terminal cannot be stopped, and an anyio worker thread
+            # would be joined at exit, keeping the CLI until Enter. Imported here, where the loop
+            # (which imports it anyway) is running, so that this module stays cheap to import.
+            from loopwright._tools import run_in_daemon_thread  # noqa: PLC0415
+
+            answer = await run_in_daemon_thread(functools.partial(_ask_terminal, question))
         finally:
             if isinstance(display, LiveProgress):
                 display.resume()

@@ -4,8 +4,8 @@ See the package docstring and ``docs/stores/postgres.md`` for the options and th
 
 Why threads, not psycopg's async API: psycopg's ``AsyncConnection`` runs only under asyncio,
 and loopwright runs under asyncio and trio (anyio). Every call here runs psycopg's blocking API
-in a worker thread (``anyio.to_thread.run_sync``) on a connection from a
-:class:`psycopg_pool.ConnectionPool`, so the store works the same under both. A thread hop costs
+in a worker thread (``anyio.to_thread.run_sync``) on a connection from the store's own small
+pool (:class:`~loopwright_postgres._connections.Pool`), so the store works the same under both. A thread hop costs
 tens of microseconds, well under a round trip to a database server. The wait for a worker thread
 is not cancellable: a write that started finishes (or fails) before the caller sees a
 cancellation, so it is never left half-known.
@@ -422,8 +422,10 @@ class PostgresStore(Store):
                           "RETURNING instance_id, epoch"),
             "post_lock": "SELECT pg_advisory_xact_lock(%s)",
             "read_mailbox": "SELECT seq, data::text FROM {s}.posts WHERE instance_id = %s AND seq > %s ORDER BY seq",
-            "post": ("WITH p AS (INSERT INTO {s}.posts (instance_id, data) VALUES (%s, %s::json) "  # noqa: S608
-                     "RETURNING seq), i AS (UPDATE {s}.instances SET last_post = p.seq FROM p WHERE id = %s "
+            # Once per post id: a retried post (its reply lost) inserts nothing, and notifies nothing.
+            "post": ("WITH p AS (INSERT INTO {s}.posts (instance_id, data, post_id) VALUES (%s, %s::json, %s) "  # noqa: S608
+                     "ON CONFLICT (instance_id, post_id) DO NOTHING RETURNING seq), "
+                     "i AS (UPDATE {s}.instances SET last_post = p.seq FROM p WHERE id = %s "
                      "RETURNING id, " + _WORK + " AS work) SELECT " + notify + " FROM i"),
             # Is there work under a lease whose holder is gone (a killed process) or that expired?
             "orphans": ("WITH live AS MATERIALIZED (SELECT (classid::bigint << 32) | objid::bigint AS session "  # noqa: S608
@@ -520,9 +522,9 @@ class PostgresStore(Store):
             "SELECT count(to_regclass(format('%%I.%%I', %s::text, t))) + (SELECT count(*) FROM "
             "information_schema.columns WHERE table_schema = %s AND table_name = 'instances' "
             "AND column_name = %s) FROM unnest(%s::text[]) AS t",
-            (self.schema, self.schema, _WORK_COLUMNS[-1][0], [*_TABLES, "instances_work"]),
+            (self.schema, self.schema, _WORK_COLUMNS[-1][0], [*_TABLES, "instances_work", "posts_post_id"]),
         ).fetchone()
-        if present is not None and present[0] == len(_TABLES) + 2:
+        if present is not None and present[0] == len(_TABLES) + 3:
             return
         with conn.transaction():
             # Many processes may start at once: concurrent CREATE ... IF NOT EXISTS can still
@@ -567,6 +569,10 @@ class PostgresStore(Store):
                 self._fill_work_columns(conn)
             conn.execute(sql.SQL("CREATE INDEX IF NOT EXISTS instances_work ON {s}.instances (updated_at) WHERE "
                                  + _WORK).format(s=s))
+            # The poster's id of each post (see post); NULL in rows written before it existed.
+            conn.execute(sql.SQL("ALTER TABLE {s}.posts ADD COLUMN IF NOT EXISTS post_id text").format(s=s))
+            conn.execute(sql.SQL("CREATE UNIQUE INDEX IF NOT EXISTS posts_post_id ON {s}.posts (instance_id, post_id)")
+                         .format(s=s))
 
     def _fill_work_columns(self, conn: psycopg.Connection[Any]) -> None:
         """Set the find_work columns of rows written before they existed (once, while setting up)."""
@@ -865,16 +871,23 @@ class PostgresStore(Store):
         Posts to one instance take turns (a transaction-level advisory lock), so their ``seq``
         order is their commit order and a reader's cursor never skips a post that commits late.
         A post that gives a resting instance work notifies the workers listening.
+
+        Idempotent by the item's ``id`` (see :meth:`loopwright.abc.Store.post`), kept in the
+        ``post_id`` column under a unique index: an item without one gets a random one here, once
+        per call, so that a retry of this call after a lost reply (the insert committed, the
+        connection dropped before the answer came) inserts nothing.
         Raise :class:`~loopwright.errors.InstanceNotFoundError` for an unknown instance.
         """
         _check_id(instance_id)
         (line,) = _encode_items(instance_id, "post", [item])
         key = _lock_key(self.schema, f"\0posts\0{instance_id}")
+        given = item.get("id")
+        post_id = given if isinstance(given, str) and given else secrets.token_hex(16)
 
         def post(conn: psycopg.Connection[Any]) -> None:
             with conn.transaction():
                 conn.execute(self._sql["post_lock"], (key,))
-                conn.execute(self._sql["post"], (instance_id, line, instance_id))
+                conn.execute(self._sql["post"], (instance_id, line, post_id, instance_id))
 
         await self._run(instance_id, "post", post)
 

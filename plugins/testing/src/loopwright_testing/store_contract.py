@@ -31,7 +31,7 @@ The checks are generic, drawn from the :class:`~loopwright.abc.Store` docstrings
   same store and in a second one), release frees, a second release is harmless, ``aclose``
   frees what is still held; ``create_leased`` creates with the creator's lease held;
 * the mailbox: cursor semantics, several posts, posts from a second store while the first holds
-  the lease;
+  the lease, a post with an ``id`` landing once (retried here or by a second store);
 * invalid ids (``..``, ``/``, empty, too long, not a string, ...) raise StoreError and write
   nothing; ids of letters, digits and ``_ . -`` work;
 * an item that is not a JSON-ready mapping raises StoreError and none of its batch is written.
@@ -54,7 +54,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from loopwright.abc import Lease, Store
+from loopwright.abc import Lease, Store, new_post_id
 from loopwright.errors import InstanceLockedError, InstanceNotFoundError, StoreError
 
 __all__ = ["StoreContract"]
@@ -460,6 +460,35 @@ class StoreContract:
             assert (await second_store.read_posts("steer", cursor))[0] == [{"type": "message", "text": "from here"}]
         finally:
             lease.release()
+
+    @pytest.mark.anyio
+    async def test_a_post_with_an_id_lands_once(self, store: Store) -> None:
+        """post() is idempotent by the item's ``id``: the same id again adds nothing; other ids and no id do."""
+        await store.create("once", {})
+        await store.create("other", {})
+        first = {"id": new_post_id(), "type": "message", "text": "hi ✓"}
+        await store.post("once", first)
+        _items, cursor = await store.read_posts("once", 0)
+        await store.post("once", first)  # a retry whose first attempt landed
+        await store.post("once", {**first, "text": "a retry that differs is still the same post"})
+        assert await store.read_posts("once", cursor) == ([], cursor)
+        second = {"id": new_post_id(), "type": "cancel"}
+        await store.post("once", second)
+        await store.post("once", {"type": "message", "text": "no id"})
+        await store.post("once", {"type": "message", "text": "no id"})
+        await store.post("other", first)  # ids are per instance
+        items, _end = await store.read_posts("once", 0)
+        assert items == [first, second, {"type": "message", "text": "no id"}, {"type": "message", "text": "no id"}]
+        assert (await store.read_posts("other", 0))[0] == [first]
+
+    @pytest.mark.anyio
+    async def test_a_post_id_is_recognised_by_a_second_store(self, store: Store, second_store: Store) -> None:
+        """A post retried by another store (another process) over the same data lands once too."""
+        await store.create("twice", {})
+        item = {"id": new_post_id(), "type": "message", "text": "from two places"}
+        await store.post("twice", item)
+        await second_store.post("twice", item)
+        assert (await store.read_posts("twice", 0))[0] == [item]
 
     # -- ids --------------------------------------------------------------------------------------
 

@@ -1,0 +1,117 @@
+"""The mailbox: posts read into the header's ``inbox``, delivered at turn boundaries; cancel requests.
+
+Messages come from the instance's mailbox (any process may post) and wait in the header's
+``inbox`` queue until a turn boundary delivers them. Reading an empty mailbox is one failed
+``open`` for the file store (a few microseconds).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from loopwright._engine._common import SegmentEnd
+from loopwright._types import Message, State, StopReason, ToolStatus
+
+if TYPE_CHECKING:
+    from loopwright._engine._deps import EngineDeps, SegmentRun
+    from loopwright._engine._journal import Journal
+
+__all__ = ["Mailbox"]
+
+
+class Mailbox:
+    """Reads an instance's posts and delivers its messages."""
+
+    def __init__(self, deps: EngineDeps, journal: Journal) -> None:
+        """Read posts from ``deps.store``, save headers through ``deps``; add messages through ``journal``."""
+        self.deps = deps
+        self.store = deps.store
+        self.journal = journal
+
+    async def absorb_mail(self, run: SegmentRun, *, running: bool) -> bool:
+        """Move new mailbox posts into the header's queue (``inbox``); return whether a cancel came.
+
+        Called when a segment starts (``running=False``: cancel requests are stale and dropped)
+        and at every turn boundary (``running=True``). Nothing is written here; the header is
+        saved with the next state change or by :meth:`drain_inbox`.
+        """
+        h = run.inst.header
+        cursor = int(h.get("inboxCursor") or 0)
+        posts, new_cursor = await self.store.read_posts(run.inst.id, cursor)
+        run.mail_read_at = time.monotonic()
+        if not posts:
+            return False
+        h["inboxCursor"] = new_cursor
+        queue = h.setdefault("inbox", [])
+        cancel = False
+        for post in posts:
+            if post.get("type") == "message":
+                queue.append(post)
+            elif post.get("type") == "cancel":
+                cancel = cancel or running
+        return cancel
+
+    async def drain_inbox(self, run: SegmentRun) -> None:
+        """Deliver queued messages at a turn boundary; act on a cancel request.
+
+        A message from ``api`` or ``user`` answers a pending ``ask_user`` (the task prompt that
+        waits behind a held turn never does); the others wait behind the question. While a
+        question is unanswered the segment rests ``waiting`` without calling the model.
+        """
+        inst = run.inst
+        h = inst.header
+        before = h.get("inboxCursor")
+        if await self.absorb_mail(run, running=True):
+            await self.deps.write_header(inst)
+            run.request_cancel()
+            await anyio.lowlevel.checkpoint()
+        queue: list[dict[str, Any]] = h.get("inbox") or []
+        if h.get("awaitingAnswer"):
+            answer = next((m for m in queue if m.get("source") in ("api", "user") and not m.get("behindTurn")), None)
+            if answer is not None:
+                queue.remove(answer)
+                await self.answer_question(run, str(answer.get("text", "")))
+        if queue and not h.get("awaitingAnswer"):
+            h["inbox"] = []
+            for item in queue:
+                await self.journal.add_message(
+                    run, Message(role="user", content=item.get("text"), source=item.get("source")),
+                    marks={"task": True} if item.get("behindTurn") else None)
+                self.journal.record(inst, "message", {"source": item.get("source"), "at": item.get("at")})
+            await self.deps.write_header(inst)
+        elif h.get("inboxCursor") != before:
+            await self.deps.write_header(inst)
+        if h.get("awaitingAnswer"):
+            raise SegmentEnd(State.WAITING, StopReason.WAITING)
+
+    async def answer_question(self, run: SegmentRun, text: str) -> None:
+        """Make ``text`` the result of the pending ``ask_user`` call."""
+        inst = run.inst
+        awaiting = inst.header.pop("awaitingAnswer", None) or {}
+        call_id = awaiting.get("toolCallId")
+        message = Message(role="tool", tool_call_id=call_id, name="ask_user", content=text,
+                          status=ToolStatus.SUCCESS)
+        await self.journal.add_message(run, message)
+        self.journal.record(inst, "tool_call", {"turn": inst.turn, "toolCallId": call_id, "tool": "ask_user",
+                                                "status": ToolStatus.SUCCESS.value, "answered": True})
+
+    async def has_mail(self, run: SegmentRun) -> bool:
+        """Return whether messages wait in the mailbox of a resting instance (cancel requests are dropped)."""
+        inst = run.inst
+        cursor = int(inst.header.get("inboxCursor") or 0)
+        posts, new_cursor = await self.store.read_posts(inst.id, cursor)
+        if not posts:
+            return False
+        if any(p.get("type") == "message" for p in posts):
+            return True
+        inst.header["inboxCursor"] = new_cursor  # a cancel request for a segment that has ended
+        await self.deps.write_header(inst)
+        return False
+
+    async def cancel_posted(self, run: SegmentRun) -> bool:
+        """Return whether the unread posts hold a cancel request (nothing is consumed)."""
+        posts, _ = await self.store.read_posts(run.inst.id, int(run.inst.header.get("inboxCursor") or 0))
+        return any(p.get("type") == "cancel" for p in posts)

@@ -1,0 +1,161 @@
+"""Forks and rewinds: new histories from a resting instance's past, :class:`History`.
+
+Both go back to the end of a turn of the entry log (never into a held turn). A fork is a new
+instance with that history and the original's grants, gates and budget; a rewind moves the
+instance itself back, writing a ``rewind`` entry (the log stays append-only). Agents started
+after the point are named to the model in a note at the end of the history.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from loopwright._capabilities import capabilities_to_dict
+from loopwright._driver import new_id
+from loopwright._instance import history_at, message_to_json, now_iso, rebuild, unanswered_calls
+from loopwright._lease import held_lease
+from loopwright._types import Message, State, StopReason
+from loopwright.errors import InstanceNotFoundError, LoopwrightError
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from loopwright._run import AgentRun
+    from loopwright._runtime import Runtime
+
+__all__ = ["History"]
+
+#: Header keys a fork does not take from its original (it has its own, set by :meth:`History.fork`).
+_NOT_FORKED = frozenset({"awaitingAnswer", "children", "inboxCursor", "monitors", "pausedAt", "segment",
+                         "segmentStartedAt", "servedBy", "text", "output", "limit", "contextTokens",
+                         "delegationPrompt", "agentSwarmUri"})
+
+
+def _fork_note(original: str, turn: int, children: Sequence[str], later: Sequence[str]) -> str:
+    """Return what a fork's model is told about the agents of the instance it was forked from."""
+    text = (f"[loopwright] This conversation is a fork of instance {original} at the end of turn {turn}. "
+            f"The agents that instance started belong to it, not to you: {', '.join(children)}.")
+    if later:
+        text += f" These were started after turn {turn} and are not in this history: {', '.join(later)}."
+    return text
+
+
+class History:
+    """Forks and rewinds of one runtime's instances."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        """Fork and rewind the instances of ``runtime``."""
+        self._rt = runtime
+
+    async def _history_point(self, run: AgentRun, turn: int | None, what: str,
+                             ) -> tuple[list[Message], int, list[str]]:
+        """Return the history at the end of ``turn``, that turn, and the agents started after it.
+
+        :raises LoopwrightError: The instance is running, ``turn`` is not in its history, or the
+            point is inside a held turn (a call without its result: held for approval, or an
+            ``ask_user`` question not yet answered).
+        """
+        inst = run.inst
+        if run.running or inst.state is State.RUNNING:
+            raise LoopwrightError(f"cannot {what} instance {inst.id}: it is running; let it rest first")
+        entries = await self._rt.store.read_entries(inst.id)
+        try:
+            messages, at = history_at(entries, turn)
+        except ValueError as exc:
+            raise LoopwrightError(f"cannot {what} instance {inst.id} at turn {turn}: {exc}") from None
+        _assistant, unanswered = unanswered_calls(messages)
+        if unanswered:
+            ids = ", ".join(c.id for c in unanswered)
+            raise LoopwrightError(
+                f"cannot {what} instance {inst.id} at turn {at}: that turn is held (its calls {ids} wait for "
+                "approval or an answer); decide them first, or choose an earlier turn")
+        known = {c.id for m in messages for c in m.tool_calls}
+        later: list[str] = []
+        for child in inst.header.get("children") or []:
+            try:
+                link = (await self._rt.store.read_header(child)).get("callerToolCallId")
+            except InstanceNotFoundError:
+                continue
+            if link not in known:
+                later.append(str(child))
+        return messages, at, later
+
+    async def fork(self, instance_id: str, at_turn: int | None = None) -> AgentRun:
+        """Create a new instance whose history is ``instance_id``'s up to the end of ``at_turn``.
+
+        By default the history as it stands (the instance rests). The new instance records
+        ``forkedFrom: {instanceId, turn}``, keeps the original's grants, gates and budget (never
+        wider: its saved grants intersected with this runtime's), starts no agent and copies
+        none, and rests ``waiting``, ready for a message. The original is not changed. Its
+        history ends with a note that the agents the original started belong to the original.
+
+        :raises LoopwrightError: The original is running, the turn is not in its history, or
+            it is inside a held turn.
+        """
+        src = await self._rt.get_agent(instance_id)
+        if not src.running:
+            await self._rt.loader.refresh(src)  # what another process saved since wins
+        messages, at, later = await self._history_point(src, at_turn, "fork")
+        original = src.inst.header
+        grants = self._rt.loader.saved_grants(instance_id, original)
+        iid = new_id()
+        header = {key: value for key, value in original.items() if key not in _NOT_FORKED}
+        header.update({
+            "instanceId": iid, "state": State.WAITING.value, "stopReason": StopReason.WAITING.value,
+            "cancelled": False, "error": None, "capabilities": capabilities_to_dict(grants),
+            "capabilitiesRecorded": True, "pendingApprovals": [], "inbox": [], "children": [],
+            "spawnerInstanceId": None, "callerInstanceId": None, "callerToolCallId": None,
+            "forkedFrom": {"instanceId": instance_id, "turn": at}, "createdAt": now_iso(), "updatedAt": now_iso(),
+            "runner": self._rt.owner, "turns": at, "usage": {}, "cost": 0.0, "toolCallsStarted": 0,
+        })
+        children = [str(c) for c in original.get("children") or []]
+        if children:
+            messages.append(Message(role="user", source="runtime", content=_fork_note(instance_id, at, children,
+                                                                                        later)))
+        await self._rt.store.create(iid, header)
+        await self._rt.store.append_entries(iid, [
+            {"t": "fork", "from": instance_id, "turn": at, "messages": [message_to_json(m) for m in messages]}])
+        self._rt.recorder.queue(iid, "fork", {"from": instance_id, "turn": at, "agentsOfTheOriginal": children})
+        self._rt.recorder.queue(instance_id, "fork", {"to": iid, "turn": at})
+        await self._rt.recorder.flush(iid)
+        await self._rt.recorder.flush(instance_id)
+        return await self._rt.get_agent(iid)
+
+    async def rewind(self, instance_id: str, to_turn: int) -> AgentRun:
+        """Move a resting instance back to the end of ``to_turn``; it rests ``waiting``, ready for a message.
+
+        The entry log stays append-only: a ``rewind`` entry holds the history at that point, and
+        what came after stays in the log and the records (a ``rewind`` record marks it). Agents it
+        started after the point keep running or resting as they were; the history ends with a
+        note naming them.
+
+        :raises LoopwrightError: It is running or waiting for approval, the turn is not in its
+            history, or the point is inside a held turn.
+        :raises InstanceLockedError: Another process runs it.
+        """
+        run = await self._rt.get_agent(instance_id)
+        if run.running:
+            raise LoopwrightError(f"cannot rewind instance {instance_id}: it is running; let it rest first")
+        async with held_lease(self._rt.store, instance_id, self._rt.owner):
+            await self._rt.loader.refresh(run)
+            inst = run.inst
+            if inst.state is State.WAITING_FOR_APPROVAL:
+                raise LoopwrightError(
+                    f"cannot rewind instance {instance_id}: calls wait for approval; decide them first")
+            messages, at, later = await self._history_point(run, to_turn, "rewind")
+            if later:
+                messages.append(Message(role="user", source="runtime", content=(
+                    f"[loopwright] This conversation was rewound to the end of turn {at}. Agents you started after "
+                    f"that point still exist: {', '.join(later)}.")))
+            entry = {"t": "rewind", "turn": at, "from": inst.turn, "at": now_iso(),
+                     "messages": [message_to_json(m) for m in messages]}
+            await self._rt.store.append_entries(instance_id, [entry])
+            rebuild(inst, await self._rt.store.read_entries(instance_id))
+            inst.header.pop("awaitingAnswer", None)
+            inst.header.update({"state": State.WAITING.value, "stopReason": StopReason.WAITING.value,
+                                "cancelled": False, "error": None, "turns": at, "updatedAt": now_iso()})
+            self._rt.recorder.queue(instance_id, "rewind",
+                                    {"from": entry["from"], "to": at, "agentsStartedAfter": later})
+            await self._rt.recorder.write_header(inst)
+            await self._rt.recorder.flush(instance_id)
+        return run

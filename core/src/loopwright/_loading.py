@@ -1,0 +1,110 @@
+"""Loading instances from the store, and keeping the copies in memory current: :class:`Loader`.
+
+A saved instance runs only as saved: its definition from the header's snapshot (or its file),
+under the gates its caller passed down (``inheritedGates``), with its saved grants narrowed to
+this runtime's. Anything malformed refuses to run it (fails closed). A copy in memory is read
+again whenever another process saved the instance since.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from loopwright._capabilities import capabilities_from_dict, intersect
+from loopwright._definition import gates_from_json, with_gates
+from loopwright._instance import Instance, restore
+from loopwright._run import AgentRun
+from loopwright.errors import ConfigError, GrantsError, StoreError
+
+if TYPE_CHECKING:
+    from loopwright._definition import Capabilities, Definition
+    from loopwright._runtime import Runtime
+
+__all__ = ["Loader"]
+
+
+class Loader:
+    """The instances of one runtime as the store holds them: loading, reloading, their definitions and grants."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        """Load instances through ``runtime`` (its store, assembly and live runs)."""
+        self._rt = runtime
+
+    async def load_run(self, instance_id: str) -> AgentRun:
+        """Return the run of an instance, loading it from the store if it is not live here (see ``get_agent``)."""
+        rt = self._rt
+        run = rt.live.run(instance_id)
+        if run is not None:
+            return run
+        inst = rt.live.instance(instance_id)  # a spawner whose run was let go: the same ledger
+        if inst is not None:
+            run = AgentRun(rt, inst)
+            await self.refresh(run)  # as loading would: what another process saved since wins
+            rt.live.add(run)
+            return run
+        header = await rt.store.read_header(instance_id)
+        defn = self.definition_from_header(instance_id, header)
+        grants = self.saved_grants(instance_id, header)
+        inst = Instance(id=instance_id, definition=defn, header=header, grants=grants)
+        await restore(inst, rt.store)
+        run = AgentRun(rt, inst)
+        rt.live.add(run)
+        if header.get("monitors") and rt.monitors is not None:
+            rt.monitors.load(header)
+        return run
+
+    async def refresh(self, run: AgentRun) -> None:
+        """Reload the instance if another process changed it since this copy was read."""
+        header = await self._rt.store.read_header(run.instance_id)
+        if header.get("updatedAt") == run.inst.header.get("updatedAt") and not run.stale:
+            return
+        inst = run.inst
+        await restore(inst, self._rt.store)  # replaces nothing if the log cannot be read
+        inst.header = header
+        inst.grants = self.saved_grants(run.instance_id, header)
+        run.stale = False
+
+    def definition_from_header(self, instance_id: str, header: Mapping[str, Any]) -> Definition:
+        """Return the definition a saved header runs (its snapshot, else its file), under its inherited gates.
+
+        :raises StoreError: The header holds no valid definition.
+        :raises GrantsError: Its inherited gates are missing or malformed (fails closed).
+        """
+        snapshot = header.get("definition")
+        if isinstance(snapshot, Mapping):
+            from loopwright._config import definition_from_dict  # noqa: PLC0415 - the loader only to resume a saved definition
+
+            try:
+                defn = definition_from_dict(snapshot)
+            except ConfigError as exc:
+                raise StoreError(f"saved definition is invalid: {exc}", instance_id=instance_id) from exc
+        elif header.get("definitionPath"):
+            defn = self._rt.load_definition(header["definitionPath"])
+        else:
+            raise StoreError("the header holds no definition", instance_id=instance_id)
+        if "inheritedGates" not in header:
+            if header.get("spawnerInstanceId"):
+                raise GrantsError("it was started by an agent but its header has no inheritedGates (its caller's "
+                                  "gates); refusing to run it", instance_id=instance_id)
+            return defn
+        # The caller's gates, saved at spawn: applied again, so the child never runs without them.
+        try:
+            return with_gates(defn, gates_from_json(header["inheritedGates"]))
+        except ValueError as exc:
+            raise GrantsError(f"saved inheritedGates are malformed ({exc}); refusing to run it",
+                              instance_id=instance_id) from exc
+
+    def saved_grants(self, instance_id: str, header: Mapping[str, Any]) -> Capabilities:
+        """Return the saved grants intersected with this runtime's; fail closed on a bad marker."""
+        if header.get("capabilitiesRecorded"):
+            try:
+                saved = capabilities_from_dict(header.get("capabilities"))
+            except ValueError as exc:
+                raise GrantsError(f"saved grants are marked recorded but are not valid ({exc}); "
+                                  "refusing to run it", instance_id=instance_id) from exc
+            return intersect(self._rt.assembly.capabilities, saved)
+        if "capabilities" in header:
+            raise GrantsError("saved grants have no capabilitiesRecorded marker; refusing to run it",
+                              instance_id=instance_id)
+        return self._rt.assembly.capabilities

@@ -1,0 +1,234 @@
+"""What the CLI imports, held structurally (issue 10, item 7): the modules each command leaves in ``sys.modules``.
+
+These tests time nothing (``bench/cli_latency.py`` does): they check that a command imports
+only what it needs, which is what keeps it fast. ``ls``, ``show`` and ``records`` import no
+plugin, no HTTP stack and no live display; ``--help`` imports no runtime. Entry points load when
+a lookup names what they provide, or all of them once an instance runs (their hooks take part
+in every run; :mod:`loopwright._plugins`), checked here with entry points of our own.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import loopwright
+from loopwright import _plugins
+from loopwright._definition import Assembly, Definition, StoreConfig
+from loopwright.errors import PluginError
+
+#: Runs the CLI with ``sys.argv[2:]`` and writes the names in ``sys.modules`` at exit to ``sys.argv[1]``.
+WRAPPER = """
+import atexit, json, runpy, sys
+out = sys.argv[1]
+atexit.register(lambda: open(out, "w").write(json.dumps(sorted(sys.modules))))
+sys.argv = ["loopwright", *sys.argv[2:]]
+runpy.run_module("loopwright.cli", run_name="__main__")
+"""
+
+#: Modules no store-reading command needs: the plugins of plugins/*, HTTP stacks, the live display.
+NOT_FOR_READING = ("loopwright_", "aiohttp", "httpx", "starlette", "uvicorn", "importlib.metadata",
+                   "loopwright.cli._progress", "loopwright.cli._worker")
+
+
+
+def imported(cwd: Path, *args: str) -> set[str]:
+    """Run ``loopwright ARGS`` in ``cwd`` as a subprocess; return the modules it had imported at exit."""
+    out = cwd / "modules.json"
+    done = subprocess.run([sys.executable, "-c", WRAPPER, str(out), *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    return set(json.loads(out.read_text()))
+
+
+def matching(modules: set[str], prefixes: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in modules if m.startswith(prefixes))
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, str]:
+    """A folder with an assembly (file store, ``test:any``) and one instance run in it; its id."""
+    monkeypatch.delenv("LOOPWRIGHT_DISABLE_PLUGIN_AUTOLOAD", raising=False)
+    monkeypatch.delenv("LOOPWRIGHT_DISABLE_PLUGINS", raising=False)
+    (tmp_path / "loopwright.yaml").write_text("store: {kind: file, path: ./store}\ndefaultModel: test:any\n")
+    (tmp_path / "bench.yaml").write_text("name: bench\nsystemPrompt: You answer.\n")
+    done = subprocess.run([sys.executable, "-m", "loopwright.cli", "--json", "run", "bench.yaml", "-p", "hello"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120, check=True)
+    return tmp_path, json.loads(done.stdout)["instanceId"]
+
+
+def test_ls_imports_no_plugin_and_no_http_stack(project: tuple[Path, str]) -> None:
+    """``ls`` on a file store imports no entry-point plugin, no HTTP client or server, no live display."""
+    cwd, _ = project
+    modules = imported(cwd, "ls")
+    assert "loopwright.builtins.file_store" in modules  # it did read the store
+    assert matching(modules, NOT_FOR_READING) == []
+
+
+def test_show_and_records_import_no_plugin(project: tuple[Path, str]) -> None:
+    """``show ID`` and ``records ID`` read the store as ``ls`` does, importing no plugin either."""
+    cwd, instance = project
+    for command in ("show", "records"):
+        assert matching(imported(cwd, command, instance), NOT_FOR_READING) == [], command
+
+
+def test_a_run_imports_every_installed_plugin(project: tuple[Path, str]) -> None:
+    """A run's hooks are every installed plugin's: ``run`` imports each entry point's module, as listed."""
+    cwd, _ = project
+    modules = imported(cwd, "run", "bench.yaml", "-p", "again")
+    installed = {ep.value.split(":")[0] for ep in importlib.metadata.entry_points(group="loopwright")}
+    assert installed - modules == set()
+
+
+def test_plugins_lists_every_entry_point(project: tuple[Path, str]) -> None:
+    """Listing needs them all: ``plugins`` loads every installed entry point, each with its value."""
+    cwd, _ = project
+    done = subprocess.run([sys.executable, "-m", "loopwright.cli", "--json", "plugins"], cwd=cwd,
+                          capture_output=True, text=True, timeout=120, check=True)
+    listed = {p["name"]: p for p in json.loads(done.stdout)}
+    installed = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="loopwright")}
+    assert {name: listed[name]["value"] for name in installed} == installed
+    assert {listed[name]["source"] for name in installed} == {"entrypoint"}
+
+
+def test_help_imports_no_runtime(tmp_path: Path) -> None:
+    """``--help`` imports click and the CLI's wiring only: no runtime, no YAML loader, no plugin."""
+    modules = imported(tmp_path, "--help")
+    assert matching(modules, ("loopwright._runtime", "loopwright._config", "ruamel", "loopwright_")) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry points load when named (in-process, with entry points of our own)
+# ---------------------------------------------------------------------------------------------
+
+STORE_PLUGIN = """
+from loopwright import hookimpl
+from loopwright.builtins.file_store import FileStore
+
+@hookimpl
+def loopwright_register_stores(register):
+    register("{name}", FileStore)
+"""
+
+TOOL_PLUGIN = """
+from loopwright import hookimpl, tool
+
+@tool
+def {name}() -> str:
+    "Answer."
+    return "{name}"
+
+@hookimpl
+def loopwright_register_tools(register):
+    register({name})
+"""
+
+
+@pytest.fixture
+def entry_points(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """Three entry points (``lwstore``, ``lwtool``, ``lwbroken``), their modules not imported; name -> module."""
+    sources = {"lw_ep_store": STORE_PLUGIN.format(name="lwstore"), "lw_ep_tool": TOOL_PLUGIN.format(name="lw_tool"),
+               "lw_ep_broken": "raise RuntimeError('this plugin cannot load')\n"}
+    for module, source in sources.items():
+        (tmp_path / f"{module}.py").write_text(source)
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    names = {"lwstore": "lw_ep_store", "lwtool": "lw_ep_tool", "lwbroken": "lw_ep_broken"}
+    eps = {name: importlib.metadata.EntryPoint(name=name, value=module, group="loopwright")
+           for name, module in names.items()}
+    monkeypatch.setattr(_plugins, "_entry_points", lambda: dict(eps))
+    monkeypatch.delenv("LOOPWRIGHT_DISABLE_PLUGINS", raising=False)
+    return names
+
+
+def runtime(tmp_path: Path, **assembly: Any) -> loopwright.Runtime:
+    store = assembly.pop("store", StoreConfig(options={"path": str(tmp_path / "store")}))
+    return loopwright.Runtime(Assembly(store=store, path=tmp_path / "loopwright.yaml", **assembly), autoload=True)
+
+
+@pytest.mark.anyio
+async def test_opening_a_runtime_imports_no_entry_point(tmp_path: Path, entry_points: dict[str, str]) -> None:
+    """A runtime on a built-in store opens, and lists its instances, without importing any entry point."""
+    async with runtime(tmp_path) as rt:
+        assert await rt.list_instances() == []
+        assert [m for m in entry_points.values() if m in sys.modules] == []
+
+
+@pytest.mark.anyio
+async def test_a_store_kind_loads_its_namesake_entry_point_only(tmp_path: Path, entry_points: dict[str, str]) -> None:
+    """``store: {kind: lwstore}`` imports the entry point named ``lwstore`` and no other."""
+    async with runtime(tmp_path, store=StoreConfig(kind="lwstore", options={"path": str(tmp_path / "s")})) as rt:
+        assert rt.plugins.stores.plugin_of("lwstore") == "lwstore"
+        assert [m for m in entry_points.values() if m in sys.modules] == ["lw_ep_store"]
+
+
+@pytest.mark.anyio
+async def test_a_lookup_loads_entry_points_until_one_answers(tmp_path: Path, entry_points: dict[str, str]) -> None:
+    """A name no namesake offers loads the pending entry points in name order until one registers it.
+
+    ``lwbroken`` sorts first and cannot load: the lookup raises PluginError naming it, and
+    ``ls`` (which looks nothing up) was unaffected by it.
+    """
+    async with runtime(tmp_path, disable_plugins=("lwbroken",)) as rt:
+        assert "lw_tool" in rt.plugins.tools
+        assert rt.plugins.tools.plugin_of("lw_tool") == "lwtool"
+        assert "lw_ep_broken" not in sys.modules
+    async with runtime(tmp_path) as rt:
+        assert await rt.list_instances() == []
+        with pytest.raises(PluginError, match="lw_ep_broken"):
+            _ = "lw_tool" in rt.plugins.tools
+
+
+@pytest.mark.anyio
+async def test_the_first_hook_call_loads_every_entry_point(
+        tmp_path: Path, entry_points: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hooks of every installed plugin take part in a run: asking for a hook's implementations loads them all.
+
+    Closing a runtime asks for ``loopwright_on_runtime_close`` only of what was loaded.
+    """
+    (tmp_path / "lw_ep_hook.py").write_text("from loopwright import hookimpl\n\n"
+                                            "@hookimpl\ndef loopwright_before_inference(request):\n    return None\n")
+    monkeypatch.delitem(sys.modules, "lw_ep_hook", raising=False)
+    eps = {**_plugins._entry_points(),  # the fixture's entry points, and one with a hook only
+           "lwhook": importlib.metadata.EntryPoint(name="lwhook", value="lw_ep_hook", group="loopwright")}
+    monkeypatch.setattr(_plugins, "_entry_points", lambda: dict(eps))
+    async with runtime(tmp_path, disable_plugins=("lwbroken",)) as rt:
+        assert rt.plugins.impls("loopwright_on_runtime_close") == ()
+        assert "lw_ep_hook" not in sys.modules
+        (impl,) = rt.plugins.impls("loopwright_before_inference")
+        assert impl[0] == "lwhook"
+        assert {entry_points["lwstore"], entry_points["lwtool"], "lw_ep_hook"} <= set(sys.modules)
+
+
+@pytest.mark.anyio
+async def test_entry_points_loaded_late_keep_their_place(tmp_path: Path, entry_points: dict[str, str]) -> None:
+    """Listing loads every entry point, each after the built-ins and before the assembly's plugins (hook order)."""
+    (tmp_path / "local_plugin.py").write_text(TOOL_PLUGIN.format(name="local_tool"))
+    async with runtime(tmp_path, plugins=("local_plugin.py",), disable_plugins=("lwbroken",)) as rt:
+        assert "local_tool" in rt.plugins.tools
+        assert "lw_ep_tool" not in sys.modules
+        names = rt.plugins.plugin_names()
+        assert names[-3:] == ["lwstore", "lwtool", "local_plugin.py"]
+        assert names[: len(_plugins.BUILTIN_PLUGINS)] == list(_plugins.BUILTIN_PLUGINS)
+        assert "lwbroken" not in names
+
+
+@pytest.mark.anyio
+async def test_a_plugin_that_cannot_load_fails_a_run_before_its_instance_exists(
+        tmp_path: Path, entry_points: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reading the store ignores a broken entry point; starting a run raises PluginError naming it, saving nothing."""
+    testing = importlib.metadata.EntryPoint(name="testing", value="loopwright_testing", group="loopwright")
+    eps = {**_plugins._entry_points(), "testing": testing}
+    monkeypatch.setattr(_plugins, "_entry_points", lambda: dict(eps))
+    async with loopwright.Runtime(Assembly(store=StoreConfig(options={"path": str(tmp_path / "store")}),
+                                           default_model="test:any"), autoload=True) as rt:
+        assert await rt.list_instances() == []
+        with pytest.raises(PluginError, match="lw_ep_broken"):
+            await rt.start_agent(Definition(name="a", system_prompt="You answer."), {}, "hello")
+        assert await rt.list_instances() == []
