@@ -34,6 +34,9 @@ def test_every_kill_resumes_to_a_rest_with_every_invariant(tmp_path: Path, capsy
     jobs = int(os.environ.get("LOOPWRIGHT_CRASH_JOBS", "0")) or None
     with capsys.disabled():
         sys.stdout.write(f"\nkill matrix: about {kills} kills, seed {seed} (replay: LOOPWRIGHT_CRASH_SEED={seed})\n")
+    if not kill_matrix.postgres_available() and os.environ.get("LOOPWRIGHT_REQUIRE_POSTGRES") == "1":
+        pytest.fail(f"LOOPWRIGHT_REQUIRE_POSTGRES=1 but {kill_matrix.POSTGRES_DSN_VAR} is not set: the matrix's "
+                    "postgres scenarios cannot be left out in CI", pytrace=False)
     report = kill_matrix.run_matrix(kills, seed, tmp_path, jobs=jobs)
     with capsys.disabled():
         sys.stdout.write(report.summary() + "\n")
@@ -103,7 +106,22 @@ def test_the_plan_is_a_function_of_the_seed() -> None:
     curated = {(p, script, (*store, "file")[0]) for script, stages, *store in kill_matrix.CURATED
                for p in stages if ":" in p}
     assert curated <= planned
-    assert kill_matrix.catalog_kinds() <= {kill_matrix._kind(p) for p, _script, _store in curated}
+    # Every kind of kill point, on the file store and on postgres (whose write points are before
+    # and after a statement); fsync and sqlite get a sample of them, and the random part.
+    for store in ("file", "postgres"):
+        kinds = {kill_matrix._kind(p.removeprefix("deadmail:").removeprefix("deadcancel:"))
+                 for p, _script, st in curated if st == store}
+        assert kill_matrix.catalog_kinds(store) <= kinds, store
     assert {store for _p, _script, store in curated} == set(kill_matrix.STORES)
-    assert {script for _p, script, _store in curated} == set(kill_matrix.SCRIPTS)
+    assert {script for _p, script, _store in curated} == {*kill_matrix.MATRIX_SCRIPTS, kill_matrix.TREE_SCENARIO}
+    # The parent/child scenarios kill in the parent, in the child while it is awaited, and in the
+    # process that approves the child's held call from the root; on the file store and postgres.
+    tree = {(p, st) for p, script, st in curated if script == kill_matrix.TREE_SCENARIO}
+    assert {"model:1", "tool:charge:1:after", "header:1:after", "tool:wire_slow:1:before",
+            "tool:wire_slow:1:after", "entry:result:1:after", "model:2"} <= {p for p, _st in tree}
+    assert {st for _p, st in tree} == {"file", "postgres"}
+    # Each store alone (run_matrix.py --store) plans its own curated scenarios, then random ones on it.
+    only = kill_matrix.plan(kill_matrix.curated_kills(["postgres"]) + 40, 5, ["postgres"])
+    assert {sc.store for sc in only} == {"postgres"}
+    assert len(only) > len(kill_matrix.curated_for(["postgres"]))
     assert sum(len(sc.stages) for sc in kill_matrix.plan(500, 3)) >= 500

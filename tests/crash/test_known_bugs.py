@@ -1,8 +1,9 @@
 """Regression tests for the core bugs the kill matrix found, one deterministic kill each.
 
-Each was a strict xfail until its fix landed; they now pass and guard against a return. No
-violation is tagged any more (``kill_matrix.KNOWN_BUGS`` is empty): a regression fails here and in
-the matrix. A new open bug gets a narrow tag in ``KNOWN_BUGS`` and a strict-xfail test here.
+Each was a strict xfail until its fix landed; they now pass and guard against a return. A
+regression fails here and in the matrix. An open bug gets a narrow tag in ``KNOWN_BUGS`` and an
+xfail test here naming it: one is open, ``agent-record-kind`` (non-strict, so that CI stays green
+either way; when it is fixed, the test passes: remove the tag, the entry and the marker together).
 """
 
 from __future__ import annotations
@@ -127,3 +128,25 @@ def test_a_kill_after_an_answer_is_saved_keeps_its_turn_record(tmp_path: Path) -
 def test_a_kill_after_a_tool_result_is_saved_keeps_its_tool_call_record(tmp_path: Path) -> None:
     """Killed after a tool result's line, before the turn's records are written: each result has its record."""
     assert _violations(tmp_path, "mixed", "entry:result:2:after") == []
+
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> kill_matrix.Outcome:
+    """A parent starts a child and awaits it; the child's held call is approved from the root (no kill)."""
+    return kill_matrix.run_scenario(tmp_path_factory.mktemp("tree"),
+                                    Scenario(0, kill_matrix.TREE_SCENARIO, (Stage("plain"),)))
+
+
+def test_a_tree_keeps_every_invariant_but_the_open_record_kind_bug(tree: kill_matrix.Outcome) -> None:
+    """The tree rests with every invariant; its only violation is the open bug's, and only with its tag."""
+    assert tree.instance_id is not None
+    assert [str(v) for v in tree.violations if v.bug is None] == []
+    assert {v.bug for v in tree.violations} <= {"agent-record-kind"}
+
+
+@pytest.mark.xfail(strict=False, reason="open bug agent-record-kind (kill_matrix.KNOWN_BUGS): the core writes "
+                   "'agent' records that specs/record.schema.json does not allow")
+def test_a_trees_records_are_valid_against_the_record_schema(tree: kill_matrix.Outcome) -> None:
+    """Every record of the tree (the parent's 'agent' record of the child's start included) is valid."""
+    assert [str(v) for v in tree.violations] == []

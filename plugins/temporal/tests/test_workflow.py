@@ -18,7 +18,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.worker import Worker
 
 from loopwright_temporal import TemporalEngine, TemporalSettings
-from loopwright_temporal._workflow import ADVANCE, Advanced, InstanceWorkflow
+from loopwright_temporal._workflow import ADVANCE, WAKE, WORKFLOW, Advanced, InstanceInput, InstanceWorkflow
 
 if TYPE_CHECKING:
     from temporal_harness import TemporalServer
@@ -37,11 +37,14 @@ class Script:
     def __init__(self, answers: dict[str, list[Advanced]]) -> None:
         self.answers = answers
         self.calls: list[str] = []
+        #: The workflow run each call came from, per instance, in order.
+        self.runs: dict[str, list[str]] = {}
         self.called = anyio.Event()
 
     @activity.defn(name=ADVANCE)
     async def advance(self, instance_id: str) -> Advanced:
         self.calls.append(instance_id)
+        self.runs.setdefault(instance_id, []).append(activity.info().workflow_run_id)
         self.called.set()
         self.called = anyio.Event()
         queue = self.answers[instance_id]
@@ -150,3 +153,36 @@ async def test_an_unknown_instance_completes_the_workflow(client: Client) -> Non
         assert (await client.get_workflow_handle(iid).result())["state"] == "missing"
 
     await _run(client, script, body)
+
+
+async def test_a_long_instance_continues_as_new_and_keeps_working(client: Client) -> None:
+    """Past its round limit the workflow continues as new: the next run carries the children, the
+    pending wake and the limit, acts on the wake at once, and goes on answering wakes."""
+    iid, child = f"i-{secrets.token_hex(4)}", f"c-{secrets.token_hex(4)}"
+    script = Script({iid: [Advanced(state="waiting", ran=True, children=[child])],
+                     child: [Advanced(state="waiting", ran=True)]})
+    queue = f"wf-{secrets.token_hex(4)}"
+    async with Worker(client, task_queue=queue, workflows=[InstanceWorkflow], activities=[script.advance]):
+        first = await client.start_workflow(WORKFLOW, InstanceInput(instance_id=iid, max_iterations=2), id=iid,
+                                            task_queue=queue)
+        handle = client.get_workflow_handle(iid)
+        for n in range(1, 7):  # round n's activity, then the wake that ends its wait
+            await script.wait_calls(iid, n)
+            await handle.signal(WAKE)
+        await script.wait_calls(iid, 7)
+        runs = list(dict.fromkeys(script.runs[iid]))
+        assert runs[0] == first.first_execution_run_id
+        # Two rounds per run: the 7 activities came from runs 1-3 and the start of run 4.
+        assert [script.runs[iid].count(r) for r in runs] == [2, 2, 2, 1], script.runs[iid]
+        assert (await client.get_workflow_handle(iid, run_id=runs[0]).describe()).status == \
+            WorkflowExecutionStatus.CONTINUED_AS_NEW
+        latest = await handle.describe()
+        assert latest.status == WorkflowExecutionStatus.RUNNING
+        assert latest.run_id == runs[-1]
+        # The child workflow was started once, by the first run; later runs knew it (carried over).
+        assert script.calls.count(child) == 1
+        assert (await client.get_workflow_handle(child).describe()).parent_id == iid
+        await handle.signal(WAKE)  # the newest run still answers
+        await script.wait_calls(iid, 8)
+        await handle.terminate()
+        await client.get_workflow_handle(child).terminate()

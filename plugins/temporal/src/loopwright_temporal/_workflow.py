@@ -21,8 +21,9 @@ One workflow per instance; its workflow id is the instance id. Its loop:
    wake pending, the workflow completes (a later ``submit`` starts a new run of the same id);
 4. when another runner holds the instance's lease (``busy``), wait a growing back-off (or a
    wake) and look again;
-5. after :data:`MAX_ITERATIONS` rounds (or when the server suggests it), continue as new, so
-   the history stays bounded; the children already started and pending wakes carry over.
+5. after :data:`MAX_ITERATIONS` rounds (``InstanceInput.max_iterations``), or when the server
+   suggests it, continue as new, so the history stays bounded; the children already started,
+   the pending wakes and the round limit carry over.
 """
 
 from __future__ import annotations
@@ -86,12 +87,15 @@ class InstanceInput:
         timeouts: The activity's timeouts.
         children: Sub-agent instances whose child workflows were started already.
         wakes: Wake signals received but not acted on yet (carried over a continue-as-new).
+        max_iterations: Rounds of the loop before this run continues as new (carried over);
+            :data:`MAX_ITERATIONS` unless set (the tests set a few, to see it happen).
     """
 
     instance_id: str
     timeouts: Timeouts = field(default_factory=Timeouts)
     children: list[str] = field(default_factory=list)
     wakes: int = 0
+    max_iterations: int = MAX_ITERATIONS
 
 
 @dataclass
@@ -146,7 +150,7 @@ class InstanceWorkflow:
         children = list(given.children)
         self._reported = list(children)
         busy_wait = _BUSY_FIRST
-        for _ in range(MAX_ITERATIONS):
+        for _ in range(max(given.max_iterations, 1)):
             self._wakes = 0
             out = await self._advance(given, children)
             await self._start_children(out.children, children, given.timeouts)
@@ -166,7 +170,8 @@ class InstanceWorkflow:
                 break
         # History stays bounded: the next run starts from what this one learnt (it raises).
         return workflow.continue_as_new(InstanceInput(instance_id=given.instance_id, timeouts=given.timeouts,
-                                                      children=children, wakes=self._wakes))
+                                                      children=children, wakes=self._wakes,
+                                                      max_iterations=given.max_iterations))
 
     async def _advance(self, given: InstanceInput, started: list[str]) -> Advanced:
         """Run the activity; meanwhile start a child workflow for each child it signals."""
