@@ -87,20 +87,11 @@ MATRIX_SCRIPTS: list[str] = sorted(set(SCRIPTS) - set(getattr(plugin, "TREE", {}
 #: Known open core bugs, by tag: a violation :func:`check` tags with one is counted in the
 #: summary instead of failing the matrix. Each tag names exactly one open bug, is set only by the
 #: narrow condition that bug produces, and has a strict-xfail test in ``test_known_bugs.py``; when
-#: the bug is fixed, its entry, its tag and its marker go together. One is open (found by the
-#: parent/child scenarios); every other violation fails. (Fixed, with regression tests:
-#: lost-prompt, resume-reasks, torn-create, torn-turn, approved-in-flight.)
-KNOWN_BUGS: dict[str, str] = {
-    "agent-record-kind": ("the core writes records of kind 'agent' (a sub-agent started, messaged or "
-                          "monitored: _agents.py queue_record(..., 'agent', ...)) that specs/record.schema.json "
-                          "does not list among its kinds, so every tree scenario's record log is invalid "
-                          "against the published schema"),
-}
+#: the bug is fixed, its entry, its tag and its marker go together. None is open; every violation
+#: fails. (Fixed, with regression tests: lost-prompt, resume-reasks, torn-create, torn-turn,
+#: approved-in-flight, agent-record-kind.)
+KNOWN_BUGS: dict[str, str] = {}
 
-
-def _agent_kind_refused(record: dict[str, Any], problem: str) -> bool:
-    """Whether a record schema problem is exactly the open bug ``agent-record-kind``: the kind refused."""
-    return record.get("kind") == "agent" and problem.endswith("@ $.kind") and '"agent" is not one of' in problem
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1414,9 +1405,7 @@ def _read(folder: Path, iid: str, outcome: Outcome, out: list[Violation]) -> See
         if tail:
             outcome.notes.append(f"{name} ends with a torn line of {len(tail)} bytes (dropped by readers)")
     for record in logs["records.jsonl"]:
-        out += [Violation("record schema", f"{record.get('kind')}: {p}",
-                          bug="agent-record-kind" if _agent_kind_refused(record, str(p)) else None)
-                for p in validate_data("record", record)]
+        out += [Violation("record schema", f"{record.get('kind')}: {p}") for p in validate_data("record", record)]
     seen = Seen(header, summary, run, logs["entries.jsonl"], logs["records.jsonl"])
     seen.messages, seen.starts = replay(seen.entries)
     seen.history = [e["m"] for e in seen.entries if e.get("t") == "msg"]

@@ -2,8 +2,7 @@
 
 Each was a strict xfail until its fix landed; they now pass and guard against a return. A
 regression fails here and in the matrix. An open bug gets a narrow tag in ``KNOWN_BUGS`` and an
-xfail test here naming it: one is open, ``agent-record-kind`` (non-strict, so that CI stays green
-either way; when it is fixed, the test passes: remove the tag, the entry and the marker together).
+xfail test here naming it; none is open.
 """
 
 from __future__ import annotations
@@ -138,15 +137,12 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> kill_matrix.Outcome:
                                     Scenario(0, kill_matrix.TREE_SCENARIO, (Stage("plain"),)))
 
 
-def test_a_tree_keeps_every_invariant_but_the_open_record_kind_bug(tree: kill_matrix.Outcome) -> None:
-    """The tree rests with every invariant; its only violation is the open bug's, and only with its tag."""
+def test_a_tree_keeps_every_invariant(tree: kill_matrix.Outcome) -> None:
+    """The tree rests with every invariant (no violation of any kind)."""
     assert tree.instance_id is not None
-    assert [str(v) for v in tree.violations if v.bug is None] == []
-    assert {v.bug for v in tree.violations} <= {"agent-record-kind"}
+    assert [str(v) for v in tree.violations] == []
 
 
-@pytest.mark.xfail(strict=False, reason="open bug agent-record-kind (kill_matrix.KNOWN_BUGS): the core writes "
-                   "'agent' records that specs/record.schema.json does not allow")
 def test_a_trees_records_are_valid_against_the_record_schema(tree: kill_matrix.Outcome) -> None:
     """Every record of the tree (the parent's 'agent' record of the child's start included) is valid."""
     assert [str(v) for v in tree.violations] == []
