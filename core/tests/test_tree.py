@@ -205,11 +205,7 @@ async def test_a_fork_keeps_the_originals_narrower_grants_and_a_widened_header_g
         assert grants.network is True  # both sides grant it
         assert (grants.shell, grants.agents_max_agents) == ("approval", 9)
 
-@pytest.mark.xfail(strict=True, reason=(
-    "open bug (issue 11, point 2): a before_tool_call hook's ModifyInputs on a call that is then held is "
-    "saved in pendingApprovals but not in the transcript's assistant message, so Runtime._decide_own refuses "
-    "every approval ('is not the call shown for approval') and continue_after_decisions would run the "
-    "unmodified call; the fix is in _loop.py (_prepare/_end_of_turn)"))
+
 async def test_a_call_a_hook_changed_before_it_was_held_runs_as_shown_once_approved(tmp_path: Path) -> None:
     """A hook rewrites touch's argument, then the definition holds the call: the approval shows the rewritten
     call, approving it is accepted, and the tool runs exactly what was shown, once."""
