@@ -179,7 +179,7 @@ async def test_a_fork_keeps_the_originals_narrower_grants_and_a_widened_header_g
     original whose saved grants were edited to claim more forks with no more than the runtime's."""
     work = tmp_path / "work"
     (work / "sub").mkdir(parents=True)
-    wide = Capabilities(files=loopwright.FileGrants(read=(str(work),), write=(str(work),)), shell="approval",
+    wide = Capabilities(files=loopwright.FileGrants(read=(str(work),), write=(str(work),)), shell="approval",  # noqa: S604 - a grant, not a shell
                         network=True, agents_spawn=True, agents_max_agents=9)
     narrow = Capabilities(files=loopwright.FileGrants(read=(str(work / "sub"),)))
     async with make_runtime(tmp_path, Harness(reply("a"), reply("b")), capabilities=wide) as rt:
