@@ -353,6 +353,43 @@ def test_a_call_changed_after_its_decision_is_held_again(project: Project) -> No
     assert pending["arguments"] == {"name": "X"}
 
 
+REWRITE_PLUGIN = textwrap.dedent("""
+    import loopwright
+
+    @loopwright.hookimpl
+    def loopwright_before_tool_call(call):
+        if call.name == "touch" and call.arguments.get("name") == "S":
+            return loopwright.ModifyInputs({"name": "R"})
+        return None
+""")
+
+
+def test_approving_a_call_a_hook_changed_before_it_was_held_runs_it_as_shown(project: Project) -> None:
+    """A hook rewrites touch(S) to touch(R) before the call is held: ``approve ID --call`` in a new process
+    binds to touch(R), runs it once, and touch(S) never runs."""
+    (project.root / "rewrite_plugin.py").write_text(REWRITE_PLUGIN)
+    config = json.loads((project.root / "loopwright.yaml").read_text())
+    config["plugins"].append("rewrite_plugin.py")
+    (project.root / "loopwright.yaml").write_text(json.dumps(config))
+    done = project.cli("run", "solo", "-p", "go")
+    assert done.returncode == 3, (done.returncode, done.stdout, done.stderr)
+    header = project.header("solo")
+    iid = header["instanceId"]
+    (pending,) = header["pendingApprovals"]
+    assert pending["arguments"] == {"name": "R"}
+    assert pending["originalDigest"] == _digest("touch", {"name": "S"})
+    valid = project.cli("validate", str(project.root / "store" / iid / "instance.json"))
+    assert valid.returncode == 0, valid.stdout
+    approved = project.cli("approve", iid, "--call", pending["toolCallId"])
+    assert approved.returncode == 0, (approved.returncode, approved.stdout, approved.stderr)
+    assert (project.touched("R"), project.touched("S")) == (1, 0)
+    after = project.header("solo")
+    assert (after["state"], after["pendingApprovals"], after.get("text")) == ("waiting", [], "solo done")
+    again = project.cli("approve", iid, "--call", pending["toolCallId"])
+    assert again.returncode == 2, (again.returncode, again.stdout, again.stderr)
+    assert project.touched("R") == 1
+
+
 def test_a_decision_records_the_digest_of_the_call(project: Project) -> None:
     """Approving one of two held calls records sha256 of its canonical JSON; the other stays undecided."""
     done = project.cli("run", "pair", "-p", "go")

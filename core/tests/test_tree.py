@@ -179,7 +179,7 @@ async def test_a_fork_keeps_the_originals_narrower_grants_and_a_widened_header_g
     original whose saved grants were edited to claim more forks with no more than the runtime's."""
     work = tmp_path / "work"
     (work / "sub").mkdir(parents=True)
-    wide = Capabilities(files=loopwright.FileGrants(read=(str(work),), write=(str(work),)), shell="approval",  # noqa: S604 - a grant, not a subprocess
+    wide = Capabilities(files=loopwright.FileGrants(read=(str(work),), write=(str(work),)), shell="approval",  # noqa: S604 - a grant, not a shell
                         network=True, agents_spawn=True, agents_max_agents=9)
     narrow = Capabilities(files=loopwright.FileGrants(read=(str(work / "sub"),)))
     async with make_runtime(tmp_path, Harness(reply("a"), reply("b")), capabilities=wide) as rt:
@@ -205,11 +205,7 @@ async def test_a_fork_keeps_the_originals_narrower_grants_and_a_widened_header_g
         assert grants.network is True  # both sides grant it
         assert (grants.shell, grants.agents_max_agents) == ("approval", 9)
 
-@pytest.mark.xfail(strict=True, reason=(
-    "open bug (issue 11, point 2): a before_tool_call hook's ModifyInputs on a call that is then held is "
-    "saved in pendingApprovals but not in the transcript's assistant message, so Runtime.decide_held refuses "
-    "every approval ('is not the call shown for approval') and continue_after_decisions would run the "
-    "unmodified call; the fix is in _loop.py (_prepare/_end_of_turn)"))
+
 async def test_a_call_a_hook_changed_before_it_was_held_runs_as_shown_once_approved(tmp_path: Path) -> None:
     """A hook rewrites touch's argument, then the definition holds the call: the approval shows the rewritten
     call, approving it is accepted, and the tool runs exactly what was shown, once."""
@@ -232,3 +228,72 @@ async def test_a_call_a_hook_changed_before_it_was_held_runs_as_shown_once_appro
             result = await run.wait()
         assert result.text == "done"
         assert ran == ["rewritten"]
+
+
+async def test_a_call_a_hook_changed_before_it_was_held_runs_as_shown_when_decided_after_a_restart(
+        tmp_path: Path) -> None:
+    """The held call's rewritten arguments are durable: a fresh runtime on the same store, without the hook,
+    shows the rewritten call, approving it runs exactly that once, and the model's call stays in the log."""
+    ran.clear()
+
+    class Rewrite:
+        @loopwright.hookimpl
+        def loopwright_before_tool_call(self, call: Any) -> Any:
+            return loopwright.ModifyInputs({"name": "rewritten"}) if call.arguments.get("name") == "asked" else None
+
+    definition = defn(tools=["touch"], requires_approval=("touch",))
+    async with make_runtime(tmp_path, Harness(reply(None, call("touch", "c1", name="asked")), tools=[touch]),
+                            Rewrite()) as rt:
+        run = await rt.start_agent(definition, prompt="go")
+        with anyio.fail_after(30):
+            await run.wait()
+        iid = run.instance_id
+    header = json.loads((tmp_path / "store" / iid / "instance.json").read_text())
+    (saved,) = header["pendingApprovals"]
+    assert saved["arguments"] == {"name": "rewritten"}
+    assert saved["originalDigest"] == call_digest("touch", {"name": "asked"})
+    second = Harness(reply("done"), tools=[touch])
+    async with make_runtime(tmp_path, second) as rt:  # no hook here: what was shown is what runs
+        run = await rt.get_agent(iid)
+        (pending,) = await run.pending_approvals()
+        assert (pending.tool_call_id, dict(pending.arguments)) == ("c1", {"name": "rewritten"})
+        await run.approve(tool_call_id="c1")
+        with anyio.fail_after(30):
+            result = await run.wait()
+        assert result.text == "done"
+        assert ran == ["rewritten"]
+        # The model's own call stays as it made it; its result is the tool's, as for any call a hook changed.
+        (assistant,) = [m for m in second.sent[0] if m.role == "assistant"]
+        assert dict(assistant.tool_calls[0].arguments) == {"name": "asked"}
+        (answer,) = [m for m in second.sent[0] if m.role == "tool"]
+        assert answer.content == "touched rewritten"
+    async with make_runtime(tmp_path, Harness()) as rt:
+        with pytest.raises(LoopwrightError, match="no call 'c1' is waiting for approval"):
+            await (await rt.get_agent(iid)).approve(tool_call_id="c1")
+    assert ran == ["rewritten"]
+
+
+async def test_a_hooked_held_call_whose_logged_call_changed_is_refused(tmp_path: Path) -> None:
+    """The shown (rewritten) call binds to the model's call it replaced: once the log's call differs from
+    that one, approving is refused and nothing runs."""
+    ran.clear()
+
+    class Rewrite:
+        @loopwright.hookimpl
+        def loopwright_before_tool_call(self, call: Any) -> Any:
+            return loopwright.ModifyInputs({"name": "rewritten"}) if call.arguments.get("name") == "asked" else None
+
+    async with make_runtime(tmp_path, Harness(reply(None, call("touch", "c1", name="asked")), tools=[touch]),
+                            Rewrite()) as rt:
+        run = await rt.start_agent(defn(tools=["touch"], requires_approval=("touch",)), prompt="go")
+        with anyio.fail_after(30):
+            await run.wait()
+        iid = run.instance_id
+    log = tmp_path / "store" / iid / "entries.jsonl"
+    assert '"name":"asked"' in log.read_text()
+    log.write_text(log.read_text().replace('"name":"asked"', '"name":"other"'))
+    async with make_runtime(tmp_path, Harness(reply("done"), tools=[touch])) as rt:
+        run = await rt.get_agent(iid)
+        with pytest.raises(LoopwrightError, match="is not the call shown for approval"):
+            await run.approve(tool_call_id="c1")
+    assert ran == []

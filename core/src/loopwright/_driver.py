@@ -32,6 +32,7 @@ from loopwright._instance import (
     fold_checkpoint,
     message_to_json,
     now_iso,
+    shown_call,
     unanswered_calls,
 )
 from loopwright._lease import holding
@@ -337,15 +338,17 @@ class Driver:
         kept: list[PendingApproval] = []
         for p in inst.pending_approvals:
             held = calls.get(p.tool_call_id)
-            now = call_digest(held.name, held.arguments) if held is not None else None
+            shown = shown_call(held, p) if held is not None else None
+            now = call_digest(shown.name, shown.arguments) if shown is not None else None
             if p.decision is not None and now != p.decision_digest:
                 changed = True
                 self._rt.recorder.queue(inst.id, "approval", {
                     "toolCallId": p.tool_call_id, "tool": p.tool, "decision": None,
                     "reason": "held again: the call is not the one that was decided"})
                 p = attrs.evolve(p, decision=None, decision_reason=None, decision_digest=None, decided_by=None,  # noqa: PLW2901
-                                 tool=held.name if held is not None else p.tool,
-                                 arguments=dict(held.arguments) if held is not None else p.arguments)
+                                 tool=shown.name if shown is not None else p.tool,
+                                 arguments=dict(shown.arguments) if shown is not None else p.arguments,
+                                 original_digest=p.original_digest if shown is not held else None)
             kept.append(p)
         if changed:
             inst.set_pending(kept)

@@ -52,6 +52,7 @@ from loopwright._types import (
     ToolStatus,
     Transcript,
     Usage,
+    call_digest,
 )
 
 if TYPE_CHECKING:
@@ -583,6 +584,18 @@ def _call_order(messages: list[Message]) -> list[Message]:
                 out.extend(messages[i:j])
             i = j
     return out
+
+
+def shown_call(call: ToolCall, p: PendingApproval) -> ToolCall:
+    """Return the held ``call`` (as the log holds it) as it was shown for approval in ``p``, and runs once approved.
+
+    A call a ``before_tool_call`` hook changed before it was held keeps the model's arguments
+    in the log; ``p`` has the changed ones, and ``p.original_digest`` names the logged call they
+    replace. Any other call (or a logged call that changed since) is returned as it is.
+    """
+    if p.original_digest is not None and call_digest(call.name, call.arguments) == p.original_digest:
+        return attrs.evolve(call, arguments=dict(p.arguments))
+    return call
 
 
 def unanswered_calls(transcript: Sequence[Message]) -> tuple[Message | None, list[Any]]:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Literal
 import anyio
 import attrs
 
-from loopwright._instance import now_iso, unanswered_calls
+from loopwright._instance import now_iso, shown_call, unanswered_calls
 from loopwright._lease import held_lease, holding
 from loopwright._types import PendingApproval, State, StopReason, call_digest
 from loopwright._views import short_json
@@ -139,7 +139,8 @@ class Steering:
             calls = {c.id: c for c in unanswered_calls(inst.transcript)[1]}
             for p in chosen:
                 held = calls.get(p.tool_call_id)
-                if held is None or call_digest(held.name, held.arguments) != call_digest(p.tool, p.arguments):
+                shown = shown_call(held, p) if held is not None else None
+                if shown is None or call_digest(shown.name, shown.arguments) != call_digest(p.tool, p.arguments):
                     raise LoopwrightError(
                         f"instance {inst.id}: the held call {p.tool_call_id!r} in its log is not the call shown "
                         f"for approval ({p.tool} {short_json(p.arguments)}); it stays held, undecided")

@@ -427,6 +427,9 @@ class PendingApproval:
         decision_reason: The reason given with a denial.
         decision_digest: :func:`call_digest` of the call as it was decided: the decision
             applies to that exact call (name and arguments) and to no other.
+        original_digest: When a ``before_tool_call`` hook changed the call's arguments before it
+            was held, :func:`call_digest` of the call as the model made it (as the log holds it);
+            ``tool`` and ``arguments`` are the call as it runs once approved. ``None`` otherwise.
         decided_by: Who decided it, as the deciding host names them (``token:NAME`` for a
             ``loopwright serve`` token); ``None`` when the host named nobody.
         instance_id: In a tree's list (``AgentRun.pending_approvals`` of a root), the instance
@@ -443,6 +446,7 @@ class PendingApproval:
     decision: Literal["approved", "denied"] | None = None
     decision_reason: str | None = None
     decision_digest: str | None = None
+    original_digest: str | None = None
     decided_by: str | None = None
     instance_id: str | None = None
     path: tuple[Mapping[str, Any], ...] = ()

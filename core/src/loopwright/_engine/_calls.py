@@ -32,9 +32,9 @@ from loopwright._engine._common import (
     usage_json,
 )
 from loopwright._hooks import intercept
-from loopwright._instance import message_to_json, now_iso, unanswered_calls
+from loopwright._instance import message_to_json, now_iso, shown_call, unanswered_calls
 from loopwright._tools import ToolContext, run_in_daemon_thread
-from loopwright._types import Cost, PendingApproval, State, StopReason, ToolCall, ToolStatus, Usage
+from loopwright._types import Cost, PendingApproval, State, StopReason, ToolCall, ToolStatus, Usage, call_digest
 from loopwright.builtins.tools import AwaitUser
 from loopwright.errors import ToolCallDenied, ToolError
 
@@ -119,7 +119,7 @@ class Calls:
             at = now_iso()
             inst.set_pending([*inst.pending_approvals, *(PendingApproval(
                 tool_call_id=i.call.id, tool=i.call.name, arguments=dict(i.call.arguments), reason=i.held or "",
-                requested_at=at) for i in held)])
+                requested_at=at, original_digest=i.original_digest) for i in held)])
             for i in held:
                 self.journal.record(inst, "approval", {"toolCallId": i.call.id, "tool": i.call.name,
                                                        "reason": i.held, "decision": None})
@@ -177,6 +177,7 @@ class Calls:
                     "call", attrs.evolve(v["call"], arguments=dict(d.arguments)))})
             self.journal.hook_records(inst, "before_tool_call", outcome.decisions, turn)
             if outcome.values["call"] is not call:
+                item.original_digest = call_digest(call.name, call.arguments)
                 call = item.call = outcome.values["call"]
                 problems = tool.validation_errors(call.arguments)
                 if problems:
@@ -316,6 +317,7 @@ class Calls:
             p = by_id.get(call.id)
             if p is None:
                 continue
+            call = shown_call(call, p)  # noqa: PLW2901 - what was approved is what runs (a hook's arguments)
             item = Call(index, call, tool=self.deps.tool_for(inst.definition, call.name, inst.grants))
             self.journal.record(inst, "approval", {"toolCallId": call.id, "tool": call.name, "decision": p.decision,
                                                    "reason": p.decision_reason,

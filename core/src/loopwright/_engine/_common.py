@@ -73,6 +73,7 @@ class Call:
     tool: Tool | None = None
     result: ToolResult | None = None
     held: str | None = None          # approval reason when held
+    original_digest: str | None = None  # call_digest of the model's call when a hook changed its arguments
     awaiting_user: bool = False
     over_limit: bool = False         # skipped at its start: the tree's toolCalls budget was used up
 

@@ -19,7 +19,7 @@ from loopwright._engine._common import (
     take_decisions,
     tool_message,
 )
-from loopwright._instance import rebuild, unanswered_calls
+from loopwright._instance import rebuild, shown_call, unanswered_calls
 from loopwright._types import State, StopReason, ToolResult, ToolStatus
 
 if TYPE_CHECKING:
@@ -131,8 +131,8 @@ class Recovery:
         for index, call in enumerate(unanswered):
             if call.id in skip or call.id == awaiting:
                 continue
-            item = Call(index, call)
             decision = decided.get(call.id)
+            item = Call(index, call if decision is None else shown_call(call, decision))
             if decision is not None and (call.id not in inst.started_calls or decision.decision != "approved"):
                 item.tool = deps.tool_for(inst.definition, call.name, inst.grants)
                 await calls.decided(run, item, decision, limits)
