@@ -173,6 +173,27 @@ class MemoryMailbox(FileStore):
         items = self.mail.get(iid, [])
         return items[cursor:], len(items)
 
+class IgnoresPostIds(FileStore):
+    # The id is kept under another key, out of the file store's sight: every post lands.
+    async def post(self, iid, item):
+        await super().post(iid, {k: v for k, v in item.items() if k != "id"} | {"_id": item.get("id")})
+    async def read_posts(self, iid, cursor):
+        items, end = await super().read_posts(iid, cursor)
+        return [{k: v for k, v in i.items() if k != "_id"} | ({"id": i["_id"]} if i.get("_id") else {})
+                for i in items], end
+
+class PostIdsInMemory(IgnoresPostIds):
+    # Remembers the ids this store posted, so a second store (another process) posts again.
+    def __init__(self, settings):
+        super().__init__(settings)
+        self.seen = set()
+    async def post(self, iid, item):
+        key = (iid, item.get("id"))
+        if item.get("id") and key in self.seen:
+            return
+        self.seen.add(key)
+        await super().post(iid, item)
+
 class LaxIds(FileStore):
     async def create(self, iid, header):
         if iid == "\\u00e9":
@@ -218,6 +239,8 @@ EXPECTED_FAILURES = {
     "IgnoresCursor": ["read_posts_cursor_semantics"],
     "OneMailbox": ["posts_are_per_instance"],
     "MemoryMailbox": ["posts_from_a_second_store_reach_the_lease_holder"],
+    "IgnoresPostIds": ["a_post_with_an_id_lands_once"],
+    "PostIdsInMemory": ["a_post_id_is_recognised_by_a_second_store"],
     "LaxIds": ["invalid_ids_are_refused_everywhere"],
     "StrictIds": ["valid_ids_work_end_to_end"],
     "NeverCloses": ["appends_after_aclose_raise_store_error"],
