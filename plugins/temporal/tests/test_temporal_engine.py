@@ -243,6 +243,52 @@ def test_a_sub_agent_is_a_child_workflow_and_a_deep_approval_reaches_it(
         dep.stop_workers()
 
 
+def test_an_elapsed_monitor_fires_through_the_workflow_timer(temporal_server: TemporalServer, tmp_path: Path) -> None:
+    """A watcher arms ``elapsed: 6s`` on its child and rests; its workflow's timer wakes it, and the monitor fires.
+
+    The worker that ran the watcher is stopped once it rests, and a new one started: no runtime
+    holds the watcher loaded, so nothing but the workflow's timer can wake it (the child rests
+    holding a call for approval, and nobody posts to the watcher). The monitor's message is in
+    the watcher's answer, no earlier than the time it was given, and came through the new worker.
+    """
+    agents = Path(__file__).resolve().parent / "agents"
+    dep = Deployment(tmp_path, temporal_server, extra=(
+        "capabilities: {agents: {spawn: true, maxDepth: 3}}\n"
+        f"agentDefinitions: {{watch: '{agents / 'tree-watch.yaml'}', holder: '{agents / 'tree-holder.yaml'}'}}\n"))
+
+    def answer() -> str:
+        # The watcher's last answer, from its entry log (the workers write it; nothing here runs it).
+        entries = (dep.folder / "store" / watcher / "entries.jsonl").read_text().splitlines()
+        said = [e["m"].get("content") for e in map(json.loads, entries)
+                if e.get("t") == "msg" and e["m"].get("role") == "assistant"]
+        return str(said[-1] or "") if said else ""
+
+    try:
+        first = dep.start_worker(name="first")
+        submitted = dep.cli("run", "--detach", "--json", "watch", "-p", "go")
+        assert submitted.returncode == 0, submitted.stderr
+        watcher = str(_json(submitted)["instanceId"])
+        dep.wait_for("the watcher to rest with its monitor armed",
+                     lambda: answer() == "watch armed" and _state(dep, watcher) == "waiting")
+        armed = dep.header(watcher)["monitors"][0]
+        child = armed["target"]
+        dep.stop_workers()
+        assert first.returncode == 0
+        assert time.time() < armed["elapsedAt"], "the first worker took too long to stop for this test"
+        dep.start_worker(name="second")
+        dep.wait_for("the monitor's message to be answered", lambda: answer().startswith("watch done:"))
+        assert time.time() >= armed["elapsedAt"]
+        assert answer() == (f"watch done: [monitor] agent {child}: the time you gave it has passed "
+                            "(it keeps running)")
+        header = dep.header(watcher)
+        assert not header.get("monitors")  # fired once, then disarmed
+        assert f"pid {dep.workers[-1].pid}" in header["runner"]  # the new worker ran the answer
+        assert dep.header(child)["state"] == "waiting_for_approval"  # the child was not what woke it
+        assert dep.effect_lines() == []
+    finally:
+        dep.stop_workers()
+
+
 def _engine(dep: Deployment) -> Any:
     from loopwright_temporal import make_engine  # noqa: PLC0415 - the SDK only for the tests that ask
 

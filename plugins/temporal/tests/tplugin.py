@@ -19,7 +19,9 @@ Tools (each appends one line ``<instance> <call id> <tool>`` to ``$LW_EFFECTS`` 
 The model ``ttree:ROLE`` is a sub-agent tree, worked out from the transcript: ``root`` starts
 the registered agent ``holder`` (``run_agent_async``), waits for it (``await_agent``), then
 answers ``root done: <holder's text>``; ``holder`` calls ``delete`` (held for approval), then
-answers ``holder done``.
+answers ``holder done``. ``watch`` starts ``holder`` too, arms an ``elapsed: 6s`` monitor on it
+(``monitor_agent``) and rests (``watch armed``); once the monitor's message comes, it answers
+``watch done: <the message>``.
 """
 
 from __future__ import annotations
@@ -96,6 +98,16 @@ class TreeProvider(Provider):
             else:
                 agents = json.loads(results["await_agent"].content or "{}").get("agents") or [{}]
                 text = f"root done: {agents[0].get('text')}"
+        elif request.model == "watch":
+            if "run_agent_async" not in results:
+                call = ("run_agent_async", {"agentSwarmUri": "holder", "prompt": "hold"})
+            elif "monitor_agent" not in results:
+                started = json.loads(results["run_agent_async"].content or "{}")["instanceId"]
+                call = ("monitor_agent", {"agentId": started, "elapsed": "6s"})
+            elif request.messages[-1].role == "user" and (request.messages[-1].content or "").startswith("[monitor]"):
+                text = f"watch done: {request.messages[-1].content}"
+            else:
+                text = "watch armed"
         elif "delete" not in results:
             call = ("delete", {"path": "tree.txt"})
         else:
