@@ -22,7 +22,7 @@ An :class:`Agents` object is handed to the agent tools (``run_agent_async``, ``a
   ``spawnerInstanceId``, live or saved), unless the assembly sets ``agentsMayReachAnyInstance``.
 * **Budgets.** A tree has one budget: what a child spends (tokens, cost, tool calls) is charged
   to its caller and every ancestor as it spends, and it stops when its own limits or any
-  ancestor's are used up (:meth:`loopwright._loop.Loop.budgets`). What remained when it started
+  ancestor's are used up (:meth:`loopwright._engine._limits.Budgets.of`). What remained when it started
   is saved as its ``budget``, a ceiling that also holds after a restart. ``agents.maxAgents``
   bounds the agents started in a tree (each ancestor's count, finished ones included).
 * **Cost.** A child's id is kept in its caller's header (``children``), so the caller's subtree

@@ -311,7 +311,7 @@ class Plans:
         return {k: tuple(v) for k, v in found.items()}
 
     def output_problems(self, definition: Definition, text: str | None) -> Any:
-        """Check a final answer against the definition's ``output`` schema (see ``_loop.parse_output``)."""
+        """Check a final answer against the definition's ``output`` schema (see ``loopwright._engine.parse_output``)."""
         plan = self.plan(definition)
         if plan.output_validator is None:
             # RE2 for patterns: a model-written ``pattern`` must not be able to hang the loop. The
@@ -354,7 +354,7 @@ class Plans:
 
         A budget (``tokens``, ``cost``, ``toolCalls``, ``elapsed`` seconds) is what remained of the
         tree's budget when the instance started; each applies to every segment. While it runs, the
-        loop also holds it to each live ancestor's limits (:meth:`loopwright._loop.Loop.budgets`).
+        loop also holds it to each live ancestor's limits (:meth:`loopwright._engine._limits.Budgets.of`).
         """
         limits = self.plan(inst.definition).limits
         budget = inst.header.get("budget")
