@@ -428,11 +428,22 @@ class Engine(_AsyncClosing, abc.ABC):
 class Lease:
     """A held runner lease; :meth:`release` gives it back (twice is harmless).
 
-    Stores that lock subclass it; this base holds nothing.
+    Stores that lock subclass it; this base holds nothing. A lease is a context manager that
+    releases it on exit.
     """
 
     def release(self) -> None:
         """Give the lease back."""
+
+    def __enter__(self) -> Self:
+        """Return the lease itself."""
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None,
+    ) -> None:
+        """Release the lease."""
+        self.release()
 
 
 @attrs.define(kw_only=True)

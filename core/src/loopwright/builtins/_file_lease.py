@@ -12,7 +12,7 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -22,7 +22,6 @@ from loopwright.errors import InstanceLockedError, InstanceNotFoundError, StoreE
 
 if TYPE_CHECKING:
     from collections import OrderedDict
-    from types import TracebackType
 
 __all__ = ["Lease", "Locking"]
 
@@ -73,15 +72,6 @@ class Lease(BaseLease):
             if self._on_release is not None:
                 self._on_release(self)
 
-    def __enter__(self) -> Self:
-        """Return the lease itself."""
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None,
-    ) -> None:
-        """Release the lease."""
-        self.release()
 
 
 class Locking:

@@ -43,7 +43,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import anyio
 import attrs
@@ -67,7 +67,6 @@ from loopwright_postgres._connections import CHANNEL, Keeper, Pool, PoolBusyErro
 
 if TYPE_CHECKING:
     from pathlib import Path
-    from types import TracebackType
 
 __all__ = ["DEFAULT_SCHEMA", "Lease", "PostgresStore"]
 
@@ -250,15 +249,6 @@ class Lease(BaseLease):
         if self._on_release is not None:
             self._on_release(self)
 
-    def __enter__(self) -> Self:
-        """Return the lease itself."""
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None,
-    ) -> None:
-        """Release the lease."""
-        self.release()
 
 
 class PostgresStore(Store):
