@@ -19,7 +19,16 @@ if TYPE_CHECKING:
     from loopwright._engine._deps import EngineDeps, SegmentRun
     from loopwright._engine._journal import Journal
 
-__all__ = ["Mailbox"]
+__all__ = ["Mailbox", "first_answer"]
+
+
+def first_answer(queue: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Return the first queued message that may answer a pending ``ask_user``, or ``None``.
+
+    A message from ``api`` or ``user`` may; the task prompt that waits behind a held turn
+    (``behindTurn``) and messages from agents or the runtime may not.
+    """
+    return next((m for m in queue if m.get("source") in ("api", "user") and not m.get("behindTurn")), None)
 
 
 class Mailbox:
@@ -70,7 +79,7 @@ class Mailbox:
             await anyio.lowlevel.checkpoint()
         queue: list[dict[str, Any]] = h.get("inbox") or []
         if h.get("awaitingAnswer"):
-            answer = next((m for m in queue if m.get("source") in ("api", "user") and not m.get("behindTurn")), None)
+            answer = first_answer(queue)
             if answer is not None:
                 queue.remove(answer)
                 await self.answer_question(run, str(answer.get("text", "")))

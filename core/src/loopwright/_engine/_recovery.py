@@ -19,6 +19,7 @@ from loopwright._engine._common import (
     take_decisions,
     tool_message,
 )
+from loopwright._engine._mailbox import first_answer
 from loopwright._instance import rebuild, shown_call, unanswered_calls
 from loopwright._types import State, StopReason, ToolResult, ToolStatus
 
@@ -266,7 +267,7 @@ def _settle_answered_question(inst: Instance) -> None:
         return
     inst.header.pop("awaitingAnswer")
     queue: list[dict[str, Any]] = inst.header.get("inbox") or []
-    first = next((m for m in queue if m.get("source") in ("api", "user") and not m.get("behindTurn")), None)
+    first = first_answer(queue)
     if first is not None and str(first.get("text", "")) == (answer.content or ""):
         queue.remove(first)
 
@@ -275,12 +276,11 @@ def _mail_to_give(inst: Instance) -> bool:
     """Whether the header's queue (``inbox``) holds messages the next turn boundary gives the model.
 
     The mailbox's rule (:meth:`Mailbox.drain_inbox`): every queued message, unless a question waits
-    for its answer, when only a message from ``api`` or ``user`` (not the task prompt behind a held
-    turn) is.
+    for its answer, when only one that may answer it (:func:`first_answer`) is.
     """
     queue = inst.header.get("inbox") or []
     if inst.header.get("awaitingAnswer"):
-        return any(m.get("source") in ("api", "user") and not m.get("behindTurn") for m in queue)
+        return first_answer(queue) is not None
     return bool(queue)
 
 
