@@ -20,7 +20,7 @@ from helpers import kill, read_line
 
 from loopwright import _plugins
 from loopwright.abc import StoreSettings
-from loopwright.builtins import file_store
+from loopwright.builtins import _file_header, file_store
 from loopwright.builtins.file_store import FileStore, Lease
 from loopwright.errors import ConfigError, InstanceLockedError, InstanceNotFoundError, StoreError
 
@@ -560,7 +560,7 @@ async def test_concurrent_header_writes_are_committed_together_and_each_lands(
         events.append("sync")
 
     monkeypatch.setattr(Path, "replace", replace)
-    monkeypatch.setattr(file_store, "_syncfs", syncfs)
+    monkeypatch.setattr(_file_header, "_syncfs", syncfs)
     (store.root / "g5" / "instance.json").unlink()
     (store.root / "g5" / "entries.jsonl").unlink()
     (store.root / "g5" / "records.jsonl").unlink()

@@ -58,7 +58,8 @@ Header rewrites also have ``rename``: the temporary file is complete and fsynced
 comes just before the rename. (The store writes the first header, in ``create``, in place: there
 ``torn`` tears ``instance.json`` itself and ``rename`` is never reached.)
 
-The write points wrap the file store's own functions (``_write_all``, ``FileStore._append``,
+The write points wrap the file store's own functions (``_write_all`` of ``file_store`` and of
+``_file_header``, ``FileStore._append``,
 ``FileStore._create``, ``FileStore._replace_header``, and ``Path.replace`` for the header's
 rename) only when a write point is armed: the kill happens inside the real code path, between
 the store's own steps.
@@ -83,7 +84,7 @@ import anyio
 
 import loopwright
 from loopwright.abc import Provider, ProviderSettings
-from loopwright.builtins import file_store
+from loopwright.builtins import _file_header, file_store
 
 #: What each script's model answers, by reply number: a list of calls ``(tool, arguments)``, or
 #: the final text. Parallel-safe calls of one reply run concurrently, others one after another.
@@ -609,7 +610,7 @@ def _path_replace(self: pathlib.Path, target: Any) -> Any:
 
 def _install_store_points() -> None:
     """Wrap the file store's write steps so that armed write points kill inside them."""
-    for owner, name in ((file_store, "_write_all"), (file_store.FileStore, "_append"),
+    for owner, name in ((file_store, "_write_all"), (_file_header, "_write_all"), (file_store.FileStore, "_append"),
                         (file_store.FileStore, "_replace_header"), (file_store.FileStore, "_create")):
         if not hasattr(owner, name):
             msg = f"the file store has no {name} any more: update the write points of {__file__}"
@@ -618,6 +619,7 @@ def _install_store_points() -> None:
                      replace_header=file_store.FileStore._replace_header, path_replace=pathlib.Path.replace,
                      create=file_store.FileStore._create)
     file_store._write_all = _write_all
+    _file_header._write_all = _write_all  # header rewrites (the group commit's module)
     file_store.FileStore._append = _append  # type: ignore[method-assign]
     file_store.FileStore._replace_header = _replace_header  # type: ignore[method-assign]
     pathlib.Path.replace = _path_replace  # type: ignore[method-assign]

@@ -40,6 +40,7 @@ __all__ = [
     "line_start",
     "load_syncfs",
     "log",
+    "open_logs_limit",
     "parse_lines",
     "repair_tail",
     "to_json",
@@ -140,7 +141,7 @@ def is_object_line(line: bytes) -> bool:
         return False
 
 
-def repair_tail(fd: int, path: Path) -> None:
+def repair_tail(fd: int, path: Path | str) -> None:
     """Truncate a torn last line (no newline, or not a JSON object) so appends start clean.
 
     Reads only the last line, once per opening: the cost does not grow with the log.
@@ -156,6 +157,23 @@ def repair_tail(fd: int, path: Path) -> None:
         start = line_start(fd, size)
     os.ftruncate(fd, start)
     log.warning("file store: dropped a torn last line of %d bytes from %s", size - start, path)
+
+
+def open_logs_limit() -> int:
+    """Return how many logs a file store keeps open: a third of the soft ``RLIMIT_NOFILE``, 64 to 65,536.
+
+    The other two thirds are left to the leases (one descriptor each), the mailboxes, sockets and
+    the rest of the process. Where the limit cannot be read (not POSIX), 512.
+    """
+    try:
+        import resource  # noqa: PLC0415 - POSIX only
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return 512
+    if soft < 0 or soft == resource.RLIM_INFINITY:
+        return 65536
+    return max(64, min(65536, soft // 3))
 
 
 def load_syncfs() -> Callable[[Path], None] | None:

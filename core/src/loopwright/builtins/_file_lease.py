@@ -82,6 +82,7 @@ class Locking:
     _held: set[str]
     _leases: set[Lease]
     _logs: OrderedDict[tuple[str, str], int]
+    _clean: dict[tuple[str, str], tuple[int, int, int]]
 
     async def acquire(self, instance_id: str, owner: str) -> Lease:  # noqa: C901 - each step can fail its own way
         """Take the instance's runner lock without waiting and return the :class:`Lease`.
@@ -135,6 +136,9 @@ class Locking:
     def _released(self, lease: Lease) -> None:
         self._leases.discard(lease)
         self._held.discard(lease.instance_id)
+        # Another process may append once the lease is gone: the logs are repaired when reopened.
+        for name in (ENTRIES_FILE, RECORDS_FILE):
+            self._clean.pop((lease.instance_id, name), None)
 
     def _runner(self, instance_id: str) -> str | None:
         """Return the header's ``runner`` (who runs the instance), if it can be read."""

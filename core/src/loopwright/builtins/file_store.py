@@ -95,13 +95,11 @@ import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final
-
-import anyio
-import attrs
+from typing import TYPE_CHECKING, Any, Final
 
 from loopwright.abc import Store, StoreSettings
 from loopwright.builtins._file_checkpoint import Checkpoints
+from loopwright.builtins._file_header import Headers, _PendingHeader
 from loopwright.builtins._file_io import (
     CHECKPOINT_FILE,
     DEFAULT_PATH,
@@ -111,13 +109,11 @@ from loopwright.builtins._file_io import (
     O_CLOEXEC,
     POSTS_FILE,
     RECORDS_FILE,
-    TMP_NUMBERS,
     check_id,
-    encode_header,
     encode_item,
     fsync_dir,
-    load_syncfs,
     log,
+    open_logs_limit,
     parse_lines,
     repair_tail,
     write_all,
@@ -132,6 +128,9 @@ from loopwright.errors import (
 )
 from loopwright.hookspecs import hookimpl
 
+if TYPE_CHECKING:
+    import anyio
+
 __all__ = [
     "CHECKPOINT_FILE",
     "DEFAULT_PATH",
@@ -145,10 +144,14 @@ __all__ = [
 ]
 
 _OPTIONS: Final = frozenset({"path", "fsync"})
-# Module globals, so that the kill matrix (tests/crash/crash_plugin.py) and the tests can wrap them:
-# every write of a header or a log here goes through _write_all, every group commit through _syncfs.
+# A module global, so that the kill matrix (tests/crash/crash_plugin.py) can wrap it: every write of a
+# log and of a new instance's header goes through it (header rewrites: _file_header._write_all).
 _write_all = write_all
-_syncfs: Final = load_syncfs()
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int]:
+    """Return what shows that a log changed: its inode, size and ctime (every write and truncation sets it)."""
+    return (st.st_ino, st.st_size, st.st_ctime_ns)
 
 
 @hookimpl
@@ -157,7 +160,7 @@ def loopwright_register_stores(register: Callable[..., None]) -> None:
     register("file", FileStore)
 
 
-class FileStore(Checkpoints, Mailbox, Locking, Store):
+class FileStore(Headers, Checkpoints, Mailbox, Locking, Store):
     """Instances as folders of JSON files: the embedded default store (see the module docstring).
 
     :param settings: ``settings.options`` may hold ``path`` (the store folder, default
@@ -168,11 +171,13 @@ class FileStore(Checkpoints, Mailbox, Locking, Store):
     Attributes:
         root: The store folder, absolute. Created on the first :meth:`create`.
         fsync: Whether every append is fsynced.
-        max_open_logs: How many log files stay open for appending (least recently used closed first).
+        max_open_logs: How many log files stay open for appending (least recently used closed
+            first): a third of the soft ``RLIMIT_NOFILE`` (64 to 65,536), leaving the rest to the
+            leases (one descriptor per held instance), the mailboxes and everything else.
         checkpoint_bytes: How much an entry log grows between two checkpoints (see :meth:`checkpoint`).
     """
 
-    max_open_logs: int = 512
+    max_open_logs: int
     #: How many bytes must be appended to an entry log since its checkpoint before :meth:`checkpoint` writes a new one.
     checkpoint_bytes: int = 256 * 1024
 
@@ -198,6 +203,10 @@ class FileStore(Checkpoints, Mailbox, Locking, Store):
             path = Path(settings.base_dir) / path
         self.root: Path = path.resolve()
         self.fsync: bool = fsync
+        self._root_s = os.fspath(self.root)
+        self.max_open_logs = open_logs_limit()
+        # (instance_id, file name) -> _identity() of a log this store closed while it held the lease.
+        self._clean: dict[tuple[str, str], tuple[int, int, int]] = {}
         # (instance_id, file name) -> fd opened O_RDWR | O_APPEND, most recently used last.
         self._logs: collections.OrderedDict[tuple[str, str], int] = collections.OrderedDict()
         self._leases: set[Lease] = set()
@@ -299,41 +308,6 @@ class FileStore(Checkpoints, Mailbox, Locking, Store):
                       find_previous=functools.partial(self._dead_runner, instance_id, owner))
         self._leases.add(lease)
         return lease
-
-    async def write_header(self, instance_id: str, header: Mapping[str, Any]) -> None:
-        """Replace the header atomically (temp file, fsync, rename; and fsync the folder with ``fsync: true``).
-
-        Raise :class:`~loopwright.errors.InstanceNotFoundError` if the instance does not exist.
-        """
-        folder = self.root / check_id(instance_id)
-        data = self._header_bytes(instance_id, header)
-        if len(self._held) <= 1:
-            # One runner alone: inline, which costs less CPU than a thread hop.
-            self._replace_header(instance_id, folder, data)
-            return
-        # Several instances run at once: a group commit. Each header fsync is a disk flush
-        # (milliseconds on many disks, and flushes of different files queue behind each other),
-        # so the headers written while one flush runs wait for it and are then committed
-        # together, in a worker thread, with one flush for the group (see _commit_headers).
-        # Every header is still on disk before its rename, and before this returns.
-        pending = _PendingHeader(instance_id, folder, data)
-        self._header_queue.append(pending)
-        # Shielded, like the inline write: a cancelled writer must not leave its header queued,
-        # to land later over a newer one.
-        with anyio.CancelScope(shield=True):
-            while not pending.done:
-                if self._committing is not None:
-                    await self._committing.wait()
-                    continue
-                group, self._header_queue = self._header_queue, []
-                self._committing = committed = anyio.Event()
-                try:
-                    await anyio.to_thread.run_sync(self._commit_headers, group)
-                finally:
-                    self._committing = None
-                    committed.set()
-        if pending.error is not None:
-            raise pending.error
 
     async def read_header(self, instance_id: str) -> dict[str, Any]:
         """Return the header.
@@ -447,116 +421,6 @@ class FileStore(Checkpoints, Mailbox, Locking, Store):
 
     # -- internals -----------------------------------------------------------------------------
 
-    @staticmethod
-    def _header_bytes(instance_id: str, header: Mapping[str, Any]) -> bytes:
-        if not isinstance(header, Mapping):
-            raise StoreError(f"the header must be a mapping, not {type(header).__name__}",
-                             instance_id=instance_id)
-        try:
-            return (encode_header(dict(header)) + "\n").encode()
-        except (TypeError, ValueError) as exc:
-            raise StoreError(f"the header is not JSON-ready: {exc}", instance_id=instance_id) from exc
-
-    def _commit_headers(self, group: list[_PendingHeader]) -> None:
-        """Replace several headers with one disk flush: write each temp file, ``syncfs`` once, rename each.
-
-        Where ``syncfs`` is not available (not Linux), or the group is a single header, each is
-        written as :meth:`_replace_header` writes one. Runs in a worker thread.
-        """
-        if len(group) == 1 or _syncfs is None:
-            for p in group:
-                self._replace_one(p)
-            return
-        ready = [(p, tmp) for p in group if (tmp := self._write_temp(p)) is not None]
-        if not ready:
-            return
-        # One flush of the filesystem the store is on makes every temp file above durable
-        # (what an fsync of each would do, with one disk flush instead of one per header).
-        try:
-            _syncfs(self.root)
-        except OSError as exc:
-            for p, tmp in ready:
-                with contextlib.suppress(OSError):
-                    tmp.unlink()
-                p.finish(StoreError(f"cannot sync {self.root}: {exc}", instance_id=p.instance_id))
-            return
-        for p, tmp in ready:
-            try:
-                tmp.replace(p.folder / HEADER_FILE)
-                if self.fsync:
-                    fsync_dir(p.folder)
-            except OSError as exc:
-                with contextlib.suppress(OSError):
-                    tmp.unlink()
-                p.finish(StoreError(f"cannot write {p.folder / HEADER_FILE}: {exc}", instance_id=p.instance_id))
-                continue
-            p.finish(None)
-
-    @staticmethod
-    def _write_temp(p: _PendingHeader) -> Path | None:
-        """Write a pending header to a new temp file (no fsync) and return its path; on failure, finish it."""
-        tmp = p.folder / f".{HEADER_FILE}.{os.getpid()}.{next(TMP_NUMBERS)}.tmp"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | O_CLOEXEC, 0o600)
-        except (FileNotFoundError, NotADirectoryError):
-            p.finish(InstanceNotFoundError(p.instance_id))
-            return None
-        except OSError as exc:
-            p.finish(StoreError(f"cannot write {p.folder / HEADER_FILE}: {exc}", instance_id=p.instance_id))
-            return None
-        try:
-            _write_all(fd, p.data)
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            p.finish(StoreError(f"cannot write {p.folder / HEADER_FILE}: {exc}", instance_id=p.instance_id))
-            return None
-        finally:
-            os.close(fd)
-        return tmp
-
-    def _replace_one(self, p: _PendingHeader) -> None:
-        try:
-            self._replace_header(p.instance_id, p.folder, p.data)
-        except Exception as exc:  # noqa: BLE001 - handed to the writer waiting for it
-            p.finish(exc)
-        else:
-            p.finish(None)
-
-    def _replace_header(self, instance_id: str, folder: Path, data: bytes) -> None:
-        """Write ``data`` to a temp file in ``folder``, fsync, rename it over the header.
-
-        With ``fsync: true`` the folder is fsynced after the rename too.
-        """
-        target = folder / HEADER_FILE
-        # Unique per process and per write: writes of several instances may run in threads.
-        tmp = folder / f".{HEADER_FILE}.{os.getpid()}.{next(TMP_NUMBERS)}.tmp"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | O_CLOEXEC, 0o600)
-        except (FileNotFoundError, NotADirectoryError):
-            raise InstanceNotFoundError(instance_id) from None
-        except OSError as exc:
-            raise StoreError(f"cannot write {target}: {exc}", instance_id=instance_id) from exc
-        try:
-            try:
-                _write_all(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            tmp.replace(target)
-        except BaseException as exc:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            if isinstance(exc, OSError):
-                raise StoreError(f"cannot write {target}: {exc}", instance_id=instance_id) from exc
-            raise
-        if not self.fsync:
-            return  # the file's own fsync and the atomic rename suffice against a killed process
-        try:
-            fsync_dir(folder)
-        except OSError as exc:
-            raise StoreError(f"cannot fsync {folder}: {exc}", instance_id=instance_id) from exc
-
     def _append(self, instance_id: str, name: str, items: Sequence[Mapping[str, Any]]) -> None:
         """Encode ``items`` as lines and append them with one write (the hot path: keep it lean)."""
         if not items:
@@ -587,22 +451,29 @@ class FileStore(Checkpoints, Mailbox, Locking, Store):
                              instance_id=instance_id) from exc
 
     def _open_log(self, instance_id: str, name: str) -> int:
-        """Open a log for appending, cut a torn tail left by a crash, and cache the handle."""
+        """Open a log for appending, cut a torn tail left by a crash, and cache the handle.
+
+        The tail is not read again when this store itself closed the log (to keep the LRU in
+        bounds) while it held the instance's lease, and the file is as it was then: same inode,
+        size and ctime. Anything else (another writer, a torn write of this process) is repaired.
+        """
         if self._closed:
             raise StoreError("the store is closed", instance_id=instance_id)
-        folder = self.root / check_id(instance_id)
-        path = folder / name
+        folder = f"{self._root_s}/{check_id(instance_id)}"
+        path = f"{folder}/{name}"
         try:
             try:
                 fd = os.open(path, os.O_RDWR | os.O_APPEND | O_CLOEXEC)
             except FileNotFoundError:
-                if not (folder / HEADER_FILE).is_file():
+                if not os.path.isfile(f"{folder}/{HEADER_FILE}"):  # noqa: PTH113 - no Path objects on the hot path
                     raise InstanceNotFoundError(instance_id) from None
                 fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | O_CLOEXEC, 0o600)
         except OSError as exc:
             raise StoreError(f"cannot open {path}: {exc}", instance_id=instance_id) from exc
         try:
-            repair_tail(fd, path)
+            seen = self._clean.pop((instance_id, name), None)
+            if seen is None or instance_id not in self._held or _identity(os.fstat(fd)) != seen:
+                repair_tail(fd, path)
         except OSError as exc:
             os.close(fd)
             raise StoreError(f"cannot repair {path}: {exc}", instance_id=instance_id) from exc
@@ -610,12 +481,19 @@ class FileStore(Checkpoints, Mailbox, Locking, Store):
         return fd
 
     def _cache_log(self, instance_id: str, name: str, fd: int) -> None:
-        """Keep an open log handle, closing the least recently used beyond ``max_open_logs``."""
+        """Keep an open log handle, closing the least recently used beyond ``max_open_logs``.
+
+        A log closed while its instance's lease is held here is remembered (inode, size,
+        ctime) so that reopening it need not repair its tail (see :meth:`_open_log`).
+        """
         logs = self._logs
         logs[(instance_id, name)] = fd
+        held = self._held
         while len(logs) > self.max_open_logs:
-            _key, old = logs.popitem(last=False)
+            key, old = logs.popitem(last=False)
             with contextlib.suppress(OSError):
+                if key[0] in held:
+                    self._clean[key] = _identity(os.fstat(old))
                 os.close(old)
 
     def _read_log(self, instance_id: str, name: str) -> list[dict[str, Any]]:
@@ -630,19 +508,3 @@ class FileStore(Checkpoints, Mailbox, Locking, Store):
         except OSError as exc:
             raise StoreError(f"cannot read {path}: {exc}", instance_id=instance_id) from exc
         return parse_lines(data, path, 0, instance_id)[0]
-
-
-@attrs.define(eq=False)
-class _PendingHeader:
-    """A header write waiting for a group commit (see :meth:`FileStore.write_header`)."""
-
-    instance_id: str
-    folder: Path
-    data: bytes
-    done: bool = False
-    error: Exception | None = None
-
-    def finish(self, error: Exception | None) -> None:
-        self.error = error
-        self.done = True
-
