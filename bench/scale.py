@@ -145,6 +145,22 @@ async def _burst(rt: loopwright.Runtime, defn: Definition, n: int) -> list[Any]:
     return await asyncio.gather(*(one() for _ in range(n)))
 
 
+class _GcTimer:
+    """A ``gc.callbacks`` entry adding up the CPU time spent in the garbage collector."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self.count = 0
+        self._start = 0.0
+
+    def __call__(self, phase: str, _info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._start = time.process_time()
+        else:
+            self.total += time.process_time() - self._start
+            self.count += 1
+
+
 async def many(n: int, k: int, latency_ms: float, store_dir: Path) -> dict[str, Any]:
     """Run ``n`` instances at once; return wall, CPU per turn, memory."""
     plugin = BenchPlugin(k, latency_ms / 1000)
@@ -155,14 +171,20 @@ async def many(n: int, k: int, latency_ms: float, store_dir: Path) -> dict[str, 
         await _burst(rt, defn, 1)  # warm-up
         gc.collect()
         rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        in_gc = _GcTimer()
+        gc.callbacks.append(in_gc)
         c0, w0 = time.process_time(), time.perf_counter()
-        results = await _burst(rt, defn, n)
-        wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+        try:
+            results = await _burst(rt, defn, n)
+        finally:
+            wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+            gc.callbacks.remove(in_gc)
         rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     bad = [r for r in results if r.text != "FAKE_FINAL"]
     out.update(valid=not bad, wall_s=round(wall, 3), vs_bound=round(wall / out["bound_s"], 2),
                cpu_s=round(cpu, 3), cpu_ms_per_turn=round(cpu * 1000 / (n * (k + 1)), 3),
-               peak_rss_mb=round(rss1 / 1024, 1), rss_growth_mb=round((rss1 - rss0) / 1024, 1))
+               peak_rss_mb=round(rss1 / 1024, 1), rss_growth_mb=round((rss1 - rss0) / 1024, 1),
+               gc_s=round(in_gc.total, 3), gc_collections=in_gc.count)
     # A second, traced burst in a fresh runtime, for the memory per running instance.
     async with runtime(new_store(store_dir, f"many{n}t"), plugin) as rt:
         await _burst(rt, defn, 1)
@@ -326,7 +348,8 @@ def main() -> None:
         print(f"many: {m['n']} instances x {m['k'] + 1} turns, {m['latency_ms']:g} ms latency: "
               f"wall {m['wall_s']} s = {m['vs_bound']}x the bound ({m['bound_s']} s), "
               f"CPU {m['cpu_ms_per_turn']} ms/turn, peak RSS {m['peak_rss_mb']} MB "
-              f"(+{m['rss_growth_mb']} MB), {m['kb_per_running_instance']} KB per running instance"
+              f"(+{m['rss_growth_mb']} MB), {m['kb_per_running_instance']} KB per running instance, "
+              f"GC {m['gc_s']} s CPU in {m['gc_collections']} collections"
               + ("" if m["valid"] else "  INVALID"))
     if args.part in ("all", "resume"):
         r = resume(args.turns, args.repeat, args.store_dir)

@@ -55,8 +55,10 @@ bytes before ``N`` must hash to ``prefix``; otherwise it is ignored and the whol
 Anything that ever rewrites an entry log in place must delete ``checkpoint.json`` first.
 
 Appending costs the same at turn 10,000 as at turn 1: logs are never re-read or rewritten, and
-open log handles are kept in a small LRU (:attr:`FileStore.max_open_logs`) closed by
-:meth:`FileStore.aclose`. The methods are ``async def`` but do their file I/O directly, without
+open log handles are kept in an LRU (:attr:`FileStore.max_open_logs`, a third of the process's
+descriptor limit) closed by :meth:`FileStore.aclose`. A log the store closed itself while it held
+the instance's lease, and which is unchanged since (inode, size, ctime), is reopened without
+reading its tail again. The methods are ``async def`` but do their file I/O directly, without
 a thread hop: an append is a few tens of microseconds, cheaper than the hop. Reading a whole log
 (``read_entries``, on resume) blocks the event loop for as long as it takes. A ``FileStore`` is
 meant for one event loop; it is not thread-safe.
@@ -74,7 +76,8 @@ on network filesystems (NFS, SMB), and is shared with children forked without ``
 an instance's logs: opening a log cuts a torn last line, which could be another writer's write in
 progress.
 
-The code is split by concern: this module holds the store, its headers and its logs;
+The code is split by concern: this module holds the store, its creation, its header reads and
+its logs; :mod:`~loopwright.builtins._file_header` the header rewrites and their group commit,
 :mod:`~loopwright.builtins._file_lease` the lease, :mod:`~loopwright.builtins._file_mailbox` the
 mailbox, :mod:`~loopwright.builtins._file_checkpoint` the checkpoints (parts of :class:`FileStore`
 as mixins), and :mod:`~loopwright.builtins._file_io` the file names, the id rule and the
