@@ -1104,7 +1104,7 @@ def check_tree(folder: Path, outcome: Outcome) -> list[Violation]:
             agents = json.loads(result.get("content") or "")["agents"]
             told = {k: agents[0].get(k) for k in ("instanceId", "state", "text")}
         except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-            told = {"content": str(wait.get("content"))[:200]}
+            told = {"content": str(result.get("content"))[:200]}
         want = {"instanceId": child, "state": "waiting", "text": plugin.TREE["child"][-1]}
         if result.get("status") != "success" or told != want:
             out.append(Violation("tree", f"the parent's await_agent result is {result.get('status')} {told}, "
