@@ -748,7 +748,7 @@ def _install_sql_points() -> None:
 _spawning: dict[str, tuple[str, str]] = {}
 
 
-def _install_agent_points() -> None:
+def _install_agent_points() -> None:  # noqa: C901 - one wrapper per step
     """Wrap ``Agents.start``/``wait`` and the steps of a child's start so that ``spawn``/``await`` points kill there."""
     from loopwright import _agents, _driver, _records  # noqa: PLC0415 - only with an agent point armed
 
