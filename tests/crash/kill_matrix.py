@@ -528,12 +528,14 @@ TREE_RESUME_POINTS = ("header:1:after", "tool:wire_slow:1:before", "tool:wire_sl
                       "entry:awaited:1:after", "header:2:after")
 
 
-def scenarios(kills: int, seed: int, stores: Iterable[str] | None = None) -> Iterator[Scenario]:  # noqa: C901
+def scenarios(kills: int, seed: int, stores: Iterable[str] | None = None, *,  # noqa: C901
+              scripts: Iterable[str] | None = None) -> Iterator[Scenario]:
     """Yield the scenarios of a matrix of about ``kills`` kills: the curated ones, then random ones forever.
 
     Below the curated size, the curated scenarios come in a seeded order, so that the first ones
     are a sample. Everything, the random delays included, is a function of ``seed``. With
-    ``stores``, only the curated scenarios on those stores, and random ones drawn on them.
+    ``stores``, only the curated scenarios on those stores, and random ones drawn on them; with
+    ``scripts`` (``tree`` for the parent/child scenarios), only those scripts.
     """
     allowed = set(STORES if stores is None else stores)
     rng = random.Random(seed)  # noqa: S311 - a replayable plan, not cryptography
@@ -556,12 +558,12 @@ def scenarios(kills: int, seed: int, stores: Iterable[str] | None = None) -> Ite
     def make(index: int, script: str, raws: Sequence[str], store: str = "file") -> Scenario:
         return Scenario(index, script, tuple(stage(r, script, i == 0) for i, r in enumerate(raws)), store)
 
-    curated = curated_for(allowed)
-    if curated_kills(allowed) > kills:
+    curated = curated_for(allowed, scripts)
+    if curated_kills(allowed, scripts) > kills:
         rng.shuffle(curated)
     for index, (script, raws, *store) in enumerate(curated):
         yield make(index, script, raws, *store)
-    scripts = [*sorted(MATRIX_SCRIPTS), TREE_SCENARIO]
+    scripts = sorted(scripts) if scripts is not None else [*sorted(MATRIX_SCRIPTS), TREE_SCENARIO]
     weighted = [st for st in ("file", "file", "file", "fsync", "sqlite", "postgres", "postgres") if st in allowed]
     for index in itertools.count(len(curated)):
         script = rng.choice(scripts)
@@ -581,15 +583,17 @@ def scenarios(kills: int, seed: int, stores: Iterable[str] | None = None) -> Ite
         yield make(index, script, drawn, store)
 
 
-def curated_for(stores: Iterable[str] | None = None) -> list[tuple[Any, ...]]:
-    """Return the curated scenarios on ``stores`` (default: every store)."""
+def curated_for(stores: Iterable[str] | None = None, scripts: Iterable[str] | None = None) -> list[tuple[Any, ...]]:
+    """Return the curated scenarios on ``stores`` (default: every store) of ``scripts`` (default: every one)."""
     allowed = set(STORES if stores is None else stores)
-    return [c for c in CURATED if (*c[2:], "file")[0] in allowed]
+    chosen = None if scripts is None else set(scripts)
+    return [c for c in CURATED if (*c[2:], "file")[0] in allowed and (chosen is None or c[0] in chosen)]
 
 
-def curated_kills(stores: Iterable[str] | None = None) -> int:
+def curated_kills(stores: Iterable[str] | None = None, scripts: Iterable[str] | None = None) -> int:
     """Return how many kills the curated scenarios (on ``stores``) plan."""
-    return sum(1 for _script, raws, *_store in curated_for(stores) for r in raws if r not in ("plain", "double"))
+    return sum(1 for _script, raws, *_store in curated_for(stores, scripts)
+               for r in raws if r not in ("plain", "double"))
 
 
 #: The kinds of stage that plan a SIGKILL.
@@ -601,10 +605,11 @@ def planned_kills(scenario: Scenario) -> int:
     return sum(1 for s in scenario.stages if s.kind in KILLING_STAGES)
 
 
-def plan(kills: int, seed: int, stores: Iterable[str] | None = None) -> list[Scenario]:
+def plan(kills: int, seed: int, stores: Iterable[str] | None = None, *,
+         scripts: Iterable[str] | None = None) -> list[Scenario]:
     """Return the first scenarios of :func:`scenarios` that plan at least ``kills`` kills."""
     out, total = [], 0
-    for scenario in scenarios(kills, seed, stores):
+    for scenario in scenarios(kills, seed, stores, scripts=scripts):
         if total >= kills:
             break
         out.append(scenario)
@@ -1863,7 +1868,8 @@ def group(kill: str) -> str:
 
 
 def run_matrix(kills: int, seed: int, root: Path, *, jobs: int | None = None, keep: bool = False,
-               progress: Callable[[Outcome], None] | None = None, stores: Iterable[str] | None = None) -> Report:
+               progress: Callable[[Outcome], None] | None = None, stores: Iterable[str] | None = None,
+               scripts: Iterable[str] | None = None) -> Report:
     """Play scenarios of :func:`scenarios` under ``root``, ``jobs`` at a time, until ``kills`` kills landed.
 
     A random kill may miss (the process finished first) and a point in a resume may not be
@@ -1874,6 +1880,7 @@ def run_matrix(kills: int, seed: int, root: Path, *, jobs: int | None = None, ke
     ``stores`` limits the matrix to those stores (default: every store; ``postgres`` only when
     :func:`postgres_available`, and the report says it was left out). The postgres scenarios run
     in a fresh database (:func:`postgres_database`), kept if a scenario failed or with ``keep``.
+    ``scripts`` limits it to those scripts (``tree``: the parent/child scenarios alone).
     """
     chosen = list(STORES if stores is None else stores)
     left_out = []
@@ -1882,7 +1889,8 @@ def run_matrix(kills: int, seed: int, root: Path, *, jobs: int | None = None, ke
         left_out.append(f"postgres (no server: {POSTGRES_DSN_VAR} is not set)")
     with contextlib.ExitStack() as stack:
         database = stack.enter_context(postgres_database()) if "postgres" in chosen and postgres.dsn is None else None
-        report = _run_matrix(kills, seed, root, jobs=jobs, keep=keep, progress=progress, stores=chosen)
+        report = _run_matrix(kills, seed, root, jobs=jobs, keep=keep, progress=progress, stores=chosen,
+                             scripts=scripts)
         report.left_out = left_out
         if database is not None and (keep or report.failures):
             database.keep = True
@@ -1891,7 +1899,8 @@ def run_matrix(kills: int, seed: int, root: Path, *, jobs: int | None = None, ke
 
 
 def _run_matrix(kills: int, seed: int, root: Path, *, jobs: int | None, keep: bool,
-                progress: Callable[[Outcome], None] | None, stores: list[str]) -> Report:
+                progress: Callable[[Outcome], None] | None, stores: list[str],
+                scripts: Iterable[str] | None = None) -> Report:
     t0 = time.monotonic()
     jobs = jobs or min(4, (os.cpu_count() or 2) + 1)
     root.mkdir(parents=True, exist_ok=True)
@@ -1908,7 +1917,8 @@ def _run_matrix(kills: int, seed: int, root: Path, *, jobs: int | None, keep: bo
             progress(outcome)
         return outcome
 
-    stream = itertools.islice(scenarios(kills, seed, stores), 2 * kills + len(CURATED))  # if kills keep missing
+    # At most twice the kills planned, if kills keep missing.
+    stream = itertools.islice(scenarios(kills, seed, stores, scripts=scripts), 2 * kills + len(CURATED))
     landed = 0
     flying: dict[Future[Outcome], int] = {}
     with ThreadPoolExecutor(jobs) as pool:
