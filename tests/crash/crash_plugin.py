@@ -62,6 +62,11 @@ itself (``os.kill(os.getpid(), SIGKILL)``) when the first of them is reached, af
     In the N-th ``await_agent`` wait of this process (``Agents.wait``). ``before``: nothing looked
     at yet; ``after``: the child's report made, the call's result not yet returned.
 
+``held:N``
+    Right after the N-th instance of this process rests ``waiting_for_approval`` (its header
+    saved, holding its call): in a tree, the child's hold is saved and its parent, awaiting it
+    in the same process, is killed with it.
+
 Write PHASEs: ``before`` (nothing written), ``torn`` (the first half of the bytes written, as a
 short write would), ``torn-last`` (every line but the last written, and half of the last),
 ``after`` (all written: the kill comes as the store's call returns, before its caller goes on).
@@ -260,7 +265,7 @@ def _armed(kind: str, name: str, n: int, phase: str | None = None) -> str | None
     for point in _POINTS:
         if point[0] != kind:
             continue
-        nameless = ("model", "header", "record", "spawn", "await")
+        nameless = ("model", "header", "record", "spawn", "await", "held")
         rest = point[1:] if kind in nameless else point[2:]
         if kind not in nameless and point[1] != name:
             continue
@@ -801,6 +806,17 @@ def _install_agent_points() -> None:  # noqa: C901 - one wrapper per step
 
 if any(p[0] in ("spawn", "await") for p in _POINTS):
     _install_agent_points()
+
+if any(p[0] == "held" for p in _POINTS):
+
+    @loopwright.hookimpl
+    def loopwright_on_state_change(instance: Any, old: Any, new: str, stop_reason: Any) -> None:
+        """``held:N``: kill once the N-th instance of this process rests waiting for approval (its header saved)."""
+        del instance, old, stop_reason
+        if new == "waiting_for_approval":
+            (n,) = _count(("held", ""))
+            if (label := _armed("held", "", n)) is not None:
+                die(label)
 
 if _GATE or any(p[0] in ("entry", "header", "record") for p in _POINTS):
     _install_store_points()

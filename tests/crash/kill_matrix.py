@@ -181,7 +181,7 @@ def write_phases(store: str) -> tuple[str, ...]:
 def point_works(point: str, store: str) -> bool:
     """Whether kill point ``point`` can fire on ``store`` (model and tool points fire on every store)."""
     parts = point.split(":")
-    return parts[0] in ("model", "tool", "spawn", "await") or parts[-1] in write_phases(store)
+    return parts[0] in ("model", "tool", "spawn", "await", "held") or parts[-1] in write_phases(store)
 
 
 @attrs.define
@@ -411,6 +411,7 @@ CURATED: tuple[tuple[Any, ...], ...] = (
     ("tree", ("spawn:1:linked",)),                             # listed, the call's result not saved
     ("tree", ("entry:spawned:1:after",)),                      # the result saved, the child's first turn not yet
     ("tree", ("await:1:before",)),                             # the parent about to wait
+    ("tree", ("held:1",)),                                     # the child's hold saved: the parent killed
     ("tree", ("plain", "await:1:after")),                      # the child's report made, not yet saved
     ("tree", ("plain", "entry:awaited:1:after")),              # the parent got the child's result, its model not called
     ("tree", ("spawn:1:linked",), "sqlite"),
@@ -522,7 +523,7 @@ RESUME_POINTS = ("model:1", "model:2", "tool:*:1:after", "tool:*:1:before", "too
 #: flight, the child's last model call, the parent's wait ending and its model call after it).
 TREE_RUN_POINTS = ("model:1", "model:2", "tool:charge:1:before", "tool:charge:1:after", "spawn:1:before",
                    "spawn:1:created", "spawn:1:started", "spawn:1:linked", "entry:spawned:1:before",
-                   "entry:spawned:1:after", "await:1:before", "header:1:after", "entry:start:1:after")
+                   "entry:spawned:1:after", "await:1:before", "held:1", "header:1:after", "entry:start:1:after")
 TREE_RESUME_POINTS = ("header:1:after", "tool:wire_slow:1:before", "tool:wire_slow:1:after", "entry:result:1:after",
                       "model:1", "model:2", "await:1:before", "await:1:after", "entry:awaited:1:before",
                       "entry:awaited:1:after", "header:2:after")
@@ -920,7 +921,7 @@ def category(stage: Stage, err: str, folder: Path, command: str) -> str:
     return classify(folder)
 
 
-def point_category(point: str, command: str = "run") -> str:  # noqa: C901, PLR0911 - one return per category
+def point_category(point: str, command: str = "run") -> str:  # noqa: C901, PLR0911, PLR0912 - one return per category
     """Name where a kill point is, as ``GROUP: detail`` (see :data:`GROUPS`)."""
     parts = point.split(":")
     kind, phase = parts[0], parts[-1]
@@ -933,6 +934,8 @@ def point_category(point: str, command: str = "run") -> str:  # noqa: C901, PLR0
             "before": "before the child is created", "created": "the child created, its first segment not started",
             "started": "the child started, the caller's header not listing it",
             "linked": "the caller's header lists the child, the call's result not saved"}[phase]
+    if kind == "held":
+        return "in a tree: the child's held call saved, its awaiting parent killed"
     if kind == "await":
         return f"in await_agent: {'before the wait' if phase == 'before' else 'the report made, not saved'}"
     if kind == "entry" and parts[1] in ("spawned", "awaited"):
