@@ -123,7 +123,7 @@ def test_the_plan_is_a_function_of_the_seed() -> None:
     # Kills inside the agent tools: every phase of run_agent_async's start of the child, its saved
     # result, and both sides of await_agent's wait.
     assert {"spawn:1:before", "spawn:1:created", "spawn:1:started", "spawn:1:linked", "entry:spawned:1:after",
-            "await:1:before", "await:1:after", "entry:awaited:1:after"} <= {p for p, _st in tree}
+            "await:1:before", "await:1:after", "entry:awaited:1:after", "held:1"} <= {p for p, _st in tree}
     # The random part draws tree scenarios too, with kill points inside the agent tools and random kills.
     drawn = kill_matrix.plan(kill_matrix.curated_kills() + 400, 11)[len(kill_matrix.CURATED):]
     trees = [sc for sc in drawn if sc.script == kill_matrix.TREE_SCENARIO]
