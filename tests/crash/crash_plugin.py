@@ -45,11 +45,27 @@ itself (``os.kill(os.getpid(), SIGKILL)``) when the first of them is reached, af
     At the N-th append to the entry log holding an entry of KIND: ``seg``, ``prompt`` (a
     system or user message), ``answer`` (an assistant message and its ``turn`` entry),
     ``reset`` (a context strategy's new transcript),
-    ``start`` (a tool call's start marker), ``result`` (a tool result) or ``any``.
+    ``start`` (a tool call's start marker), ``result`` (a tool result), ``spawned`` (a
+    ``run_agent_async`` result), ``awaited`` (an ``await_agent`` result) or ``any``.
 ``header:N:PHASE``
     At the N-th header write (the first one of ``loopwright run`` is the instance's creation).
 ``record:N:PHASE``
     At the N-th append to the record log.
+
+``spawn:N:PHASE``
+    In the N-th ``run_agent_async`` of this process that starts a child (``Agents.start``). PHASE
+    ``before``: nothing made; ``created``: the child's header saved (its lease held), its first
+    segment not started (its log empty); ``started``: its first segment started in the
+    background, the caller's header not yet listing it; ``linked``: the caller's header lists it
+    (saved), the call's result not yet returned.
+``await:N:PHASE``
+    In the N-th ``await_agent`` wait of this process (``Agents.wait``). ``before``: nothing looked
+    at yet; ``after``: the child's report made, the call's result not yet returned.
+
+``held:N``
+    Right after the N-th instance of this process rests ``waiting_for_approval`` (its header
+    saved, holding its call): in a tree, the child's hold is saved and its parent, awaiting it
+    in the same process, is killed with it.
 
 Write PHASEs: ``before`` (nothing written), ``torn`` (the first half of the bytes written, as a
 short write would), ``torn-last`` (every line but the last written, and half of the last),
@@ -250,8 +266,9 @@ def _armed(kind: str, name: str, n: int, phase: str | None = None) -> str | None
     for point in _POINTS:
         if point[0] != kind:
             continue
-        rest = point[1:] if kind in ("model", "header", "record") else point[2:]
-        if kind not in ("model", "header", "record") and point[1] != name:
+        nameless = ("model", "header", "record", "spawn", "await", "held")
+        rest = point[1:] if kind in nameless else point[2:]
+        if kind not in nameless and point[1] != name:
             continue
         if not rest or int(rest[0]) != n:
             continue
@@ -500,6 +517,11 @@ _creating = False
 _original: dict[str, Any] = {}
 
 
+#: The extra entry KINDs of the agent tools' results: ``spawned`` (a ``run_agent_async`` result)
+#: and ``awaited`` (an ``await_agent`` result).
+_AGENT_RESULTS = {"run_agent_async": ("spawned",), "await_agent": ("awaited",)}
+
+
 def _entry_kinds(items: Any) -> list[str]:
     """Return the KINDs an entry-log append holds (see the module docstring)."""
     kinds = {"any"}
@@ -510,6 +532,7 @@ def _entry_kinds(items: Any) -> list[str]:
         elif t == "msg":
             role = item["m"].get("role")
             kinds.add({"assistant": "answer", "tool": "result"}.get(role, "prompt"))
+            kinds.update(_AGENT_RESULTS.get(item["m"].get("name"), ()) if role == "tool" else ())
     return sorted(kinds)
 
 
@@ -723,6 +746,79 @@ def _install_sql_points() -> None:
 
         _wrap_sql_store(postgres_store.PostgresStore)
 
+
+# ---------------------------------------------------------------------------------------------
+# Kill points inside the agent tools (run_agent_async, await_agent)
+# ---------------------------------------------------------------------------------------------
+
+#: The caller whose ``run_agent_async`` is in progress with an armed ``spawn`` point: ``(phase, label)``.
+_spawning: dict[str, tuple[str, str]] = {}
+
+
+def _install_agent_points() -> None:  # noqa: C901 - one wrapper per step
+    """Wrap ``Agents.start``/``wait`` and the steps of a child's start so that ``spawn``/``await`` points kill there."""
+    from loopwright import _agents, _driver, _records  # noqa: PLC0415 - only with an agent point armed
+
+    start, wait = _agents.Agents.start, _agents.Agents.wait
+    first_segment, write_header = _driver.Driver.start_first_segment, _records.Recorder.write_header
+
+    async def agents_start(self: Any, swarm_uri: str, prompt: str) -> Any:
+        (n,) = _count(("spawn", ""))
+        label = next((lb for ph in ("before", "created", "started", "linked")
+                      if (lb := _armed("spawn", "", n, ph)) is not None), None)
+        if label is None:
+            return await start(self, swarm_uri, prompt)
+        phase = label.rsplit(":", 1)[1]
+        if phase == "before":
+            die(label)
+        _spawning[self.caller.id] = (phase, label)
+        try:
+            return await start(self, swarm_uri, prompt)
+        finally:
+            _spawning.pop(self.caller.id, None)
+
+    async def start_first_segment(self: Any, run: Any, held: Any) -> None:
+        armed = _spawning.get(str(run.inst.header.get("spawnerInstanceId")))
+        if armed is not None and armed[0] == "created":
+            die(armed[1])
+        await first_segment(self, run, held)
+
+    async def recorder_write_header(self: Any, inst: Any) -> None:
+        armed = _spawning.get(inst.id)
+        if armed is not None and armed[0] == "started":
+            die(armed[1])
+        await write_header(self, inst)
+        if armed is not None and armed[0] == "linked":
+            die(armed[1])
+
+    async def agents_wait(self: Any, ids: Any, *, all_: bool = False) -> Any:
+        (n,) = _count(("await", ""))
+        if (label := _armed("await", "", n, "before")) is not None:
+            die(label)
+        out = await wait(self, ids, all_=all_)
+        if (label := _armed("await", "", n, "after")) is not None:
+            die(label)
+        return out
+
+    _agents.Agents.start = agents_start  # type: ignore[method-assign]
+    _agents.Agents.wait = agents_wait  # type: ignore[method-assign]
+    _driver.Driver.start_first_segment = start_first_segment  # type: ignore[method-assign]
+    _records.Recorder.write_header = recorder_write_header  # type: ignore[method-assign]
+
+
+if any(p[0] in ("spawn", "await") for p in _POINTS):
+    _install_agent_points()
+
+if any(p[0] == "held" for p in _POINTS):
+
+    @loopwright.hookimpl
+    def loopwright_on_state_change(instance: Any, old: Any, new: str, stop_reason: Any) -> None:
+        """``held:N``: kill once the N-th instance of this process rests waiting for approval (its header saved)."""
+        del instance, old, stop_reason
+        if new == "waiting_for_approval":
+            (n,) = _count(("held", ""))
+            if (label := _armed("held", "", n)) is not None:
+                die(label)
 
 if _GATE or any(p[0] in ("entry", "header", "record") for p in _POINTS):
     _install_store_points()

@@ -6,6 +6,7 @@ Usage::
     python tests/crash/run_matrix.py --runs 60 --seed 1234   # replay a plan
     python tests/crash/run_matrix.py --runs 500 --jobs 4 --keep /tmp/matrix --verbose
     python tests/crash/run_matrix.py --store postgres --runs 500   # the postgres store only
+    python tests/crash/run_matrix.py --script tree --runs 200      # the parent/child scenarios only
 
 The postgres scenarios need a server: ``source scripts/postgres.sh; loopwright_start_postgres``
 sets ``LOOPWRIGHT_TEST_POSTGRES_DSN`` (without it, the default run leaves postgres out and says so;
@@ -48,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
                              "keeping only the folders of failed scenarios)")
     parser.add_argument("--store", action="append", choices=sorted(kill_matrix.STORES), default=None,
                         help="run only the scenarios on this store (repeat for several; default: every store)")
+    parser.add_argument("--script", action="append", default=None,
+                        choices=sorted({*kill_matrix.MATRIX_SCRIPTS, kill_matrix.TREE_SCENARIO}),
+                        help="run only this script's scenarios (repeat for several; tree: the parent/child ones)")
     parser.add_argument("--strict", action="store_true", help="fail on known bugs too")
     parser.add_argument("--verbose", "-v", action="store_true", help="a line per scenario")
     args = parser.parse_args(argv)
@@ -66,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         report = kill_matrix.run_matrix(args.runs, seed, root, jobs=args.jobs, keep=args.keep is not None,
-                                        progress=progress, stores=args.store)
+                                        progress=progress, stores=args.store,
+                                        scripts=args.script)
     except RuntimeError as exc:  # --store postgres without a server
         say(f"kill matrix: {exc}")
         return 2

@@ -119,7 +119,17 @@ def test_the_plan_is_a_function_of_the_seed() -> None:
     tree = {(p, st) for p, script, st in curated if script == kill_matrix.TREE_SCENARIO}
     assert {"model:1", "tool:charge:1:after", "header:1:after", "tool:wire_slow:1:before",
             "tool:wire_slow:1:after", "entry:result:1:after", "model:2"} <= {p for p, _st in tree}
-    assert {st for _p, st in tree} == {"file", "postgres"}
+    assert {st for _p, st in tree} >= {"file", "postgres"}
+    # Kills inside the agent tools: every phase of run_agent_async's start of the child, its saved
+    # result, and both sides of await_agent's wait.
+    assert {"spawn:1:before", "spawn:1:created", "spawn:1:started", "spawn:1:linked", "entry:spawned:1:after",
+            "await:1:before", "await:1:after", "entry:awaited:1:after", "held:1"} <= {p for p, _st in tree}
+    # The random part draws tree scenarios too, with kill points inside the agent tools and random kills.
+    drawn = kill_matrix.plan(kill_matrix.curated_kills() + 400, 11)[len(kill_matrix.CURATED):]
+    trees = [sc for sc in drawn if sc.script == kill_matrix.TREE_SCENARIO]
+    assert trees
+    assert {s.kind for sc in trees for s in sc.stages} >= {"point", "random"}
+    assert any(str(s.point).startswith(("spawn:", "await:")) for sc in trees for s in sc.stages)
     # Each store alone (run_matrix.py --store) plans its own curated scenarios, then random ones on it.
     only = kill_matrix.plan(kill_matrix.curated_kills(["postgres"]) + 40, 5, ["postgres"])
     assert {sc.store for sc in only} == {"postgres"}

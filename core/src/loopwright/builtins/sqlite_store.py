@@ -45,7 +45,8 @@ Choices:
   the database instead would outlive a killed holder and need expiry times. Who holds it is the
   header's ``runner`` key, which the runtime writes when it starts a segment. ``flock`` is
   POSIX-only and unreliable on network file systems (NFS, SMB): as the database itself, the
-  store is for processes on one machine; use ``postgres`` across machines.
+  store is for processes on one machine; use ``postgres`` across machines. (The leases are
+  :mod:`loopwright.builtins._sqlite_lease`.)
 
 Instance ids follow the file store's rule (``[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}`` without
 ``..``), so an id is valid in both and can name a lock file. The database file and its folder
@@ -60,8 +61,6 @@ refuses such an assembly.
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import functools
 import json
 import logging
@@ -77,10 +76,10 @@ from loopwright.abc import Store, StoreSettings
 from loopwright.builtins._file_io import check_id as _check_id
 from loopwright.builtins._file_io import encode_line as _encode_line
 from loopwright.builtins._file_lease import Lease
+from loopwright.builtins._sqlite_lease import Locks, dead_runner
 from loopwright.errors import (
     ConfigError,
     ConfigProblem,
-    InstanceLockedError,
     InstanceNotFoundError,
     StoreError,
 )
@@ -182,7 +181,7 @@ class SqliteStore(Store):
         self._mutex = threading.Lock()
         self._closed = False
         self._known: set[str] = set()  # ids seen to exist (instances are never deleted)
-        self._leases: set[Lease] = set()
+        self._locks = Locks(self.lock_dir)
 
     def __repr__(self) -> str:
         """Show the database's path and the synchronous option."""
@@ -284,38 +283,15 @@ class SqliteStore(Store):
         :meth:`acquire` finds no instance, then a locked one: never a free lease.
         """
         text, created = self._header_text(_check_id(instance_id), header)
-        fd = self._lock_fd(instance_id)
+        fd = self._locks.open(instance_id)
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as exc:  # a lock file left by an earlier instance of this id, held by its runner
-                if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
-                    raise StoreError(f"cannot lock {self.lock_dir / instance_id}.lock: {exc}",
-                                     instance_id=instance_id) from exc
-                raise StoreError(f"already exists (in {self.path})", instance_id=instance_id) from None
+            if not self._locks.try_lock(fd, instance_id):  # a lock file left by an earlier instance of this id
+                raise StoreError(f"already exists (in {self.path})", instance_id=instance_id)  # noqa: TRY301
             await self._run(self._create, instance_id, text, created)
         except BaseException:
             os.close(fd)
             raise
-        lease = Lease(instance_id=instance_id, owner=owner, path=self.lock_dir / f"{instance_id}.lock", fd=fd,
-                      on_release=self._leases.discard,
-                      find_previous=functools.partial(self._dead_runner, instance_id, owner))
-        self._leases.add(lease)
-        return lease
-
-    def _lock_fd(self, instance_id: str) -> int:
-        """Open (creating it and its folder if needed) the instance's lock file; return the descriptor."""
-        path = self.lock_dir / f"{instance_id}.lock"
-        try:
-            return os.open(path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o600)
-        except FileNotFoundError:
-            try:
-                self.lock_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-                return os.open(path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o600)
-            except OSError as exc:
-                raise StoreError(f"cannot create {path}: {exc}", instance_id=instance_id) from exc
-        except OSError as exc:
-            raise StoreError(f"cannot open {path}: {exc}", instance_id=instance_id) from exc
+        return self._locks.lease(instance_id, owner, fd, functools.partial(self._dead_runner, instance_id, owner))
 
     def _create(self, instance_id: str, text: str, created: str) -> None:
         conn = self._connect(create=True)
@@ -520,31 +496,16 @@ class SqliteStore(Store):
         if the instance does not exist. A lease whose holder died is free: the kernel released it.
         """
         header = await self.read_header(instance_id)  # raises for an unknown or invalid id
-        path = self.lock_dir / f"{instance_id}.lock"
-        fd = self._lock_fd(instance_id)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
-                raise StoreError(f"cannot lock {path}: {exc}", instance_id=instance_id) from exc
-            runner = header.get("runner")
-            raise InstanceLockedError(instance_id, holder=str(runner) if runner else None) from None
-        lease = Lease(instance_id=instance_id, owner=owner, path=path, fd=fd, on_release=self._leases.discard,
-                      find_previous=functools.partial(self._dead_runner, instance_id, owner))
-        self._leases.add(lease)
-        return lease
+        runner = header.get("runner")
+        return self._locks.acquire(instance_id, owner, str(runner) if runner else None,
+                                   functools.partial(self._dead_runner, instance_id, owner))
 
     def _dead_runner(self, instance_id: str, owner: str) -> str | None:
         """Return the runner of a header left ``running`` by someone else (who must have died)."""
         try:
-            header = self._locked(self._read_header, instance_id)
+            return dead_runner(self._locked(self._read_header, instance_id), owner)
         except StoreError:
             return None
-        if header.get("state") != "running":
-            return None
-        runner = header.get("runner")
-        return str(runner) if runner and not str(runner).startswith(owner) else None
 
     # -- lifetime ------------------------------------------------------------------------------
 
@@ -556,8 +517,7 @@ class SqliteStore(Store):
     async def aclose(self) -> None:
         """Close the connection and release every lease still held. Later calls raise StoreError."""
         self._closed = True
-        for lease in list(self._leases):
-            lease.release()
+        self._locks.release_all()
         with self._mutex:
             conn, self._conn = self._conn, None
             if conn is not None:
