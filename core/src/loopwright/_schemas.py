@@ -391,7 +391,7 @@ _SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitio
 
 
 def _subschemas(key: str, value: Any) -> list[Any] | None:
-    """Return the schemas inside keyword ``key``'s ``value``; ``None`` when its shape is not the one both drafts read."""
+    """Return the schemas inside keyword ``key``'s ``value``; ``None`` if its shape is not the one both drafts read."""
     if key in _SCHEMA_MAPS:
         return list(value.values()) if isinstance(value, Mapping) else None
     if key in {"oneOf", "anyOf", "allOf"}:
