@@ -29,7 +29,8 @@ def _files(kind: str) -> list[Path]:
 def test_the_compiled_modules_are_what_the_schemas_compile_to(kind: str) -> None:
     """Regenerating gives the committed file (after editing a schema: ``_schemas.write_compiled()``)."""
     committed = (Path(_schemas.__file__).parent / f"_schema_{kind}.py").read_text(encoding="utf-8")
-    assert committed == _schemas.compiled_source(kind)  # type: ignore[arg-type]
+    assert committed == _schemas.compiled_source(kind), (  # type: ignore[arg-type]
+        "specs/ changed: run python -c 'from loopwright._schemas import write_compiled; write_compiled()'")
 
 
 @pytest.mark.parametrize("kind", ["assembly", "definition"])

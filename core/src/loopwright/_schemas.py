@@ -103,7 +103,8 @@ def compiled_source(kind: Kind) -> str:
     """
     import fastjsonschema  # noqa: PLC0415 - only to generate the modules
 
-    code = fastjsonschema.compile_to_code(dict(schema(kind)))
+    # Without fastjsonschema's version line: a release that compiles the same code changes nothing.
+    code = re.sub(r'^VERSION = "[^"]*"\n', "", fastjsonschema.compile_to_code(dict(schema(kind))), flags=re.MULTILINE)
     entry = re.search(r"^def (validate_\w+)\(", code, re.MULTILINE)
     if entry is None:  # pragma: no cover - fastjsonschema's layout changed
         raise RuntimeError(f"no validate function in the code fastjsonschema compiled from the {kind} schema")
