@@ -36,3 +36,36 @@ def test_concepts_do_not_list_built_features_as_missing() -> None:
 
     assert listed, "the table is empty or its format changed"
     assert not {name for name in listed if name.split()[0].strip("`") in cli.commands}, listed
+
+
+def _documented_instance_files() -> dict[str, str]:
+    """The files concepts.md lists in a file-store instance's folder: name -> what it says of it."""
+    concepts = (ROOT / "docs" / "concepts.md").read_text()
+    block = concepts.split("keeps one\nfolder per instance:", 1)[1].split("```text", 1)[1].split("```", 1)[0]
+    listed = {m.group(1): m.group(2) for m in re.finditer(r"^ {4}(\S+)\s+(.*)$", block, re.MULTILINE)}
+    assert listed, "the instance folder listing in concepts.md is gone or its format changed"
+    return listed
+
+
+def test_the_files_the_docs_list_in_an_instance_folder_are_those_that_appear(tmp_path: Path) -> None:
+    """concepts.md lists an instance folder's files (it listed a ``lock`` file that never appeared).
+
+    A run, then a message, leave exactly the files listed without a condition, plus the mailbox
+    (created by the first post); every file that appears is listed.
+    """
+    listed = _documented_instance_files()
+    conditional = {name for name, text in listed.items() if "(created by" in text or "(only" in text}
+    (tmp_path / "loopwright.yaml").write_text("store: {kind: file, path: ./store}\ndefaultModel: test:any\n")
+    (tmp_path / "a.yaml").write_text("name: a\nsystemPrompt: You answer.\n")
+    cli = [sys.executable, "-m", "loopwright.cli"]
+    done = subprocess.run([*cli, "run", "a.yaml", "-p", "hello"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    (folder,) = [p for p in (tmp_path / "store").iterdir() if p.is_dir()]
+    assert {p.name for p in folder.iterdir()} == set(listed) - conditional
+    done = subprocess.run([*cli, "message", folder.name, "again"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    appeared = {p.name for p in folder.iterdir()}
+    assert appeared <= set(listed), appeared - set(listed)
+    assert set(listed) - conditional | {"posts.jsonl"} <= appeared

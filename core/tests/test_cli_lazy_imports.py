@@ -71,6 +71,19 @@ def test_ls_imports_no_plugin_and_no_http_stack(project: tuple[Path, str]) -> No
     assert matching(modules, NOT_FOR_READING) == []
 
 
+def test_reading_a_valid_store_imports_no_jsonschema(project: tuple[Path, str]) -> None:
+    """``ls`` and ``show`` on a valid assembly validate it (and the store's options) without jsonschema.
+
+    The schemas compiled ahead of time (``loopwright/_schema_*.py``) pass valid data; jsonschema
+    is imported only to word the problems of invalid data.
+    """
+    cwd, instance = project
+    for args in (("ls",), ("show", instance)):
+        modules = imported(cwd, *args)
+        assert "loopwright._schema_assembly" in modules, args  # it did validate the assembly
+        assert matching(modules, ("jsonschema", "referencing")) == [], args
+
+
 def test_show_and_records_import_no_plugin(project: tuple[Path, str]) -> None:
     """``show ID`` and ``records ID`` read the store as ``ls`` does, importing no plugin either."""
     cwd, instance = project

@@ -444,20 +444,26 @@ def test_validate_file_reports_every_line_of_a_record_log(tmp_path: Path) -> Non
 
 
 def test_importing_the_loader_compiles_no_validator() -> None:
-    """Importing the config layer reads and compiles no schema; the first check compiles each once."""
+    """Importing the config layer reads and compiles no schema; valid data compiles no jsonschema validator
+    (the compiled modules pass it), and the first invalid data compiles its validator once."""
     code = """if True:
         from loopwright import _config, _schemas
         caches = (_schemas.schema, _schemas.validator, _schemas.meta_validator)
-        before = [c.cache_info().currsize for c in caches]
+        sizes = lambda: [c.cache_info().currsize for c in caches]
+        before = sizes()
         assert _config.validate_data("definition", {"name": "a", "output": {"type": "object"}}) == []
         _config.validate_data("definition", {"name": "b"})
-        print(before, [c.cache_info().currsize for c in caches], _schemas.validator.cache_info().misses)
+        valid = sizes()
+        assert _config.validate_data("definition", {"name": 3}) != []
+        assert _config.validate_data("definition", {"name": 4}) != []
+        print(before, valid, sizes(), _schemas.validator.cache_info().misses)
     """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
-    # definition and every schema it may $ref (the registry) loaded, one validator, the meta-schema's.
+    # valid: only the meta-schema's validator (for `output`); invalid: definition and every schema it
+    # may $ref (the registry) loaded, its validator compiled once.
     assert done.stdout.split()[:3] == ["[0,", "0,", "0]"], done.stdout
-    assert done.stdout.strip().endswith("[4, 1, 1] 1"), done.stdout
+    assert done.stdout.strip().endswith("[0, 0, 1] [4, 1, 1] 1"), done.stdout
 
 
 def test_no_loader_module_is_over_600_lines() -> None:

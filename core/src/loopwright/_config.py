@@ -52,6 +52,7 @@ from loopwright._schemas import (
     TYPE_WORDS,
     Kind,
     Reporter,
+    fast_valid,
     locate,
     meta_validator,
     option_problems,
@@ -119,7 +120,8 @@ def validate_data(kind: Kind, data: Any, *, positions: Positions | None = None) 
     :param positions: Where each key sits, to place the problems; ``None`` for data from Python.
     """
     reporter = Reporter(positions or Positions())
-    reporter.schema_errors(validator(kind).iter_errors(data))
+    if not fast_valid(kind, data):  # valid data needs no jsonschema (the CLI's start-up)
+        reporter.schema_errors(validator(kind).iter_errors(data))
     if kind == "definition" and isinstance(data, Mapping):
         _check_definition(data, reporter)
     return sorted_problems(reporter.problems)

@@ -32,6 +32,8 @@ __all__ = [
     "TYPE_WORDS",
     "Kind",
     "Reporter",
+    "compiled_source",
+    "fast_valid",
     "locate",
     "meta_validator",
     "option_problems",
@@ -40,6 +42,7 @@ __all__ = [
     "sorted_problems",
     "type_word",
     "validator",
+    "write_compiled",
 ]
 
 #: Where the JSON Schemas live: a symlink to the repository's ``specs/`` folder.
@@ -74,6 +77,71 @@ def validator(kind: Kind) -> jsonschema.Draft202012Validator:
     import jsonschema  # noqa: PLC0415 - jsonschema only when a file is checked (CLI start-up)
 
     return jsonschema.Draft202012Validator(schema(kind), registry=_registry())
+
+
+#: The kinds whose schema is also compiled ahead of time (every command loads one of them).
+_COMPILED: tuple[Kind, ...] = ("assembly", "definition")
+_COMPILED_HEADER = (
+    '"""Generated from specs/{kind}.schema.json by ``loopwright._schemas.write_compiled()``: do not edit.\n\n'
+    "A fastjsonschema validator: :func:`loopwright._schemas.fast_valid` uses it to pass valid data\n"
+    "without importing jsonschema; jsonschema still words every problem. A test checks that this\n"
+    'file is what the schema compiles to.\n"""\n'
+    "# ruff: noqa: RUF100, ANN001, ANN202, ARG001, B006, B007, C401, C402, C405, C901, E402, E501, E701, F841, I001, "
+    "N806, PLR0912, PLR0915, PLR2004, Q000, RUF021, RUF060, SIM102, TRY301\n"
+    "# mypy: ignore-errors\n"
+)
+
+
+def _compiled_path(kind: Kind) -> Path:
+    return Path(__file__).parent / f"_schema_{kind}.py"
+
+
+def compiled_source(kind: Kind) -> str:
+    """Return the source of ``kind``'s validator compiled ahead of time (``fastjsonschema.compile_to_code``).
+
+    The module it is saved as (``loopwright/_schema_<kind>.py``) defines ``validate(data)``.
+    """
+    import fastjsonschema  # noqa: PLC0415 - only to generate the modules
+
+    # Without fastjsonschema's version line: a release that compiles the same code changes nothing.
+    code = re.sub(r'^VERSION = "[^"]*"\n', "", fastjsonschema.compile_to_code(dict(schema(kind))), flags=re.MULTILINE)
+    entry = re.search(r"^def (validate_\w+)\(", code, re.MULTILINE)
+    if entry is None:  # pragma: no cover - fastjsonschema's layout changed
+        raise RuntimeError(f"no validate function in the code fastjsonschema compiled from the {kind} schema")
+    return f"{_COMPILED_HEADER.format(kind=kind)}{code.rstrip()}\n\n\nvalidate = {entry.group(1)}\n"
+
+
+def write_compiled() -> list[Path]:
+    """Write the validators compiled ahead of time (run after editing a schema); return their files."""
+    written = []
+    for kind in _COMPILED:
+        path = _compiled_path(kind)
+        path.write_text(compiled_source(kind), encoding="utf-8")
+        written.append(path)
+    return written
+
+
+def fast_valid(kind: Kind, data: Any) -> bool:
+    """Return whether ``data`` is valid by ``kind``'s schema compiled ahead of time, importing no jsonschema.
+
+    ``True`` means valid (the compiled validator and jsonschema agree on every example of
+    ``specs/``, a test checks); ``False`` means invalid, or no compiled validator: ask
+    :func:`validator`, which also words the problems.
+    """
+    if kind not in _COMPILED:
+        return False
+    import importlib  # noqa: PLC0415
+
+    from fastjsonschema import JsonSchemaException  # noqa: PLC0415 - light, and only when data is checked
+
+    module = importlib.import_module(f"loopwright._schema_{kind}")
+    try:
+        module.validate(data)
+    except JsonSchemaException:
+        return False
+    except Exception:  # noqa: BLE001 - data the compiled code cannot handle: jsonschema decides
+        return False
+    return True
 
 
 TYPE_WORDS = {
@@ -299,12 +367,100 @@ def option_problems(option_schema: Mapping[str, Any], options: Mapping[str, Any]
     :param at: Where the mapping sits in the file, as a key path (``("providers", "local")``).
     :param file: The assembly file, to place each problem at its line and column.
     """
+    data = plain_data(options)
+    fast = _fast_option_validator(json.dumps(option_schema, sort_keys=True))
+    if fast is not None and fast(data):
+        return []
     import jsonschema  # noqa: PLC0415 - jsonschema only when options are checked (start-up)
 
     checker = jsonschema.Draft202012Validator(option_schema, registry=_registry())
     reporter = Reporter(_file_positions(file), prefix=at)
-    reporter.schema_errors(checker.iter_errors(plain_data(options)))
+    reporter.schema_errors(checker.iter_errors(data))
     return sorted_problems(reporter.problems)
+
+
+#: Keywords whose meaning is the same in draft 7 (fastjsonschema) and 2020-12 (jsonschema), or annotations.
+_SAME_IN_DRAFT_7 = frozenset({
+    "$schema", "$id", "$comment", "$anchor", "$defs", "definitions", "title", "description", "default", "examples",
+    "errorMessage", "type", "enum", "const", "properties", "additionalProperties", "patternProperties", "required",
+    "propertyNames", "minProperties", "maxProperties", "minLength", "maxLength", "pattern", "minimum", "maximum",
+    "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minItems", "maxItems", "uniqueItems", "oneOf", "anyOf",
+    "allOf", "not", "if", "then", "else", "$ref",
+})
+#: Keywords whose value is a mapping of names to schemas.
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions"})
+
+
+def _subschemas(key: str, value: Any) -> list[Any] | None:
+    """Return the schemas inside keyword ``key``'s ``value``; ``None`` if its shape is not the one both drafts read."""
+    if key in _SCHEMA_MAPS:
+        return list(value.values()) if isinstance(value, Mapping) else None
+    if key in {"oneOf", "anyOf", "allOf"}:
+        return list(value) if isinstance(value, list) else None
+    if key in {"items", "additionalProperties", "propertyNames", "not", "if", "then", "else"}:
+        return [value]  # `items` as a list means something else in each draft: refused below
+    return []
+
+
+def _draft_7_safe(node: Any) -> bool:
+    """Whether a schema uses only keywords that fastjsonschema (draft 7) reads as 2020-12 does.
+
+    ``items`` must be a single schema (a list means something else in each draft) and a ``$ref``
+    has no sibling rules (draft 7 ignores them).
+    """
+    if isinstance(node, bool):
+        return True
+    if not isinstance(node, Mapping) or not set(node) <= _SAME_IN_DRAFT_7 | {"items"}:
+        return False
+    if "$ref" in node and (set(node) - {"$ref", "$comment", "title", "description", "errorMessage", "$anchor"}
+                           or not isinstance(node["$ref"], str)):
+        return False
+    children = [_subschemas(key, value) for key, value in node.items()]
+    return all(c is not None and all(_draft_7_safe(each) for each in c) for c in children)
+
+
+def _spec_of(uri: str) -> Any:
+    """Resolve a ``$ref`` to one of the loader's schemas (offline), for fastjsonschema."""
+    for kind in KINDS:
+        if schema(kind).get("$id") == uri.split("#", 1)[0]:
+            return schema(kind)
+    raise LookupError(uri)
+
+
+@functools.lru_cache(maxsize=64)
+def _fast_option_validator(schema_json: str) -> Callable[[Any], bool] | None:
+    """Return a check that passes options valid by the schema (compiled with fastjsonschema), else ``None``.
+
+    ``None`` when the schema uses a keyword whose meaning differs between draft 7 and 2020-12, or
+    refers outside the loader's own schemas: jsonschema alone then decides. A check's ``False``
+    means "ask jsonschema", which also words the problems.
+    """
+    option_schema = json.loads(schema_json)
+    refs = re.findall(r'"\$ref": "([^"#]+)', schema_json)
+    if not _draft_7_safe(option_schema) or not all(_draft_7_safe(_spec_of_or_none(r)) for r in refs):
+        return None
+    import fastjsonschema  # noqa: PLC0415 - light, and only when options are checked
+
+    try:
+        compiled = fastjsonschema.compile(option_schema, handlers={"https": _spec_of, "http": _spec_of})
+    except Exception:  # noqa: BLE001 - a schema it cannot compile: jsonschema decides
+        return None
+
+    def check(data: Any) -> bool:
+        try:
+            compiled(data)
+        except Exception:  # noqa: BLE001 - invalid, or data it cannot handle: jsonschema decides
+            return False
+        return True
+
+    return check
+
+
+def _spec_of_or_none(uri: str) -> Any:
+    try:
+        return _spec_of(uri)
+    except LookupError:
+        return None
 
 
 def locate(message: str, at: Sequence[str | int], file: str | Path | None, *, key: bool = False) -> ConfigProblem:
