@@ -10,6 +10,7 @@ import pytest
 
 import loopwright
 from loopwright._config import validate_data
+from loopwright._header import InstanceHeader
 
 pytestmark = pytest.mark.anyio
 
@@ -39,6 +40,10 @@ async def test_headers_and_records_of_a_real_run_match_the_schemas(tmp_path: Pat
         assert result.state is loopwright.State.WAITING
         header = json.loads((tmp_path / "store" / result.instance_id / "instance.json").read_text())
         assert validate_data("instance", header) == []
+        typed = InstanceHeader.from_json(header)
+        assert typed.to_json() == header  # the typed header round-trips what was saved, key for key
+        assert validate_data("instance", typed.to_json()) == []
+        assert typed.extra == {}  # every key a real run writes is a documented one
         records = await rt.records(result.instance_id)
         kinds = {r["kind"] for r in records}
         assert {"state", "turn", "tool_call", "hook"} <= kinds

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
         StoreConfig,
     )
     from loopwright._duration import parse_duration
+    from loopwright._header import InstanceHeader
     from loopwright._plugins import PluginHost, hookimpl
     from loopwright._retry import parse_retry_after, retry_transient
     from loopwright._runtime import AgentRun, Runtime
@@ -83,6 +84,7 @@ __all__ = [
     "FileGrants",
     "InitialPrompt",
     "InitialToolCall",
+    "InstanceHeader",
     "InstanceInfo",
     "Limits",
     "Message",
@@ -144,6 +146,7 @@ _LAZY: dict[str, str] = {
     "FileGrants": "loopwright._definition",
     "InitialPrompt": "loopwright._definition",
     "InitialToolCall": "loopwright._definition",
+    "InstanceHeader": "loopwright._header",
     "InstanceInfo": "loopwright._types",
     "Limits": "loopwright._definition",
     "Message": "loopwright._types",
