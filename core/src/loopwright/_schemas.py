@@ -10,6 +10,7 @@ file pays for it). :class:`Reporter` turns schema errors and the loader's own fi
 
 from __future__ import annotations
 
+import copy
 import difflib
 import functools
 import json
@@ -104,7 +105,7 @@ def compiled_source(kind: Kind) -> str:
     import fastjsonschema  # noqa: PLC0415 - only to generate the modules
 
     # Without fastjsonschema's version line: a release that compiles the same code changes nothing.
-    code = re.sub(r'^VERSION = "[^"]*"\n', "", fastjsonschema.compile_to_code(dict(schema(kind))), flags=re.MULTILINE)
+    code = re.sub(r'^VERSION = "[^"]*"\n', "", fastjsonschema.compile_to_code(copy.deepcopy(dict(schema(kind)))), flags=re.MULTILINE)
     entry = re.search(r"^def (validate_\w+)\(", code, re.MULTILINE)
     if entry is None:  # pragma: no cover - fastjsonschema's layout changed
         raise RuntimeError(f"no validate function in the code fastjsonschema compiled from the {kind} schema")
@@ -420,10 +421,13 @@ def _draft_7_safe(node: Any) -> bool:
 
 
 def _spec_of(uri: str) -> Any:
-    """Resolve a ``$ref`` to one of the loader's schemas (offline), for fastjsonschema."""
+    """Resolve a ``$ref`` to a copy of one of the loader's schemas (offline), for fastjsonschema.
+
+    A copy: fastjsonschema changes the documents it resolves, and the cached schemas are shared.
+    """
     for kind in KINDS:
         if schema(kind).get("$id") == uri.split("#", 1)[0]:
-            return schema(kind)
+            return copy.deepcopy(schema(kind))
     raise LookupError(uri)
 
 
