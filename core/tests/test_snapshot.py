@@ -15,7 +15,15 @@ import pytest
 from helpers import Harness, call, defn, make_runtime, reply, run_to_rest
 
 from loopwright import Limits, Message, ToolCall, tool
-from loopwright._instance import CHECKPOINT_VERSION, Instance, fold_checkpoint, message_from_json, rebuild, restore
+from loopwright._instance import (
+    CHECKPOINT_VERSION,
+    Instance,
+    _call_order,
+    fold_checkpoint,
+    message_from_json,
+    rebuild,
+    restore,
+)
 from loopwright._instance import _message_structure as converter_structure
 from loopwright.abc import StoreSettings
 from loopwright.builtins.file_store import CHECKPOINT_FILE, FileStore
@@ -268,6 +276,58 @@ def test_fast_message_parsing_matches_the_converter() -> None:
             message_from_json(bad)
         with pytest.raises(type(fast_error.value)):
             converter_structure(bad, Message)
+
+
+
+def test_the_shaped_builders_match_the_converter_and_fall_back_on_anything_else() -> None:
+    """The two commonest shapes (a tool result, an answer made only of calls), keyed by their exact
+    key order, give what the converter gives; a value of another type, an extra key or another key
+    order falls back to the general path, which still agrees with the converter."""
+    result = {"role": "tool", "content": "r", "toolCallId": "a", "name": "n", "status": "success"}
+    calls = {"role": "assistant", "toolCalls": [{"id": "a", "name": "n", "arguments": {"x": [1]}}], "model": "p:m"}
+    samples: list[Any] = [
+        result, calls,
+        {**calls, "model": None},
+        {**result, "content": None},
+        {**result, "name": None},
+        {"role": "assistant", "toolCalls": [{"id": "a", "name": "n", "arguments": {}, "rawArguments": "{x"}],
+         "model": "p:m"},  # raw arguments on a call
+        {"role": "assistant", "toolCalls": [{"id": "a", "name": "n", "arguments": {}, "injected": True}],
+         "model": "p:m"},  # an injected call
+        {"role": "assistant", "toolCalls": [{"name": "n", "id": "a", "arguments": {}}], "model": "p:m"},  # order
+        {"content": "r", "role": "tool", "toolCallId": "a", "name": "n", "status": "success"},  # key order
+        {**result, "role": "user"},
+        {**calls, "role": "user"},
+        {"role": "assistant", "toolCalls": [], "model": "p:m"},
+    ]
+    for data in samples:
+        assert message_from_json(data) == converter_structure(data, Message), data
+    built = message_from_json(calls)
+    assert built.tool_calls[0].arguments == {"x": [1]}
+    assert built.tool_calls[0].arguments is not calls["toolCalls"][0]["arguments"]  # a copy, not the saved dict
+    for bad in ({**result, "status": "nope"}, {**result, "status": 3}):
+        with pytest.raises(Exception) as fast_error:  # noqa: PT011 - the converter's error, whatever it is
+            message_from_json(bad)
+        with pytest.raises(type(fast_error.value)):
+            converter_structure(bad, Message)
+
+
+def test_call_order_puts_results_after_their_calls_and_leaves_the_rest() -> None:
+    """Results saved in finishing order come back in call order; a result that matches no call goes
+    last in its run; messages outside such runs keep their places."""
+    def res(i: str) -> Message:
+        return Message(role="tool", content=i, tool_call_id=i, name="n")
+
+    ask = Message(role="assistant", tool_calls=(ToolCall(id="a", name="n"), ToolCall(id="b", name="n"),
+                                                ToolCall(id="c", name="n")))
+    one = Message(role="assistant", tool_calls=(ToolCall(id="d", name="n"),))
+    msgs = [Message(role="user", content="q"), ask, res("c"), res("zz"), res("a"), res("b"),
+            Message(role="user", content="more"), one, res("d"), Message(role="assistant", content="end")]
+    out = _call_order(msgs)
+    assert [m.content for m in out] == ["q", None, "a", "b", "c", "zz", "more", None, "d", "end"]
+    assert [m.content for m in msgs][2:6] == ["c", "zz", "a", "b"]  # the input list is not changed
+    ordered = [Message(role="user", content="q"), one, res("d")]
+    assert _call_order(ordered) == ordered
 
 
 # -- through the runtime -----------------------------------------------------------------------

@@ -109,6 +109,11 @@ def message_from_json(data: Mapping[str, Any]) -> Message:
     converter; anything else goes through the converter, which converts or raises as it does.
     """
     try:
+        shaped = _SHAPES.get(tuple(data)) if type(data) is dict else None
+        if shaped is not None:
+            message = shaped(data)
+            if message is not None:
+                return message
         return _fast_message(data)
     except _NotFast:
         return _message_structure(data, Message)  # type: ignore[no-any-return]
@@ -172,6 +177,42 @@ def _fast_message(data: Any) -> Message:
         raise _NotFast
     return Message(role=role, content=content, tool_calls=tool_calls, tool_call_id=call_id, name=name,
                    status=status, source=source, injected=injected, model=model, provider_data=provider_data)
+
+
+def _tool_result(data: dict[str, Any]) -> Message | None:
+    """``{"role": "tool", "content", "toolCallId", "name", "status"}`` as loopwright writes a tool result."""
+    content, call_id, name = data["content"], data["toolCallId"], data["name"]
+    status = _STATUSES.get(data["status"]) if type(data["status"]) is str else None
+    if (data["role"] != "tool" or status is None or type(content) is not str or type(call_id) is not str
+            or type(name) is not str):
+        return None
+    return Message(role="tool", content=content, tool_call_id=call_id, name=name, status=status)
+
+
+def _call_request(data: dict[str, Any]) -> Message | None:
+    """``{"role": "assistant", "toolCalls": [...], "model"}`` as loopwright writes an answer made only of calls."""
+    calls, model = data["toolCalls"], data["model"]
+    if data["role"] != "assistant" or type(calls) is not list or type(model) not in _PLAIN:
+        return None
+    built = []
+    for c in calls:
+        if type(c) is not dict or tuple(c) != _CALL_SHAPE:
+            return None
+        call_id, name, arguments = c["id"], c["name"], c["arguments"]
+        if type(call_id) is not str or type(name) is not str or type(arguments) is not dict:
+            return None
+        built.append(ToolCall(id=call_id, name=name, arguments=dict(arguments)))
+    return Message(role="assistant", tool_calls=tuple(built), model=model)
+
+
+#: The key order of ToolCall's JSON as loopwright writes it, for a call without raw arguments.
+_CALL_SHAPE: Final = ("id", "name", "arguments")
+#: Builders for the commonest messages, by the exact key order loopwright writes them in; each
+#: checks every value's type and returns ``None`` (the general path decides) for anything else.
+_SHAPES: Final = {
+    ("role", "content", "toolCallId", "name", "status"): _tool_result,
+    ("role", "toolCalls", "model"): _call_request,
+}
 
 
 @attrs.define(kw_only=True)
@@ -566,23 +607,23 @@ def entry_totals(entries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def _call_order(messages: list[Message]) -> list[Message]:
-    """Reorder each run of tool messages to follow the calls of the assistant message before it."""
-    out: list[Message] = []
-    i = 0
-    while i < len(messages):
-        m = messages[i]
-        out.append(m)
-        i += 1
-        if m.role == "assistant" and m.tool_calls:
-            j = i
-            while j < len(messages) and messages[j].role == "tool":
-                j += 1
-            if j - i > 1:
-                order = {c.id: k for k, c in enumerate(m.tool_calls)}
-                out.extend(sorted(messages[i:j], key=lambda r: order.get(r.tool_call_id or "", 1 << 30)))
-            else:
-                out.extend(messages[i:j])
-            i = j
+    """Reorder each run of tool messages to follow the calls of the assistant message before it.
+
+    Only a run of two or more tool messages after an assistant message with calls can be out of
+    order, so those runs are found first (one pass) and sorted in place; the rest is not touched.
+    """
+    n = len(messages)
+    runs = [i for i in range(n - 2) if messages[i + 1].role == "tool" and messages[i + 2].role == "tool"
+            and messages[i].role == "assistant" and messages[i].tool_calls]
+    if not runs:
+        return messages
+    out = list(messages)
+    for i in runs:
+        j = i + 1
+        while j < n and out[j].role == "tool":
+            j += 1
+        order = {c.id: k for k, c in enumerate(out[i].tool_calls)}
+        out[i + 1:j] = sorted(out[i + 1:j], key=lambda r: order.get(r.tool_call_id or "", 1 << 30))
     return out
 
 
