@@ -105,7 +105,8 @@ def compiled_source(kind: Kind) -> str:
     import fastjsonschema  # noqa: PLC0415 - only to generate the modules
 
     # Without fastjsonschema's version line: a release that compiles the same code changes nothing.
-    code = re.sub(r'^VERSION = "[^"]*"\n', "", fastjsonschema.compile_to_code(copy.deepcopy(dict(schema(kind)))), flags=re.MULTILINE)
+    source = fastjsonschema.compile_to_code(copy.deepcopy(dict(schema(kind))))
+    code = re.sub(r'^VERSION = "[^"]*"\n', "", source, flags=re.MULTILINE)
     entry = re.search(r"^def (validate_\w+)\(", code, re.MULTILINE)
     if entry is None:  # pragma: no cover - fastjsonschema's layout changed
         raise RuntimeError(f"no validate function in the code fastjsonschema compiled from the {kind} schema")
