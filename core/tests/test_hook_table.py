@@ -11,7 +11,7 @@ from helpers import Harness, call, defn, make_runtime, reply, run_to_rest
 
 import loopwright
 from loopwright import State, hookimpl, hookspecs
-from loopwright._plugins import PluginHost
+from loopwright._plugins import PluginHost, hook_set
 from loopwright.errors import PluginError
 
 pytestmark = pytest.mark.anyio
@@ -217,16 +217,76 @@ async def test_the_exact_order_with_a_definitions_hook_set(tmp_path: Path) -> No
     ]
 
 
-def test_extra_implementations_join_on_the_side_the_table_says() -> None:
-    """PluginHost.impls(hook, extra=...) puts a definition's implementations inside the host's, per HOOKS."""
+def test_a_views_sets_join_on_the_side_the_table_says() -> None:
+    """PluginHost.view(sets) places a definition's hook sets inside the host's hooks, per HOOKS."""
     host = PluginHost()
     host.register(Everything(), "host")
-    extra = (("def", print, ()),)
+    view = host.view([hook_set(Everything(), "def")])
     for name in ("loopwright_before_tool_call", "loopwright_after_tool_call", "loopwright_on_message"):
-        names = [p for p, _f, _a in host.impls(name, extra=extra)]
+        names = [p for p, _f, _a in view.impls(name)]
         expected = ["def", "host"] if hookspecs.HOOKS[name].definition_first else ["host", "def"]
         assert names == expected, name
-    assert host.impls("loopwright_on_cost", extra=()) == host.impls("loopwright_on_cost")
+    assert host.view([]).impls("loopwright_on_cost") is host.impls("loopwright_on_cost")
+    assert [p for p, _f, _a in view.impls("loopwright_on_runtime_close")] == ["host"]
+
+
+class First:
+    @hookimpl(tryfirst=True)
+    def loopwright_before_tool_call(self) -> None: ...
+
+    @hookimpl(tryfirst=True)
+    def loopwright_after_tool_call(self) -> None: ...
+
+
+class Last:
+    @hookimpl(trylast=True)
+    def loopwright_before_tool_call(self) -> None: ...
+
+    @hookimpl(trylast=True)
+    def loopwright_after_tool_call(self) -> None: ...
+
+
+def test_a_views_sets_stay_outside_the_hosts_tryfirst_and_trylast_ones() -> None:
+    """Sets run after the host's trylast hooks before a step and before its tryfirst ones after it,
+    in the definition's order (their own tryfirst/trylast marks do not move them past each other)."""
+    host = PluginHost()
+    for name, plugin in (("last1", Last()), ("plain", Everything()), ("first1", First()),
+                         ("last2", Last()), ("first2", First())):
+        host.register(plugin, name)
+    view = host.view([hook_set(Last(), "a"), hook_set(Everything(), "b"), hook_set(First(), "c")])
+    assert [p for p, _f, _a in host.impls("loopwright_before_tool_call")] == [
+        "first1", "first2", "plain", "last1", "last2"]
+    assert [p for p, _f, _a in view.impls("loopwright_before_tool_call")] == [
+        "first1", "first2", "plain", "last1", "last2", "a", "b", "c"]
+    assert [p for p, _f, _a in view.impls("loopwright_after_tool_call")] == [
+        "a", "b", "c", "first1", "first2", "plain", "last1", "last2"]
+
+
+def test_a_set_may_be_a_host_plugin_and_appear_twice() -> None:
+    """pluggy registers each side of a set as an object of its own: a host plugin or a repeated set runs again."""
+    plugin = Everything()
+    host = PluginHost()
+    host.register(plugin, "host")
+    same = hook_set(plugin, "def")
+    view = host.view([same, same])
+    assert [p for p, _f, _a in view.impls("loopwright_on_message")] == ["host", "def", "def"]
+    assert [f for _p, f, _a in view.impls("loopwright_on_message")] == [plugin.loopwright_on_message] * 3
+
+
+def test_a_view_is_made_once_per_distinct_sets_and_follows_the_host() -> None:
+    """The same sets give the same view; registering or unregistering a host plugin refreshes its tuples."""
+    host = PluginHost()
+    own = hook_set(Everything(), "def")
+    view = host.view([own])
+    assert host.view([own]) is view
+    assert host.view([hook_set(Everything(), "def")]) is not view
+    first = view.impls("loopwright_on_cost")
+    assert [p for p, _f, _a in first] == ["def"]
+    assert view.impls("loopwright_on_cost") is first
+    host.register(Everything(), "host")
+    assert [p for p, _f, _a in view.impls("loopwright_on_cost")] == ["host", "def"]
+    host.unregister("host")
+    assert [p for p, _f, _a in view.impls("loopwright_on_cost")] == ["def"]
 
 
 def test_unregister_removes_what_the_plugin_registered_and_nothing_else() -> None:

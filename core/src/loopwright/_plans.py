@@ -19,16 +19,17 @@ from loopwright._decisions import Block, Decision
 from loopwright._definition import DEFAULT_LIMITS, Assembly, Capabilities, Definition, Limits
 from loopwright._engine import parse_output
 from loopwright._patterns import schema_validator
-from loopwright._plugins import checked_guardrail, checked_verifier, hook_set
+from loopwright._plugins import HookSet, checked_guardrail, checked_verifier, hook_set
 from loopwright._template import TemplateError, render, render_value, resolve_inputs
 from loopwright.errors import ConfigError, ConfigProblem
+from loopwright.hookspecs import hookimpl
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from pathlib import Path
 
     from loopwright._instance import Instance
-    from loopwright._plugins import PluginHost
+    from loopwright._plugins import HookView, PluginHost
     from loopwright._providers import Providers
     from loopwright._tools import Tool
     from loopwright._types import Message, ToolSpec
@@ -47,10 +48,9 @@ class DefinitionPlan:
     limits: Limits
     model_ref: str
     strategy: ContextStrategy | None
-    #: Hook implementations the definition names (``hooks:`` and ``guardrails:``), per hook.
-    hooks: dict[str, tuple[Any, ...]] = attrs.Factory(dict)
-    #: Combined (host + definition) implementation tuples, per hook, with the host's generation.
-    combined: dict[str, tuple[int, tuple[Any, ...]]] = attrs.Factory(dict)
+    #: The host's hooks with the definition's hook sets and guardrails placed among them
+    #: (:meth:`PluginHost.view`, shared by definitions that name the same sets).
+    view: HookView | None = None
     #: The validator of the definition's ``output`` schema, built on first use.
     output_validator: Any = None
     #: Whether a tool of the definition is offered only under some grants (``Tool.available``).
@@ -83,11 +83,15 @@ class Plans:
         self.plugins = plugins
         self.providers = providers
         self._cache: dict[int, DefinitionPlan] = {}
+        #: Guardrails as hook sets, by the name a definition gives, so that definitions naming
+        #: the same ones share a hook view.
+        self._guardrail_sets: dict[str, HookSet] = {}
         self._verifiers: dict[str, Callable[[Sequence[Message]], tuple[bool, str]]] = {"allTodosDone": all_todos_done}
 
     def clear(self) -> None:
         """Forget every plan (the plugins changed)."""
         self._cache.clear()
+        self._guardrail_sets.clear()
 
     def add_verifier(self, name: str, verify: Callable[[Sequence[Message]], tuple[bool, str]]) -> None:
         """Add a completion verifier by name (see :meth:`loopwright.Runtime.add_verifier`)."""
@@ -182,10 +186,10 @@ class Plans:
         except ConfigError as exc:
             problem(exc, ())
         problems.extend(self._model_problems(definition, model_ref, strategy))
-        hooks: dict[str, tuple[Any, ...]] = {}
+        view = None
         if definition.hooks or definition.guardrails:
             try:
-                hooks = self._definition_hooks(definition)
+                view = self.plugins.view(self._definition_hooks(definition))
             except ConfigError as exc:
                 problem(exc, ("hooks",) if definition.hooks else ("guardrails",))
         if problems:
@@ -193,7 +197,7 @@ class Plans:
                               path=str(source) if source else None, problems=problems)
         assert model_ref is not None  # noqa: S101 - a missing model is a problem above
         plan = DefinitionPlan(definition=definition, tools=tools, specs=tuple(t.spec for t in tools.values()),
-                               limits=limits, model_ref=model_ref, strategy=strategy, hooks=hooks,
+                               limits=limits, model_ref=model_ref, strategy=strategy, view=view,
                                gated=any(t.available is not None for t in tools.values()))
         self._cache[id(definition)] = plan
         return plan
@@ -244,23 +248,18 @@ class Plans:
         """Return the implementations of ``hook`` for an instance of ``definition``, in call order.
 
         Host hooks wrap the hooks a definition names: for ``before_*`` hooks and observers the
-        host's run first, for ``after_*`` hooks the definition's run first.
+        host's run first, for ``after_*`` hooks the definition's run first (the definition's
+        :class:`~loopwright._plugins.HookView`, built once).
         """
-        host = self.plugins.impls(hook)
         if not definition.hooks and not definition.guardrails:
-            return host
-        plan = self.plan(definition)
-        own = plan.hooks.get(hook)
-        if not own:
-            return host
-        gen = self.plugins.pm.generation
-        hit = plan.combined.get(hook)
-        if hit is None or hit[0] != gen:
-            hit = plan.combined[hook] = (gen, self.plugins.impls(hook, extra=own))
-        return hit[1]
+            return self.plugins.impls(hook)
+        plan = self._cache.get(id(definition))
+        if plan is None or plan.definition is not definition:
+            plan = self.plan(definition)
+        return (plan.view or self.plugins).impls(hook)
 
-    def _definition_hooks(self, definition: Definition) -> dict[str, tuple[Any, ...]]:
-        """Return the hook implementations a definition names (``hooks:`` and ``guardrails:``), per hook.
+    def _definition_hooks(self, definition: Definition) -> list[HookSet]:
+        """Return the hook sets a definition names (``hooks:``, then ``guardrails:`` as sets), in its order.
 
         Nothing is imported from a name a definition gives. A ``hooks:`` entry is a hook set
         registered by name; else the name of a plugin this runtime loaded (the assembly's
@@ -275,10 +274,10 @@ class Plans:
         """
         host = self.plugins
         loaded = set(host.plugin_names())
-        found: dict[str, list[Any]] = {}
+        found: list[HookSet] = []
         for ref in definition.hooks:
             if ref in host.hook_sets:
-                impls = host.hook_sets.get(ref)
+                found.append(host.hook_sets.get(ref))
             elif ref in loaded:
                 continue
             elif (entry_point := host.installed(ref)) is not None:
@@ -287,15 +286,16 @@ class Plans:
                 except Exception as exc:
                     raise ConfigError(f"definition {definition.name!r}: cannot load the entry point {ref!r}: "
                                       f"{exc}") from exc
-                impls = hook_set(plugin, f"{ref} (definition)")
+                found.append(hook_set(plugin, f"{ref} (definition)"))
             else:
                 raise ConfigError(
                     f"definition {definition.name!r}: hooks: {ref!r} is neither a registered hook set "
                     f"(registered: {', '.join(host.hook_sets.names()) or 'none'}) nor a plugin of the assembly "
                     "or an installed entry point; a definition's hooks are never imported from a path")
-            for name, impl in impls.items():
-                found.setdefault(name, []).extend(impl)
         for ref in definition.guardrails:
+            if ref in self._guardrail_sets:
+                found.append(self._guardrail_sets[ref])
+                continue
             if ref in host.guardrails:
                 policy = host.guardrails.get(ref)
             else:
@@ -307,8 +307,10 @@ class Plans:
                         f"(registered: {', '.join(host.guardrails.names()) or 'none'}) nor PLUGIN:FUNCTION of a "
                         "plugin the assembly loads; a guardrail is never imported from a path")
                 policy = checked_guardrail(ref, getattr(plugin, attr), plugin_name)
-            found.setdefault("loopwright_before_tool_call", []).append(_guardrail_impl(ref, policy))
-        return {k: tuple(v) for k, v in found.items()}
+            guardrail = _Guardrail(policy)
+            hooks = (("loopwright_before_tool_call", guardrail.loopwright_before_tool_call),)
+            found.append(self._guardrail_sets.setdefault(ref, HookSet(f"guardrail {ref}", guardrail, hooks)))
+        return found
 
     def output_problems(self, definition: Definition, text: str | None) -> Any:
         """Check a final answer against the definition's ``output`` schema (see ``loopwright._engine.parse_output``)."""
@@ -413,13 +415,17 @@ def all_todos_done(messages: Sequence[Message]) -> tuple[bool, str]:
     return True, ""
 
 
-def _guardrail_impl(ref: str, fn: Callable[..., Any]) -> tuple[str, Callable[..., Any], tuple[str, ...]]:
-    """Return a guardrail as a before_tool_call implementation (it raises: the walk blocks the call)."""
-    argnames = tuple(inspect.signature(fn).parameters)
+class _Guardrail:
+    """A guardrail as a before_tool_call hook set (one that raises: the walk blocks the call)."""
 
-    async def impl(call: Any, tool: Any, instance: Any, turn: int) -> Any:
+    def __init__(self, policy: Callable[..., Any]) -> None:
+        self._policy = policy
+        self._argnames = tuple(inspect.signature(policy).parameters)
+
+    @hookimpl
+    async def loopwright_before_tool_call(self, call: Any, tool: Any, instance: Any, turn: int) -> Any:
         values = {"call": call, "tool": tool, "instance": instance, "turn": turn}
-        verdict = fn(**{a: values[a] for a in argnames})
+        verdict = self._policy(**{a: values[a] for a in self._argnames})
         if inspect.isawaitable(verdict):
             verdict = await verdict
         if verdict is None or verdict == "allow":
@@ -427,8 +433,6 @@ def _guardrail_impl(ref: str, fn: Callable[..., Any]) -> tuple[str, Callable[...
         if isinstance(verdict, Decision):
             return verdict
         return Block(str(verdict))
-
-    return (f"guardrail {ref}", impl, ("call", "tool", "instance", "turn"))
 
 
 def _smaller(a: Any, b: Any) -> Any:

@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import pluggy
 
 from loopwright import hookspecs
@@ -47,8 +48,8 @@ if TYPE_CHECKING:
     from importlib.metadata import EntryPoint
 
 __all__ = [
-    "BUILTIN_PLUGINS", "ENTRY_POINT_GROUP", "GUARDRAIL_ARGS", "PluginHost", "Registry", "checked_guardrail",
-    "checked_verifier", "hook_set", "hookimpl", "refuse_wrappers",
+    "BUILTIN_PLUGINS", "ENTRY_POINT_GROUP", "GUARDRAIL_ARGS", "HookSet", "HookView", "PluginHost", "Registry",
+    "checked_guardrail", "checked_verifier", "hook_set", "hookimpl", "refuse_wrappers",
 ]
 
 ENTRY_POINT_GROUP = "loopwright"
@@ -191,8 +192,8 @@ class PluginHost:
         commands: CLI command names → click commands.
         guardrails: Guardrail names → policy functions (see ``loopwright_register_guardrails``).
         verifiers: Completion verifier names → ``verify(messages)`` functions.
-        hook_sets: Hook set names → ``{hook_name: ((label, function, argnames), ...)}``, checked
-            against the hookspecs when registered (see :func:`hook_set`).
+        hook_sets: Hook set names → :class:`HookSet`, checked against the hookspecs when
+            registered (see :func:`hook_set`).
         settings: The assembly's ``pluginSettings``, passed to registration hooks as ``settings``.
         runtime: The runtime that owns this host, passed to registration hooks as ``runtime``.
 
@@ -215,7 +216,9 @@ class PluginHost:
         self.verifiers = Registry("verifier")
         self.hook_sets = Registry("hook set")
         self._registered_order: list[str] = []
-        self._impl_cache: dict[str, tuple[int, tuple[Any, ...]]] = {}
+        #: The hook views by the hook sets placed in them (:meth:`view`); ``()`` is the host's own.
+        self._views: dict[tuple[Any, ...], HookView] = {}
+        self._view = self._views[()] = HookView(self, ())
         #: Entry points not loaded yet, by name; ``None`` until the installed ones are read.
         self._pending: dict[str, EntryPoint] | None = {}
         self._installed: dict[str, EntryPoint] | None = None
@@ -429,58 +432,178 @@ class PluginHost:
 
     # -- calling ----------------------------------------------------------------------------
 
-    def impls(self, hook_name: str, extra: Sequence[Any] = ()) -> tuple[Any, ...]:
-        """Return ``(plugin_name, function, argnames)`` for each implementation, in call order.
+    def impls(self, hook_name: str) -> tuple[Any, ...]:
+        """Return ``(plugin_name, function, argnames)`` for each host implementation, in call order.
 
-        The host's implementations come in registration order (``tryfirst`` ones first,
-        ``trylast`` ones last); cached, the cache refreshes when a plugin is registered or
-        unregistered.
+        The order is :class:`HookView`'s (registration order, ``tryfirst`` ones first,
+        ``trylast`` ones last); the tuple is cached and refreshed when a plugin is registered or
+        unregistered. A definition's hook sets join these in :meth:`view`.
+        """
+        return self._view.impls(hook_name)
 
-        :param extra: Implementations that take part in these calls only, as pluggy's
-            ``call_extra`` adds temporarily participating methods: a definition's hook sets and
-            guardrails, each checked by pluggy when it was registered (:func:`hook_set`). The
-            host's implementations wrap them, on the side ``definition_first`` of the hook's rule
-            in :data:`loopwright.hookspecs.HOOKS` says. Callers cache the result (it is not).
+    def view(self, sets: Sequence[HookSet]) -> HookView:
+        """Return the hook view of the host's plugins with ``sets`` placed among them, made once per distinct ``sets``.
 
-        Every pending entry point is loaded first (their hooks take part in every call), except
-        for ``loopwright_on_runtime_close``: a plugin never loaded has nothing to close.
+        :param sets: A definition's hook sets (its ``hooks:``, then its guardrails), in its order.
+        :raises PluginError: pluggy refuses one of them (naming the set).
+        """
+        key = tuple((s.label, id(s.plugin), tuple((n, id(f)) for n, f in s.hooks)) for s in sets)
+        view = self._views.get(key)
+        if view is None:
+            view = HookView(self, tuple(sets))
+            view.refresh()  # a set pluggy refuses fails here, while planning, not at a hook point
+            self._views[key] = view
+        return view
+
+    def before_hook(self, hook_name: str) -> None:
+        """Load every pending entry point before ``hook_name`` is first called: their hooks take part in every call.
+
+        Except for ``loopwright_on_runtime_close``: a plugin never loaded has nothing to close.
         """
         if (self._pending is None or self._pending) and hook_name != "loopwright_on_runtime_close":
             self.load_entry_points()
-        host = self._host_impls(hook_name)
-        if not extra:
-            return host
-        return (*extra, *host) if hookspecs.HOOKS[hook_name].definition_first else (*host, *extra)
 
-    def _host_impls(self, hook_name: str) -> tuple[Any, ...]:
-        gen = self.pm.generation
-        hit = self._impl_cache.get(hook_name)
-        if hit is not None and hit[0] == gen:
-            return hit[1]
-        caller = getattr(self.pm.hook, hook_name)
-        order = {n: i for i, n in enumerate(self._registered_order)}
-        hookimpls = sorted(
-            caller.get_hookimpls(),
-            key=lambda h: (0 if h.tryfirst else 2 if h.trylast else 1, order.get(h.plugin_name, 1 << 30)),
-        )
-        out = tuple((h.plugin_name, h.function, tuple(h.argnames) + tuple(h.kwargnames)) for h in hookimpls)
-        self._impl_cache[hook_name] = (gen, out)
+    def loaded(self) -> list[tuple[str, object]]:
+        """Return ``(name, plugin)`` for each registered plugin, in loading order (loading nothing)."""
+        return [(name, self.pm.get_plugin(name)) for name in self._registered_order]
+
+
+@attrs.frozen
+class HookSet:
+    """A checked hook set: an object whose hooks apply to some agents only (a definition's ``hooks:``).
+
+    Made by :func:`hook_set`; placed among the host's plugins by :meth:`PluginHost.view`.
+
+    Attributes:
+        label: How its implementations are named (``plugin`` of a ``hook`` record).
+        plugin: The object or module, as given.
+        hooks: ``(hook_name, function)`` for each per-definition hook it implements, in
+            :data:`loopwright.hookspecs.HOOKS` order (the function as pluggy found it, with its mark).
+    """
+
+    label: str
+    plugin: object = attrs.field(eq=False)
+    hooks: tuple[tuple[str, Callable[..., Any]], ...] = attrs.field(eq=False)
+
+
+class _Placed:
+    """One side of a hook set, as a view registers it: its hooks that run before the host's, or after.
+
+    Its attributes are the set's own functions (bound methods keep their ``hookimpl`` marks), so
+    pluggy checks exactly what will be called; one object per side lets one set appear on both
+    sides, and twice in a definition, and be a host plugin as well.
+    """
+
+    def __init__(self, hook_set: HookSet, *, first: bool) -> None:
+        self.first = first
+        for name, function in hook_set.hooks:
+            if hookspecs.HOOKS[name].definition_first is first:
+                setattr(self, name, function)
+
+
+class _ViewManager(pluggy.PluginManager):
+    """A PluginManager that places the hooks of a :class:`_Placed` side with ``tryfirst`` or ``trylast``."""
+
+    def __init__(self) -> None:
+        super().__init__(hookspecs.PROJECT)
+        self.add_hookspecs(hookspecs)
+
+    def parse_hookimpl_opts(self, plugin: object, name: str) -> Any:
+        opts = super().parse_hookimpl_opts(plugin, name)
+        if opts is not None and isinstance(plugin, _Placed):
+            opts = {**opts, "tryfirst": plugin.first, "trylast": not plugin.first}
+        return opts
+
+
+class HookView:
+    """The host's hook implementations with hook sets placed among them, registered in a pluggy manager of their own.
+
+    The manager has the project name and hookspecs of the host's and holds, in this order, the
+    sets' ``definition_first`` hooks (:data:`loopwright.hookspecs.HOOKS`) marked ``tryfirst``, the
+    host's plugins in loading order (the same objects: pluggy lets one plugin sit in several
+    managers), and the sets' other hooks marked ``trylast``. pluggy checks every implementation
+    against its spec as it registers it (and ``check_pending``) and orders them; the walk calls
+    each of pluggy's groups (``tryfirst``, plain, ``trylast``) in registration order, where
+    pluggy's own calls are last registered, first called. So the host's hooks wrap the sets':
+    they run first before a step and for observers, last after a step (``after_*``).
+
+    Built on first use and again after the host registers or unregisters a plugin; each hook's
+    tuple is then cached.
+    """
+
+    def __init__(self, host: PluginHost, sets: tuple[HookSet, ...]) -> None:
+        self._host = host
+        self._sets = sets
+        self._pm: pluggy.PluginManager | None = None
+        self._labels: dict[str, str] = {}
+        self._generation = -1
+        self._cache: dict[str, tuple[Any, ...]] = {}
+
+    def impls(self, hook_name: str) -> tuple[Any, ...]:
+        """Return ``(plugin_name, function, argnames)`` for each implementation of ``hook_name``, in call order.
+
+        Every pending entry point of the host is loaded first (their hooks take part in every
+        call), except for ``loopwright_on_runtime_close``: a plugin never loaded has nothing to close.
+        """
+        if self._generation == self._host.pm.generation:
+            hit = self._cache.get(hook_name)
+            if hit is not None:
+                return hit
+        self._host.before_hook(hook_name)
+        if self._pm is None or self._generation != self._host.pm.generation:
+            self.refresh()
+        assert self._pm is not None  # noqa: S101 - just built
+        first, plain, last = [], [], []
+        for h in getattr(self._pm.hook, hook_name).get_hookimpls():
+            (first if h.tryfirst else last if h.trylast else plain).append(h)
+        last.reverse()  # pluggy inserts each trylast one in front of those registered before it
+        out = tuple((self._labels.get(h.plugin_name, h.plugin_name), h.function, (*h.argnames, *h.kwargnames))
+                    for h in (*first, *plain, *last))
+        self._cache[hook_name] = out
         return out
+
+    def refresh(self) -> None:
+        """Register the host's plugins and the sets anew in a new manager, and forget every cached tuple.
+
+        :raises PluginError: pluggy refuses a set (it names the set).
+        """
+        host = self._host
+        pm = _ViewManager()
+        labels: dict[str, str] = {}
+
+        def place(first: bool) -> None:
+            for n, s in enumerate(self._sets):
+                side = _Placed(s, first=first)
+                if len(vars(side)) > 1:
+                    name = f"{n}:{'first' if first else 'last'}:{s.label}"
+                    labels[name] = s.label
+                    try:
+                        pm.register(side, name)
+                    except (ValueError, pluggy.PluginValidationError) as exc:
+                        raise PluginError(f"hook set {s.label!r}: {exc}", plugin_name=s.label) from exc
+
+        place(first=True)
+        for name, plugin in host.loaded():
+            pm.register(plugin, name)
+        place(first=False)
+        pm.check_pending()
+        self._pm, self._labels = pm, labels
+        self._generation = host.pm.generation
+        self._cache = {}
 
 
 def _argnames(fn: Callable[..., Any]) -> tuple[str, ...]:
     return tuple(inspect.signature(fn).parameters)
 
 
-def hook_set(plugin: object, label: str, *, plugin_name: str | None = None) -> dict[str, tuple[Any, ...]]:
-    """Check a definition's hook set as host plugins are checked, and return its implementations.
+def hook_set(plugin: object, label: str, *, plugin_name: str | None = None) -> HookSet:
+    """Check a definition's hook set as host plugins are checked, and return it.
 
     :param plugin: An object or module with ``loopwright_*`` interceptor and observer hooks.
     :param label: How its implementations are named in records (``plugin`` of a ``hook`` record).
     :param plugin_name: The plugin that offers the set, for errors (default: ``label``).
-    :return: ``{hook_name: ((label, function, argnames), ...)}`` for the hooks it implements.
-    Its registration hooks and ``loopwright_on_runtime_close`` are left out: they are never
-    called for a definition.
+    :return: The set, with the hooks it implements. Its registration hooks and
+        ``loopwright_on_runtime_close`` are left out: they are never called for a definition.
 
     :raises PluginError: A hook matches no spec, takes an argument its spec does not offer, or
         the object cannot be registered; the error names the plugin and the hook.
@@ -492,12 +615,8 @@ def hook_set(plugin: object, label: str, *, plugin_name: str | None = None) -> d
         manager.check_pending()
     except (ValueError, pluggy.PluginValidationError) as exc:
         raise PluginError(f"hook set {label!r}: {exc}", plugin_name=plugin_name or label) from exc
-    out: dict[str, tuple[Any, ...]] = {}
-    for hook_name in _DEFINITION_HOOKS:
-        impls = getattr(manager.hook, hook_name).get_hookimpls()
-        if impls:
-            out[hook_name] = tuple((label, h.function, tuple(h.argnames) + tuple(h.kwargnames)) for h in impls)
-    return out
+    hooks = tuple((name, h.function) for name in _DEFINITION_HOOKS for h in getattr(manager.hook, name).get_hookimpls())
+    return HookSet(label, plugin, hooks)
 
 
 def refuse_wrappers(manager: pluggy.PluginManager, plugin: object, name: str) -> None:
