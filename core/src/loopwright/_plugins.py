@@ -522,7 +522,7 @@ class HookView:
     sets' ``definition_first`` hooks (:data:`loopwright.hookspecs.HOOKS`) marked ``tryfirst``, the
     host's plugins in loading order (the same objects: pluggy lets one plugin sit in several
     managers), and the sets' other hooks marked ``trylast``. pluggy checks every implementation
-    against its spec as it registers it (and ``check_pending``) and orders them; the walk calls
+    against its spec as it registers it and orders them; the walk calls
     each of pluggy's groups (``tryfirst``, plain, ``trylast``) in registration order, where
     pluggy's own calls are last registered, first called. So the host's hooks wrap the sets':
     they run first before a step and for observers, last after a step (``after_*``).
@@ -586,7 +586,8 @@ class HookView:
         for name, plugin in host.loaded():
             pm.register(plugin, name)
         place(first=False)
-        pm.check_pending()
+        # No check_pending: the sets hold only hooks with specs (hook_set ran it), and the host
+        # ran it on its own plugins when each registered.
         self._pm, self._labels = pm, labels
         self._generation = host.pm.generation
         self._cache = {}
