@@ -289,6 +289,30 @@ def test_a_view_is_made_once_per_distinct_sets_and_follows_the_host() -> None:
     assert [p for p, _f, _a in view.impls("loopwright_on_cost")] == ["def"]
 
 
+async def test_definitions_naming_the_same_sets_share_one_view(tmp_path: Path) -> None:
+    """Two definitions with the same hooks: and guardrails: get one view; the guardrail runs after the sets."""
+
+    class Offers:
+        @hookimpl
+        def loopwright_register_hooks(self, register: Any) -> None:
+            register("everything", Everything())
+
+        @hookimpl
+        def loopwright_register_guardrails(self, register: Any) -> None:
+            register("never", lambda call: None)
+
+    async with make_runtime(tmp_path, Harness(), Everything(), Offers()) as rt:
+        one = defn(hooks=("everything",), guardrails=("never",))
+        two = defn(name="u", hooks=("everything",), guardrails=("never",))
+        other = defn(name="v", hooks=("everything",))
+        assert rt.plans.plan(one).view is rt.plans.plan(two).view
+        assert rt.plans.plan(other).view is not rt.plans.plan(one).view
+        names = [p for p, _f, _a in rt.plans.hook_impls(one, "loopwright_before_tool_call")]
+        assert names[-2].startswith("everything (hook set of "), names
+        assert names[-1] == "guardrail never", names
+        assert names[:-2] == [p for p, _f, _a in rt.plugins.impls("loopwright_before_tool_call")]
+
+
 def test_unregister_removes_what_the_plugin_registered_and_nothing_else() -> None:
     """PluginHost.unregister drops the plugin's hooks and components; another plugin's stay."""
     add = _add()

@@ -83,15 +83,15 @@ class Plans:
         self.plugins = plugins
         self.providers = providers
         self._cache: dict[int, DefinitionPlan] = {}
-        #: Guardrails as hook sets, by the name a definition gives, so that definitions naming
-        #: the same ones share a hook view.
-        self._guardrail_sets: dict[str, HookSet] = {}
+        #: Entry points (``hooks``) and guardrails (``guardrails``) made hook sets, by the key and
+        #: name a definition gives, so that definitions naming the same ones share a hook view.
+        self._sets: dict[tuple[str, str], HookSet] = {}
         self._verifiers: dict[str, Callable[[Sequence[Message]], tuple[bool, str]]] = {"allTodosDone": all_todos_done}
 
     def clear(self) -> None:
         """Forget every plan (the plugins changed)."""
         self._cache.clear()
-        self._guardrail_sets.clear()
+        self._sets.clear()
 
     def add_verifier(self, name: str, verify: Callable[[Sequence[Message]], tuple[bool, str]]) -> None:
         """Add a completion verifier by name (see :meth:`loopwright.Runtime.add_verifier`)."""
@@ -252,11 +252,11 @@ class Plans:
         :class:`~loopwright._plugins.HookView`, built once).
         """
         if not definition.hooks and not definition.guardrails:
-            return self.plugins.impls(hook)
+            return self.plugins.hooks.impls(hook)
         plan = self._cache.get(id(definition))
         if plan is None or plan.definition is not definition:
             plan = self.plan(definition)
-        return (plan.view or self.plugins).impls(hook)
+        return (plan.view or self.plugins.hooks).impls(hook)
 
     def _definition_hooks(self, definition: Definition) -> list[HookSet]:
         """Return the hook sets a definition names (``hooks:``, then ``guardrails:`` as sets), in its order.
@@ -272,45 +272,56 @@ class Plans:
         :raises ConfigError: An entry names none of these.
         :raises PluginError: An entry point's hooks do not match their specs.
         """
-        host = self.plugins
-        loaded = set(host.plugin_names())
-        found: list[HookSet] = []
-        for ref in definition.hooks:
-            if ref in host.hook_sets:
-                found.append(host.hook_sets.get(ref))
-            elif ref in loaded:
-                continue
-            elif (entry_point := host.installed(ref)) is not None:
-                try:
-                    plugin = entry_point.load()
-                except Exception as exc:
-                    raise ConfigError(f"definition {definition.name!r}: cannot load the entry point {ref!r}: "
-                                      f"{exc}") from exc
-                found.append(hook_set(plugin, f"{ref} (definition)"))
-            else:
-                raise ConfigError(
-                    f"definition {definition.name!r}: hooks: {ref!r} is neither a registered hook set "
-                    f"(registered: {', '.join(host.hook_sets.names()) or 'none'}) nor a plugin of the assembly "
-                    "or an installed entry point; a definition's hooks are never imported from a path")
-        for ref in definition.guardrails:
-            if ref in self._guardrail_sets:
-                found.append(self._guardrail_sets[ref])
-                continue
-            if ref in host.guardrails:
-                policy = host.guardrails.get(ref)
-            else:
-                plugin_name, sep, attr = ref.rpartition(":")
-                plugin = host.pm.get_plugin(plugin_name) if sep and plugin_name in loaded else None
-                if plugin is None or not callable(getattr(plugin, attr, None)):
-                    raise ConfigError(
-                        f"definition {definition.name!r}: guardrails: {ref!r} is neither a registered guardrail "
-                        f"(registered: {', '.join(host.guardrails.names()) or 'none'}) nor PLUGIN:FUNCTION of a "
-                        "plugin the assembly loads; a guardrail is never imported from a path")
-                policy = checked_guardrail(ref, getattr(plugin, attr), plugin_name)
-            guardrail = _Guardrail(policy)
-            hooks = (("loopwright_before_tool_call", guardrail.loopwright_before_tool_call),)
-            found.append(self._guardrail_sets.setdefault(ref, HookSet(f"guardrail {ref}", guardrail, hooks)))
+        loaded = set(self.plugins.plugin_names())
+        found = [s for ref in definition.hooks if (s := self._hook_set(definition, ref, loaded)) is not None]
+        found.extend(self._guardrail_set(definition, ref, loaded) for ref in definition.guardrails)
         return found
+
+    def _hook_set(self, definition: Definition, ref: str, loaded: set[str]) -> HookSet | None:
+        """Return the hook set a ``hooks:`` entry names (``None``: a loaded plugin, whose hooks apply already)."""
+        host = self.plugins
+        if ref in host.hook_sets:
+            return host.hook_sets.get(ref)
+        if ref in loaded:
+            return None
+        made = self._sets.get(("hooks", ref))
+        if made is not None:
+            return made
+        entry_point = host.installed(ref)
+        if entry_point is None:
+            raise ConfigError(
+                f"definition {definition.name!r}: hooks: {ref!r} is neither a registered hook set "
+                f"(registered: {', '.join(host.hook_sets.names()) or 'none'}) nor a plugin of the assembly "
+                "or an installed entry point; a definition's hooks are never imported from a path")
+        try:
+            plugin = entry_point.load()
+        except Exception as exc:
+            raise ConfigError(f"definition {definition.name!r}: cannot load the entry point {ref!r}: "
+                              f"{exc}") from exc
+        made = self._sets["hooks", ref] = hook_set(plugin, f"{ref} (definition)")
+        return made
+
+    def _guardrail_set(self, definition: Definition, ref: str, loaded: set[str]) -> HookSet:
+        """Return a ``guardrails:`` entry as a hook set of one ``before_tool_call`` implementation."""
+        made = self._sets.get(("guardrails", ref))
+        if made is not None:
+            return made
+        host = self.plugins
+        if ref in host.guardrails:
+            policy = host.guardrails.get(ref)
+        else:
+            plugin_name, sep, attr = ref.rpartition(":")
+            plugin = host.pm.get_plugin(plugin_name) if sep and plugin_name in loaded else None
+            if plugin is None or not callable(getattr(plugin, attr, None)):
+                raise ConfigError(
+                    f"definition {definition.name!r}: guardrails: {ref!r} is neither a registered guardrail "
+                    f"(registered: {', '.join(host.guardrails.names()) or 'none'}) nor PLUGIN:FUNCTION of a "
+                    "plugin the assembly loads; a guardrail is never imported from a path")
+            policy = checked_guardrail(ref, getattr(plugin, attr), plugin_name)
+        guardrail = _Guardrail(policy)
+        hooks = (("loopwright_before_tool_call", guardrail.loopwright_before_tool_call),)
+        made = self._sets["guardrails", ref] = HookSet(f"guardrail {ref}", guardrail, hooks)
+        return made
 
     def output_problems(self, definition: Definition, text: str | None) -> Any:
         """Check a final answer against the definition's ``output`` schema (see ``loopwright._engine.parse_output``)."""

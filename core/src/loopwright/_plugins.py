@@ -194,6 +194,7 @@ class PluginHost:
         verifiers: Completion verifier names → ``verify(messages)`` functions.
         hook_sets: Hook set names → :class:`HookSet`, checked against the hookspecs when
             registered (see :func:`hook_set`).
+        hooks: The host's own :class:`HookView` (no hook set placed in it): what :meth:`impls` reads.
         settings: The assembly's ``pluginSettings``, passed to registration hooks as ``settings``.
         runtime: The runtime that owns this host, passed to registration hooks as ``runtime``.
 
@@ -218,7 +219,7 @@ class PluginHost:
         self._registered_order: list[str] = []
         #: The hook views by the hook sets placed in them (:meth:`view`); ``()`` is the host's own.
         self._views: dict[tuple[Any, ...], HookView] = {}
-        self._view = self._views[()] = HookView(self, ())
+        self.hooks = self._views[()] = HookView(self, ())
         #: Entry points not loaded yet, by name; ``None`` until the installed ones are read.
         self._pending: dict[str, EntryPoint] | None = {}
         self._installed: dict[str, EntryPoint] | None = None
@@ -439,7 +440,7 @@ class PluginHost:
         ``trylast`` ones last); the tuple is cached and refreshed when a plugin is registered or
         unregistered. A definition's hook sets join these in :meth:`view`.
         """
-        return self._view.impls(hook_name)
+        return self.hooks.impls(hook_name)
 
     def view(self, sets: Sequence[HookSet]) -> HookView:
         """Return the hook view of the host's plugins with ``sets`` placed among them, made once per distinct ``sets``.
