@@ -299,7 +299,7 @@ async def test_definitions_naming_the_same_sets_share_one_view(tmp_path: Path) -
 
         @hookimpl
         def loopwright_register_guardrails(self, register: Any) -> None:
-            register("never", lambda call: None)
+            register("never", lambda: None)
 
     async with make_runtime(tmp_path, Harness(), Everything(), Offers()) as rt:
         one = defn(hooks=("everything",), guardrails=("never",))
