@@ -217,9 +217,11 @@ class PluginHost:
         self.verifiers = Registry("verifier")
         self.hook_sets = Registry("hook set")
         self._registered_order: list[str] = []
-        #: The hook views by the hook sets placed in them (:meth:`view`); ``()`` is the host's own.
+        self.hooks = HookView(self, ())
+        #: The hook views by the hook sets placed in them (:meth:`view`), made since the host's
+        #: plugins last changed (the generation below).
         self._views: dict[tuple[Any, ...], HookView] = {}
-        self.hooks = self._views[()] = HookView(self, ())
+        self._views_generation = 0
         #: Entry points not loaded yet, by name; ``None`` until the installed ones are read.
         self._pending: dict[str, EntryPoint] | None = {}
         self._installed: dict[str, EntryPoint] | None = None
@@ -445,9 +447,16 @@ class PluginHost:
     def view(self, sets: Sequence[HookSet]) -> HookView:
         """Return the hook view of the host's plugins with ``sets`` placed among them, made once per distinct ``sets``.
 
+        One view serves every definition naming the same sets while the host's plugins stay the same.
+
         :param sets: A definition's hook sets (its ``hooks:``, then its guardrails), in its order.
         :raises PluginError: pluggy refuses one of them (naming the set).
         """
+        if not sets:
+            return self.hooks
+        if self._views_generation != self.pm.generation:
+            # Views made before keep working (they refresh themselves); new plans get new ones.
+            self._views, self._views_generation = {}, self.pm.generation
         key = tuple((s.label, id(s.plugin), tuple((n, id(f)) for n, f in s.hooks)) for s in sets)
         view = self._views.get(key)
         if view is None:
