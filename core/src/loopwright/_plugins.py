@@ -24,6 +24,10 @@ up first, until one registers it; listing (``Registry.names()``, ``items()``,
 run. So a runtime that only reads the store (``loopwright ls``, ``show``, ``records`` on a
 built-in store) imports no plugin. An entry point loaded late still takes its
 place in the order above (step 2), for hooks and for :meth:`PluginHost.plugin_names`.
+
+A definition's hook sets (``hooks:``) and guardrails join the host's hooks through a
+:class:`HookView`: another pluggy manager, one per distinct list of sets, that holds the host's
+plugins and the sets, each side of the host's where :data:`loopwright.hookspecs.HOOKS` says.
 """
 
 from __future__ import annotations
