@@ -8,7 +8,17 @@ file is what the schema compiles to.
 # mypy: ignore-errors
 from decimal import Decimal
 import re
-from fastjsonschema import JsonSchemaValueException, JsonSchemaValuesException
+
+
+class JsonSchemaValueException(ValueError):
+    """The data is invalid (fastjsonschema's exception of this name, without importing fastjsonschema)."""
+
+    def __init__(self, message, value=None, name=None, definition=None, rule=None):
+        super().__init__(message)
+        self.message, self.value, self.name, self.definition, self.rule = message, value, name, definition, rule
+
+
+JsonSchemaValuesException = JsonSchemaValueException
 
 
 REGEX_PATTERNS = {
