@@ -87,8 +87,8 @@ _COMPILED_HEADER = (
     "A fastjsonschema validator: :func:`loopwright._schemas.fast_valid` uses it to pass valid data\n"
     "without importing jsonschema; jsonschema still words every problem. A test checks that this\n"
     'file is what the schema compiles to.\n"""\n'
-    "# ruff: noqa: RUF100, ANN001, ANN202, ANN204, ARG001, B006, B007, C401, C402, C405, C901, E402, E501, E701, F841, I001, "
-    "N806, N818, PLR0912, PLR0915, PLR2004, Q000, RUF021, RUF060, SIM102, TRY301\n"
+    "# ruff: noqa: RUF100, ANN001, ANN202, ANN204, ARG001, B006, B007, C401, C402, C405, C901, E402, E501, E701, F841, "
+    "I001, N806, N818, PLR0912, PLR0915, PLR2004, Q000, RUF021, RUF060, SIM102, TRY301\n"
     "# mypy: ignore-errors\n"
 )
 
