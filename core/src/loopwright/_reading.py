@@ -21,13 +21,12 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import attrs
 
-from loopwright._convert import converter
-from loopwright._types import PendingApproval
 from loopwright._views import approval_to_json, children_in, subtree_in, summary, tree_node
 from loopwright.errors import InstanceNotFoundError, LoopwrightError
 
 if TYPE_CHECKING:
     from loopwright._definition import Assembly
+    from loopwright._types import PendingApproval
     from loopwright.abc import Store
 
 __all__ = [
@@ -139,6 +138,10 @@ async def tree_approvals(store: Store, instance_id: str) -> list[PendingApproval
     def walk(node: Mapping[str, Any], path: tuple[Mapping[str, Any], ...]) -> None:
         here = (*path, {"instanceId": node["instanceId"], "name": node["name"]})
         for raw in node["pendingApprovals"]:
+            # The value objects only when a call waits: keeps ls and show cheap.
+            from loopwright._convert import converter  # noqa: PLC0415
+            from loopwright._types import PendingApproval  # noqa: PLC0415
+
             entry = converter.structure(raw, PendingApproval)
             out.append(attrs.evolve(entry, instance_id=node["instanceId"], path=here))
         for child in node["children"]:

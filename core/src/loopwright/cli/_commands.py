@@ -25,7 +25,7 @@ import attrs
 import click
 
 from loopwright import _reading
-from loopwright._types import State
+from loopwright._states import State
 from loopwright._views import summary
 from loopwright.cli._exits import EXIT_OK, EXIT_USAGE, CliError
 from loopwright.cli._output import (
