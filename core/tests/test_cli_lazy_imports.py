@@ -84,6 +84,41 @@ def test_reading_a_valid_store_imports_no_jsonschema(project: tuple[Path, str]) 
         assert matching(modules, ("jsonschema", "referencing")) == [], args
 
 
+#: What ``ls`` and ``show`` on a file store leave out (issue 10, item 7): the runtime, the engine, the
+#: plugin host and the tools, the value objects, any event loop, and the schema and FFI libraries.
+NOT_FOR_A_BARE_STORE = ("loopwright._runtime", "loopwright._engine", "loopwright._plugins", "loopwright._tools",
+                        "loopwright._types", "loopwright._instance", "anyio", "asyncio", "ctypes", "fastjsonschema",
+                        "jsonschema")
+
+
+def test_reading_a_file_store_opens_no_runtime(project: tuple[Path, str]) -> None:
+    """``ls``, ``ls --tree`` and ``show`` read a file store without a runtime, an engine or an event loop."""
+    cwd, instance = project
+    for args in (("ls",), ("--json", "ls", "--tree"), ("show", instance), ("--json", "show", instance)):
+        modules = imported(cwd, *args)
+        assert "loopwright.builtins.file_store" in modules, args  # it did read the store
+        assert matching(modules, NOT_FOR_A_BARE_STORE) == [], args
+
+
+def test_reading_a_sqlite_store_opens_no_runtime(project: tuple[Path, str]) -> None:
+    """On the sqlite store (whose reads run in a thread) ``ls`` takes an event loop, still no runtime."""
+    cwd, _ = project
+    (cwd / "sqlite.yaml").write_text("store: {kind: sqlite, path: ./db.sqlite}\n")
+    modules = imported(cwd, "-c", "sqlite.yaml", "ls")
+    assert "loopwright.builtins.sqlite_store" in modules
+    assert "anyio" in modules
+    assert matching(modules, ("loopwright._runtime", "loopwright._engine", "loopwright._plugins")) == []
+
+
+def test_an_assembly_with_more_to_open_reads_through_a_runtime(project: tuple[Path, str]) -> None:
+    """An assembly with a record sink (or plugins, another engine ...) opens a runtime for ``ls``, as before."""
+    cwd, _ = project
+    (cwd / "sinks.yaml").write_text("store: {kind: file, path: ./store}\nrecords: [{kind: jsonl, path: ./r.jsonl}]\n")
+    modules = imported(cwd, "-c", "sinks.yaml", "ls")
+    assert "loopwright._runtime" in modules
+    assert (cwd / "r.jsonl").exists()  # the runtime built the sink, as it always did
+
+
 def test_show_and_records_import_no_plugin(project: tuple[Path, str]) -> None:
     """``show ID`` and ``records ID`` read the store as ``ls`` does, importing no plugin either."""
     cwd, instance = project

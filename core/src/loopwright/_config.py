@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import os
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -84,6 +85,7 @@ __all__ = [
     "SPECS_DIR",
     "Kind",
     "Positions",
+    "assembly_from_file",
     "definition_from_dict",
     "definition_to_dict",
     "detect_kind",
@@ -379,6 +381,23 @@ def load_definition(source: str | Path | Mapping[str, Any], *,
         raise ConfigError(f"{label} is not a valid definition", path=str(path) if path else None,
                           problems=problems)
     return attrs.evolve(defn, source=path) if path else defn  # type: ignore[no-any-return]
+
+
+def assembly_from_file(path: str | os.PathLike[str] | None = None) -> Assembly | None:
+    """Load the assembly a runtime is built from (:meth:`Runtime.from_file <loopwright.Runtime.from_file>`).
+
+    :param path: The file; ``None`` reads ``./loopwright.yaml`` when it exists.
+    :return: The assembly, or ``None`` (every default) when ``path`` is ``None`` and there is no
+        ``./loopwright.yaml``.
+    :raises ConfigError: There is no file at ``path``, or it is invalid (every problem with
+        file, line and column).
+    """
+    if path is None:
+        default = Path("loopwright.yaml")
+        return load_assembly(default) if default.is_file() else None
+    if not Path(path).is_file():
+        raise ConfigError(f"no assembly file at {path}", path=str(path))
+    return load_assembly(Path(path))
 
 
 def load_assembly(source: str | Path | Mapping[str, Any] | None = None) -> Assembly:

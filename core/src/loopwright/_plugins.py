@@ -45,7 +45,6 @@ import attrs
 import pluggy
 
 from loopwright import hookspecs
-from loopwright._tools import as_tool
 from loopwright.errors import PluginError, RegistrationError
 
 if TYPE_CHECKING:
@@ -400,6 +399,10 @@ class PluginHost:
             return register
 
         def register_tools(*tools: Any) -> None:
+            # The tool machinery (anyio, the tool types) only when a plugin registers tools:
+            # keeps importing the plugin host cheap.
+            from loopwright._tools import as_tool  # noqa: PLC0415
+
             for t in tools:
                 made = as_tool(t)
                 self.tools.add(made.name, made.replace(plugin=name), name)

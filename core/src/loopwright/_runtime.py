@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Self
 import anyio
 import attrs
 
+from loopwright import _reading
 from loopwright._agents import Agents, Monitors
 from loopwright._capabilities import resolve_roots
 from loopwright._definition import Assembly, Capabilities, Definition
@@ -34,7 +35,6 @@ from loopwright._driver import Driver
 from loopwright._engine import EngineDeps, Loop
 from loopwright._history import History
 from loopwright._hooks import notify
-from loopwright._instance import entry_totals
 from loopwright._loading import Loader
 from loopwright._plans import Plans, all_todos_done
 from loopwright._plugins import PluginHost
@@ -43,8 +43,8 @@ from loopwright._records import Recorder
 from loopwright._run import AgentRun, LiveRuns
 from loopwright._steering import Steering
 from loopwright._tree import Trees
-from loopwright._types import Message, State
-from loopwright._views import approval_to_json, result_to_json, subtree_in, summary, usage_to_json
+from loopwright._types import Message
+from loopwright._views import approval_to_json, result_to_json, summary, usage_to_json
 from loopwright._work import Work
 from loopwright.abc import StoreSettings
 from loopwright.errors import ConfigError, LoopwrightError
@@ -169,14 +169,9 @@ class Runtime:
         :param path: The file; ``None`` reads ``./loopwright.yaml`` when it exists, else uses defaults.
         :raises ConfigError: The file is invalid (every problem with file, line and column).
         """
-        from loopwright._config import load_assembly  # noqa: PLC0415 - YAML machinery only when needed
+        from loopwright._config import assembly_from_file  # noqa: PLC0415 - YAML machinery only when needed
 
-        if path is None:
-            default = Path("loopwright.yaml")
-            return cls(load_assembly(default) if default.is_file() else None, **kwargs)
-        if not Path(path).is_file():
-            raise ConfigError(f"no assembly file at {path}", path=str(path))
-        return cls(load_assembly(Path(path)), **kwargs)
+        return cls(assembly_from_file(path), **kwargs)
 
     # -- lifetime ---------------------------------------------------------------------------
 
@@ -387,10 +382,7 @@ class Runtime:
 
     async def list_instances(self, state: str | None = None) -> list[dict[str, Any]]:
         """Return every instance's summary (see :func:`summary`), optionally only those in ``state``."""
-        headers = await self.store.list_headers()
-        by_id = {h.get("instanceId"): h for h in headers}
-        return [summary(h, subtree_cost=subtree_in(h, by_id, set()))
-                for h in headers if state is None or h.get("state") == state]
+        return await _reading.list_instances(self.store, state)
 
     async def summary(self, instance_id: str) -> dict[str, Any]:
         """Return one instance's summary (``show``), its ``subtreeCost`` read through its children.
@@ -399,14 +391,9 @@ class Runtime:
         ``instanceId`` and ``path``) and ``tree`` (see :meth:`tree`). The totals of an instance
         saved as ``running`` and not run here come from its entry log: its header has them only as
         of its last state change (a killed process saved turns since).
+        (:func:`loopwright._reading.instance_summary`, which ``loopwright show`` calls without a runtime.)
         """
-        header = await self.store.read_header(instance_id)
-        if header.get("state") == State.RUNNING.value and self.live.run(instance_id) is None:
-            header = {**header, **entry_totals(await self.store.read_entries(instance_id))}
-        data = summary(header, subtree_cost=await self.subtree_cost(instance_id, header))
-        data["tree"] = await self.tree(instance_id)
-        data["treePendingApprovals"] = [approval_to_json(p) for p in await self.tree_approvals(instance_id)]
-        return data
+        return await _reading.instance_summary(self.store, instance_id, live=self.live.run(instance_id) is not None)
 
     # -- steering ---------------------------------------------------------------------------
 

@@ -4,11 +4,21 @@ A fastjsonschema validator: :func:`loopwright._schemas.fast_valid` uses it to pa
 without importing jsonschema; jsonschema still words every problem. A test checks that this
 file is what the schema compiles to.
 """
-# ruff: noqa: RUF100, ANN001, ANN202, ARG001, B006, B007, C401, C402, C405, C901, E402, E501, E701, F841, I001, N806, PLR0912, PLR0915, PLR2004, Q000, RUF021, RUF060, SIM102, TRY301
+# ruff: noqa: RUF100, ANN001, ANN202, ANN204, ARG001, B006, B007, C401, C402, C405, C901, E402, E501, E701, F841, I001, N806, N818, PLR0912, PLR0915, PLR2004, Q000, RUF021, RUF060, SIM102, TRY301
 # mypy: ignore-errors
 from decimal import Decimal
 import re
-from fastjsonschema import JsonSchemaValueException, JsonSchemaValuesException
+
+
+class JsonSchemaValueException(ValueError):
+    """The data is invalid (fastjsonschema's exception of this name, without importing fastjsonschema)."""
+
+    def __init__(self, message, value=None, name=None, definition=None, rule=None):
+        super().__init__(message)
+        self.message, self.value, self.name, self.definition, self.rule = message, value, name, definition, rule
+
+
+JsonSchemaValuesException = JsonSchemaValueException
 
 
 REGEX_PATTERNS = {

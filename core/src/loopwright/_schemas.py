@@ -87,9 +87,20 @@ _COMPILED_HEADER = (
     "A fastjsonschema validator: :func:`loopwright._schemas.fast_valid` uses it to pass valid data\n"
     "without importing jsonschema; jsonschema still words every problem. A test checks that this\n"
     'file is what the schema compiles to.\n"""\n'
-    "# ruff: noqa: RUF100, ANN001, ANN202, ARG001, B006, B007, C401, C402, C405, C901, E402, E501, E701, F841, I001, "
-    "N806, PLR0912, PLR0915, PLR2004, Q000, RUF021, RUF060, SIM102, TRY301\n"
+    "# ruff: noqa: RUF100, ANN001, ANN202, ANN204, ARG001, B006, B007, C401, C402, C405, C901, E402, E501, E701, F841, "
+    "I001, N806, N818, PLR0912, PLR0915, PLR2004, Q000, RUF021, RUF060, SIM102, TRY301\n"
     "# mypy: ignore-errors\n"
+)
+
+
+_FASTJSONSCHEMA_IMPORT = "from fastjsonschema import JsonSchemaValueException, JsonSchemaValuesException\n"
+_LOCAL_EXCEPTIONS = (
+    "\n\nclass JsonSchemaValueException(ValueError):\n"
+    '    """The data is invalid (fastjsonschema\'s exception of this name, without importing fastjsonschema)."""\n\n'
+    "    def __init__(self, message, value=None, name=None, definition=None, rule=None):\n"
+    "        super().__init__(message)\n"
+    "        self.message, self.value, self.name, self.definition, self.rule = message, value, name, definition, rule\n"
+    "\n\nJsonSchemaValuesException = JsonSchemaValueException\n"
 )
 
 
@@ -107,6 +118,9 @@ def compiled_source(kind: Kind) -> str:
     # Without fastjsonschema's version line: a release that compiles the same code changes nothing.
     source = fastjsonschema.compile_to_code(copy.deepcopy(dict(schema(kind))))
     code = re.sub(r'^VERSION = "[^"]*"\n', "", source, flags=re.MULTILINE)
+    # Its exceptions defined in the module itself: importing fastjsonschema (its code generator,
+    # drafts and resolver) would cost every start-up more than checking the data does.
+    code = code.replace(_FASTJSONSCHEMA_IMPORT, _LOCAL_EXCEPTIONS, 1)
     entry = re.search(r"^def (validate_\w+)\(", code, re.MULTILINE)
     if entry is None:  # pragma: no cover - fastjsonschema's layout changed
         raise RuntimeError(f"no validate function in the code fastjsonschema compiled from the {kind} schema")
@@ -134,12 +148,10 @@ def fast_valid(kind: Kind, data: Any) -> bool:
         return False
     import importlib  # noqa: PLC0415
 
-    from fastjsonschema import JsonSchemaException  # noqa: PLC0415 - light, and only when data is checked
-
     module = importlib.import_module(f"loopwright._schema_{kind}")
     try:
         module.validate(data)
-    except JsonSchemaException:
+    except module.JsonSchemaValueException:
         return False
     except Exception:  # noqa: BLE001 - data the compiled code cannot handle: jsonschema decides
         return False

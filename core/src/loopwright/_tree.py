@@ -18,10 +18,9 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import attrs
 
-from loopwright._convert import converter
+from loopwright import _reading
 from loopwright._instance import log_totals
 from loopwright._types import Event, PendingApproval, State
-from loopwright._views import children_in, tree_node
 from loopwright.errors import InstanceLockedError, InstanceNotFoundError, LoopwrightError
 
 if TYPE_CHECKING:
@@ -44,76 +43,28 @@ class Trees:
         self._rt = runtime
 
     async def subtree_cost(self, instance_id: str, header: Mapping[str, Any] | None = None) -> float | None:
-        """Return the instance's cost plus that of every agent it started, directly or not.
-
-        ``None`` when any part is unknown. Each instance's own cost is what its header holds
-        (brought up to date at every state change).
-        """
-        if header is None:
-            header = await self._rt.store.read_header(instance_id)
-        own = header.get("cost", 0.0)
-        children = await self.children_cost(header)
-        return None if own is None or children is None else own + children
+        """Return the instance's cost plus that of every agent it started (:func:`loopwright._reading.subtree_cost`)."""
+        return await _reading.subtree_cost(self._rt.store, instance_id, header)
 
     async def children_cost(self, header: Mapping[str, Any]) -> float | None:
         """Return the summed subtree cost of the agents ``header``'s instance started (``None`` if unknown)."""
-        by_id = await self.descendant_headers(header)
-        return children_in(header, by_id, {header.get("instanceId")})
+        return await _reading.children_cost(self._rt.store, header)
 
     async def descendant_headers(self, header: Mapping[str, Any]) -> dict[Any, Mapping[str, Any]]:
         """Return the saved headers of the agents ``header``'s instance started, directly or not, by id."""
-        by_id: dict[Any, Mapping[str, Any]] = {}
-        pending = list(header.get("children") or [])
-        while pending:  # read the descendants' headers once each, then sum as list_instances does
-            child = pending.pop()
-            if child in by_id or child == header.get("instanceId"):
-                continue
-            try:
-                by_id[child] = await self._rt.store.read_header(child)
-            except InstanceNotFoundError:
-                continue
-            pending.extend(by_id[child].get("children") or [])
-        return by_id
+        return await _reading.descendant_headers(self._rt.store, header)
 
     async def tree_approvals(self, instance_id: str) -> list[PendingApproval]:
-        """Return every undecided call in the subtree of ``instance_id``, read from the store.
-
-        Depth first, in the order the agents were started, an instance's own calls before its
-        children's. Each entry carries ``instance_id`` (its holder) and ``path`` (from
-        ``instance_id`` down to the holder, each ``{"instanceId", "name"}``).
-        """
-        out: list[PendingApproval] = []
-
-        def walk(node: Mapping[str, Any], path: tuple[Mapping[str, Any], ...]) -> None:
-            here = (*path, {"instanceId": node["instanceId"], "name": node["name"]})
-            for raw in node["pendingApprovals"]:
-                entry = converter.structure(raw, PendingApproval)
-                out.append(attrs.evolve(entry, instance_id=node["instanceId"], path=here))
-            for child in node["children"]:
-                walk(child, here)
-
-        walk(await self.tree(instance_id), ())
-        return out
+        """Return every undecided call in the subtree of ``instance_id``, read from the store."""
+        return await _reading.tree_approvals(self._rt.store, instance_id)
 
     async def tree(self, instance_id: str) -> dict[str, Any]:
-        """Return the instance tree below ``instance_id`` as nested objects (``show --json``'s ``tree``).
-
-        Each node: ``instanceId``, ``name``, ``state``, ``stopReason``, ``turns``, ``depth``,
-        ``pendingApprovals`` (its own undecided calls), ``waitingOn`` (undecided calls in its
-        subtree), ``cost``, ``subtreeCost``, ``forkedFrom`` and ``children`` (nodes).
-        """
-        header = await self._rt.store.read_header(instance_id)
-        by_id = {**await self.descendant_headers(header), header.get("instanceId"): header}
-        return tree_node(header, by_id, set())
+        """Return the instance tree below ``instance_id`` as nested objects (:func:`loopwright._reading.tree`)."""
+        return await _reading.tree(self._rt.store, instance_id)
 
     async def trees(self) -> list[dict[str, Any]]:
-        """Return every tree in the store (``ls --tree``): one node per root, oldest first.
-
-        A root is an instance no listed instance started (its spawner is gone or it has none).
-        """
-        headers = await self._rt.store.list_headers()
-        by_id = {h.get("instanceId"): h for h in headers}
-        return [tree_node(h, by_id, set()) for h in headers if h.get("spawnerInstanceId") not in by_id]
+        """Return every tree in the store, one node per root, oldest first (:func:`loopwright._reading.trees`)."""
+        return await _reading.trees(self._rt.store)
 
     def stalled(self, instance_id: str) -> bool:
         """Whether the instance can go on only after a person decides calls held in its tree.

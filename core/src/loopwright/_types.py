@@ -7,11 +7,12 @@ anybody. JSON forms (on disk and under ``--json``) use camelCase; see :mod:`loop
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import attrs
+
+from loopwright._states import State, StopReason, ToolStatus
 
 __all__ = [
     "AgentResult",
@@ -38,45 +39,6 @@ __all__ = [
 ]
 
 Role = Literal["system", "user", "assistant", "tool"]
-
-
-class State(enum.StrEnum):
-    """The state of an instance (seed 000)."""
-
-    RUNNING = "running"
-    WAITING = "waiting"
-    WAITING_FOR_APPROVAL = "waiting_for_approval"
-    STOPPED = "stopped"
-    ERROR = "error"
-
-
-class StopReason(enum.StrEnum):
-    """Why a run segment ended."""
-
-    COMPLETED = "completed"
-    WAITING = "waiting"
-    WAITING_FOR_APPROVAL = "waiting_for_approval"
-    MAX_ITERATIONS = "max_iterations"
-    LIMIT_EXCEEDED = "limit_exceeded"
-    CONTENT_FILTER = "content_filter"
-    OUTPUT_INVALID = "output_invalid"
-    CANCELLED = "cancelled"
-    ERROR = "error"
-
-
-class ToolStatus(enum.StrEnum):
-    """How a tool call came back. Every call gets exactly one result with one of these."""
-
-    SUCCESS = "success"
-    INVALID_ARGUMENTS = "invalid_arguments"
-    UNKNOWN_TOOL = "unknown_tool"
-    TOOL_ERROR = "tool_error"
-    TOOL_FAILED = "tool_failed"
-    TIMEOUT = "timeout"
-    DENIED = "denied"
-    BLOCKED = "blocked"
-    SKIPPED = "skipped"
-    UNKNOWN_OUTCOME = "unknown_outcome"
 
 
 @attrs.frozen(kw_only=True)

@@ -7,7 +7,8 @@ their temp files written, one ``syncfs(2)`` for the filesystem, then each rename
 
 A part of :class:`~loopwright.builtins.file_store.FileStore` (a mixin). The module globals
 ``_write_all`` and ``_syncfs`` are the patch points of the kill matrix (``tests/crash``) and of the
-tests: every header rewrite goes through them.
+tests: every header rewrite goes through them. ``syncfs(2)`` is looked up on the first group
+commit, so that a process that only reads the store (``loopwright ls``) never loads ctypes.
 """
 
 from __future__ import annotations
@@ -16,9 +17,8 @@ import contextlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-import anyio
 import attrs
 
 from loopwright.builtins._file_io import (
@@ -33,11 +33,24 @@ from loopwright.builtins._file_io import (
 )
 from loopwright.errors import InstanceNotFoundError, StoreError
 
+if TYPE_CHECKING:
+    import anyio
+
 __all__ = ["Headers"]
 
 # Module globals, so that the kill matrix (tests/crash/crash_plugin.py) and the tests can wrap them.
 _write_all = write_all
-_syncfs: Final = load_syncfs()
+_UNLOADED: Final = object()
+#: ``syncfs(2)`` (or ``None`` where there is none) once :func:`_loaded_syncfs` looked it up; a test may set it first.
+_syncfs: Any = _UNLOADED
+
+
+def _loaded_syncfs() -> Any:
+    """Return ``_syncfs``, looking ``syncfs(2)`` up on first use (ctypes only for group commits)."""
+    global _syncfs  # noqa: PLW0603 - looked up once, a patch point
+    if _syncfs is _UNLOADED:
+        _syncfs = load_syncfs()
+    return _syncfs
 
 
 class Headers:
@@ -69,6 +82,8 @@ class Headers:
         self._header_queue.append(pending)
         # Shielded, like the inline write: a cancelled writer must not leave its header queued,
         # to land later over a newer one.
+        import anyio  # noqa: PLC0415 - only for group commits: keeps readers of the store (ls, show) cheap
+
         with anyio.CancelScope(shield=True):
             while not pending.done:
                 if self._committing is not None:
@@ -101,7 +116,8 @@ class Headers:
         Where ``syncfs`` is not available (not Linux), or the group is a single header, each is
         written as :meth:`_replace_header` writes one. Runs in a worker thread.
         """
-        if len(group) == 1 or _syncfs is None:
+        syncfs = _loaded_syncfs() if len(group) > 1 else None
+        if syncfs is None:
             for p in group:
                 self._replace_one(p)
             return
@@ -111,7 +127,7 @@ class Headers:
         # One flush of the filesystem the store is on makes every temp file above durable
         # (what an fsync of each would do, with one disk flush instead of one per header).
         try:
-            _syncfs(self.root)
+            syncfs(self.root)
         except OSError as exc:
             for p, tmp in ready:
                 with contextlib.suppress(OSError):

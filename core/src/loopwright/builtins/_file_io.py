@@ -181,10 +181,11 @@ def load_syncfs() -> Callable[[Path], None] | None:
     if not sys.platform.startswith("linux"):
         return None
     import ctypes  # noqa: PLC0415 - only on Linux, once
-    import ctypes.util  # noqa: PLC0415
 
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        # The process's own symbols, libc's among them: ctypes.util.find_library would run
+        # ldconfig in a child process (tens of milliseconds) to find the same library.
+        libc = ctypes.CDLL(None, use_errno=True)
         call = libc.syncfs
     except (OSError, AttributeError):
         return None

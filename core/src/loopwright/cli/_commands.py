@@ -2,11 +2,15 @@
 
 Each public function here takes the :class:`~loopwright.cli.CliSettings` and the parsed
 arguments of one command, and returns its exit code. Async work runs under :func:`anyio.run`:
-this is the only place loopwright goes from sync to async.
+this is the only place loopwright goes from sync to async (with
+:meth:`loopwright._reading.BareStore.run`, which ``ls`` and ``show`` call).
 
-What only some commands use is imported inside them (the live display and the terminal
-question for the commands that follow a run, the worker loop, entry-point metadata for
-``plugins``), so that ``ls`` and ``show`` import no more than reading the store takes.
+What only some commands use is imported inside them (the runtime and anyio, the live display
+and the terminal question for the commands that follow a run, the worker loop, entry-point
+metadata for ``plugins``), so that ``ls`` and ``show`` import no more than reading the store
+takes: on an assembly a bare store can serve (:func:`loopwright._reading.bare_store`: a
+built-in store and nothing else to open) they read it without a runtime, and without an event
+loop for the file store; on any other, they open a runtime as every command does.
 """
 
 from __future__ import annotations
@@ -17,13 +21,12 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import anyio
 import attrs
 import click
 
-from loopwright._plugins import BUILTIN_PLUGINS
-from loopwright._runtime import AgentRun, Runtime, summary
-from loopwright._types import State
+from loopwright import _reading
+from loopwright._states import State
+from loopwright._views import summary
 from loopwright.cli._exits import EXIT_OK, EXIT_USAGE, CliError
 from loopwright.cli._output import (
     echo_json,
@@ -37,6 +40,9 @@ from loopwright.display import safe_json, safe_text
 from loopwright.errors import ConfigError, InstanceNotFoundError, LoopwrightError, StoreError
 
 if TYPE_CHECKING:
+    from loopwright._definition import Assembly
+    from loopwright._runtime import AgentRun, Runtime
+    from loopwright.abc import Store
     from loopwright.cli._main import CliSettings
 
 __all__ = [
@@ -63,22 +69,37 @@ def _sync(fn: Callable[..., Awaitable[int]]) -> Callable[..., int]:
     """Run an async command function under ``anyio.run``."""
     @functools.wraps(fn)
     def wrapper(*args: Any) -> int:
+        import anyio  # noqa: PLC0415 - the event loop only for commands that need one: keeps ls and show cheap
+
         return anyio.run(functools.partial(fn, *args))
     return wrapper
 
 
-def _runtime(settings: CliSettings) -> Runtime:
-    """Return the runtime of the assembly the options name (not opened yet).
+def _runtime(settings: CliSettings, assembly: Assembly | None = None) -> Runtime:
+    """Return the runtime of the assembly the options name, or of ``assembly`` once loaded (not opened yet).
 
     On an interactive terminal (and without ``--json``), shell commands under an ``approval``
     grant are asked about at the terminal; elsewhere they wait at the loop's approval gate.
     """
-    interactive = not settings.json and sys.stdin.isatty() and sys.stderr.isatty()
-    if not interactive:
-        return Runtime.from_file(settings.assembly_path())
-    from loopwright.cli._progress import terminal_approver  # noqa: PLC0415 - only on a terminal, for a cheap start
+    from loopwright._runtime import Runtime  # noqa: PLC0415 - the runtime only for commands that open one: keeps ls and show cheap
 
-    return Runtime.from_file(settings.assembly_path(), shell_approver=terminal_approver)
+    interactive = not settings.json and sys.stdin.isatty() and sys.stderr.isatty()
+    kwargs: dict[str, Any] = {}
+    if interactive:
+        from loopwright.cli._progress import terminal_approver  # noqa: PLC0415 - only on a terminal, for a cheap start
+
+        kwargs["shell_approver"] = terminal_approver
+    if assembly is not None:
+        return Runtime(assembly, **kwargs)
+    return Runtime.from_file(settings.assembly_path(), **kwargs)
+
+
+def _assembly(settings: CliSettings) -> Assembly:
+    """Return the assembly the options name, as :meth:`Runtime.from_file <loopwright.Runtime.from_file>` loads it."""
+    from loopwright._config import assembly_from_file  # noqa: PLC0415 - the loader only when a command reads the assembly
+    from loopwright._definition import Assembly  # noqa: PLC0415 - with the loader
+
+    return assembly_from_file(settings.assembly_path()) or Assembly()
 
 
 async def _lookup(rt: Runtime, instance_id: str) -> AgentRun:
@@ -86,27 +107,27 @@ async def _lookup(rt: Runtime, instance_id: str) -> AgentRun:
     try:
         return await rt.get_agent(instance_id)
     except InstanceNotFoundError:
-        raise CliError(_not_found(rt, instance_id), EXIT_USAGE) from None
+        raise CliError(_not_found(rt.store, instance_id), EXIT_USAGE) from None
     except StoreError as exc:
         if "invalid instance id" in str(exc):
             raise CliError(str(exc), EXIT_USAGE) from None
         raise
 
 
-async def _header(rt: Runtime, instance_id: str) -> dict[str, Any]:
+async def _header(store: Store, instance_id: str) -> dict[str, Any]:
     """Return the saved header of ``instance_id``, with the same errors as :func:`_lookup`."""
     try:
-        return await rt.store.read_header(instance_id)
+        return await store.read_header(instance_id)
     except InstanceNotFoundError:
-        raise CliError(_not_found(rt, instance_id), EXIT_USAGE) from None
+        raise CliError(_not_found(store, instance_id), EXIT_USAGE) from None
     except StoreError as exc:
         if "invalid instance id" in str(exc):
             raise CliError(str(exc), EXIT_USAGE) from None
         raise
 
 
-def _not_found(rt: Runtime, instance_id: str) -> str:
-    where = ", ".join(str(p) for p in rt.store.locations())
+def _not_found(store: Store, instance_id: str) -> str:
+    where = ", ".join(str(p) for p in store.locations())
     return (f"no instance {instance_id!r} in the store{' at ' + where if where else ''} "
             "('loopwright ls' lists them)")
 
@@ -374,25 +395,25 @@ async def cancel(settings: CliSettings, instance_id: str) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-@_sync
-async def show(settings: CliSettings, instance_id: str) -> int:
+def show(settings: CliSettings, instance_id: str) -> int:
     """``loopwright show``: one instance's summary, and the tree of the agents it started."""
-    async with _runtime(settings) as rt:
-        header = await _header(rt, instance_id)
-        data = await rt.summary(instance_id)
+    async def query(store: Store) -> int:
+        header = await _header(store, instance_id)
+        data = await _reading.instance_summary(store, instance_id)
         if settings.json:
             echo_json(data)
         else:
             print_instance(data, header)
         return EXIT_OK
 
+    return _read(settings, query)
 
-@_sync
-async def ls(settings: CliSettings, state: str | None, tree: bool = False) -> int:
+
+def ls(settings: CliSettings, state: str | None, tree: bool = False) -> int:
     """``loopwright ls``: every instance's summary, optionally only those in ``state``; or every tree."""
-    async with _runtime(settings) as rt:
+    async def query(store: Store) -> int:
         if tree:
-            trees = await rt.trees()
+            trees = await _reading.trees(store)
             if settings.json:
                 echo_json(trees)
             elif not trees:
@@ -401,19 +422,36 @@ async def ls(settings: CliSettings, state: str | None, tree: bool = False) -> in
                 for node in trees:
                     print_tree(node)
             return EXIT_OK
-        summaries = await rt.list_instances(state)
+        summaries = await _reading.list_instances(store, state)
         if settings.json:
             echo_json(summaries)
         else:
             print_instances(summaries)
         return EXIT_OK
 
+    return _read(settings, query)
+
+
+def _read(settings: CliSettings, query: Callable[[Store], Awaitable[int]]) -> int:
+    """Run ``query`` on the assembly's store: a bare store when one serves it, else an opened runtime's."""
+    assembly = _assembly(settings)
+    bare = _reading.bare_store(assembly)
+    if bare is not None:
+        return bare.run(query)
+
+    @_sync
+    async def in_runtime() -> int:
+        async with _runtime(settings, assembly) as rt:
+            return await query(rt.store)
+
+    return in_runtime()
+
 
 @_sync
 async def records(settings: CliSettings, instance_id: str, kinds: Sequence[str]) -> int:
     """``loopwright records``: the record log as JSON lines (``--json`` changes nothing), safe to show."""
     async with _runtime(settings) as rt:
-        await _header(rt, instance_id)
+        await _header(rt.store, instance_id)
         wanted = set(kinds)
         for record in await rt.records(instance_id):
             if not wanted or record.get("kind") in wanted:
@@ -429,6 +467,13 @@ async def worker(settings: CliSettings, poll: float, max_concurrent: int, once: 
     return await serve(settings, poll, max_concurrent, once, grace)
 
 
+def _runtime_from_file(settings: CliSettings) -> Runtime:
+    """Return ``Runtime.from_file`` of the assembly the options name (no terminal approver)."""
+    from loopwright._runtime import Runtime  # noqa: PLC0415 - the runtime only for commands that open one: keeps ls and show cheap
+
+    return Runtime.from_file(settings.assembly_path())
+
+
 def server(settings: CliSettings, host: str, port: int) -> int:
     """``loopwright serve``: the HTTP API over the assembly's store, until SIGTERM or Ctrl-C.
 
@@ -442,7 +487,7 @@ def server(settings: CliSettings, host: str, port: int) -> int:
     except ImportError as exc:
         raise CliError(f'loopwright serve needs the loopwright-serve package: pip install "loopwright[serve]" '
                        f"({exc})", EXIT_USAGE) from None
-    rt = Runtime.from_file(settings.assembly_path())
+    rt = _runtime_from_file(settings)
     server_settings = loopwright_serve.ServerSettings.from_runtime(rt)
     server_settings.check_host(host)
     app = loopwright_serve.build_app(loopwright_serve.ServeContext(rt, server_settings))
@@ -467,6 +512,8 @@ def mcp_serve(settings: CliSettings) -> int:
         raise CliError(f'loopwright mcp-serve needs the loopwright-serve package: pip install "loopwright[serve]" '
                        f"({exc})", EXIT_USAGE) from None
     config = settings.assembly_path()
+    import anyio  # noqa: PLC0415 - the event loop only for commands that need one: keeps ls and show cheap
+
     anyio.run(serve_stdio, str(config) if config is not None else None)
     return EXIT_OK
 
@@ -485,6 +532,8 @@ _REGISTRY_KEYS = {
 
 def plugins(settings: CliSettings) -> int:
     """``loopwright plugins``: each plugin in load order, where it came from and what it registered."""
+    from loopwright._plugins import BUILTIN_PLUGINS  # noqa: PLC0415 - the plugin host only for plugins: keeps ls and show cheap
+
     rt = _runtime(settings)
     rt.load_plugins()
     host = rt.plugins
@@ -569,9 +618,12 @@ class _RunChecks:
 
     def problems(self, file: str, kind: str) -> list[Any]:
         """Return the problems ``run`` would refuse ``file`` (a ``definition`` or an ``assembly``) for."""
+        import anyio  # noqa: PLC0415 - the event loop only for commands that need one: keeps ls and show cheap
+
         return anyio.run(self._check, Path(file), kind)
 
     async def _check(self, file: Path, kind: str) -> list[Any]:
+        from loopwright._runtime import Runtime  # noqa: PLC0415 - the runtime only for validate -c: keeps ls and show cheap
         from loopwright.errors import CapabilityError, ConfigError, ConfigProblem, PluginError  # noqa: PLC0415
 
         assembly = file if kind == "assembly" else self._assembly

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from loopwright._convert import converter
-from loopwright._runtime import result_to_json
-from loopwright._types import State, StopReason
+from loopwright._states import State, StopReason
+from loopwright._views import result_to_json
 from loopwright.cli._exits import EXIT_APPROVAL, EXIT_CANCELLED, EXIT_ERROR, EXIT_OK
 from loopwright.display import safe_json, safe_text
 
