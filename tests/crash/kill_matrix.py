@@ -928,9 +928,9 @@ def point_category(point: str, command: str = "run") -> str:  # noqa: C901, PLR0
         return f"during a tool call: {phase} its effect"
     if kind == "spawn":
         return "in run_agent_async: " + {
-            "before": "before the child is created", "created": "the child created, its first segment not started",
-            "started": "the child started, the caller's header not listing it",
-            "linked": "the caller's header lists the child, the call's result not saved"}[phase]
+            "before": "before anything is made", "linked": "the caller's header lists the child, not yet created",
+            "created": "the child created, its first segment not started",
+            "started": "the child started, the call's result not saved"}[phase]
     if kind == "held":
         return "in a tree: the child's held call saved, its awaiting parent killed"
     if kind == "await":
