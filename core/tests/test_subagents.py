@@ -587,3 +587,92 @@ def test_loopwright_run_waits_for_the_agents_it_started(tmp_path: Path) -> None:
                  if json.loads((p / "instance.json").read_text())["name"] == "helper"]
     child = json.loads((folder / "instance.json").read_text())
     assert (child["state"], child["text"]) == ("waiting", "child done")
+
+
+async def test_the_caller_lists_its_child_before_the_child_exists(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The caller's saved header lists the child's id before the child is created (issue 17), so a
+    process stopped in between never leaves a child outside its caller's tree."""
+    parent = Harness(reply(None, call("run_agent_async", agentSwarmUri="helper", prompt="x")),
+                     lambda req: reply(json.dumps(last_result(req))), provider="p")
+    child = Harness(reply("done"), provider="c")
+    path = helper_file(tmp_path / "agents")
+    async with make_runtime(tmp_path, parent, child, capabilities=SPAWN,
+                            agent_definitions={"helper": str(path)}) as rt:
+        listed_when_created: dict[str, Any] = {}
+        create_leased = type(rt.store).create_leased
+
+        async def spy(store: Any, instance_id: str, header: Any, owner: str) -> Any:
+            spawner = header.get("spawnerInstanceId")
+            if spawner:
+                listed_when_created[instance_id] = (await store.read_header(spawner)).get("children")
+            return await create_leased(store, instance_id, header, owner)
+
+        monkeypatch.setattr(type(rt.store), "create_leased", spy)
+        run, result = await run_to_rest(rt, defn(model="p:m", tools=parent_tools()))
+        await rt.wait_idle()
+        child_id = json.loads(result.text or "")["instanceId"]
+        assert listed_when_created == {child_id: [child_id]}
+        assert (await rt.store.read_header(run.instance_id))["children"] == [child_id]
+
+
+async def test_a_child_that_cannot_start_leaves_its_callers_list(tmp_path: Path) -> None:
+    """A definition error found as the child is created (a required input not given) is a tool_error,
+    and the id listed for the child leaves the caller's saved header again: no child, none listed."""
+    parent = Harness(reply(None, call("run_agent_async", agentSwarmUri="helper", prompt="x")),
+                     lambda req: reply(json.dumps(tool_results(req))), provider="p")
+    folder = tmp_path / "agents"
+    folder.mkdir()
+    path = folder / "helper.yaml"
+    path.write_text("name: helper\nmodel: p:m\ninputs:\n  topic: string\ntools: [task_complete]\n")
+    async with make_runtime(tmp_path, parent, capabilities=SPAWN, agent_definitions={"helper": str(path)}) as rt:
+        run, result = await run_to_rest(rt, defn(model="p:m", tools=parent_tools()))
+        ((name, status, content),) = json.loads(result.text or "")
+        assert (name, status) == ("run_agent_async", ToolStatus.TOOL_ERROR.value)
+        assert "cannot start 'helper'" in content
+        assert "topic" in content
+        assert not (await rt.store.read_header(run.instance_id)).get("children")
+        assert len(await rt.list_instances()) == 1
+
+
+async def test_a_listed_child_that_was_never_created_is_skipped(tmp_path: Path) -> None:
+    """An id a caller listed for a child a stopped process never created names no instance: the tree,
+    its costs, its approvals, the summary, the listing and a fork's note leave it out; await_agent
+    refuses it as any id it cannot reach."""
+    parent = Harness(reply(None, call("run_agent_async", agentSwarmUri="helper", prompt="x")),
+                     lambda req: reply(None, call("await_agent", ids=[last_result(req)["instanceId"]])),
+                     reply("parent done"), provider="p", priced=True)
+    child = Harness(reply("child done", usage=Usage(input_tokens=1000, output_tokens=100, total_tokens=1100,
+                                                    requests=1)), provider="c", priced=True)
+    path = helper_file(tmp_path / "agents")
+    pricing = {"p:m": {"input": 1.0, "output": 10.0}, "c:m": {"input": 1.0, "output": 10.0}}
+    ghost = "20261202-000000-deadbeef"
+    async with make_runtime(tmp_path, parent, child, capabilities=SPAWN, pricing=pricing,
+                            agent_definitions={"helper": str(path)}) as rt:
+        run, result = await run_to_rest(rt, defn(model="p:m", tools=parent_tools()))
+        assert result.text == "parent done"
+        before = await rt.subtree_cost(run.instance_id)
+        header = await rt.store.read_header(run.instance_id)
+        (child_id,) = header["children"]
+        await rt.store.write_header(run.instance_id, {**header, "children": [child_id, ghost]})
+    parent.replies += [reply(None, call("await_agent", ids=[ghost])), lambda req: reply(json.dumps(tool_results(req)))]
+    async with make_runtime(tmp_path, parent, child, capabilities=SPAWN, pricing=pricing,
+                            agent_definitions={"helper": str(path)}) as rt:
+        assert before is not None
+        assert await rt.subtree_cost(run.instance_id) == pytest.approx(before)
+        tree = await rt.tree(run.instance_id)
+        assert [c["instanceId"] for c in tree["children"]] == [child_id]
+        assert tree["subtreeCost"] == pytest.approx(before)
+        assert await rt.tree_approvals(run.instance_id) == []
+        shown = await rt.summary(run.instance_id)
+        assert shown["subtreeCost"] == pytest.approx(before)
+        assert {s["instanceId"] for s in await rt.list_instances()} == {run.instance_id, child_id}
+        fork = await rt.fork(run.instance_id)
+        note = fork.inst.transcript[-1].content or ""
+        assert child_id in note
+        assert ghost not in note
+        again = await rt.get_agent(run.instance_id)
+        await again.message("wait for the ghost")
+        ((name, status, content),) = json.loads((await again.wait()).text or "")
+        assert (name, status) == ("await_agent", ToolStatus.TOOL_ERROR.value)
+        assert "not one this agent can reach" in content

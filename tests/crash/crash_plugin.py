@@ -53,11 +53,11 @@ itself (``os.kill(os.getpid(), SIGKILL)``) when the first of them is reached, af
     At the N-th append to the record log.
 
 ``spawn:N:PHASE``
-    In the N-th ``run_agent_async`` of this process that starts a child (``Agents.start``). PHASE
-    ``before``: nothing made; ``created``: the child's header saved (its lease held), its first
-    segment not started (its log empty); ``started``: its first segment started in the
-    background, the caller's header not yet listing it; ``linked``: the caller's header lists it
-    (saved), the call's result not yet returned.
+    In the N-th ``run_agent_async`` of this process that starts a child (``Agents.start``). In
+    the order they come: PHASE ``before``: nothing made; ``linked``: the caller's header lists
+    the child's id (saved), the child not yet created; ``created``: the child's header saved (its
+    lease held), its first segment not started (its log empty); ``started``: its first segment
+    started in the background, the call's result not yet returned.
 ``await:N:PHASE``
     In the N-th ``await_agent`` wait of this process (``Agents.wait``). ``before``: nothing looked
     at yet; ``after``: the child's report made, the call's result not yet returned.
@@ -782,11 +782,11 @@ def _install_agent_points() -> None:  # noqa: C901 - one wrapper per step
         if armed is not None and armed[0] == "created":
             die(armed[1])
         await first_segment(self, run, held)
+        if armed is not None and armed[0] == "started":
+            die(armed[1])
 
     async def recorder_write_header(self: Any, inst: Any) -> None:
         armed = _spawning.get(inst.id)
-        if armed is not None and armed[0] == "started":
-            die(armed[1])
         await write_header(self, inst)
         if armed is not None and armed[0] == "linked":
             die(armed[1])

@@ -96,6 +96,30 @@ def test_the_checks_catch_broken_invariants(tmp_path: Path) -> None:
     assert {"log lines", "load"} <= set(broken(garbage_line))
 
 
+def test_the_tree_checks_catch_a_child_the_root_does_not_list(tmp_path: Path) -> None:
+    """A child missing from the root's ``children``, or an id listed for no instance without a kill
+    to explain it, is reported: the listing is strict since orphan-child was fixed (issue 17)."""
+    outcome = kill_matrix.run_scenario(tmp_path, Scenario(0, kill_matrix.TREE_SCENARIO, (Stage("plain"),)))
+    assert outcome.violations == []
+    root = outcome.instance_id
+    assert root is not None
+    folder = tmp_path / outcome.scenario.name
+
+    def listing(children: Callable[[list[str]], list[str]]) -> list[str]:
+        copy = tmp_path / f"copy-{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(folder, copy)
+        path = copy / "store" / root / "instance.json"
+        header = json.loads(path.read_text())
+        header["children"] = children(header["children"])
+        path.write_text(json.dumps(header))
+        return [v.message for v in kill_matrix.check_tree(copy, kill_matrix.Outcome(outcome.scenario))
+                if v.check == "tree"]
+
+    assert any("lists children" in m for m in listing(lambda _listed: []))
+    assert any("lists children" in m for m in listing(lambda listed: [*listed, "20261202-000000-deadbeef"]))
+    assert any("lists children" in m for m in listing(lambda listed: listed * 2))
+
+
 def test_the_plan_is_a_function_of_the_seed() -> None:
     """The same seed plans the same scenarios; at CI size every curated point runs, and they cover every kind."""
     assert kill_matrix.plan(120, 7) == kill_matrix.plan(120, 7)

@@ -148,9 +148,16 @@ def test_a_trees_records_are_valid_against_the_record_schema(tree: kill_matrix.O
     assert [str(v) for v in tree.violations] == []
 
 
-@pytest.mark.xfail(strict=True, reason="orphan-child: a child created before its caller's header listed it is "
-                                       "not in the root's tree (left out of the subtree cost, its held calls "
-                                       "cannot be decided from the root)")
 def test_a_child_created_before_its_caller_listed_it_is_in_the_callers_tree(tmp_path: Path) -> None:
-    """Killed in run_agent_async after the child started, before the caller's header lists it: the root lists it."""
+    """Killed in run_agent_async after the child started, before the call's result is saved: the root lists it.
+
+    Issue 17 (``orphan-child``): the caller listed the child only after creating it, so a kill in
+    between left a child outside the root's tree (its cost out of the subtree cost, its held
+    calls out of reach of ``approve ROOT --call``).
+    """
     assert _violations(tmp_path, "tree", "spawn:1:started") == []
+
+
+def test_a_child_id_listed_before_the_child_was_created_is_skipped(tmp_path: Path) -> None:
+    """Killed in run_agent_async after the caller listed the child's id, before creating it: the tree rests clean."""
+    assert _violations(tmp_path, "tree", "spawn:1:linked") == []

@@ -26,7 +26,9 @@ An :class:`Agents` object is handed to the agent tools (``run_agent_async``, ``a
   is saved as its ``budget``, a ceiling that also holds after a restart. ``agents.maxAgents``
   bounds the agents started in a tree (each ancestor's count, finished ones included).
 * **Cost.** A child's id is kept in its caller's header (``children``), so the caller's subtree
-  cost includes it (:meth:`loopwright.Runtime.subtree_cost`).
+  cost includes it (:meth:`loopwright.Runtime.subtree_cost`). The id is saved there before the
+  child is created, so a crash never leaves a child outside its caller's tree; an id listed for a
+  child that was never created (a crash in between) names no instance and is skipped.
 
 Every refusal is a :class:`~loopwright.errors.ToolError`: the model sees why, and the run goes on.
 """
@@ -44,7 +46,7 @@ import anyio
 from loopwright._capabilities import is_within
 from loopwright._definition import gates_of, with_gates
 from loopwright._duration import parse_duration
-from loopwright._instance import now_iso
+from loopwright._instance import new_id, now_iso
 from loopwright._monitors import RESTING, Monitors, parse_context_at
 from loopwright._types import State
 from loopwright.errors import ConfigError, InstanceLockedError, InstanceNotFoundError, ToolError
@@ -120,17 +122,24 @@ class Agents:
         if budget:
             links["budget"] = budget
         _count_agent(lineage, 1)  # before the first await: agents started in parallel cannot all pass the check
+        # The child's id is listed in the caller's header, saved, before the child exists: a process
+        # stopped anywhere from here on leaves it in the caller's tree (issue 17). So a listed id may
+        # name no instance (stopped before it was created); the tree views skip such an id.
+        child = new_id()
+        listed = caller.header.setdefault("children", [])
+        listed.append(child)
         try:
-            run = await rt.create_run(defn, None, prompt, grants=grants, links=links, spawner=caller)
-        except ConfigError as exc:
+            await rt.write_header(caller)
+            run = await rt.create_run(defn, None, prompt, grants=grants, instance_id=child, links=links,
+                                      spawner=caller)
+        except ConfigError as exc:  # raised before the child is created: it leaves the list again
             _count_agent(lineage, -1)
+            listed.remove(child)
+            await rt.write_header(caller)
             raise ToolError(f"cannot start {swarm_uri!r}: {exc}") from exc
         except BaseException:
             _count_agent(lineage, -1)
             raise
-        child = run.instance_id
-        caller.header.setdefault("children", []).append(child)
-        await rt.write_header(caller)
         rt.queue_record(caller.id, "agent", {"action": "start", "instanceId": child, "definition": defn.name,
                                              "toolCallId": self.tool_call_id})
         return {"instanceId": child, "name": defn.name, "state": run.inst.state.value}

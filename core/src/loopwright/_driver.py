@@ -12,7 +12,6 @@ segments for cancel requests.
 from __future__ import annotations
 
 import logging
-import secrets
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -31,6 +30,7 @@ from loopwright._instance import (
     Instance,
     fold_checkpoint,
     message_to_json,
+    new_id,
     now_iso,
     shown_call,
     unanswered_calls,
@@ -402,8 +402,3 @@ def _history_json(defn: Definition, history: Sequence[Message]) -> list[dict[str
                               f"and no tool calls (got role {message.role!r})")
         out.append({"role": message.role, "content": message.content})
     return out
-
-
-def new_id() -> str:
-    """Return a new instance id: the UTC time, then 8 random hex digits."""
-    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(4)

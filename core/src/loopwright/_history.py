@@ -11,8 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from loopwright._capabilities import capabilities_to_dict
-from loopwright._driver import new_id
-from loopwright._instance import history_at, message_to_json, now_iso, rebuild, unanswered_calls
+from loopwright._instance import history_at, message_to_json, new_id, now_iso, rebuild, unanswered_calls
 from loopwright._lease import held_lease
 from loopwright._types import Message, State, StopReason
 from loopwright.errors import InstanceNotFoundError, LoopwrightError
@@ -80,6 +79,13 @@ class History:
                 later.append(str(child))
         return messages, at, later
 
+    async def _exists(self, instance_id: str) -> bool:
+        try:
+            await self._rt.store.read_header(instance_id)
+        except InstanceNotFoundError:
+            return False
+        return True
+
     async def fork(self, instance_id: str, at_turn: int | None = None) -> AgentRun:
         """Create a new instance whose history is ``instance_id``'s up to the end of ``at_turn``.
 
@@ -108,7 +114,8 @@ class History:
             "forkedFrom": {"instanceId": instance_id, "turn": at}, "createdAt": now_iso(), "updatedAt": now_iso(),
             "runner": self._rt.owner, "turns": at, "usage": {}, "cost": 0.0, "toolCallsStarted": 0,
         })
-        children = [str(c) for c in original.get("children") or []]
+        # A listed id may name no instance: its caller stopped after listing it, before creating it.
+        children = [str(c) for c in original.get("children") or [] if await self._exists(str(c))]
         if children:
             messages.append(Message(role="user", source="runtime", content=_fork_note(instance_id, at, children,
                                                                                         later)))

@@ -50,9 +50,9 @@ class AgentHost(Protocol):
         """Continue an instance a crash left ``running``."""
 
     async def create_run(self, defn: Definition, inputs: Mapping[str, Any] | None, prompt: str | None, *,
-                         grants: Capabilities, links: Mapping[str, Any] | None = None,
-                         spawner: Instance | None = None) -> AgentRun:
-        """Create an instance with exactly ``grants`` and start it."""
+                         grants: Capabilities, instance_id: str | None = None,
+                         links: Mapping[str, Any] | None = None, spawner: Instance | None = None) -> AgentRun:
+        """Create an instance with exactly ``grants`` (and the id ``instance_id``, if given) and start it."""
 
     def load_definition(self, definition: str | os.PathLike[str]) -> Definition:
         """Load a registered or file definition."""

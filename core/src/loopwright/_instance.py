@@ -31,6 +31,7 @@ Nothing is rewritten: saving a turn costs the same at turn 10,000 as at turn 1.
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
@@ -65,6 +66,7 @@ __all__ = [
     "fold_checkpoint",
     "history_at",
     "log_totals",
+    "new_id",
     "now_iso",
     "rebuild",
     "restore",
@@ -94,6 +96,15 @@ def now_iso() -> str:
         text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
         _second = (whole, text)
     return f"{text}.{int((now - whole) * 1000):03d}Z"
+
+
+def new_id() -> str:
+    """Return a new instance id: the UTC time, then 8 random hex digits.
+
+    Below every layer that creates instances, so an id can be chosen before its instance
+    exists: a caller lists its child's id in its header before creating the child (issue 17).
+    """
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(4)
 
 
 def message_to_json(message: Message) -> dict[str, Any]:

@@ -124,10 +124,20 @@ async def _follow(run: AgentRun) -> None:
         activity.heartbeat(run.inst.turn)
         with anyio.move_on_after(HEARTBEAT_EVERY):
             await run.wait()
-        new = [str(c) for c in run.inst.header.get("children") or [] if c not in told]
+        # A caller lists a child before creating it (loopwright issue 17): signal it once it exists.
+        new = [str(c) for c in run.inst.header.get("children") or [] if c not in told and await _exists(run, str(c))]
         if new and run.running:
             # The caller's segment goes on (it may wait for them in await_agent): its workflow
             # starts their child workflows now, so a decision deep in the tree reaches them.
             info = activity.info()
             await activity.client().get_workflow_handle(info.workflow_id or run.instance_id).signal(CHILDREN, new)
             told.update(new)
+
+
+async def _exists(run: AgentRun, instance_id: str) -> bool:
+    """Whether the store holds ``instance_id`` (a child its caller listed may not be created yet)."""
+    try:
+        await run.runtime.store.read_header(instance_id)
+    except InstanceNotFoundError:
+        return False
+    return True
