@@ -22,6 +22,7 @@ when its field differs from the default or is in :attr:`~InstanceHeader.kept`.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -103,13 +104,18 @@ class InstanceHeader:
     kept: frozenset[str] = frozenset()
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> InstanceHeader:
+    def from_json(cls, data: Mapping[str, Any], *, lenient: bool = False) -> InstanceHeader:
         """Return the header a store's JSON object holds (unknown keys in :attr:`extra`).
 
+        :param lenient: For reading only (the JSON views, ``ls``, ``show``): a ``state`` or
+            ``stopReason`` this version does not know is kept as it was saved (a ``str``, so
+            ``ls`` shows it raw) and a list saved as ``null`` reads as empty, instead of being
+            refused. An instance is never run from such a header: loading one to run it fails
+            closed as before.
         :raises cattrs.BaseValidationError: A known key holds a value of the wrong kind (a
-            ``state`` that is no state ...).
+            ``state`` that is no state, unless ``lenient`` ...).
         """
-        return _structure(data)
+        return _structure(data, _structure_lenient if lenient else _structure_fields)
 
     def to_json(self) -> dict[str, Any]:
         """Return the JSON object a store saves (camelCase keys; see the module docstring)."""
@@ -139,8 +145,25 @@ _DEFAULTS: Final = {_KEY[a.name]: [] if a.default == () else a.default
                     for a in _FIELDS if _KEY[a.name] not in ALWAYS}
 
 
+def _keep_unknown(kind: type[enum.Enum]) -> Any:
+    """A hook that reads a value of ``kind``, keeping one this version does not know as it is."""
+    def structure(value: Any, _t: Any) -> Any:
+        try:
+            return None if value is None else kind(value)
+        except ValueError:
+            return value
+    return structure
+
+
+def _null_as_empty(value: Any, _t: Any) -> tuple[Any, ...]:
+    return () if value is None else tuple(value)
+
+
 def _make_converter() -> cattrs.Converter:
     conv = cattrs.Converter()
+    # A number is kept as it was saved (``"cost": 1`` stays ``1``, never ``1.0``): a float
+    # field accepts an int, and the views print the saved value unchanged.
+    conv.register_structure_hook(float, lambda v, _t: v if type(v) is int else float(v))
     # Nested JSON stays the JSON it is: shared, never walked (the definition snapshot is large).
     for kind, out in ((JSONObject, None), (tuple[JSONObject, ...], list), (tuple[str, ...], list)):
         conv.register_structure_hook_func(lambda t, kind=kind: t == kind,
@@ -160,10 +183,16 @@ def _make_converter() -> cattrs.Converter:
 header_converter: Final = _make_converter()
 _structure_fields = header_converter.get_structure_hook(InstanceHeader)
 _unstructure_fields = header_converter.get_unstructure_hook(InstanceHeader)
+#: :meth:`InstanceHeader.from_json` with ``lenient=True``: unknown states kept, ``null`` lists empty.
+_structure_lenient = make_dict_structure_fn(
+    InstanceHeader, header_converter, extra=override(omit=True), kept=override(omit=True),
+    **{a.name: override(rename=_KEY[a.name], struct_hook=(
+        _keep_unknown(State) if a.name == "state" else _keep_unknown(StopReason) if a.name == "stop_reason"
+        else _null_as_empty if str(a.type).startswith("tuple[") else None)) for a in _FIELDS})
 
 
-def _structure(data: Mapping[str, Any]) -> InstanceHeader:
-    header: InstanceHeader = _structure_fields(data, InstanceHeader)
+def _structure(data: Mapping[str, Any], fields: Any) -> InstanceHeader:
+    header: InstanceHeader = fields(data, InstanceHeader)
     extra = {k: v for k, v in data.items() if k not in KNOWN}
     kept = frozenset(k for k, default in _DEFAULTS.items() if k in data and data[k] == default
                      and type(data[k]) is type(default))
