@@ -146,7 +146,7 @@ _DEFAULTS: Final = {_KEY[a.name]: [] if a.default == () else a.default
 
 
 def _keep_unknown(kind: type[enum.Enum]) -> Any:
-    """A hook that reads a value of ``kind``, keeping one this version does not know as it is."""
+    """Return a hook that reads a value of ``kind``, keeping one this version does not know as it is."""
     def structure(value: Any, _t: Any) -> Any:
         try:
             return None if value is None else kind(value)

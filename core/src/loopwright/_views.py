@@ -5,9 +5,9 @@ Each view is a frozen attrs class with snake_case fields, built from an
 state this version does not know as it was saved) or from a value object
 (:class:`~loopwright.AgentResult`, :class:`~loopwright.PendingApproval`), and turned into JSON
 by the one converter :data:`view_converter`: camelCase keys in field order, every documented key
-present, ``null`` where a value is unknown. A field marked :func:`_omit_if_default` is left out
-at its default (an approval's ``decision``, a usage's unknown counts); a field marked
-:func:`_raw` holds saved JSON (a call's arguments, an instance's output) and is copied by
+present, ``null`` where a value is unknown. A field whose metadata has ``_OMIT`` is left
+out at its default (an approval's ``decision``, a usage's unknown counts); one with ``_RAW``
+holds saved JSON (a call's arguments, an instance's output) and is copied by
 reference, never walked. ``show``, ``ls``, ``--json``, the agent tools and the serve plugin print
 these.
 
@@ -59,14 +59,10 @@ __all__ = [
 HeaderLike = Mapping[str, Any] | InstanceHeader
 
 
-def _omit_if_default(default: Any = None) -> Any:
-    """A field the JSON leaves out when it holds ``default``."""
-    return attrs.field(default=default, metadata={"omit_if_default": True})
-
-
-def _raw(default: Any = None) -> Any:
-    """A field holding saved JSON, copied into the view's JSON as it is (never walked)."""
-    return attrs.field(default=default, metadata={"raw": True})
+#: Field metadata: the JSON leaves the field out when it holds its default.
+_OMIT: Final = {"omit_if_default": True}
+#: Field metadata: the field holds saved JSON, copied into the view's JSON as it is (never walked).
+_RAW: Final = {"raw": True}
 
 
 # -- reading a header ------------------------------------------------------------------------
@@ -82,12 +78,12 @@ def header_of(header: HeaderLike) -> InstanceHeader:
 
 
 def _plain(value: Any) -> Any:
-    """A state or stop reason as the views show it: its string, or the saved value this version does not know."""
+    """Return a state or stop reason as the views show it: its string, or the saved value as it is."""
     return value.value if isinstance(value, enum.Enum) else value
 
 
 def _own_cost(header: InstanceHeader) -> float | None:
-    """The instance's own cost for sums: an absent ``cost`` is nothing spent (0.0), a ``null`` one unknown."""
+    """Return the own cost to sum: an absent ``cost`` is nothing spent (0.0), a ``null`` one unknown."""
     return 0.0 if header.cost is None and "cost" not in header.kept else header.cost
 
 
@@ -109,10 +105,10 @@ class ApprovalView:
 
     tool_call_id: Any = None
     tool: Any = None
-    arguments: Any = _raw()
+    arguments: Any = attrs.field(default=None, metadata=_RAW)
     reason: Any = None
     requested_at: Any = None
-    decision: Any = _raw()
+    decision: Any = attrs.field(default=None, metadata=_RAW)
 
     @classmethod
     def of(cls, saved: Mapping[str, Any]) -> ApprovalView:
@@ -138,11 +134,11 @@ class HeldCallView:
 
     tool_call_id: str
     tool: str
-    arguments: Any = _raw()
+    arguments: Any = attrs.field(metadata=_RAW)
     reason: str | None = None
-    instance_id: str | None = _omit_if_default()
-    path: Any = attrs.field(default=None, metadata={"omit_if_default": True, "raw": True})
-    decision: str | None = _omit_if_default()
+    instance_id: str | None = attrs.field(default=None, metadata=_OMIT)
+    path: Any = attrs.field(default=None, metadata=_OMIT | _RAW)
+    decision: str | None = attrs.field(default=None, metadata=_OMIT)
 
     @classmethod
     def of(cls, p: PendingApproval) -> HeldCallView:
@@ -171,11 +167,11 @@ class UsageView:
     input_tokens: int = 0
     output_tokens: int = 0
     total_tokens: int = 0
-    cache_read_tokens: int | None = _omit_if_default()
-    cache_write_tokens: int | None = _omit_if_default()
-    reasoning_tokens: int | None = _omit_if_default()
-    requests: int = _omit_if_default(0)
-    unreported_requests: int = _omit_if_default(0)
+    cache_read_tokens: int | None = attrs.field(default=None, metadata=_OMIT)
+    cache_write_tokens: int | None = attrs.field(default=None, metadata=_OMIT)
+    reasoning_tokens: int | None = attrs.field(default=None, metadata=_OMIT)
+    requests: int = attrs.field(default=0, metadata=_OMIT)
+    unreported_requests: int = attrs.field(default=0, metadata=_OMIT)
 
     @classmethod
     def of(cls, usage: Usage) -> UsageView:
@@ -210,7 +206,7 @@ class ResultView:
     state: str
     stop_reason: str | None
     text: str | None
-    output: Any = _raw()
+    output: Any = attrs.field(metadata=_RAW)
     usage: UsageView
     cost: float | None
     subtree_cost: float | None
@@ -267,7 +263,7 @@ class SummaryView:
     error: str | None
     model: str | None
     pending_approvals: tuple[ApprovalView, ...]
-    usage: Any = _raw()
+    usage: Any = attrs.field(metadata=_RAW)
     cost: float | None
     subtree_cost: float | None
     spawner_instance_id: str | None
@@ -276,7 +272,7 @@ class SummaryView:
     delegation_prompt: str | None
     created_at: str
     updated_at: str
-    children: Any = _raw()
+    children: Any = attrs.field(metadata=_RAW)
     depth: int
 
     @classmethod
@@ -323,7 +319,7 @@ class TreeNode:
     waiting_on: int
     cost: float | None
     subtree_cost: float | None
-    forked_from: Any = _raw()
+    forked_from: Any = attrs.field(metadata=_RAW)
     children: tuple[TreeNode, ...]
 
 
@@ -351,12 +347,12 @@ class AgentReport:
     state: Any
     stop_reason: Any
     text: str | None
-    output: Any = _raw()
+    output: Any = attrs.field(metadata=_RAW)
     error: str | None
     turns: int | None
     cost: float | None
     subtree_cost: float | None
-    context_tokens: Any = _raw()
+    context_tokens: Any = attrs.field(metadata=_RAW)
     pending_approvals: tuple[Any, ...]
 
 
