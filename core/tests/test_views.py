@@ -178,11 +178,16 @@ async def test_results_usage_and_approvals_are_byte_identical(
 
 
 def test_what_is_saved_oddly_is_shown_as_before() -> None:
-    """An unknown state is shown raw (never refused), an int cost stays an int, absent and ``null`` costs differ."""
+    """What ``ls`` and ``show`` print of odd saved values is unchanged.
+
+    An unknown state is shown raw (never refused), an int cost stays an int, absent and ``null``
+    costs differ, a value not of its key's kind is shown as saved.
+    """
     saved = {"instanceId": "a", "name": "n", "state": "sleeping", "stopReason": "dreaming", "createdAt": "c",
              "updatedAt": "u", "children": ["b", "gone"], "cost": 1, "usage": {"inputTokens": 3, "extra": 1},
              "forkedFrom": {"instanceId": "q", "turn": 2}, "queued": True, "depth": 0}
-    absent = {"instanceId": "b", "name": "m", "state": "stopped", "createdAt": "c", "updatedAt": "u"}
+    absent = {"instanceId": "b", "name": 5, "state": "stopped", "createdAt": "c", "updatedAt": "u", "queued": 1,
+              "children": None, "pendingApprovals": None, "turns": 2.0, "cancelled": "yes"}
     unknown = {**absent, "instanceId": "c", "cost": None}
     for by_id in ({"a": saved, "b": absent}, {"a": saved, "b": unknown}):
         for h in by_id.values():

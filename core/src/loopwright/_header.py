@@ -107,13 +107,16 @@ class InstanceHeader:
     def from_json(cls, data: Mapping[str, Any], *, lenient: bool = False) -> InstanceHeader:
         """Return the header a store's JSON object holds (unknown keys in :attr:`extra`).
 
-        :param lenient: For reading only (the JSON views, ``ls``, ``show``): a ``state`` or
-            ``stopReason`` this version does not know is kept as it was saved (a ``str``, so
-            ``ls`` shows it raw) and a list saved as ``null`` reads as empty, instead of being
-            refused. An instance is never run from such a header: loading one to run it fails
-            closed as before.
+        :param lenient: For reading only (the JSON views, ``ls``, ``show``, the loader's checks):
+            never refuse, and read each value as it was saved, converting nothing but a
+            ``state`` or ``stopReason`` this version knows (to :class:`State`, :class:`StopReason`)
+            and a list (to a tuple; ``null`` reads as empty). A value that is not of its field's
+            kind is kept as it is (an unknown state stays its ``str``, so ``ls`` shows it raw;
+            ``"queued": 1`` stays ``1``), so a reader tests it exactly as it tested the saved
+            JSON. The checks that refuse to run a malformed instance are the loader's and
+            :class:`~loopwright._instance.Instance`'s, unchanged (they fail closed as before).
         :raises cattrs.BaseValidationError: A known key holds a value of the wrong kind (a
-            ``state`` that is no state, unless ``lenient`` ...).
+            ``state`` that is no state ...), unless ``lenient``.
         """
         return _structure(data, _structure_lenient if lenient else _structure_fields)
 
@@ -155,8 +158,13 @@ def _keep_unknown(kind: type[enum.Enum]) -> Any:
     return structure
 
 
-def _null_as_empty(value: Any, _t: Any) -> tuple[Any, ...]:
-    return () if value is None else tuple(value)
+def _as_saved(value: Any, _t: Any) -> Any:
+    return value
+
+
+def _as_tuple(value: Any, _t: Any) -> Any:
+    """Read a saved list as a tuple (``null`` as empty); keep anything else as it is."""
+    return () if value is None else tuple(value) if isinstance(value, (list, tuple)) else value
 
 
 def _make_converter() -> cattrs.Converter:
@@ -183,12 +191,12 @@ def _make_converter() -> cattrs.Converter:
 header_converter: Final = _make_converter()
 _structure_fields = header_converter.get_structure_hook(InstanceHeader)
 _unstructure_fields = header_converter.get_unstructure_hook(InstanceHeader)
-#: :meth:`InstanceHeader.from_json` with ``lenient=True``: unknown states kept, ``null`` lists empty.
+#: :meth:`InstanceHeader.from_json` with ``lenient=True``: values as saved, known states typed, lists as tuples.
 _structure_lenient = make_dict_structure_fn(
     InstanceHeader, header_converter, extra=override(omit=True), kept=override(omit=True),
     **{a.name: override(rename=_KEY[a.name], struct_hook=(
         _keep_unknown(State) if a.name == "state" else _keep_unknown(StopReason) if a.name == "stop_reason"
-        else _null_as_empty if str(a.type).startswith("tuple[") else None)) for a in _FIELDS})
+        else _as_tuple if str(a.type).startswith("tuple[") else _as_saved)) for a in _FIELDS})
 
 
 def _structure(data: Mapping[str, Any], fields: Any) -> InstanceHeader:
