@@ -23,6 +23,7 @@ when its field differs from the default or is in :attr:`~InstanceHeader.kept`.
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -118,7 +119,7 @@ class InstanceHeader:
         :raises cattrs.BaseValidationError: A known key holds a value of the wrong kind (a
             ``state`` that is no state ...), unless ``lenient``.
         """
-        return _structure(data, _structure_lenient if lenient else _structure_fields)
+        return _structure(data, _structure_lenient() if lenient else _structure_fields())
 
     def to_json(self) -> dict[str, Any]:
         """Return the JSON object a store saves (camelCase keys; see the module docstring)."""
@@ -177,26 +178,38 @@ def _make_converter() -> cattrs.Converter:
         conv.register_structure_hook_func(lambda t, kind=kind: t == kind,
                                           (lambda v, _t: v) if out is None else (lambda v, _t: tuple(v)))
         conv.register_unstructure_hook_func(lambda t, kind=kind: t == kind, (lambda v: v) if out is None else out)
-    skip = override(omit=True)
-    conv.register_structure_hook(InstanceHeader, make_dict_structure_fn(
-        InstanceHeader, conv, extra=skip, kept=skip,
-        **{a.name: override(rename=_KEY[a.name]) for a in _FIELDS}))
-    conv.register_unstructure_hook(InstanceHeader, make_dict_unstructure_fn(
-        InstanceHeader, conv, extra=skip, kept=skip,
+    # The codec's functions are generated on first use, not at import (``ls`` needs only the lenient one).
+    conv.register_structure_hook_factory(lambda t: t is InstanceHeader, lambda _t: make_dict_structure_fn(
+        InstanceHeader, conv, extra=_SKIP, kept=_SKIP, **{a.name: override(rename=_KEY[a.name]) for a in _FIELDS}))
+    conv.register_unstructure_hook_factory(lambda t: t is InstanceHeader, lambda _t: make_dict_unstructure_fn(
+        InstanceHeader, conv, extra=_SKIP, kept=_SKIP,
         **{a.name: override(rename=_KEY[a.name], omit_if_default=_KEY[a.name] not in ALWAYS) for a in _FIELDS}))
     return conv
 
 
+_SKIP: Final = override(omit=True)
 #: The one converter between :class:`InstanceHeader` and the header's JSON.
 header_converter: Final = _make_converter()
-_structure_fields = header_converter.get_structure_hook(InstanceHeader)
-_unstructure_fields = header_converter.get_unstructure_hook(InstanceHeader)
-#: :meth:`InstanceHeader.from_json` with ``lenient=True``: values as saved, known states typed, lists as tuples.
-_structure_lenient = make_dict_structure_fn(
-    InstanceHeader, header_converter, extra=override(omit=True), kept=override(omit=True),
-    **{a.name: override(rename=_KEY[a.name], struct_hook=(
-        _keep_unknown(State) if a.name == "state" else _keep_unknown(StopReason) if a.name == "stop_reason"
-        else _as_tuple if str(a.type).startswith("tuple[") else _as_saved)) for a in _FIELDS})
+
+
+@functools.cache
+def _structure_fields() -> Any:
+    return header_converter.get_structure_hook(InstanceHeader)
+
+
+@functools.cache
+def _unstructure_fields() -> Any:
+    return header_converter.get_unstructure_hook(InstanceHeader)
+
+
+@functools.cache
+def _structure_lenient() -> Any:
+    """:meth:`InstanceHeader.from_json` with ``lenient=True``: values as saved, known states typed, lists as tuples."""
+    return make_dict_structure_fn(
+        InstanceHeader, header_converter, _cattrs_detailed_validation=False, extra=_SKIP, kept=_SKIP,
+        **{a.name: override(rename=_KEY[a.name], struct_hook=(
+            _keep_unknown(State) if a.name == "state" else _keep_unknown(StopReason) if a.name == "stop_reason"
+            else _as_tuple if str(a.type).startswith("tuple[") else _as_saved)) for a in _FIELDS})
 
 
 def _structure(data: Mapping[str, Any], fields: Any) -> InstanceHeader:
@@ -211,7 +224,7 @@ def _structure(data: Mapping[str, Any], fields: Any) -> InstanceHeader:
 
 
 def _unstructure(header: InstanceHeader) -> dict[str, Any]:
-    out: dict[str, Any] = _unstructure_fields(header)
+    out: dict[str, Any] = _unstructure_fields()(header)
     for key in header.kept:
         if key not in out and key in _DEFAULTS:
             out[key] = [] if _DEFAULTS[key] == [] else _DEFAULTS[key]

@@ -44,7 +44,7 @@ from loopwright._run import AgentRun, LiveRuns
 from loopwright._steering import Steering
 from loopwright._tree import Trees
 from loopwright._types import Message, State
-from loopwright._views import approval_to_json, result_to_json, subtree_in, summary, usage_to_json
+from loopwright._views import approval_to_json, header_of, result_to_json, subtree_in, summary, usage_to_json
 from loopwright._work import Work
 from loopwright.abc import StoreSettings
 from loopwright.errors import ConfigError, LoopwrightError
@@ -387,10 +387,10 @@ class Runtime:
 
     async def list_instances(self, state: str | None = None) -> list[dict[str, Any]]:
         """Return every instance's summary (see :func:`summary`), optionally only those in ``state``."""
-        headers = await self.store.list_headers()
-        by_id = {h.get("instanceId"): h for h in headers}
+        headers = [header_of(h) for h in await self.store.list_headers()]  # each converted once
+        by_id = {h.instance_id: h for h in headers}
         return [summary(h, subtree_cost=subtree_in(h, by_id, set()))
-                for h in headers if state is None or h.get("state") == state]
+                for h in headers if state is None or h.state == state]
 
     async def summary(self, instance_id: str) -> dict[str, Any]:
         """Return one instance's summary (``show``), its ``subtreeCost`` read through its children.
@@ -400,9 +400,10 @@ class Runtime:
         saved as ``running`` and not run here come from its entry log: its header has them only as
         of its last state change (a killed process saved turns since).
         """
-        header = await self.store.read_header(instance_id)
-        if header.get("state") == State.RUNNING.value and self.live.run(instance_id) is None:
-            header = {**header, **entry_totals(await self.store.read_entries(instance_id))}
+        saved = await self.store.read_header(instance_id)
+        header = header_of(saved)
+        if header.state == State.RUNNING and self.live.run(instance_id) is None:
+            header = header_of({**saved, **entry_totals(await self.store.read_entries(instance_id))})
         data = summary(header, subtree_cost=await self.subtree_cost(instance_id, header))
         data["tree"] = await self.tree(instance_id)
         data["treePendingApprovals"] = [approval_to_json(p) for p in await self.tree_approvals(instance_id)]

@@ -21,7 +21,7 @@ import attrs
 from loopwright._convert import converter
 from loopwright._instance import log_totals
 from loopwright._types import Event, PendingApproval, State
-from loopwright._views import children_in, tree_node
+from loopwright._views import children_in, header_of, own_cost, tree_node
 from loopwright.errors import InstanceLockedError, InstanceNotFoundError, LoopwrightError
 
 if TYPE_CHECKING:
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
     from anyio.abc import TaskGroup
 
+    from loopwright._header import InstanceHeader
     from loopwright._instance import Instance
     from loopwright._run import AgentRun
     from loopwright._runtime import Runtime
@@ -43,36 +44,41 @@ class Trees:
         """Read trees through ``runtime`` (its store and the runs it holds)."""
         self._rt = runtime
 
-    async def subtree_cost(self, instance_id: str, header: Mapping[str, Any] | None = None) -> float | None:
+    async def subtree_cost(self, instance_id: str, header: Mapping[str, Any] | InstanceHeader | None = None,
+                           ) -> float | None:
         """Return the instance's cost plus that of every agent it started, directly or not.
 
         ``None`` when any part is unknown. Each instance's own cost is what its header holds
         (brought up to date at every state change).
         """
-        if header is None:
-            header = await self._rt.store.read_header(instance_id)
-        own = header.get("cost", 0.0)
-        children = await self.children_cost(header)
+        h = header_of(await self._rt.store.read_header(instance_id) if header is None else header)
+        own = own_cost(h)
+        children = await self.children_cost(h)
         return None if own is None or children is None else own + children
 
-    async def children_cost(self, header: Mapping[str, Any]) -> float | None:
+    async def children_cost(self, header: Mapping[str, Any] | InstanceHeader) -> float | None:
         """Return the summed subtree cost of the agents ``header``'s instance started (``None`` if unknown)."""
-        by_id = await self.descendant_headers(header)
-        return children_in(header, by_id, {header.get("instanceId")})
+        h = header_of(header)
+        by_id = await self.descendant_headers(h)
+        return children_in(h, by_id, {h.instance_id})
 
-    async def descendant_headers(self, header: Mapping[str, Any]) -> dict[Any, Mapping[str, Any]]:
-        """Return the saved headers of the agents ``header``'s instance started, directly or not, by id."""
-        by_id: dict[Any, Mapping[str, Any]] = {}
-        pending = list(header.get("children") or [])
+    async def descendant_headers(self, header: Mapping[str, Any] | InstanceHeader) -> dict[Any, InstanceHeader]:
+        """Return the saved headers of the agents ``header``'s instance started, directly or not, by id.
+
+        Each is read from the store once and converted once (:func:`~loopwright._views.header_of`).
+        """
+        h = header_of(header)
+        by_id: dict[Any, InstanceHeader] = {}
+        pending = list(h.children)
         while pending:  # read the descendants' headers once each, then sum as list_instances does
             child = pending.pop()
-            if child in by_id or child == header.get("instanceId"):
+            if child in by_id or child == h.instance_id:
                 continue
             try:
-                by_id[child] = await self._rt.store.read_header(child)
+                by_id[child] = header_of(await self._rt.store.read_header(child))
             except InstanceNotFoundError:
                 continue
-            pending.extend(by_id[child].get("children") or [])
+            pending.extend(by_id[child].children)
         return by_id
 
     async def tree_approvals(self, instance_id: str) -> list[PendingApproval]:
@@ -102,8 +108,8 @@ class Trees:
         ``pendingApprovals`` (its own undecided calls), ``waitingOn`` (undecided calls in its
         subtree), ``cost``, ``subtreeCost``, ``forkedFrom`` and ``children`` (nodes).
         """
-        header = await self._rt.store.read_header(instance_id)
-        by_id = {**await self.descendant_headers(header), header.get("instanceId"): header}
+        header = header_of(await self._rt.store.read_header(instance_id))
+        by_id = {**await self.descendant_headers(header), header.instance_id: header}
         return tree_node(header, by_id, set())
 
     async def trees(self) -> list[dict[str, Any]]:
@@ -111,9 +117,9 @@ class Trees:
 
         A root is an instance no listed instance started (its spawner is gone or it has none).
         """
-        headers = await self._rt.store.list_headers()
-        by_id = {h.get("instanceId"): h for h in headers}
-        return [tree_node(h, by_id, set()) for h in headers if h.get("spawnerInstanceId") not in by_id]
+        headers = [header_of(h) for h in await self._rt.store.list_headers()]
+        by_id = {h.instance_id: h for h in headers}
+        return [tree_node(h, by_id, set()) for h in headers if h.spawner_instance_id not in by_id]
 
     def stalled(self, instance_id: str) -> bool:
         """Whether the instance can go on only after a person decides calls held in its tree.
@@ -286,21 +292,21 @@ class Trees:
         since = _iso(float(started)) if isinstance(started, (int, float)) else ""
         tokens, calls, cost = 0, 0, 0.0
         for iid, h in headers.items():
-            if str(h.get("createdAt") or "") < since:
+            if str(h.created_at or "") < since:
                 continue
-            if h.get("state") == State.RUNNING.value:  # its totals were saved at its last state change: replay its log
+            if h.state == State.RUNNING.value:  # its totals were saved at its last state change: replay its log
                 usage, spent, ran = log_totals(await self._rt.store.read_entries(iid))
                 tokens += usage.input_tokens + usage.output_tokens
                 calls += ran
                 cost = None if cost is None or spent.amount is None else cost + spent.amount
                 continue
-            ran = h.get("toolCallsStarted")
+            ran = h.tool_calls_started
             calls += ran if isinstance(ran, int) and not isinstance(ran, bool) and ran > 0 else 0
-            saved = h.get("usage")
+            saved = h.usage
             if isinstance(saved, Mapping):
                 tokens += sum(n for n in (saved.get("inputTokens"), saved.get("outputTokens"))
                               if isinstance(n, int) and not isinstance(n, bool) and n > 0)
-            amount = h.get("cost", 0.0)
+            amount = own_cost(h)
             cost = None if cost is None or not isinstance(amount, (int, float)) else cost + max(amount, 0.0)
         inst.descendants = max(inst.descendants, len(headers))
         inst.tree_tokens += tokens

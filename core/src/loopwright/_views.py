@@ -46,6 +46,7 @@ __all__ = [
     "approval_to_json",
     "children_in",
     "header_of",
+    "own_cost",
     "result_to_json",
     "short_json",
     "subtree_in",
@@ -82,7 +83,7 @@ def _plain(value: Any) -> Any:
     return value.value if isinstance(value, enum.Enum) else value
 
 
-def _own_cost(header: InstanceHeader) -> float | None:
+def own_cost(header: InstanceHeader) -> float | None:
     """Return the own cost to sum: an absent ``cost`` is nothing spent (0.0), a ``null`` one unknown."""
     return 0.0 if header.cost is None and "cost" not in header.kept else header.cost
 
@@ -382,7 +383,7 @@ view_converter: Final = _make_converter()
 def subtree_in(header: HeaderLike, by_id: Mapping[Any, HeaderLike], seen: set[Any]) -> float | None:
     """Return the subtree cost of ``header``'s instance from headers already read (``by_id``)."""
     h = header_of(header)
-    own, below = _own_cost(h), children_in(h, by_id, seen)
+    own, below = own_cost(h), children_in(h, by_id, seen)
     return None if own is None or below is None else own + below
 
 
@@ -402,7 +403,7 @@ def _node(h: InstanceHeader, by_id: Mapping[Any, HeaderLike], seen: set[Any]) ->
     seen.add(h.instance_id)
     children = tuple(_node(header_of(by_id[c]), by_id, seen) for c in h.children if c in by_id and c not in seen)
     own = tuple(ApprovalView.of(p) for p in h.pending_approvals if p.get("decision") is None)
-    cost = _own_cost(h)
+    cost = own_cost(h)
     below = [c.subtree_cost for c in children]
     return TreeNode(
         instance_id=h.instance_id, name=h.name, state=_plain(h.state), stop_reason=_plain(h.stop_reason),

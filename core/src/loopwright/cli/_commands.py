@@ -24,6 +24,7 @@ import click
 from loopwright._plugins import BUILTIN_PLUGINS
 from loopwright._runtime import AgentRun, Runtime, summary
 from loopwright._types import State
+from loopwright._views import header_of
 from loopwright.cli._exits import EXIT_OK, EXIT_USAGE, CliError
 from loopwright.cli._output import (
     echo_json,
@@ -149,9 +150,10 @@ async def _follow(settings: CliSettings, agent: AgentRun) -> int:
 
 def _submitted(settings: CliSettings, header: Mapping[str, Any], what: str) -> int:
     """Report work handed to the engine (``--detach``): the id on stdout, or the summary with ``submitted: true``."""
-    instance_id = str(header.get("instanceId"))
+    saved = header_of(header)
+    instance_id = str(saved.instance_id)
     if settings.json:
-        echo_json({**summary(header), "submitted": True})
+        echo_json({**summary(saved), "submitted": True})
     else:
         click.echo(safe_text(instance_id))
         click.echo(f"submitted: {what}; a worker runs it (loopwright worker). Follow it with: "
@@ -383,7 +385,7 @@ async def show(settings: CliSettings, instance_id: str) -> int:
         if settings.json:
             echo_json(data)
         else:
-            print_instance(data, header)
+            print_instance(data, header_of(header))
         return EXIT_OK
 
 
