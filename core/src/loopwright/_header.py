@@ -48,6 +48,9 @@ class InstanceHeader:
     ``instanceId``); each field's meaning is the key's description in
     ``specs/instance.schema.json``. A field's default is what an absent key means.
 
+    Read with ``from_json(..., lenient=True)`` (views and checks only), a field holds its value as
+    saved, whatever its kind (see :meth:`from_json`).
+
     Attributes:
         extra: Keys this version does not know, kept and written back unchanged.
         kept: Known keys that are not always written but were read (or set) at their default
