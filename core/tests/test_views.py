@@ -216,3 +216,22 @@ def test_views_are_frozen_attrs_classes_turned_to_json_by_one_converter() -> Non
         "subtreeCost", "forkedFrom", "children"]
     assert views.view_converter.unstructure(views.UsageView()) == {"inputTokens": 0, "outputTokens": 0,
                                                                    "totalTokens": 0}
+
+
+async def test_ls_and_show_print_an_unknown_state_raw_and_its_run_refuses_it(tmp_path: Path) -> None:
+    """A header saved with a state this version does not know: listed and shown as saved; its run refuses it."""
+    iid = "20260101-000000-0000beef"
+    async with make_runtime(tmp_path) as rt:
+        await rt.store.create(iid, {
+            "instanceId": iid, "name": "t", "version": 1, "definition": definition_to_dict(defn()), "inputs": {},
+            "state": "sleeping", "stopReason": None, "cancelled": False, "error": None, "pendingApprovals": [],
+            "inbox": [], "spawnerInstanceId": None, "callerInstanceId": None, "callerToolCallId": None,
+            "delegationPrompt": None, "createdAt": "2026-01-01T00:00:00.000Z",
+            "updatedAt": "2026-01-01T00:00:00.000Z", "model": "s:m"})
+        assert [s["state"] for s in await rt.list_instances()] == ["sleeping"]
+        assert [s["state"] for s in await rt.list_instances("sleeping")] == ["sleeping"]
+        assert (await rt.summary(iid))["state"] == "sleeping"
+        assert [t["state"] for t in await rt.trees()] == ["sleeping"]
+        run = await rt.get_agent(iid)  # loaded as before; its state is refused wherever it is read, as before
+        with pytest.raises(ValueError, match="sleeping"):
+            _ = run.state
