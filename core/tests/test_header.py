@@ -100,3 +100,25 @@ def test_the_header_is_frozen() -> None:
     """The typed header crosses to views and stores: it cannot be changed in place."""
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
         InstanceHeader().state = State.RUNNING  # type: ignore[misc]
+
+
+def test_lenient_reading_keeps_every_value_as_saved() -> None:
+    """``lenient=True`` never refuses: known states are typed, anything else stays as saved; strict reading refuses."""
+    odd = {**_saved(), "state": "sleeping", "stopReason": "completed", "queued": 1, "depth": "deep",
+           "children": None, "turns": 2.0}
+    header = InstanceHeader.from_json(odd, lenient=True)
+    assert (header.state, header.stop_reason) == ("sleeping", StopReason.COMPLETED)
+    assert header.stop_reason is StopReason.COMPLETED
+    assert (header.queued, header.depth, header.children, header.turns) == (1, "deep", (), 2.0)
+    assert type(header.turns) is float
+    assert InstanceHeader.from_json(_saved(), lenient=True) == InstanceHeader.from_json(_saved())
+    with pytest.raises(cattrs.BaseValidationError):
+        InstanceHeader.from_json(odd)
+
+
+def test_a_saved_integer_cost_stays_an_integer() -> None:
+    """``"cost": 1`` reads as ``1`` and is written back as ``1`` (not ``1.0``): the same bytes."""
+    saved = {**_saved(), "cost": 1}
+    for cost in (1, 0.5, 0):
+        again = InstanceHeader.from_json({**saved, "cost": cost}).to_json()
+        assert json.dumps(again, sort_keys=True) == json.dumps({**saved, "cost": cost}, sort_keys=True)

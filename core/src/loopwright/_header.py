@@ -22,6 +22,8 @@ when its field differs from the default or is in :attr:`~InstanceHeader.kept`.
 
 from __future__ import annotations
 
+import enum
+import functools
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -30,7 +32,7 @@ import cattrs
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
 from loopwright._convert import camel
-from loopwright._types import State, StopReason
+from loopwright._states import State, StopReason
 
 __all__ = ["ALWAYS", "InstanceHeader", "header_converter"]
 
@@ -45,6 +47,9 @@ class InstanceHeader:
     Field names are the snake_case of the on-disk camelCase keys (``instance_id`` is
     ``instanceId``); each field's meaning is the key's description in
     ``specs/instance.schema.json``. A field's default is what an absent key means.
+
+    Read with ``from_json(..., lenient=True)`` (views and checks only), a field holds its value as
+    saved, whatever its kind (see :meth:`from_json`).
 
     Attributes:
         extra: Keys this version does not know, kept and written back unchanged.
@@ -103,13 +108,21 @@ class InstanceHeader:
     kept: frozenset[str] = frozenset()
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> InstanceHeader:
+    def from_json(cls, data: Mapping[str, Any], *, lenient: bool = False) -> InstanceHeader:
         """Return the header a store's JSON object holds (unknown keys in :attr:`extra`).
 
+        :param lenient: For reading only (the JSON views, ``ls``, ``show``, the loader's checks):
+            never refuse, and read each value as it was saved, converting nothing but a
+            ``state`` or ``stopReason`` this version knows (to :class:`State`, :class:`StopReason`)
+            and a list (to a tuple; ``null`` reads as empty). A value that is not of its field's
+            kind is kept as it is (an unknown state stays its ``str``, so ``ls`` shows it raw;
+            ``"queued": 1`` stays ``1``), so a reader tests it exactly as it tested the saved
+            JSON. The checks that refuse to run a malformed instance are the loader's and
+            :class:`~loopwright._instance.Instance`'s, unchanged (they fail closed as before).
         :raises cattrs.BaseValidationError: A known key holds a value of the wrong kind (a
-            ``state`` that is no state ...).
+            ``state`` that is no state ...), unless ``lenient``.
         """
-        return _structure(data)
+        return _structure(data, _structure_lenient() if lenient else _structure_fields())
 
     def to_json(self) -> dict[str, Any]:
         """Return the JSON object a store saves (camelCase keys; see the module docstring)."""
@@ -139,31 +152,71 @@ _DEFAULTS: Final = {_KEY[a.name]: [] if a.default == () else a.default
                     for a in _FIELDS if _KEY[a.name] not in ALWAYS}
 
 
+def _keep_unknown(kind: type[enum.Enum]) -> Any:
+    """Return a hook that reads a value of ``kind``, keeping one this version does not know as it is."""
+    def structure(value: Any, _t: Any) -> Any:
+        try:
+            return None if value is None else kind(value)
+        except ValueError:
+            return value
+    return structure
+
+
+def _as_saved(value: Any, _t: Any) -> Any:
+    return value
+
+
+def _as_tuple(value: Any, _t: Any) -> Any:
+    """Read a saved list as a tuple (``null`` as empty); keep anything else as it is."""
+    return () if value is None else tuple(value) if isinstance(value, (list, tuple)) else value
+
+
 def _make_converter() -> cattrs.Converter:
     conv = cattrs.Converter()
+    # A number is kept as it was saved (``"cost": 1`` stays ``1``, never ``1.0``): a float
+    # field accepts an int, and the views print the saved value unchanged.
+    conv.register_structure_hook(float, lambda v, _t: v if type(v) is int else float(v))
     # Nested JSON stays the JSON it is: shared, never walked (the definition snapshot is large).
     for kind, out in ((JSONObject, None), (tuple[JSONObject, ...], list), (tuple[str, ...], list)):
         conv.register_structure_hook_func(lambda t, kind=kind: t == kind,
                                           (lambda v, _t: v) if out is None else (lambda v, _t: tuple(v)))
         conv.register_unstructure_hook_func(lambda t, kind=kind: t == kind, (lambda v: v) if out is None else out)
-    skip = override(omit=True)
-    conv.register_structure_hook(InstanceHeader, make_dict_structure_fn(
-        InstanceHeader, conv, extra=skip, kept=skip,
-        **{a.name: override(rename=_KEY[a.name]) for a in _FIELDS}))
-    conv.register_unstructure_hook(InstanceHeader, make_dict_unstructure_fn(
-        InstanceHeader, conv, extra=skip, kept=skip,
+    # The codec's functions are generated on first use, not at import (``ls`` needs only the lenient one).
+    conv.register_structure_hook_factory(lambda t: t is InstanceHeader, lambda _t: make_dict_structure_fn(
+        InstanceHeader, conv, extra=_SKIP, kept=_SKIP, **{a.name: override(rename=_KEY[a.name]) for a in _FIELDS}))
+    conv.register_unstructure_hook_factory(lambda t: t is InstanceHeader, lambda _t: make_dict_unstructure_fn(
+        InstanceHeader, conv, extra=_SKIP, kept=_SKIP,
         **{a.name: override(rename=_KEY[a.name], omit_if_default=_KEY[a.name] not in ALWAYS) for a in _FIELDS}))
     return conv
 
 
+_SKIP: Final = override(omit=True)
 #: The one converter between :class:`InstanceHeader` and the header's JSON.
 header_converter: Final = _make_converter()
-_structure_fields = header_converter.get_structure_hook(InstanceHeader)
-_unstructure_fields = header_converter.get_unstructure_hook(InstanceHeader)
 
 
-def _structure(data: Mapping[str, Any]) -> InstanceHeader:
-    header: InstanceHeader = _structure_fields(data, InstanceHeader)
+@functools.cache
+def _structure_fields() -> Any:
+    return header_converter.get_structure_hook(InstanceHeader)
+
+
+@functools.cache
+def _unstructure_fields() -> Any:
+    return header_converter.get_unstructure_hook(InstanceHeader)
+
+
+@functools.cache
+def _structure_lenient() -> Any:
+    """:meth:`InstanceHeader.from_json` with ``lenient=True``: values as saved, known states typed, lists as tuples."""
+    return make_dict_structure_fn(
+        InstanceHeader, header_converter, _cattrs_detailed_validation=False, extra=_SKIP, kept=_SKIP,
+        **{a.name: override(rename=_KEY[a.name], struct_hook=(
+            _keep_unknown(State) if a.name == "state" else _keep_unknown(StopReason) if a.name == "stop_reason"
+            else _as_tuple if str(a.type).startswith("tuple[") else _as_saved)) for a in _FIELDS})
+
+
+def _structure(data: Mapping[str, Any], fields: Any) -> InstanceHeader:
+    header: InstanceHeader = fields(data, InstanceHeader)
     extra = {k: v for k, v in data.items() if k not in KNOWN}
     kept = frozenset(k for k, default in _DEFAULTS.items() if k in data and data[k] == default
                      and type(data[k]) is type(default))
@@ -174,7 +227,7 @@ def _structure(data: Mapping[str, Any]) -> InstanceHeader:
 
 
 def _unstructure(header: InstanceHeader) -> dict[str, Any]:
-    out: dict[str, Any] = _unstructure_fields(header)
+    out: dict[str, Any] = _unstructure_fields()(header)
     for key in header.kept:
         if key not in out and key in _DEFAULTS:
             out[key] = [] if _DEFAULTS[key] == [] else _DEFAULTS[key]

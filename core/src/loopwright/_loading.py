@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from loopwright._capabilities import capabilities_from_dict, intersect
 from loopwright._definition import gates_from_json, with_gates
+from loopwright._header import InstanceHeader
 from loopwright._instance import Instance, restore
 from loopwright._run import AgentRun
 from loopwright.errors import ConfigError, GrantsError, StoreError
@@ -71,7 +72,8 @@ class Loader:
         :raises StoreError: The header holds no valid definition.
         :raises GrantsError: Its inherited gates are missing or malformed (fails closed).
         """
-        snapshot = header.get("definition")
+        saved = InstanceHeader.from_json(header, lenient=True)  # as saved: the checks below judge it
+        snapshot = saved.definition
         if isinstance(snapshot, Mapping):
             from loopwright._config import definition_from_dict  # noqa: PLC0415 - the loader only to resume a saved definition
 
@@ -79,32 +81,33 @@ class Loader:
                 defn = definition_from_dict(snapshot)
             except ConfigError as exc:
                 raise StoreError(f"saved definition is invalid: {exc}", instance_id=instance_id) from exc
-        elif header.get("definitionPath"):
-            defn = self._rt.load_definition(header["definitionPath"])
+        elif saved.definition_path:
+            defn = self._rt.load_definition(saved.definition_path)
         else:
             raise StoreError("the header holds no definition", instance_id=instance_id)
-        if "inheritedGates" not in header:
-            if header.get("spawnerInstanceId"):
+        if "inheritedGates" not in header:  # absent, as opposed to saved null (malformed: refused below)
+            if saved.spawner_instance_id:
                 raise GrantsError("it was started by an agent but its header has no inheritedGates (its caller's "
                                   "gates); refusing to run it", instance_id=instance_id)
             return defn
         # The caller's gates, saved at spawn: applied again, so the child never runs without them.
         try:
-            return with_gates(defn, gates_from_json(header["inheritedGates"]))
+            return with_gates(defn, gates_from_json(saved.inherited_gates))
         except ValueError as exc:
             raise GrantsError(f"saved inheritedGates are malformed ({exc}); refusing to run it",
                               instance_id=instance_id) from exc
 
     def saved_grants(self, instance_id: str, header: Mapping[str, Any]) -> Capabilities:
         """Return the saved grants intersected with this runtime's; fail closed on a bad marker."""
-        if header.get("capabilitiesRecorded"):
+        recorded = InstanceHeader.from_json(header, lenient=True)  # as saved: the checks below judge it
+        if recorded.capabilities_recorded:
             try:
-                saved = capabilities_from_dict(header.get("capabilities"))
+                saved = capabilities_from_dict(recorded.capabilities)
             except ValueError as exc:
                 raise GrantsError(f"saved grants are marked recorded but are not valid ({exc}); "
                                   "refusing to run it", instance_id=instance_id) from exc
             return intersect(self._rt.assembly.capabilities, saved)
-        if "capabilities" in header:
+        if "capabilities" in header:  # present at all (an always-written key: only the saved JSON tells)
             raise GrantsError("saved grants have no capabilitiesRecorded marker; refusing to run it",
                               instance_id=instance_id)
         return self._rt.assembly.capabilities

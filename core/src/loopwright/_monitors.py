@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from loopwright._duration import is_finite_number
+from loopwright._header import InstanceHeader
 from loopwright._lease import held_lease
 from loopwright._types import Event, State
 from loopwright.errors import InstanceNotFoundError, ToolError
@@ -88,8 +89,8 @@ class Monitors:
 
     def load(self, header: Mapping[str, Any]) -> None:
         """Watch the monitors saved in a watcher's header (a run loaded or started here)."""
-        specs = header.get("monitors") or []
-        watcher = str(header.get("instanceId"))
+        saved = InstanceHeader.from_json(header, lenient=True)
+        specs, watcher = saved.monitors, str(saved.instance_id)
         if specs:
             self._armed[watcher] = {str(s["target"]): dict(s) for s in specs if isinstance(s, Mapping)}
             self._changed.set()
@@ -138,9 +139,9 @@ class Monitors:
             inst = run.inst
             state, turns, context = State.RUNNING.value, inst.turn, inst.context_tokens
         else:
-            header = await rt.store.read_header(target)
-            state, stop = header.get("state"), header.get("stopReason")
-            turns, context = int(header.get("turns") or 0), header.get("contextTokens")
+            saved = InstanceHeader.from_json(await rt.store.read_header(target), lenient=True)
+            state, stop = saved.state, saved.stop_reason  # a State is the str it saves
+            turns, context = int(saved.turns or 0), saved.context_tokens
         if spec.get("onFinish") and state in RESTING:
             return f"it finished: {state}" + (f" ({stop})" if stop and stop != state else "")
         turns_at = spec.get("turnsAt")

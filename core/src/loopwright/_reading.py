@@ -21,11 +21,22 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import attrs
 
-from loopwright._views import approval_to_json, children_in, subtree_in, summary, tree_node
+from loopwright._states import State
+from loopwright._views import (
+    HeaderLike,
+    approval_to_json,
+    children_in,
+    header_of,
+    own_cost,
+    subtree_in,
+    summary,
+    tree_node,
+)
 from loopwright.errors import InstanceNotFoundError, LoopwrightError
 
 if TYPE_CHECKING:
     from loopwright._definition import Assembly
+    from loopwright._header import InstanceHeader
     from loopwright._types import PendingApproval
     from loopwright.abc import Store
 
@@ -63,10 +74,10 @@ _BUILTIN_PREFIX: Final = "loopwright.builtins."
 
 async def list_instances(store: Store, state: str | None = None) -> list[dict[str, Any]]:
     """Return every instance's summary (:func:`~loopwright._views.summary`), optionally only those in ``state``."""
-    headers = await store.list_headers()
-    by_id = {h.get("instanceId"): h for h in headers}
+    headers = [header_of(h) for h in await store.list_headers()]  # each converted once
+    by_id = {h.instance_id: h for h in headers}
     return [summary(h, subtree_cost=subtree_in(h, by_id, set()))
-            for h in headers if state is None or h.get("state") == state]
+            for h in headers if state is None or h.state == state]
 
 
 async def instance_summary(store: Store, instance_id: str, *, live: bool = False) -> dict[str, Any]:
@@ -79,50 +90,55 @@ async def instance_summary(store: Store, instance_id: str, *, live: bool = False
 
     :raises InstanceNotFoundError: No such instance.
     """
-    header = await store.read_header(instance_id)
-    if header.get("state") == "running" and not live:
+    saved = await store.read_header(instance_id)
+    header = header_of(saved)
+    if header.state == State.RUNNING and not live:
         # The instance model only for a saved running instance: keeps ls and show cheap.
         from loopwright._instance import entry_totals  # noqa: PLC0415
 
-        header = {**header, **entry_totals(await store.read_entries(instance_id))}
+        header = header_of({**saved, **entry_totals(await store.read_entries(instance_id))})
     data = summary(header, subtree_cost=await subtree_cost(store, instance_id, header))
     data["tree"] = await tree(store, instance_id)
     data["treePendingApprovals"] = [approval_to_json(p) for p in await tree_approvals(store, instance_id)]
     return data
 
 
-async def subtree_cost(store: Store, instance_id: str, header: Mapping[str, Any] | None = None) -> float | None:
+async def subtree_cost(store: Store, instance_id: str, header: HeaderLike | None = None) -> float | None:
     """Return the instance's cost plus that of every agent it started, directly or not.
 
     ``None`` when any part is unknown. Each instance's own cost is what its header holds
     (brought up to date at every state change).
     """
-    if header is None:
-        header = await store.read_header(instance_id)
-    own = header.get("cost", 0.0)
-    children = await children_cost(store, header)
+    h = header_of(await store.read_header(instance_id) if header is None else header)
+    own = own_cost(h)
+    children = await children_cost(store, h)
     return None if own is None or children is None else own + children
 
 
-async def children_cost(store: Store, header: Mapping[str, Any]) -> float | None:
+async def children_cost(store: Store, header: HeaderLike) -> float | None:
     """Return the summed subtree cost of the agents ``header``'s instance started (``None`` if unknown)."""
-    by_id = await descendant_headers(store, header)
-    return children_in(header, by_id, {header.get("instanceId")})
+    h = header_of(header)
+    by_id = await descendant_headers(store, h)
+    return children_in(h, by_id, {h.instance_id})
 
 
-async def descendant_headers(store: Store, header: Mapping[str, Any]) -> dict[Any, Mapping[str, Any]]:
-    """Return the saved headers of the agents ``header``'s instance started, directly or not, by id."""
-    by_id: dict[Any, Mapping[str, Any]] = {}
-    pending = list(header.get("children") or [])
+async def descendant_headers(store: Store, header: HeaderLike) -> dict[Any, InstanceHeader]:
+    """Return the saved headers of the agents ``header``'s instance started, directly or not, by id.
+
+    Each is read from the store once and converted once (:func:`~loopwright._views.header_of`).
+    """
+    h = header_of(header)
+    by_id: dict[Any, InstanceHeader] = {}
+    pending = list(h.children)
     while pending:  # read the descendants' headers once each, then sum as list_instances does
         child = pending.pop()
-        if child in by_id or child == header.get("instanceId"):
+        if child in by_id or child == h.instance_id:
             continue
         try:
-            by_id[child] = await store.read_header(child)
+            by_id[child] = header_of(await store.read_header(child))
         except InstanceNotFoundError:
             continue
-        pending.extend(by_id[child].get("children") or [])
+        pending.extend(by_id[child].children)
     return by_id
 
 
@@ -158,8 +174,8 @@ async def tree(store: Store, instance_id: str) -> dict[str, Any]:
     ``pendingApprovals`` (its own undecided calls), ``waitingOn`` (undecided calls in its
     subtree), ``cost``, ``subtreeCost``, ``forkedFrom`` and ``children`` (nodes).
     """
-    header = await store.read_header(instance_id)
-    by_id = {**await descendant_headers(store, header), header.get("instanceId"): header}
+    header = header_of(await store.read_header(instance_id))
+    by_id = {**await descendant_headers(store, header), header.instance_id: header}
     return tree_node(header, by_id, set())
 
 
@@ -168,9 +184,9 @@ async def trees(store: Store) -> list[dict[str, Any]]:
 
     A root is an instance no listed instance started (its spawner is gone or it has none).
     """
-    headers = await store.list_headers()
-    by_id = {h.get("instanceId"): h for h in headers}
-    return [tree_node(h, by_id, set()) for h in headers if h.get("spawnerInstanceId") not in by_id]
+    headers = [header_of(h) for h in await store.list_headers()]
+    by_id = {h.instance_id: h for h in headers}
+    return [tree_node(h, by_id, set()) for h in headers if h.spawner_instance_id not in by_id]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ import attrs
 from loopwright import _reading
 from loopwright._instance import log_totals
 from loopwright._types import Event, PendingApproval, State
+from loopwright._views import own_cost
 from loopwright.errors import InstanceLockedError, InstanceNotFoundError, LoopwrightError
 
 if TYPE_CHECKING:
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 
     from anyio.abc import TaskGroup
 
+    from loopwright._header import InstanceHeader
     from loopwright._instance import Instance
     from loopwright._run import AgentRun
     from loopwright._runtime import Runtime
@@ -46,7 +48,7 @@ class Trees:
         """Return the instance's cost plus that of every agent it started (:func:`loopwright._reading.subtree_cost`)."""
         return await _reading.subtree_cost(self._rt.store, instance_id, header)
 
-    async def children_cost(self, header: Mapping[str, Any]) -> float | None:
+    async def children_cost(self, header: Mapping[str, Any] | InstanceHeader) -> float | None:
         """Return the summed subtree cost of the agents ``header``'s instance started (``None`` if unknown)."""
         return await _reading.children_cost(self._rt.store, header)
 
@@ -237,21 +239,21 @@ class Trees:
         since = _iso(float(started)) if isinstance(started, (int, float)) else ""
         tokens, calls, cost = 0, 0, 0.0
         for iid, h in headers.items():
-            if str(h.get("createdAt") or "") < since:
+            if str(h.created_at or "") < since:
                 continue
-            if h.get("state") == State.RUNNING.value:  # its totals were saved at its last state change: replay its log
+            if h.state == State.RUNNING.value:  # its totals were saved at its last state change: replay its log
                 usage, spent, ran = log_totals(await self._rt.store.read_entries(iid))
                 tokens += usage.input_tokens + usage.output_tokens
                 calls += ran
                 cost = None if cost is None or spent.amount is None else cost + spent.amount
                 continue
-            ran = h.get("toolCallsStarted")
+            ran = h.tool_calls_started
             calls += ran if isinstance(ran, int) and not isinstance(ran, bool) and ran > 0 else 0
-            saved = h.get("usage")
+            saved = h.usage
             if isinstance(saved, Mapping):
                 tokens += sum(n for n in (saved.get("inputTokens"), saved.get("outputTokens"))
                               if isinstance(n, int) and not isinstance(n, bool) and n > 0)
-            amount = h.get("cost", 0.0)
+            amount = own_cost(h)
             cost = None if cost is None or not isinstance(amount, (int, float)) else cost + max(amount, 0.0)
         inst.descendants = max(inst.descendants, len(headers))
         inst.tree_tokens += tokens

@@ -26,7 +26,7 @@ import click
 
 from loopwright import _reading
 from loopwright._states import State
-from loopwright._views import summary
+from loopwright._views import header_of, summary
 from loopwright.cli._exits import EXIT_OK, EXIT_USAGE, CliError
 from loopwright.cli._output import (
     echo_json,
@@ -170,9 +170,10 @@ async def _follow(settings: CliSettings, agent: AgentRun) -> int:
 
 def _submitted(settings: CliSettings, header: Mapping[str, Any], what: str) -> int:
     """Report work handed to the engine (``--detach``): the id on stdout, or the summary with ``submitted: true``."""
-    instance_id = str(header.get("instanceId"))
+    saved = header_of(header)
+    instance_id = str(saved.instance_id)
     if settings.json:
-        echo_json({**summary(header), "submitted": True})
+        echo_json({**summary(saved), "submitted": True})
     else:
         click.echo(safe_text(instance_id))
         click.echo(f"submitted: {what}; a worker runs it (loopwright worker). Follow it with: "
@@ -403,7 +404,7 @@ def show(settings: CliSettings, instance_id: str) -> int:
         if settings.json:
             echo_json(data)
         else:
-            print_instance(data, header)
+            print_instance(data, header_of(header))
         return EXIT_OK
 
     return _read(settings, query)

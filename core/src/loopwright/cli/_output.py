@@ -27,6 +27,7 @@ from loopwright.cli._exits import EXIT_APPROVAL, EXIT_CANCELLED, EXIT_ERROR, EXI
 from loopwright.display import safe_json, safe_text
 
 if TYPE_CHECKING:
+    from loopwright._header import InstanceHeader
     from loopwright._types import AgentResult
     from loopwright.cli._main import CliSettings
 
@@ -214,13 +215,13 @@ def report(result: AgentResult, settings: CliSettings, *, turns: int | None,  # 
 _PROSE_ROWS = frozenset({"delegation prompt", "error", "pending in tree", "text", "tree"})
 
 
-def _instance_rows(summary: Mapping[str, Any], header: Mapping[str, Any]) -> list[tuple[str, str]]:
+def _instance_rows(summary: Mapping[str, Any], header: InstanceHeader) -> list[tuple[str, str]]:
     """Return the ``show`` rows, each value made safe to show."""
     return [(key, safe_text(value, multiline=key in _PROSE_ROWS)) for key, value in _raw_rows(summary, header)]
 
 
-def _raw_rows(summary: Mapping[str, Any], header: Mapping[str, Any]) -> list[tuple[str, str]]:  # noqa: C901, PLR0912
-    state = _state_text(summary.get("state"), summary.get("stopReason"), header.get("limit"))
+def _raw_rows(summary: Mapping[str, Any], header: InstanceHeader) -> list[tuple[str, str]]:  # noqa: C901, PLR0912
+    state = _state_text(summary.get("state"), summary.get("stopReason"), header.limit)
     tree = summary.get("tree") or {}
     below = int(tree.get("waitingOn") or 0) - len(tree.get("pendingApprovals") or [])
     if below > 0:
@@ -233,8 +234,8 @@ def _raw_rows(summary: Mapping[str, Any], header: Mapping[str, Any]) -> list[tup
     if summary.get("cancelled"):
         rows.append(("cancelled", "true"))
     rows.append(("model", str(summary.get("model") or "")))
-    if header.get("turns") is not None:
-        rows.append(("turns", str(header["turns"])))
+    if header.turns is not None:
+        rows.append(("turns", str(header.turns)))
     rows += [
         ("tokens", format_tokens(summary.get("usage"), unit="")),
         ("cost", format_cost(summary.get("cost"))),
@@ -257,7 +258,7 @@ def _raw_rows(summary: Mapping[str, Any], header: Mapping[str, Any]) -> list[tup
         if p.get("instanceId") not in {None, summary.get("instanceId")}:
             call = f"{safe_text(p.get('toolCallId'))} {safe_text(p.get('tool'))} {_arguments(p.get('arguments') or {})}"
             rows.append(("pending in tree", f"{call}\nin {_path(p.get('path') or [])}"))
-    forked = header.get("forkedFrom")
+    forked = header.forked_from
     if isinstance(forked, Mapping):
         rows.append(("forked from", f"{forked.get('instanceId')} at turn {forked.get('turn')}"))
     if tree.get("children"):
@@ -265,8 +266,8 @@ def _raw_rows(summary: Mapping[str, Any], header: Mapping[str, Any]) -> list[tup
     elif summary.get("children"):
         for child in summary.get("children") or []:
             rows.append(("child", str(child.get("instanceId") if isinstance(child, Mapping) else child)))
-    if header.get("text"):
-        rows.append(("text", str(header["text"])))
+    if header.text:
+        rows.append(("text", str(header.text)))
     return rows
 
 
@@ -298,8 +299,11 @@ def print_tree(node: Mapping[str, Any]) -> None:
         click.echo(line)
 
 
-def print_instance(summary: Mapping[str, Any], header: Mapping[str, Any]) -> None:
-    """Print one instance as ``key  value`` lines (a rich table on a terminal)."""
+def print_instance(summary: Mapping[str, Any], header: InstanceHeader) -> None:
+    """Print one instance as ``key  value`` lines (a rich table on a terminal).
+
+    :param header: Its saved header, read as saved (``InstanceHeader.from_json(..., lenient=True)``).
+    """
     rows = _instance_rows(summary, header)
     if is_terminal():
         from rich import box  # noqa: PLC0415 - rich only for terminals
