@@ -70,7 +70,6 @@ class Creating:
     fsync: bool
     _root_s: str
     _root_ready: bool
-    _closed: bool
     _held: set[str]
     _leases: set[Lease]
 
@@ -89,7 +88,7 @@ class Creating:
         """
         folder = f"{self._root_s}/{check_id(instance_id)}"
         data = self._header_bytes(instance_id, header)
-        self._ensure_root()
+        self._ensure_root(instance_id)
         self._adopt(instance_id, folder, self._make_instance(instance_id, folder, data, locked=False), None)
 
     async def create_leased(self, instance_id: str, header: Mapping[str, Any], owner: str) -> Lease:
@@ -101,20 +100,21 @@ class Creating:
         """
         folder = f"{self._root_s}/{check_id(instance_id)}"
         data = self._header_bytes(instance_id, header)
-        self._ensure_root()
+        self._ensure_root(instance_id)
         lease = self._adopt(instance_id, folder, self._make_instance(instance_id, folder, data, locked=True), owner)
         assert lease is not None  # noqa: S101 - an owner always gets its lease
         return lease
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _ensure_root(self) -> None:
+    def _ensure_root(self, instance_id: str) -> None:
+        """Create the store folder, once per store (before its first instance)."""
         if self._root_ready:
             return
         try:
             self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         except OSError as exc:
-            raise StoreError(f"cannot create {self.root}: {exc}") from exc
+            raise StoreError(f"cannot create {self.root}: {exc}", instance_id=instance_id) from exc
         self._root_ready = True
 
     def _make_instance(self, instance_id: str, folder: str, data: bytes, *, locked: bool) -> _Made:
