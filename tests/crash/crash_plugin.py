@@ -76,10 +76,10 @@ comes just before the rename. (The store writes the first header, in ``create``,
 
 The write points wrap the file store's own functions (``_write_all`` of ``file_store``,
 ``_file_header`` and ``_file_create``, ``FileStore._append``, ``FileStore._make_instance`` (one
-creation, inline or in the creations' worker thread), ``FileStore._replace_header``, and
+creation), ``FileStore._replace_header``, and
 ``Path.replace`` for the header's rename) only when a write point is armed: the kill happens
 inside the real code path, between the store's own steps. Which write is in progress is kept per
-thread, since creations and group commits run in worker threads beside the loop's appends.
+thread, since the header group commits run in a worker thread beside the loop's writes.
 """
 
 from __future__ import annotations
@@ -510,9 +510,9 @@ def priced(units: int, ctx: loopwright.ToolContext) -> loopwright.ToolOutput:
 # ---------------------------------------------------------------------------------------------
 
 class _Writes(threading.local):
-    """What each thread's store write in progress is (the loop's appends and header writes, the
-    worker threads' creations and group commits): the store's writes never await, so one thread
-    never has two in progress, but a creation in a worker thread runs beside the loop's appends."""
+    """What each thread's store write in progress is: the store's writes never await, so one thread
+    never has two in progress, but the header group commits run in a worker thread beside the
+    loop's appends, creations and inline header writes."""
 
     #: The write in progress: ``(phase, label)`` of the armed point it reaches, or None.
     writing: tuple[str, str] | None = None
@@ -616,8 +616,7 @@ def _wait_at_gate() -> None:
 
 
 def _make_instance(self: Any, instance_id: str, folder: str, data: bytes, *, locked: bool) -> Any:
-    """``FileStore._make_instance`` (behind ``create`` and ``create_leased``, inline or in the
-    creations' worker thread), counting its header write."""
+    """``FileStore._make_instance`` (behind ``create`` and ``create_leased``), counting its header write."""
     (n,) = _count(("header", ""))
     found = _w.writing = _armed_write("header", n)
     _w.creating = True
@@ -651,7 +650,7 @@ def _install_store_points() -> None:
                      make_instance=file_store.FileStore._make_instance)
     file_store._write_all = _write_all
     _file_header._write_all = _write_all  # header rewrites (the group commit's module)
-    _file_create._write_all = _write_all  # new instances' headers (inline or in the creations' thread)
+    _file_create._write_all = _write_all  # new instances' headers
     file_store.FileStore._append = _append  # type: ignore[method-assign]
     file_store.FileStore._replace_header = _replace_header  # type: ignore[method-assign]
     pathlib.Path.replace = _path_replace  # type: ignore[method-assign]
