@@ -14,10 +14,11 @@ store on** (default options: every step saved before the next begins).
 **many** starts ``--n`` instances at once (``asyncio.gather`` of ``start_agent`` + ``result``)
 in one runtime, after one warm-up instance, and reports: wall time against the latency bound
 (``(k + 1) * latency``: each instance makes k + 1 model calls one after the other), process CPU
-per turn (model call), the peak resident memory of the process (``ru_maxrss``) and the memory per
-running instance (the traced Python memory allocated while all of them are running, from
-``tracemalloc``'s peak in a second, traced burst, divided by ``--n``; tracing slows it down, so
-its times are not reported).
+per turn (model call) and how much of the burst's CPU was the kernel's, the peak resident memory
+of the process (``ru_maxrss``) and the memory per running instance (the traced Python memory
+allocated while all of them are running, from ``tracemalloc``'s peak in a second, traced burst,
+divided by ``--n``; tracing slows it down, so its times are not reported; ``--no-memory`` skips
+it). The load average (1 minute) at the start is printed too: the machine may be shared.
 
 **resume** builds two instances (``--turns`` tool turns, and 10) in a store under
 ``--store-dir``, lets them rest, then for each one starts a **fresh Python process** that opens
@@ -161,8 +162,8 @@ class _GcTimer:
             self.count += 1
 
 
-async def many(n: int, k: int, latency_ms: float, store_dir: Path) -> dict[str, Any]:
-    """Run ``n`` instances at once; return wall, CPU per turn, memory."""
+async def many(n: int, k: int, latency_ms: float, store_dir: Path, *, memory: bool = True) -> dict[str, Any]:
+    """Run ``n`` instances at once; return wall, CPU per turn (and the kernel's share), memory."""
     plugin = BenchPlugin(k, latency_ms / 1000)
     defn = definition(k)
     out: dict[str, Any] = {"n": n, "k": k, "latency_ms": latency_ms,
@@ -173,18 +174,21 @@ async def many(n: int, k: int, latency_ms: float, store_dir: Path) -> dict[str, 
         rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         in_gc = _GcTimer()
         gc.callbacks.append(in_gc)
-        c0, w0 = time.process_time(), time.perf_counter()
+        c0, w0, t0 = time.process_time(), time.perf_counter(), os.times()
         try:
             results = await _burst(rt, defn, n)
         finally:
-            wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+            wall, cpu, t1 = time.perf_counter() - w0, time.process_time() - c0, os.times()
             gc.callbacks.remove(in_gc)
         rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     bad = [r for r in results if r.text != "FAKE_FINAL"]
     out.update(valid=not bad, wall_s=round(wall, 3), vs_bound=round(wall / out["bound_s"], 2),
                cpu_s=round(cpu, 3), cpu_ms_per_turn=round(cpu * 1000 / (n * (k + 1)), 3),
                peak_rss_mb=round(rss1 / 1024, 1), rss_growth_mb=round((rss1 - rss0) / 1024, 1),
-               gc_s=round(in_gc.total, 3), gc_collections=in_gc.count)
+               gc_s=round(in_gc.total, 3), gc_collections=in_gc.count,
+               system_cpu_s=round(t1.system - t0.system, 2))
+    if not memory:
+        return out
     # A second, traced burst in a fresh runtime, for the memory per running instance.
     async with runtime(new_store(store_dir, f"many{n}t"), plugin) as rt:
         await _burst(rt, defn, 1)
@@ -331,6 +335,8 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=1000, help="instances at once (many)")
     ap.add_argument("--k", type=int, default=3, help="tool turns per instance (many)")
     ap.add_argument("--latency-ms", type=float, default=50.0, help="model latency (many)")
+    ap.add_argument("--no-memory", action="store_true",
+                    help="skip the traced second burst (many): no KB per running instance, much faster at 10,000")
     ap.add_argument("--turns", type=int, default=10000, help="tool turns of the long instance (resume)")
     ap.add_argument("--repeat", type=int, default=5, help="fresh processes per instance (resume)")
     ap.add_argument("--store-dir", type=Path, default=HERE / "out" / "stores")
@@ -343,13 +349,14 @@ def main() -> None:
         out["commit"] = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=HERE,
                                        capture_output=True, text=True, check=False).stdout.strip()
     if args.part in ("all", "many"):
-        m = asyncio.run(many(args.n, args.k, args.latency_ms, args.store_dir))
+        m = asyncio.run(many(args.n, args.k, args.latency_ms, args.store_dir, memory=not args.no_memory))
         out["many"] = m
         print(f"many: {m['n']} instances x {m['k'] + 1} turns, {m['latency_ms']:g} ms latency: "
               f"wall {m['wall_s']} s = {m['vs_bound']}x the bound ({m['bound_s']} s), "
-              f"CPU {m['cpu_ms_per_turn']} ms/turn, peak RSS {m['peak_rss_mb']} MB "
-              f"(+{m['rss_growth_mb']} MB), {m['kb_per_running_instance']} KB per running instance, "
-              f"GC {m['gc_s']} s CPU in {m['gc_collections']} collections"
+              f"CPU {m['cpu_ms_per_turn']} ms/turn ({m['system_cpu_s']} s of it in the kernel), "
+              f"peak RSS {m['peak_rss_mb']} MB (+{m['rss_growth_mb']} MB), "
+              f"{m.get('kb_per_running_instance', '-')} KB per running instance, "
+              f"GC {m['gc_s']} s CPU in {m['gc_collections']} collections, load {out['load']:.1f}"
               + ("" if m["valid"] else "  INVALID"))
     if args.part in ("all", "resume"):
         r = resume(args.turns, args.repeat, args.store_dir)

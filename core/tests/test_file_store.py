@@ -20,7 +20,7 @@ from helpers import kill, read_line
 
 from loopwright import _plugins
 from loopwright.abc import StoreSettings
-from loopwright.builtins import _file_header, file_store
+from loopwright.builtins import _file_create, _file_header, file_store
 from loopwright.builtins.file_store import FileStore, Lease
 from loopwright.errors import ConfigError, InstanceLockedError, InstanceNotFoundError, StoreError
 
@@ -139,6 +139,44 @@ async def test_create_rejects_unserialisable_header_and_leaves_nothing(store: Fi
     with pytest.raises(StoreError, match="not JSON-ready"):
         await store.create("bad", {"x": float("nan")})
     assert not (store.root / "bad").exists()
+
+
+@pytest.mark.parametrize("leased", [False, True])
+async def test_a_create_that_fails_midway_leaves_nothing(
+    store: FileStore, monkeypatch: pytest.MonkeyPatch, leased: bool,
+) -> None:
+    """A creation whose header write fails removes its folder, closes what it opened, frees the id."""
+    await store.create("first", {})  # the store folder exists: only the instance's own steps are left
+    opened: list[int] = []
+    closed: list[int] = []
+    real_open, real_close = os.open, os.close
+
+    def recording_open(*args: object, **kwargs: object) -> int:
+        fd = real_open(*args, **kwargs)  # type: ignore[arg-type]
+        opened.append(fd)
+        return fd
+
+    def recording_close(fd: int) -> None:
+        closed.append(fd)
+        real_close(fd)
+
+    def failing(fd: int, data: bytes) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "open", recording_open)
+    monkeypatch.setattr(os, "close", recording_close)
+    monkeypatch.setattr(_file_create, "_write_all", failing)
+    with pytest.raises(OSError, match="No space"):
+        await (store.create_leased("half", {}, "me") if leased else store.create("half", {}))
+    monkeypatch.undo()
+    assert len(opened) == 4  # the folder (its lock), two logs, the header
+    assert sorted(closed) == sorted(opened)
+    assert not (store.root / "half").exists()
+    assert "half" not in store._held
+    assert [key for key in store._logs if key[0] == "half"] == []
+    lease = await store.create_leased("half", {"v": 2}, "me")  # the id is free, and so is its lock
+    assert await store.read_header("half") == {"v": 2}
+    lease.release()
 
 
 async def test_missing_instance_raises_not_found(store: FileStore) -> None:

@@ -74,11 +74,12 @@ Header rewrites also have ``rename``: the temporary file is complete and fsynced
 comes just before the rename. (The store writes the first header, in ``create``, in place: there
 ``torn`` tears ``instance.json`` itself and ``rename`` is never reached.)
 
-The write points wrap the file store's own functions (``_write_all`` of ``file_store`` and of
-``_file_header``, ``FileStore._append``,
-``FileStore._create``, ``FileStore._replace_header``, and ``Path.replace`` for the header's
-rename) only when a write point is armed: the kill happens inside the real code path, between
-the store's own steps.
+The write points wrap the file store's own functions (``_write_all`` of ``file_store``,
+``_file_header`` and ``_file_create``, ``FileStore._append``, ``FileStore._make_instance`` (one
+creation), ``FileStore._replace_header``, and
+``Path.replace`` for the header's rename) only when a write point is armed: the kill happens
+inside the real code path, between the store's own steps. Which write is in progress is kept per
+thread, since the header group commits run in a worker thread beside the loop's writes.
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ import anyio
 
 import loopwright
 from loopwright.abc import Provider, ProviderSettings
-from loopwright.builtins import _file_header, file_store
+from loopwright.builtins import _file_create, _file_header, file_store
 
 #: What each script's model answers, by reply number: a list of calls ``(tool, arguments)``, or
 #: the final text. Parallel-safe calls of one reply run concurrently, others one after another.
@@ -508,11 +509,18 @@ def priced(units: int, ctx: loopwright.ToolContext) -> loopwright.ToolOutput:
 # Write points inside the file store
 # ---------------------------------------------------------------------------------------------
 
-#: The write in progress: ``(phase, label)`` of the armed point it reaches, or None. The
-#: store's writes never await, so one event loop never has two in progress.
-_writing: tuple[str, str] | None = None
-#: Whether ``FileStore._create`` (``create``, ``create_leased``) is in progress.
-_creating = False
+class _Writes(threading.local):
+    """What each thread's store write in progress is: the store's writes never await, so one thread
+    never has two in progress, but the header group commits run in a worker thread beside the
+    loop's appends, creations and inline header writes."""
+
+    #: The write in progress: ``(phase, label)`` of the armed point it reaches, or None.
+    writing: tuple[str, str] | None = None
+    #: Whether ``_make_instance`` (behind ``create``, ``create_leased``) is in progress.
+    creating: bool = False
+
+
+_w = _Writes()
 #: The store functions wrapped below, as they were.
 _original: dict[str, Any] = {}
 
@@ -543,8 +551,8 @@ def _armed_write(kind: str, n: int, name: str = "") -> tuple[str, str] | None:
 
 def _write_all(fd: int, data: bytes) -> None:
     """The store's ``_write_all``, killing before, halfway through, or in the last line."""
-    if _writing is not None:
-        phase, label = _writing
+    if _w.writing is not None:
+        phase, label = _w.writing
         if phase == "before":
             die(label)
         if phase in ("torn", "torn-last"):
@@ -558,7 +566,6 @@ def _write_all(fd: int, data: bytes) -> None:
 
 def _append(self: Any, instance_id: str, name: str, items: Any) -> None:
     """``FileStore._append``, counting entry-log and record-log appends."""
-    global _writing  # noqa: PLW0603
     found = None
     if name == file_store.ENTRIES_FILE:
         kinds = _entry_kinds(items)
@@ -568,27 +575,26 @@ def _append(self: Any, instance_id: str, name: str, items: Any) -> None:
     elif name == file_store.RECORDS_FILE:
         (n,) = _count(("record", ""))
         found = _armed_write("record", n)
-    _writing = found
+    _w.writing = found
     try:
         _original["append"](self, instance_id, name, items)
     finally:
-        _writing = None
+        _w.writing = None
     if found is not None and found[0] == "after":
         die(found[1])
 
 
 def _replace_header(self: Any, instance_id: str, folder: Any, data: bytes) -> None:
     """``FileStore._replace_header``, counting header writes (and holding at the gate, if one is set)."""
-    global _writing  # noqa: PLW0603
-    if _creating:  # counted by _create
+    if _w.creating:  # counted by _make_instance
         _original["replace_header"](self, instance_id, folder, data)
         return
     (n,) = _count(("header", ""))
-    found = _writing = _armed_write("header", n)
+    found = _w.writing = _armed_write("header", n)
     try:
         _original["replace_header"](self, instance_id, folder, data)
     finally:
-        _writing = None
+        _w.writing = None
     if found is not None and found[0] == "after":
         die(found[1])
     if _GATE and n == 1 and json.loads(data).get("state") == "running":
@@ -609,44 +615,46 @@ def _wait_at_gate() -> None:
         time.sleep(0.01)
 
 
-def _create(self: Any, instance_id: str, header: Any, owner: Any) -> Any:
-    """``FileStore._create`` (behind ``create`` and ``create_leased``), counting its header write."""
-    global _writing, _creating  # noqa: PLW0603
+def _make_instance(self: Any, instance_id: str, folder: str, data: bytes, *, locked: bool) -> Any:
+    """``FileStore._make_instance`` (behind ``create`` and ``create_leased``), counting its header write."""
     (n,) = _count(("header", ""))
-    found = _writing = _armed_write("header", n)
-    _creating = True
+    found = _w.writing = _armed_write("header", n)
+    _w.creating = True
     try:
-        lease = _original["create"](self, instance_id, header, owner)  # synchronous: no other write meanwhile
+        # Synchronous, in one thread: no other write of this thread meanwhile.
+        made = _original["make_instance"](self, instance_id, folder, data, locked=locked)
     finally:
-        _writing, _creating = None, False
+        _w.writing, _w.creating = None, False
     if found is not None and found[0] == "after":
         die(found[1])
-    return lease
+    return made
 
 
 def _path_replace(self: pathlib.Path, target: Any) -> Any:
     """``Path.replace`` (the header's rename), killing just before it for ``rename`` points."""
-    if _writing is not None and _writing[0] == "rename":
-        die(_writing[1])
+    if _w.writing is not None and _w.writing[0] == "rename":
+        die(_w.writing[1])
     return _original["path_replace"](self, target)
 
 
 def _install_store_points() -> None:
     """Wrap the file store's write steps so that armed write points kill inside them."""
-    for owner, name in ((file_store, "_write_all"), (_file_header, "_write_all"), (file_store.FileStore, "_append"),
-                        (file_store.FileStore, "_replace_header"), (file_store.FileStore, "_create")):
+    for owner, name in ((file_store, "_write_all"), (_file_header, "_write_all"), (_file_create, "_write_all"),
+                        (file_store.FileStore, "_append"), (file_store.FileStore, "_replace_header"),
+                        (file_store.FileStore, "_make_instance")):
         if not hasattr(owner, name):
             msg = f"the file store has no {name} any more: update the write points of {__file__}"
             raise RuntimeError(msg)
     _original.update(write_all=file_store._write_all, append=file_store.FileStore._append,
                      replace_header=file_store.FileStore._replace_header, path_replace=pathlib.Path.replace,
-                     create=file_store.FileStore._create)
+                     make_instance=file_store.FileStore._make_instance)
     file_store._write_all = _write_all
     _file_header._write_all = _write_all  # header rewrites (the group commit's module)
+    _file_create._write_all = _write_all  # new instances' headers
     file_store.FileStore._append = _append  # type: ignore[method-assign]
     file_store.FileStore._replace_header = _replace_header  # type: ignore[method-assign]
     pathlib.Path.replace = _path_replace  # type: ignore[method-assign]
-    file_store.FileStore._create = _create  # type: ignore[method-assign]
+    file_store.FileStore._make_instance = _make_instance  # type: ignore[method-assign]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -76,8 +76,9 @@ on network filesystems (NFS, SMB), and is shared with children forked without ``
 an instance's logs: opening a log cuts a torn last line, which could be another writer's write in
 progress.
 
-The code is split by concern: this module holds the store, its creation, its header reads and
-its logs; :mod:`~loopwright.builtins._file_header` the header rewrites and their group commit,
+The code is split by concern: this module holds the store, its header reads and its logs;
+:mod:`~loopwright.builtins._file_create` the creation of instances,
+:mod:`~loopwright.builtins._file_header` the header rewrites and their group commit,
 :mod:`~loopwright.builtins._file_lease` the lease, :mod:`~loopwright.builtins._file_mailbox` the
 mailbox, :mod:`~loopwright.builtins._file_checkpoint` the checkpoints (parts of :class:`FileStore`
 as mixins), and :mod:`~loopwright.builtins._file_io` the file names, the id rule and the
@@ -92,8 +93,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import fcntl
-import functools
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -102,6 +101,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from loopwright.abc import Store, StoreSettings
 from loopwright.builtins._file_checkpoint import Checkpoints
+from loopwright.builtins._file_create import Creating
 from loopwright.builtins._file_header import Headers, _PendingHeader
 from loopwright.builtins._file_io import (
     CHECKPOINT_FILE,
@@ -114,7 +114,6 @@ from loopwright.builtins._file_io import (
     RECORDS_FILE,
     check_id,
     encode_item,
-    fsync_dir,
     log,
     open_logs_limit,
     parse_lines,
@@ -148,7 +147,7 @@ __all__ = [
 
 _OPTIONS: Final = frozenset({"path", "fsync"})
 # A module global, so that the kill matrix (tests/crash/crash_plugin.py) can wrap it: every write of a
-# log and of a new instance's header goes through it (header rewrites: _file_header._write_all).
+# log goes through it (a new instance's header: _file_create._write_all; rewrites: _file_header._write_all).
 _write_all = write_all
 
 
@@ -163,7 +162,7 @@ def loopwright_register_stores(register: Callable[..., None]) -> None:
     register("file", FileStore)
 
 
-class FileStore(Headers, Checkpoints, Mailbox, Locking, Store):
+class FileStore(Creating, Headers, Checkpoints, Mailbox, Locking, Store):
     """Instances as folders of JSON files: the embedded default store (see the module docstring).
 
     :param settings: ``settings.options`` may hold ``path`` (the store folder, default
@@ -231,86 +230,6 @@ class FileStore(Headers, Checkpoints, Mailbox, Locking, Store):
         return f"FileStore(root={str(self.root)!r}, fsync={self.fsync})"
 
     # -- headers -------------------------------------------------------------------------------
-
-    async def create(self, instance_id: str, header: Mapping[str, Any]) -> None:
-        """Create the instance's folder, empty logs and header.
-
-        Raise :class:`~loopwright.errors.StoreError` if the folder exists (even without a header),
-        the id is invalid, or the header is not JSON-ready.
-        """
-        self._create(instance_id, header, None)
-
-    async def create_leased(self, instance_id: str, header: Mapping[str, Any], owner: str) -> Lease:
-        """Create the instance (as :meth:`create`) with its lock already held by ``owner``.
-
-        The new folder is locked before its header is written, so another process's
-        :meth:`acquire` finds no instance, then a locked one: never a free lease.
-        """
-        lease = self._create(instance_id, header, owner)
-        assert lease is not None  # noqa: S101 - an owner always gets its lease
-        return lease
-
-    def _create(self, instance_id: str, header: Mapping[str, Any],  # noqa: C901, PLR0912 - cleanup paths
-                owner: str | None) -> Lease | None:
-        """Create the instance; with ``owner``, lock the folder first and return the lease."""
-        folder = self.root / check_id(instance_id)
-        data = self._header_bytes(instance_id, header)
-        try:
-            if not self._root_ready:
-                self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-                self._root_ready = True
-            folder.mkdir(mode=0o700)
-        except FileExistsError:
-            raise StoreError(f"already exists ({folder})", instance_id=instance_id) from None
-        except OSError as exc:
-            raise StoreError(f"cannot create {folder}: {exc}", instance_id=instance_id) from exc
-        lock_fd = -1
-        try:
-            if owner is not None:
-                lock_fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | O_CLOEXEC)
-                fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a folder nobody else knows of yet
-            # The logs are created open, and stay cached for the appends that follow at once.
-            for name in (ENTRIES_FILE, RECORDS_FILE):
-                fd = os.open(folder / name, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL | O_CLOEXEC, 0o600)
-                self._cache_log(instance_id, name, fd)
-            # The folder is new and nobody reads it yet: the header is written in place (no
-            # temp file and rename: each new name costs a directory update). A process killed
-            # in the middle leaves an unreadable header, which readers skip: the instance never
-            # ran. Like every append, it is fsynced (with its folder) only with fsync: true.
-            fd = os.open(folder / HEADER_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_CLOEXEC, 0o600)
-            try:
-                _write_all(fd, data)
-                if self.fsync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-            if self.fsync:
-                fsync_dir(folder)
-            if self.fsync:
-                fsync_dir(self.root)
-            self._note_checkpoint(instance_id, 0)
-        except BaseException:
-            if lock_fd >= 0:
-                os.close(lock_fd)
-            # Leave no header-less folder behind: it would block the id and look like litter.
-            for name in (ENTRIES_FILE, RECORDS_FILE):
-                fd = self._logs.pop((instance_id, name), -1)
-                if fd >= 0:
-                    with contextlib.suppress(OSError):
-                        os.close(fd)
-            for name in (ENTRIES_FILE, RECORDS_FILE, HEADER_FILE):
-                with contextlib.suppress(OSError):
-                    (folder / name).unlink()
-            with contextlib.suppress(OSError):
-                folder.rmdir()
-            raise
-        if owner is None:
-            return None
-        self._held.add(instance_id)
-        lease = Lease(instance_id=instance_id, owner=owner, path=folder, fd=lock_fd, on_release=self._released,
-                      find_previous=functools.partial(self._dead_runner, instance_id, owner))
-        self._leases.add(lease)
-        return lease
 
     async def read_header(self, instance_id: str) -> dict[str, Any]:
         """Return the header.
