@@ -17,6 +17,8 @@ from helpers import Harness, call, defn, make_runtime, records_of, reply, result
 
 import loopwright
 from loopwright import Cost, Limits, State, ToolError, ToolOutput, ToolStatus, Usage, call_digest
+from loopwright._config import definition_to_dict
+from loopwright._instance import message_to_json
 from loopwright.errors import ToolCallDenied
 
 pytestmark = pytest.mark.anyio
@@ -259,3 +261,157 @@ async def test_a_decision_read_back_from_the_store_is_carried_out(tmp_path: Path
     else:
         assert (log, shown.status, shown.content) == ([], ToolStatus.DENIED, "denied: saved elsewhere")
     assert [(a["decision"], a.get("by")) for a in approvals if a["decision"]] == [(decision, "token:ops")]
+
+
+# ------------------------------------------------------------------------------------------
+# Recovery: what a runner that takes over a dead runner's instance does
+# ------------------------------------------------------------------------------------------
+
+_AT = "2026-01-01T00:00:00.000Z"
+
+
+def _msg(role: str, content: str | None = None, **fields: Any) -> dict[str, Any]:
+    return {"t": "msg", "m": message_to_json(loopwright.Message(role=role, content=content, **fields))}
+
+
+def _turn(n: int) -> dict[str, Any]:
+    return {"n": n, "model": "s:m", "usage": {"inputTokens": 1, "outputTokens": 1}, "cost": 0.0}
+
+
+async def _write_dead(rt: loopwright.Runtime, iid: str, definition: loopwright.Definition,
+                      entries: list[dict[str, Any]], **header: Any) -> None:
+    """Write what a runner killed mid-segment leaves: a ``running`` header, ``entries`` and no records."""
+    await rt.store.create(iid, {
+        "instanceId": iid, "name": definition.name, "version": 1, "definition": definition_to_dict(definition),
+        "inputs": {}, "state": "running", "stopReason": None, "cancelled": False, "error": None,
+        "pendingApprovals": [], "inbox": [], "spawnerInstanceId": None, "callerInstanceId": None,
+        "callerToolCallId": None, "delegationPrompt": None, "createdAt": _AT, "updatedAt": _AT, "model": "s:m",
+        **header,
+    })
+    await rt.store.append_entries(iid, [{"t": "seg", "at": _AT}, *entries])
+
+
+def _ask(call_id: str) -> loopwright.ToolCall:
+    return loopwright.ToolCall(id=call_id, name="ask_user", arguments={"question": "Which colour?"})
+
+
+async def test_a_failed_task_complete_found_after_a_crash_does_not_complete(tmp_path: Path) -> None:
+    """The repaired turn ends as it would have: a task_complete whose result is not a success does not end the loop.
+
+    (docs/crash-safety.md: the turn's end is applied to the saved results; only a *successful*
+    loop-ending tool completes the instance.)
+    """
+    definition = defn(tools=["task_complete"])
+    done = loopwright.ToolCall(id="t", name="task_complete", arguments={})
+    h = Harness(reply("let me try again"))
+    async with make_runtime(tmp_path, h) as rt:
+        iid = "20260101-000000-0000fa11"
+        await _write_dead(rt, iid, definition, [
+            _msg("user", "go", source="api"),
+            {**_msg("assistant", None, tool_calls=(done,), model="s:m"), "turn": _turn(1)},
+            _msg("tool", "invalid arguments: 'result' is a required property", tool_call_id="t",
+                 name="task_complete", status=ToolStatus.INVALID_ARGUMENTS),
+        ])
+        run = await rt.resume(iid)
+        result = await run.result()
+    assert (result.state, result.text) == (State.WAITING, "let me try again")
+    assert len(h.requests) == 1
+
+
+async def test_a_saved_answer_to_a_question_is_not_given_again_after_a_crash(tmp_path: Path) -> None:
+    """A runner killed after an ask_user's answer was saved, before the header forgot it, answers it once.
+
+    The header still waits for the answer and still queues the message that answered it; the
+    runner that resumes drops both (the log is the truth), so the model reads the answer once.
+    """
+    definition = defn(tools=["ask_user"])
+    h = Harness(reply("blue it is"))
+    async with make_runtime(tmp_path, h) as rt:
+        iid = "20260101-000000-00a5ced0"
+        await _write_dead(rt, iid, definition, [
+            _msg("user", "go", source="api"),
+            {**_msg("assistant", None, tool_calls=(_ask("q"),), model="s:m"), "turn": _turn(1)},
+            _msg("tool", "blue", tool_call_id="q", name="ask_user", status=ToolStatus.SUCCESS),
+        ], awaitingAnswer={"toolCallId": "q", "question": "Which colour?"},
+            inbox=[{"id": "p1", "type": "message", "text": "blue", "source": "api", "at": _AT}])
+        run = await rt.resume(iid)
+        result = await run.result()
+        header = await rt.store.read_header(iid)
+    assert result.text == "blue it is"
+    sent = [(m.role, m.content) for m in h.sent[0]]
+    assert sent.count(("tool", "blue")) == 1
+    assert ("user", "blue") not in sent
+    assert header.get("inbox") in (None, [])
+    assert "awaitingAnswer" not in header
+
+
+async def test_mail_a_dead_runner_already_gave_is_not_given_twice(tmp_path: Path) -> None:
+    """A message whose entry (with its post's id) is saved but whose post is still queued is given once on resume."""
+    definition = defn()
+    h = Harness(reply("hello to you"))
+    async with make_runtime(tmp_path, h) as rt:
+        iid = "20260101-000000-0000a11d"
+        await _write_dead(rt, iid, definition, [
+            _msg("user", "go", source="api"),
+            {**_msg("assistant", "first answer", model="s:m"), "turn": _turn(1)},
+            {"t": "seg", "at": _AT},
+            {**_msg("user", "hello", source="api"), "post": "p1"},
+        ], inbox=[{"id": "p1", "type": "message", "text": "hello", "source": "api", "at": _AT}], turns=1)
+        run = await rt.resume(iid)
+        result = await run.result()
+    assert result.text == "hello to you"
+    assert [(m.role, m.content) for m in h.sent[0]] == [
+        ("user", "go"), ("assistant", "first answer"), ("user", "hello")]
+
+
+async def test_a_task_complete_saved_before_a_crash_completes_with_its_result(tmp_path: Path) -> None:
+    """A successful task_complete whose result was saved completes the instance on resume, with its ``result``."""
+    definition = defn(tools=["task_complete"])
+    done = loopwright.ToolCall(id="t", name="task_complete", arguments={"result": "all done", "summary": "s"})
+    h = Harness()  # the model is not asked again
+    async with make_runtime(tmp_path, h) as rt:
+        iid = "20260101-000000-00d0e0e0"
+        await _write_dead(rt, iid, definition, [
+            _msg("user", "go", source="api"),
+            {**_msg("assistant", None, tool_calls=(done,), model="s:m"), "turn": _turn(1)},
+            _msg("tool", '{"result":"all done","summary":"s"}', tool_call_id="t", name="task_complete",
+                 status=ToolStatus.SUCCESS),
+        ])
+        run = await rt.resume(iid)
+        result = await run.result()
+    assert (result.state, result.stop_reason, result.text) == (State.STOPPED, loopwright.StopReason.COMPLETED,
+                                                                "all done")
+    assert h.requests == []
+
+
+async def test_repaired_tool_call_records_carry_the_turn_and_only_failures_an_error(tmp_path: Path) -> None:
+    """The tool_call records a take-over writes from the log: the call's turn, and ``error`` only when it failed.
+
+    Here the results were saved in a segment of their own (one that went on after an approval),
+    so their turn is the last one of the segment before.
+    """
+
+    @loopwright.tool
+    def note(x: int) -> str:
+        """Write down a number."""
+        return f"noted {x}"
+
+    definition = defn(tools=[note])
+    a = loopwright.ToolCall(id="a", name="note", arguments={"x": 1})
+    b = loopwright.ToolCall(id="b", name="note", arguments={"x": 2})
+    async with make_runtime(tmp_path, Harness(reply("done"), tools=[note])) as rt:
+        iid = "20260101-000000-00ecc0de"
+        await _write_dead(rt, iid, definition, [
+            _msg("user", "go", source="api"),
+            {**_msg("assistant", None, tool_calls=(a, b), model="s:m"), "turn": _turn(1)},
+            {"t": "seg", "at": _AT},
+            _msg("tool", "noted 1", tool_call_id="a", name="note", status=ToolStatus.SUCCESS),
+            _msg("tool", "no", tool_call_id="b", name="note", status=ToolStatus.TOOL_ERROR),
+        ], turns=1)
+        run = await rt.resume(iid)
+        assert (await run.result()).text == "done"
+        records = [r["data"] for r in await rt.records(iid) if r["kind"] == "tool_call"]
+    repaired = {r["toolCallId"]: r for r in records if r.get("repaired")}
+    assert {k: (r["turn"], r["status"]) for k, r in repaired.items()} == {"a": (1, "success"), "b": (1, "tool_error")}
+    assert "error" not in repaired["a"]
+    assert repaired["b"]["error"] == "no"
