@@ -16,7 +16,18 @@ import pytest
 from helpers import Harness, call, defn, make_runtime, records_of, reply, result_for, run_to_rest
 
 import loopwright
-from loopwright import Cost, Limits, State, ToolError, ToolOutput, ToolStatus, Usage, call_digest
+from loopwright import (
+    Cost,
+    InitialPrompt,
+    InitialToolCall,
+    Limits,
+    State,
+    ToolError,
+    ToolOutput,
+    ToolStatus,
+    Usage,
+    call_digest,
+)
 from loopwright._config import definition_to_dict
 from loopwright._instance import message_to_json
 from loopwright.errors import ToolCallDenied
@@ -364,8 +375,13 @@ async def test_mail_a_dead_runner_already_gave_is_not_given_twice(tmp_path: Path
         ("user", "go"), ("assistant", "first answer"), ("user", "hello")]
 
 
-async def test_a_task_complete_saved_before_a_crash_completes_with_its_result(tmp_path: Path) -> None:
-    """A successful task_complete whose result was saved completes the instance on resume, with its ``result``."""
+@pytest.mark.parametrize("mail", [False, True])
+async def test_a_task_complete_saved_before_a_crash_completes_with_its_result(tmp_path: Path, mail: bool) -> None:
+    """A successful task_complete whose result was saved completes the instance on resume, with its ``result``.
+
+    Mail queued in the header does not change that (it only keeps a turn that ended with a plain
+    answer going).
+    """
     definition = defn(tools=["task_complete"])
     done = loopwright.ToolCall(id="t", name="task_complete", arguments={"result": "all done", "summary": "s"})
     h = Harness()  # the model is not asked again
@@ -376,7 +392,7 @@ async def test_a_task_complete_saved_before_a_crash_completes_with_its_result(tm
             {**_msg("assistant", None, tool_calls=(done,), model="s:m"), "turn": _turn(1)},
             _msg("tool", '{"result":"all done","summary":"s"}', tool_call_id="t", name="task_complete",
                  status=ToolStatus.SUCCESS),
-        ])
+        ], inbox=[{"id": "p1", "type": "message", "text": "more", "source": "api", "at": _AT}] if mail else [])
         run = await rt.resume(iid)
         result = await run.result()
     assert (result.state, result.stop_reason, result.text) == (State.STOPPED, loopwright.StopReason.COMPLETED,
@@ -388,7 +404,7 @@ async def test_repaired_tool_call_records_carry_the_turn_and_only_failures_an_er
     """The tool_call records a take-over writes from the log: the call's turn, and ``error`` only when it failed.
 
     Here the results were saved in a segment of their own (one that went on after an approval),
-    so their turn is the last one of the segment before.
+    so their turn is the last one of the segment before, which ended with another call's result.
     """
 
     @loopwright.tool
@@ -397,21 +413,224 @@ async def test_repaired_tool_call_records_carry_the_turn_and_only_failures_an_er
         return f"noted {x}"
 
     definition = defn(tools=[note])
-    a = loopwright.ToolCall(id="a", name="note", arguments={"x": 1})
-    b = loopwright.ToolCall(id="b", name="note", arguments={"x": 2})
+    a, b, c = (loopwright.ToolCall(id=i, name="note", arguments={"x": n}) for n, i in enumerate("abc"))
     async with make_runtime(tmp_path, Harness(reply("done"), tools=[note])) as rt:
         iid = "20260101-000000-00ecc0de"
         await _write_dead(rt, iid, definition, [
             _msg("user", "go", source="api"),
-            {**_msg("assistant", None, tool_calls=(a, b), model="s:m"), "turn": _turn(1)},
+            {**_msg("assistant", None, tool_calls=(a, b, c), model="s:m"), "turn": _turn(1)},
+            _msg("tool", "noted 0", tool_call_id="a", name="note", status=ToolStatus.SUCCESS),
             {"t": "seg", "at": _AT},
-            _msg("tool", "noted 1", tool_call_id="a", name="note", status=ToolStatus.SUCCESS),
-            _msg("tool", "no", tool_call_id="b", name="note", status=ToolStatus.TOOL_ERROR),
+            {"t": "start", "id": "b"},
+            _msg("tool", "noted 1", tool_call_id="b", name="note", status=ToolStatus.SUCCESS),
+            {"t": "start", "id": "c"},
+            _msg("tool", "no", tool_call_id="c", name="note", status=ToolStatus.TOOL_ERROR),
         ], turns=1)
         run = await rt.resume(iid)
         assert (await run.result()).text == "done"
         records = [r["data"] for r in await rt.records(iid) if r["kind"] == "tool_call"]
-    repaired = {r["toolCallId"]: r for r in records if r.get("repaired")}
-    assert {k: (r["turn"], r["status"]) for k, r in repaired.items()} == {"a": (1, "success"), "b": (1, "tool_error")}
-    assert "error" not in repaired["a"]
-    assert repaired["b"]["error"] == "no"
+    repaired = {r["toolCallId"]: r for r in records if r.get("repaired") and r["toolCallId"] in ("b", "c")}
+    assert {k: (r["turn"], r["status"]) for k, r in repaired.items()} == {"b": (1, "success"), "c": (1, "tool_error")}
+    assert "error" not in repaired["b"]
+    assert repaired["c"]["error"] == "no"
+
+
+async def test_mail_a_dead_segment_read_but_never_gave_is_given_on_resume(tmp_path: Path) -> None:
+    """A segment that died before its first turn boundary gave its queued mail: the resume goes on and gives it."""
+    h = Harness(reply("hello to you"))
+    async with make_runtime(tmp_path, h) as rt:
+        iid = "20260101-000000-0000b0ed"
+        await _write_dead(rt, iid, defn(), [
+            _msg("user", "go", source="api"),
+            {**_msg("assistant", "first answer", model="s:m"), "turn": _turn(1)},
+            {"t": "seg", "at": _AT},
+        ], inbox=[{"id": "p1", "type": "message", "text": "hello", "source": "api", "at": _AT}], turns=1)
+        run = await rt.resume(iid)
+        result = await run.result()
+    assert result.text == "hello to you"
+    assert [(m.role, m.content) for m in h.sent[0]] == [
+        ("user", "go"), ("assistant", "first answer"), ("user", "hello")]
+
+
+async def test_a_question_the_dead_runner_never_asked_waits_for_its_answer_on_resume(tmp_path: Path) -> None:
+    """An ask_user that had not started when the runner died is asked on resume: it waits, with no model call."""
+    h = Harness()
+    async with make_runtime(tmp_path, h) as rt:
+        iid = "20260101-000000-00a5c0de"
+        await _write_dead(rt, iid, defn(tools=["ask_user"]), [
+            _msg("user", "go", source="api"),
+            {**_msg("assistant", None, tool_calls=(_ask("q"),), model="s:m"), "turn": _turn(1)},
+        ])
+        run = await rt.resume(iid)
+        result = await run.result()
+        header = await rt.store.read_header(iid)
+    assert result.state is State.WAITING
+    assert header["awaitingAnswer"]["toolCallId"] == "q"
+    assert h.requests == []
+
+
+async def test_a_lost_turn_record_is_written_even_when_other_records_name_its_turn(tmp_path: Path) -> None:
+    """A turn without a ``turn`` record gets one on take-over, though a record of another kind carries its number."""
+
+    @loopwright.tool
+    def note(x: int) -> str:
+        """Write down a number."""
+        return f"noted {x}"
+
+    definition = defn(tools=[note])
+    a = loopwright.ToolCall(id="a", name="note", arguments={"x": 1})
+    async with make_runtime(tmp_path, Harness(reply("done"), tools=[note])) as rt:
+        iid = "20260101-000000-00ab0de0"
+        await _write_dead(rt, iid, definition, [
+            _msg("user", "go", source="api"),
+            {**_msg("assistant", None, tool_calls=(a,), model="s:m"), "turn": _turn(1)},
+            _msg("tool", "noted 1", tool_call_id="a", name="note", status=ToolStatus.SUCCESS),
+        ])
+        await rt.store.append_records(iid, [{"kind": "tool_call", "instanceId": iid, "at": _AT, "data": {
+            "turn": 1, "toolCallId": "a", "tool": "note", "status": "success"}}])
+        run = await rt.resume(iid)
+        assert (await run.result()).text == "done"
+        turns = [r["data"] for r in await rt.records(iid) if r["kind"] == "turn"]
+    assert [(t["turn"], t.get("repaired")) for t in turns] == [(1, True), (2, None)]
+
+
+async def test_resume_carries_out_the_decided_held_calls_and_keeps_the_undecided_ones(tmp_path: Path) -> None:
+    """On take-over a decided held call gets its outcome; an undecided one stays pending, without a result."""
+    log: list[str] = []
+    rm = _gated(log)
+    definition = defn(tools=[rm])
+    r1 = loopwright.ToolCall(id="r1", name="rm", arguments={"path": "one"})
+    r2 = loopwright.ToolCall(id="r2", name="rm", arguments={"path": "two"})
+
+    def pending(c: loopwright.ToolCall, **decision: Any) -> dict[str, Any]:
+        return {"toolCallId": c.id, "tool": c.name, "arguments": dict(c.arguments),
+                "reason": "tool 'rm' requires approval", "requestedAt": _AT, **decision}
+
+    async with make_runtime(tmp_path, Harness(reply("done"), tools=[rm])) as rt:
+        iid = "20260101-000000-00decade"
+        await _write_dead(rt, iid, definition, [
+            _msg("user", "go", source="api"),
+            {**_msg("assistant", None, tool_calls=(r1, r2), model="s:m"), "turn": _turn(1)},
+        ], pendingApprovals=[
+            pending(r1, decision="approved", decisionDigest=call_digest("rm", {"path": "one"})), pending(r2)])
+        run = await rt.resume(iid)
+        result = await run.result()
+        header = await rt.store.read_header(iid)
+    assert log == ["one"]
+    assert result_for(run.inst.transcript, "r1").content == "removed one"
+    assert [p["toolCallId"] for p in header["pendingApprovals"]] == ["r2"]
+    assert not [m for m in run.inst.transcript if m.role == "tool" and m.tool_call_id == "r2"]
+    assert [p.tool_call_id for p in result.pending_approvals] == ["r2"]
+
+
+# ------------------------------------------------------------------------------------------
+# The mailbox
+# ------------------------------------------------------------------------------------------
+
+
+async def test_a_message_posted_to_a_resting_instance_is_picked_up_by_another_runtime(tmp_path: Path) -> None:
+    """submit_message to a resting instance: a runner's pick_up finds it (``message``) and the model reads it."""
+    async with make_runtime(tmp_path, Harness(reply("first"))) as rt:
+        run, _ = await run_to_rest(rt, defn())
+        iid = run.instance_id
+        await rt.submit_message(iid, "and more")
+    h2 = Harness(reply("second"))
+    async with make_runtime(tmp_path, h2) as rt2:
+        picked = await rt2.pick_up(iid)
+        assert picked is not None
+        assert picked[1] == "message"
+        result = await picked[0].result()
+    assert result.text == "second"
+    assert [(m.role, m.content) for m in h2.sent[0]][-1] == ("user", "and more")
+
+
+async def test_a_stale_cancel_request_to_a_resting_instance_is_no_work_and_is_dropped(tmp_path: Path) -> None:
+    """A cancel request left for a segment that has ended: pick_up finds nothing to do and reads past it."""
+    async with make_runtime(tmp_path, Harness(reply("first"))) as rt:
+        run, _ = await run_to_rest(rt, defn())
+        iid = run.instance_id
+        before = int((await rt.store.read_header(iid)).get("inboxCursor") or 0)
+        await rt.store.post(iid, {"id": "x1", "type": "cancel", "at": _AT})
+    h2 = Harness()
+    async with make_runtime(tmp_path, h2) as rt2:
+        assert await rt2.pick_up(iid) is None
+        header = await rt2.store.read_header(iid)
+        assert int(header.get("inboxCursor") or 0) > before
+        assert await rt2.pick_up(iid) is None
+        assert header["state"] == "waiting"
+    assert h2.requests == []
+
+
+async def test_a_cancel_request_read_at_a_turn_boundary_cancels_the_run(tmp_path: Path) -> None:
+    """A cancel request in a running instance's mailbox (as another process posts it) stops it at the turn boundary."""
+    holder: dict[str, loopwright.Runtime] = {}
+
+    @loopwright.tool
+    async def stop_me(context: loopwright.ToolContext) -> str:
+        """Ask for this very instance to be cancelled, as another process would."""
+        await holder["rt"].store.post(context.instance_id, {"id": "k1", "type": "cancel", "at": _AT})
+        return "asked"
+
+    h = Harness(reply(None, call("stop_me", "s")), reply("never sent"), tools=[stop_me])
+    async with make_runtime(tmp_path, h) as rt:
+        holder["rt"] = rt
+        _run, result = await run_to_rest(rt, defn(tools=[stop_me]))
+    assert (result.state, result.stop_reason, result.cancelled) == (State.STOPPED, loopwright.StopReason.CANCELLED,
+                                                                      True)
+    assert len(h.requests) == 1
+
+
+async def test_a_message_posted_during_a_long_tool_call_does_not_cancel_it(tmp_path: Path) -> None:
+    """The cancel poll acts on cancel requests only: a message posted while a tool runs is read at the next turn."""
+    started, release = anyio.Event(), anyio.Event()
+
+    @loopwright.tool
+    async def slow() -> str:
+        """Wait until released."""
+        started.set()
+        await release.wait()
+        return "finished"
+
+    h = Harness(reply(None, call("slow", "s")), reply("read it"), tools=[slow])
+    async with make_runtime(tmp_path, h) as rt:
+        run = await rt.start_agent(defn(tools=[slow]), prompt="go")
+        with anyio.fail_after(10):
+            await started.wait()
+        await rt.submit_message(run.instance_id, "and this")
+        await anyio.sleep(0.8)  # a few of the runtime's cancel polls (every 0.25 s) look at the mailbox meanwhile
+        release.set()
+        with anyio.fail_after(10):
+            result = await run.wait()
+    assert (result.state, result.cancelled, result.text) == (State.WAITING, False, "read it")
+    assert result_for(run.inst.transcript, "s").content == "finished"
+    assert [(m.role, m.content) for m in h.sent[1]][-1] == ("user", "and this")
+
+
+async def test_only_the_task_prompt_is_marked_as_the_task_in_the_log(tmp_path: Path) -> None:
+    """The entry of the task prompt carries ``task: true``; a later message's entry does not."""
+    h = Harness(reply("one"), reply("two"))
+    async with make_runtime(tmp_path, h) as rt:
+        run, _ = await run_to_rest(rt, defn())
+        await run.message("more")
+        await run.result()
+        entries = await rt.store.read_entries(run.instance_id)
+    users = [(e["m"]["content"], e.get("task")) for e in entries if e.get("t") == "msg" and e["m"]["role"] == "user"]
+    assert users == [("go", True), ("more", None)]
+
+
+async def test_a_task_prompt_that_waited_behind_a_held_injected_turn_is_marked_as_the_task(tmp_path: Path) -> None:
+    """Behind a held injected call the task prompt waits in the queue; once given, its entry is marked ``task``."""
+    log: list[str] = []
+    rm = _gated(log)
+    definition = defn(tools=[rm], initial_prompts=(InitialPrompt(role="assistant", tool_calls=(
+        InitialToolCall(name="rm", arguments={"path": "x"}, id="i1"),)),))
+    h = Harness(reply("done"), tools=[rm])
+    async with make_runtime(tmp_path, h) as rt:
+        run, result = await run_to_rest(rt, definition, "the task")
+        assert result.state is State.WAITING_FOR_APPROVAL
+        await run.approve()
+        assert (await run.result()).text == "done"
+        entries = await rt.store.read_entries(run.instance_id)
+    assert log == ["x"]
+    users = [(e["m"]["content"], e.get("task")) for e in entries if e.get("t") == "msg" and e["m"]["role"] == "user"]
+    assert users == [("the task", True)]
