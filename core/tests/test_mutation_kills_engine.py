@@ -634,3 +634,62 @@ async def test_a_task_prompt_that_waited_behind_a_held_injected_turn_is_marked_a
     assert log == ["x"]
     users = [(e["m"]["content"], e.get("task")) for e in entries if e.get("t") == "msg" and e["m"]["role"] == "user"]
     assert users == [("the task", True)]
+
+
+# ------------------------------------------------------------------------------------------
+# Limits
+# ------------------------------------------------------------------------------------------
+
+
+async def test_the_elapsed_limit_cuts_a_model_call_and_names_the_instances_own_limit(tmp_path: Path) -> None:
+    """A model call still running when the segment's ``elapsed`` runs out is cut off; the error names the limit.
+
+    The limit is the instance's own, so the message names no other agent.
+    """
+
+    async def hang(request: loopwright.ModelRequest) -> loopwright.ModelResponse:
+        await anyio.sleep(30)
+        return reply("never")
+
+    h = Harness(hang)
+    async with make_runtime(tmp_path, h) as rt:
+        _run, result = await run_to_rest(rt, defn(limits=Limits(elapsed=0.3)))
+    assert (result.state, result.stop_reason, result.limit) == (State.ERROR, loopwright.StopReason.LIMIT_EXCEEDED,
+                                                                "elapsed")
+    assert result.error == "elapsed-time limit (0.3 s) reached"
+
+
+async def test_the_tool_call_limit_names_the_instances_own_limit(tmp_path: Path) -> None:
+    """Calls beyond the instance's own ``toolCalls`` limit are skipped; the messages name the limit, no other agent."""
+    log: list[int] = []
+
+    @loopwright.tool
+    def note(x: int) -> str:
+        """Write down a number."""
+        log.append(x)
+        return f"noted {x}"
+
+    h = Harness(reply(None, call("note", "a", x=1), call("note", "b", x=2)), tools=[note])
+    async with make_runtime(tmp_path, h) as rt:
+        run, result = await run_to_rest(rt, defn(tools=[note], limits=Limits(tool_calls=1)))
+    assert log == [1]
+    skipped = result_for(run.inst.transcript, "b")
+    assert (skipped.status, skipped.content) == (ToolStatus.SKIPPED, "skipped: the tool-call limit (1) was reached")
+    assert (result.state, result.limit, result.error) == (State.ERROR, "toolCalls", "the tool-call limit (1) reached")
+
+
+async def test_a_generous_elapsed_limit_does_not_end_a_short_run(tmp_path: Path) -> None:
+    """A run well within its ``elapsed`` limit (60 s) ends as it would without one."""
+    note_log: list[int] = []
+
+    @loopwright.tool
+    def note(x: int) -> str:
+        """Write down a number."""
+        note_log.append(x)
+        return f"noted {x}"
+
+    h = Harness(reply(None, call("note", "n", x=1)), reply("done"), tools=[note])
+    async with make_runtime(tmp_path, h) as rt:
+        _run, result = await run_to_rest(rt, defn(tools=[note], limits=Limits(elapsed=60.0)))
+    assert (result.state, result.text, result.error) == (State.WAITING, "done", None)
+    assert note_log == [1]
