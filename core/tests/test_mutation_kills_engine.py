@@ -688,7 +688,11 @@ async def test_a_generous_elapsed_limit_does_not_end_a_short_run(tmp_path: Path)
         note_log.append(x)
         return f"noted {x}"
 
-    h = Harness(reply(None, call("note", "n", x=1)), reply("done"), tools=[note])
+    async def thinking(request: loopwright.ModelRequest) -> loopwright.ModelResponse:
+        await anyio.sleep(0.01)  # a model call that waits, as a real one does (a cancel point)
+        return reply("done")
+
+    h = Harness(reply(None, call("note", "n", x=1)), thinking, tools=[note])
     async with make_runtime(tmp_path, h) as rt:
         _run, result = await run_to_rest(rt, defn(tools=[note], limits=Limits(elapsed=60.0)))
     assert (result.state, result.text, result.error) == (State.WAITING, "done", None)
