@@ -49,23 +49,26 @@ pytestmark = pytest.mark.anyio
 async def test_hold_sees_the_timeout_the_call_would_run_with(
     tmp_path: Path, tool_timeout: float | None, limit: float | None, expected: float,
 ) -> None:
-    """ToolContext.timeout given to ``hold`` is the call's timeout: the tool's, else toolTimeout, else 60 s."""
-    seen: list[tuple[float, float]] = []
+    """ToolContext.timeout given to ``hold`` is the call's timeout: the tool's, else toolTimeout, else 60 s.
+
+    The tool's own context parameter gets the same timeout when it runs.
+    """
+    seen: list[tuple[str, float]] = []
 
     def watch(arguments: Any, context: loopwright.ToolContext) -> None:
-        seen.append((context.timeout, -1.0))
+        seen.append(("hold", context.timeout))
 
     @loopwright.tool(hold=watch, timeout=tool_timeout)
     def probe(context: loopwright.ToolContext) -> str:
         """Report the timeout the loop gave the call."""
-        seen.append((-1.0, context.timeout))
+        seen.append(("run", context.timeout))
         return "ok"
 
     h = Harness(reply(None, call("probe", "p")), reply("done"), tools=[probe])
     async with make_runtime(tmp_path, h) as rt:
         _run, result = await run_to_rest(rt, defn(tools=[probe], limits=Limits(tool_timeout=limit)))
     assert result.text == "done"
-    assert seen == [(expected, -1.0), (-1.0, expected)]
+    assert seen == [("hold", expected), ("run", expected)]
 
 
 # ------------------------------------------------------------------------------------------
