@@ -42,7 +42,10 @@ for node in ast.walk(ast.parse(open(module).read())):
         notes.append(node.annotation)
     spans += [((n.lineno, n.col_offset), (n.end_lineno, n.end_col_offset)) for n in notes if n]
 with use_db(db, WorkDB.Mode.open) as work_db:
-    items = list(work_db.pending_work_items)
+    # pending_work_items comes in random order (and job ids are random): sort by what each mutant
+    # is, so that one SEED picks the same mutants on every init of the same source.
+    items = sorted(work_db.pending_work_items, key=lambda i: (
+        tuple(i.mutations[0].start_pos), i.mutations[0].operator_name, i.mutations[0].occurrence))
     total, kept = len(items), []
     for item in items:
         pos = tuple(item.mutations[0].start_pos)
