@@ -9,15 +9,22 @@ real files: when a checkpoint is written, a log missing from its folder, a creat
 from __future__ import annotations
 
 import errno
+import json
+import logging
 import os
+import re
+import resource
 import stat
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from loopwright.abc import StoreSettings
+from loopwright.builtins import _file_io
 from loopwright.builtins.file_store import CHECKPOINT_FILE, ENTRIES_FILE, RECORDS_FILE, FileStore
+from loopwright.errors import StoreError
 
 pytestmark = pytest.mark.anyio
 
@@ -116,11 +123,9 @@ async def test_a_creation_cut_short_leaves_nothing_and_closes_only_its_own_files
 
     monkeypatch.setattr(os, "open", fake_open)
     monkeypatch.setattr(os, "close", fake_close)
+    making = store.create("x", {"id": "x"}) if owner is None else store.create_leased("x", {"id": "x"}, owner)
     with pytest.raises(OSError, match="No space left") as caught:
-        if owner is None:
-            await store.create("x", {"id": "x"})
-        else:
-            await store.create_leased("x", {"id": "x"}, owner)
+        await making
     monkeypatch.undo()
     assert caught.value.errno == errno.ENOSPC
     assert sorted(closed) == sorted(opened)
@@ -128,3 +133,112 @@ async def test_a_creation_cut_short_leaves_nothing_and_closes_only_its_own_files
     lease = await store.create_leased("x", {"id": "x"}, "me")  # the id, and its lock, are free
     lease.release()
     assert await store.read_header("x") == {"id": "x"}
+
+
+# -- the low-level reads and writes (_file_io) ----------------------------------------------------
+
+
+async def test_an_append_cut_short_by_the_kernel_is_finished(
+    store: FileStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``write()`` may write less than it was given (a signal, a nearly full disk): the append writes the
+    rest, so every line lands whole and in order."""
+    await store.create("w", {"id": "w"})
+    real_write = os.write
+    sizes: list[int] = []
+
+    def short_write(fd: int, data: Any) -> int:
+        sizes.append(len(data))
+        return real_write(fd, bytes(data[:5]))
+
+    monkeypatch.setattr(os, "write", short_write)
+    await store.append_entries("w", [{"n": 1}, {"n": 2}])
+    monkeypatch.undo()
+    assert len(sizes) > 1
+    assert (store.root / "w" / ENTRIES_FILE).read_bytes() == b'{"n":1}\n{"n":2}\n'
+    assert await make_store(tmp_path).read_entries("w") == [{"n": 1}, {"n": 2}]
+
+
+async def test_a_torn_tail_warning_says_how_many_bytes_were_dropped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Opening a log with a torn last line cuts it and logs its size in bytes."""
+    first = make_store(tmp_path)
+    await first.create("t", {"id": "t"})
+    await first.append_entries("t", [{"n": 1}])
+    await first.aclose()
+    with (first.root / "t" / ENTRIES_FILE).open("ab") as f:
+        f.write(b'{"n":2,"x"')  # 10 bytes, no newline: a write a kill cut short
+    store = make_store(tmp_path)
+    try:
+        with caplog.at_level(logging.WARNING, logger="loopwright.builtins.file_store"):
+            await store.append_entries("t", [{"n": 3}])
+    finally:
+        await store.aclose()
+    assert "dropped a torn last line of 10 bytes" in caplog.text
+    assert await store.read_entries("t") == [{"n": 1}, {"n": 3}]
+
+
+@pytest.mark.parametrize("torn", [b'{"n":2,\n', b"[2]\n"], ids=["invalid-json", "not-an-object"])
+async def test_a_checkpoint_over_a_log_with_a_bad_last_line_covers_the_lines_before_it(
+    tmp_path: Path, torn: bytes,
+) -> None:
+    """A complete last line that is not an object (a torn write that ended in a newline) is dropped by
+    readers, and a checkpoint folded then covers exactly the lines before it: it checks out, and loads."""
+    store = make_store(tmp_path)
+    store.checkpoint_bytes = 1
+    await store.create("k", {"id": "k"})
+    await store.append_entries("k", [{"n": 0}, {"n": 1}])
+    good = (store.root / "k" / ENTRIES_FILE).stat().st_size
+    with (store.root / "k" / ENTRIES_FILE).open("ab") as f:
+        f.write(torn)
+    await store.checkpoint("k", count_fold)
+    await store.aclose()
+    frame = json.loads((store.root / "k" / CHECKPOINT_FILE).read_bytes().split(b"\n")[0])
+    assert frame["offset"] == good
+    assert await make_store(tmp_path).read_resume("k") == ({"n": 2}, [])
+
+
+async def test_a_corrupt_line_is_named_by_its_line_or_by_its_byte_after_a_checkpoint(tmp_path: Path) -> None:
+    """A corrupt line of a whole log is named by its line number; in the tail after a checkpoint, by the
+    checkpoint's byte offset and the line number in that tail."""
+    store = make_store(tmp_path)
+    store.checkpoint_bytes = 1
+    await store.create("e", {"id": "e"})
+    await store.append_entries("e", [{"n": 0}])
+    await store.checkpoint("e", count_fold)
+    offset = (store.root / "e" / ENTRIES_FILE).stat().st_size
+    await store.aclose()
+    with (store.root / "e" / ENTRIES_FILE).open("ab") as f:
+        f.write(b'{"n":1}\n{"n":\n{"n":3}\n')
+    again = make_store(tmp_path)
+    with pytest.raises(StoreError, match=rf"entries\.jsonl: byte {offset} \+ line 2 is not valid JSON"):
+        await again.read_resume("e")
+    with pytest.raises(StoreError, match=r"entries\.jsonl: line 3 is not valid JSON"):
+        await again.read_entries("e")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="syncfs(2) is Linux's")
+def test_a_failed_syncfs_raises(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``syncfs`` returning -1 (an I/O error flushing the filesystem) raises ``OSError`` with its errno, so
+    a group commit never renames headers that may not be on disk."""
+    import ctypes  # noqa: PLC0415
+
+    class FailingLibc:
+        @staticmethod
+        def syncfs(_fd: int) -> int:
+            ctypes.set_errno(errno.EIO)
+            return -1
+
+    monkeypatch.setattr(ctypes, "CDLL", lambda *_a, **_k: FailingLibc())
+    syncfs = _file_io.load_syncfs()
+    assert syncfs is not None
+    with pytest.raises(OSError, match=re.escape(str(tmp_path))) as caught:
+        syncfs(tmp_path)
+    assert caught.value.errno == errno.EIO
+
+
+def test_a_soft_descriptor_limit_of_zero_keeps_the_smallest_lru(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A soft limit of 0 is a limit (the floor of 64 logs), not 'unlimited' (65,536)."""
+    monkeypatch.setattr(resource, "getrlimit", lambda _what: (0, resource.RLIM_INFINITY))
+    assert _file_io.open_logs_limit() == 64
