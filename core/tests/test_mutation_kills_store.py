@@ -3,12 +3,14 @@ log and the file store, session 7").
 
 Each test failed against a mutant of ``builtins/file_store.py``, ``_file_io.py`` or
 ``_file_checkpoint.py`` that the rest of the suite let through. They test documented behaviour with
-real files: when a checkpoint is written, a log missing from its folder, a creation cut short.
+real files: when a checkpoint is written and when it is used, a log missing from its folder, a
+creation cut short, a short ``write()``, a torn tail.
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -242,3 +244,80 @@ def test_a_soft_descriptor_limit_of_zero_keeps_the_smallest_lru(monkeypatch: pyt
     """A soft limit of 0 is a limit (the floor of 64 logs), not 'unlimited' (65,536)."""
     monkeypatch.setattr(resource, "getrlimit", lambda _what: (0, resource.RLIM_INFINITY))
     assert _file_io.open_logs_limit() == 64
+
+
+# -- checkpoints, verified and rewritten (_file_checkpoint) ---------------------------------------
+
+
+def frame_of(store: FileStore, iid: str) -> dict[str, Any]:
+    return json.loads((store.root / iid / CHECKPOINT_FILE).read_bytes().split(b"\n")[0])
+
+
+async def test_a_checkpoint_is_written_by_any_store_and_not_again_until_the_log_grew(tmp_path: Path) -> None:
+    """A store that never opened the log (another process, after a restart) folds a checkpoint in the
+    documented frame; a later store reads that frame's offset and writes none until the log grew by
+    ``checkpoint_bytes`` past it."""
+    first = make_store(tmp_path)
+    await first.create("r", {"id": "r"})
+    await first.append_entries("r", [sized(100), sized(100)])
+    await first.aclose()
+    second = make_store(tmp_path)
+    second.checkpoint_bytes = 150
+    await second.checkpoint("r", count_fold)
+    await second.aclose()
+    frame = frame_of(second, "r")
+    body = (second.root / "r" / CHECKPOINT_FILE).read_bytes().split(b"\n")[1]
+    assert frame["v"] == 1
+    assert frame["offset"] == 200
+    assert frame["sha256"] == hashlib.sha256(body).hexdigest()
+    assert json.loads(body) == {"n": 2}
+    third = make_store(tmp_path)
+    third.checkpoint_bytes = 150
+    try:
+        await third.append_entries("r", [sized(100)])
+        await third.checkpoint("r", count_fold)  # 100 bytes past the checkpoint: not yet
+        assert frame_of(third, "r")["offset"] == 200
+        await third.append_entries("r", [sized(50)])
+        await third.checkpoint("r", count_fold)
+        assert frame_of(third, "r")["offset"] == 350
+        assert await third.read_resume("r") == ({"n": 4}, [])
+    finally:
+        await third.aclose()
+
+
+async def test_a_checkpoint_whose_frame_is_garbage_is_replaced(tmp_path: Path) -> None:
+    """A ``checkpoint.json`` whose frame line is not JSON (a torn write) does not stop new checkpoints."""
+    store = make_store(tmp_path)
+    await store.create("g", {"id": "g"})
+    await store.append_entries("g", [{"n": 0}, {"n": 1}])
+    await store.aclose()
+    (store.root / "g" / CHECKPOINT_FILE).write_bytes(b'{"v":1,"off')
+    again = make_store(tmp_path)
+    again.checkpoint_bytes = 1
+    try:
+        await again.checkpoint("g", count_fold)
+        assert await again.read_resume("g") == ({"n": 2}, [])
+    finally:
+        await again.aclose()
+
+
+@pytest.mark.parametrize("change", ["v0", "digest-low", "digest-high"])
+async def test_a_checkpoint_whose_frame_does_not_check_out_is_ignored(
+    tmp_path: Path, change: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Only a frame of version 1 whose ``sha256`` is the state line's hash is used: any other version, or any
+    other digest (above or below the true one), and the whole log is read."""
+    store = make_store(tmp_path)
+    store.checkpoint_bytes = 1
+    await store.create("f", {"id": "f"})
+    await store.append_entries("f", [{"n": 0}, {"n": 1}])
+    await store.checkpoint("f", count_fold)
+    await store.aclose()
+    path = store.root / "f" / CHECKPOINT_FILE
+    head, body = path.read_bytes().split(b"\n")[:2]
+    frame = json.loads(head)
+    frame.update({"v": 0} if change == "v0" else {"sha256": ("0" if change == "digest-low" else "f") * 64})
+    path.write_bytes(json.dumps(frame).encode() + b"\n" + body + b"\n")
+    with caplog.at_level(logging.WARNING, logger="loopwright.builtins.file_store"):
+        assert await make_store(tmp_path).read_resume("f") == (None, [{"n": 0}, {"n": 1}])
+    assert "ignoring the checkpoint" in caplog.text
