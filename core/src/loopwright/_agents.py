@@ -49,6 +49,7 @@ from loopwright._duration import parse_duration
 from loopwright._instance import new_id, now_iso
 from loopwright._monitors import RESTING, Monitors, parse_context_at
 from loopwright._types import State
+from loopwright._views import agent_report
 from loopwright.errors import ConfigError, InstanceLockedError, InstanceNotFoundError, ToolError
 
 if TYPE_CHECKING:
@@ -328,17 +329,9 @@ class Agents:
         return State.RUNNING.value if run.running else (await self._header_of(run)).get("state")
 
     async def _report(self, agent_id: str, run: AgentRun) -> dict[str, Any]:
+        """Return what the agent tools report of ``agent_id`` (:func:`loopwright._views.agent_report`)."""
         header = await self._header_of(run)
-        usage = header.get("usage") or {}
-        subtree = await self._rt.subtree_cost(agent_id)
-        return {
-            "instanceId": agent_id, "name": header.get("name"), "state": header.get("state"),
-            "stopReason": header.get("stopReason"), "text": header.get("text"), "output": header.get("output"),
-            "error": header.get("error"), "turns": header.get("turns"), "cost": header.get("cost"),
-            "subtreeCost": subtree, "contextTokens": usage.get("inputTokens"),
-            "pendingApprovals": [p.get("toolCallId") for p in header.get("pendingApprovals") or []
-                                 if p.get("decision") is None],
-        }
+        return agent_report(header, instance_id=agent_id, subtree_cost=await self._rt.subtree_cost(agent_id))
 
     # -- monitors -------------------------------------------------------------------------------
 
