@@ -14,6 +14,7 @@ import loopwright
 from loopwright import State, StopReason, ToolStatus, Usage
 from loopwright._config import definition_to_dict
 from loopwright._instance import message_to_json
+from loopwright.abc import new_post_id
 from loopwright.errors import InstanceNotFoundError, LoopwrightError
 
 pytestmark = pytest.mark.anyio
@@ -188,6 +189,32 @@ async def test_resume_runs_calls_that_never_started(tmp_path: Path) -> None:
         assert ran == ["pay"]
         assert result_for(run.inst.transcript, "started").status is ToolStatus.UNKNOWN_OUTCOME
         assert result_for(run.inst.transcript, "fresh").content == "paid"
+
+
+@pytest.mark.parametrize("by", ["resume", "message"])
+async def test_mail_read_by_a_take_over_whose_turn_completes_starts_the_next_segment(tmp_path: Path, by: str) -> None:
+    """A message posted while the runner was dead is read (into the queue) by the process that takes
+    the instance over; when the interrupted turn then ends the segment (``task_complete``), the
+    message starts the next segment instead of resting unread in the queue."""
+    definition = defn(tools=["task_complete"])
+    h = Harness(reply("read it"), tools=[])
+    async with make_runtime(tmp_path, h) as rt:
+        iid = "20260101-000000-0000ma11"
+        await write_crashed_instance(rt, iid, definition, [call("task_complete", "tc", result="R", summary="S")])
+        if by == "resume":  # posted by another process while the runner was dead
+            await rt.store.post(iid, {"id": new_post_id(), "type": "message", "text": "late", "source": "api",
+                                      "at": "2026-01-01T00:00:01.000Z"})
+            run = await rt.resume(iid)
+        else:
+            run = await rt.message(iid, "late")
+        result = await run.result()
+        users = [m.content for m in run.inst.transcript if m.role == "user"]
+        assert users == ["go", "late"]
+        assert (result.state, result.text) == (State.WAITING, "read it")
+        assert [m.content for m in h.sent[0] if m.role == "user"] == ["go", "late"]
+        header = await rt.store.read_header(iid)
+        assert header["inbox"] == []
+        assert header["state"] == "waiting"
 
 
 async def test_resume_leaves_a_resting_instance_alone(tmp_path: Path) -> None:

@@ -4,6 +4,11 @@ The runner that delivers queued mail saves each message's entry, then the header
 queue. Killed in between, it leaves the message both in the log and in the saved queue; the
 runner that resumes must not give it again. Each message entry carries its post's id, and the
 resume drops the queued posts the current segment already gave (``Recovery.repair_records``).
+
+And it is given at all: a runner that takes over a dead one reads the mailbox into the queue as
+its segment starts; when the interrupted turn then ends the segment (``task_complete``), the
+queued message starts the next segment (``Mailbox.has_mail``), as mail that came after the last
+turn boundary does (the kill matrix found it lost: s0137 of seed 858318773).
 """
 
 from __future__ import annotations
@@ -51,3 +56,24 @@ def test_a_kill_after_a_messages_entry_before_the_header_gives_it_once(tmp_path:
     header = kill_matrix.read_header(folder, iid)
     assert header is not None
     assert not header.get("inbox")
+
+
+@pytest.mark.parametrize("store", ["file", "sqlite"])
+def test_a_message_that_takes_over_a_turn_ending_the_instance_is_read(tmp_path: Path, store: str) -> None:
+    folder = tmp_path / "mail"
+    kill_matrix.prepare(folder, Scenario(0, "complete", (Stage("plain"),), store))
+    # The run dies once the last answer (charge, then task_complete) is saved, before its calls start.
+    ran = _lw(folder, "run", "agent.yaml", "-p", kill_matrix.PROMPT, "--json", point="entry:answer:3:after")
+    assert ran.returncode == -9, (ran.returncode, ran.stderr)
+    (iid,) = kill_matrix.instance_ids(folder)
+    assert kill_matrix.read_header(folder, iid)["state"] == "running"  # its runner is dead
+    # The message's process takes the instance over: its segment reads the post into the queue,
+    # runs the two calls, and task_complete completes the instance before any turn boundary.
+    posted = _lw(folder, "message", iid, "hello after the end", "--json")
+    assert posted.returncode == 0, posted.stderr
+    users = _users(folder, iid)
+    assert users.count("hello after the end") == 1, users
+    header = kill_matrix.read_header(folder, iid)
+    assert header is not None
+    assert not header.get("inbox"), header.get("inbox")
+    assert header["state"] == "waiting"  # the message's segment: answered past the script's end

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from loopwright._engine._deps import EngineDeps, SegmentRun
     from loopwright._engine._journal import Journal
 
-__all__ = ["Mailbox", "first_answer"]
+__all__ = ["Mailbox", "first_answer", "mail_to_give"]
 
 
 def first_answer(queue: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -29,6 +29,18 @@ def first_answer(queue: list[dict[str, Any]]) -> dict[str, Any] | None:
     (``behindTurn``) and messages from agents or the runtime may not.
     """
     return next((m for m in queue if m.get("source") in ("api", "user") and not m.get("behindTurn")), None)
+
+
+def mail_to_give(header: dict[str, Any]) -> bool:
+    """Whether the header's queue (``inbox``) holds messages the next turn boundary gives the model.
+
+    The rule of :meth:`Mailbox.drain_inbox`: every queued message, unless a question waits for
+    its answer, when only one that may answer it (:func:`first_answer`) is.
+    """
+    queue: list[dict[str, Any]] = header.get("inbox") or []
+    if header.get("awaitingAnswer"):
+        return first_answer(queue) is not None
+    return bool(queue)
 
 
 class Mailbox:
@@ -114,8 +126,16 @@ class Mailbox:
                                                 "status": ToolStatus.SUCCESS.value, "answered": True})
 
     async def has_mail(self, run: SegmentRun) -> bool:
-        """Return whether messages wait in the mailbox of a resting instance (cancel requests are dropped)."""
+        """Return whether messages wait for a resting instance (cancel requests are dropped).
+
+        They wait unread in the mailbox, or already read into the header's queue and not given:
+        a runner that takes over a dead one reads the mailbox as its segment starts, and the
+        interrupted turn may end that segment (``task_complete``) before a turn boundary gives
+        the queue (see :func:`mail_to_give`). Either starts the next segment.
+        """
         inst = run.inst
+        if mail_to_give(inst.header):
+            return True
         cursor = int(inst.header.get("inboxCursor") or 0)
         posts, new_cursor = await self.store.read_posts(inst.id, cursor)
         if not posts:

@@ -19,7 +19,7 @@ from loopwright._engine._common import (
     take_decisions,
     tool_message,
 )
-from loopwright._engine._mailbox import first_answer
+from loopwright._engine._mailbox import first_answer, mail_to_give
 from loopwright._instance import rebuild, shown_call, unanswered_calls
 from loopwright._types import State, StopReason, ToolResult, ToolStatus
 
@@ -216,7 +216,7 @@ class Recovery:
             return
         last = messages[-1]
         limits = self.deps.limits_of(inst)
-        if last.role == "assistant" and not last.tool_calls and _mail_to_give(inst):
+        if last.role == "assistant" and not last.tool_calls and mail_to_give(inst.header):
             # The dead runner's segment began for mail it had read into the header's queue but not
             # yet given to the model (its first turn boundary gives it): this answer is the segment
             # before's, which rested. The turns go on, and the first one gives the mail.
@@ -270,18 +270,6 @@ def _settle_answered_question(inst: Instance) -> None:
     first = first_answer(queue)
     if first is not None and str(first.get("text", "")) == (answer.content or ""):
         queue.remove(first)
-
-
-def _mail_to_give(inst: Instance) -> bool:
-    """Whether the header's queue (``inbox``) holds messages the next turn boundary gives the model.
-
-    The mailbox's rule (:meth:`Mailbox.drain_inbox`): every queued message, unless a question waits
-    for its answer, when only one that may answer it (:func:`first_answer`) is.
-    """
-    queue = inst.header.get("inbox") or []
-    if inst.header.get("awaitingAnswer"):
-        return first_answer(queue) is not None
-    return bool(queue)
 
 
 def _drop_given_mail(inst: Instance, entries: Sequence[Mapping[str, Any]]) -> None:
