@@ -112,7 +112,8 @@ async def test_a_creation_cut_short_leaves_nothing_and_closes_only_its_own_files
     real_open, real_close = os.open, os.close
 
     def fake_open(path: Any, flags: int, mode: int = 0o777, **kw: Any) -> int:
-        if os.fspath(path).endswith(f"/x/{failing}"):
+        name = os.fspath(path)  # by its path, or by its name in the new folder (opened relative to it)
+        if name.endswith(f"/x/{failing}") or (name == failing and kw.get("dir_fd") is not None):
             raise OSError(errno.ENOSPC, "No space left on device", os.fspath(path))
         fd = real_open(path, flags, mode, **kw)
         opened.add(fd)
