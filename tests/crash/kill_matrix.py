@@ -2159,7 +2159,7 @@ def group(kill: str) -> str:
 
 def run_matrix(kills: int, seed: int, root: Path, *, jobs: int | None = None, keep: bool = False,
                progress: Callable[[Outcome], None] | None = None, stores: Iterable[str] | None = None,
-               scripts: Iterable[str] | None = None, engine: str = "local") -> Report:
+               scripts: Iterable[str] | None = None, engine: str = "local", curated_only: bool = False) -> Report:
     """Play scenarios of :func:`scenarios` under ``root``, ``jobs`` at a time, until ``kills`` kills landed.
 
     A random kill may miss (the process finished first) and a point in a resume may not be
@@ -2173,7 +2173,8 @@ def run_matrix(kills: int, seed: int, root: Path, *, jobs: int | None = None, ke
     ``scripts`` limits it to those scripts (``tree``: the parent/child scenarios alone).
     ``engine`` ``temporal`` plays the Temporal scenarios instead (:data:`TEMPORAL_CURATED`, then
     random ones), on a Temporal server (:func:`temporal_server`: the one :data:`temporal` names,
-    or a dev server started for the run).
+    or a dev server started for the run). ``curated_only`` plays the curated scenarios alone (those of
+    ``stores`` and ``scripts``), whatever ``kills`` says.
     """
     chosen = list(STORES if stores is None else stores)
     left_out = []
@@ -2185,7 +2186,7 @@ def run_matrix(kills: int, seed: int, root: Path, *, jobs: int | None = None, ke
         if engine == "temporal":
             stack.enter_context(temporal_server(root))
         report = _run_matrix(kills, seed, root, jobs=jobs, keep=keep, progress=progress, stores=chosen,
-                             scripts=scripts, engine=engine)
+                             scripts=scripts, engine=engine, curated_only=curated_only)
         report.left_out = left_out
         if database is not None and (keep or report.failures):
             database.keep = True
@@ -2193,9 +2194,16 @@ def run_matrix(kills: int, seed: int, root: Path, *, jobs: int | None = None, ke
     return report
 
 
-def _run_matrix(kills: int, seed: int, root: Path, *, jobs: int | None, keep: bool,
+def _curated_count(engine: str, stores: Iterable[str], scripts: Iterable[str] | None) -> int:
+    """Return how many curated scenarios of ``engine`` run on ``stores`` (of ``scripts``, default every one)."""
+    chosen = None if scripts is None else set(scripts)
+    return sum(1 for script, _stages, *store in (TEMPORAL_CURATED if engine == "temporal" else CURATED)
+               if (*store, "file")[0] in set(stores) and (chosen is None or script in chosen))
+
+
+def _run_matrix(kills: int, seed: int, root: Path, *, jobs: int | None, keep: bool,  # noqa: C901 - one loop
                 progress: Callable[[Outcome], None] | None, stores: list[str],
-                scripts: Iterable[str] | None = None, engine: str = "local") -> Report:
+                scripts: Iterable[str] | None = None, engine: str = "local", curated_only: bool = False) -> Report:
     t0 = time.monotonic()
     jobs = jobs or min(4, (os.cpu_count() or 2) + 1)
     root.mkdir(parents=True, exist_ok=True)
@@ -2212,10 +2220,11 @@ def _run_matrix(kills: int, seed: int, root: Path, *, jobs: int | None, keep: bo
             progress(outcome)
         return outcome
 
-    # At most twice the kills planned, if kills keep missing.
-    curated = TEMPORAL_CURATED if engine == "temporal" else CURATED
-    stream = itertools.islice(scenarios(kills, seed, stores, scripts=scripts, engine=engine),
-                              2 * kills + len(curated))
+    # At most twice the kills planned, if kills keep missing; or the curated scenarios, every one of them.
+    count = 2 * kills + len(TEMPORAL_CURATED if engine == "temporal" else CURATED)
+    if curated_only:
+        count, kills = _curated_count(engine, stores, scripts), 1 << 30
+    stream = itertools.islice(scenarios(kills, seed, stores, scripts=scripts, engine=engine), count)
     landed = 0
     flying: dict[Future[Outcome], int] = {}
     with ThreadPoolExecutor(jobs) as pool:
