@@ -1955,7 +1955,16 @@ def _start_worker(folder: Path, stage: Stage, number: int) -> _Worker:
 
 
 def _stop_worker(worker: _Worker) -> None:
-    """SIGTERM a worker (it drains: its segments are resting by now) and wait for it; SIGKILL after a guard."""
+    """SIGTERM a worker (it drains: its segments are resting by now) and wait for it; SIGKILL after a guard.
+
+    A worker still starting is first let serve (its log says so; its signal handlers come right
+    after): SIGTERM before them would end it as an interpreter does, not as a worker drains.
+    """
+    guard = time.monotonic() + 60
+    while worker.proc.poll() is None and b"temporal worker:" not in worker.log.read_bytes() and (
+            time.monotonic() < guard):
+        time.sleep(0.05)
+    time.sleep(0.2)  # from its first line to its signal receiver: a few steps of its event loop
     if worker.proc.poll() is None:
         worker.proc.send_signal(signal.SIGTERM)
     try:
