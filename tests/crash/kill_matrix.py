@@ -1856,11 +1856,6 @@ def _temporal_harness() -> Any:
     return temporal_harness
 
 
-def temporal_available() -> bool:
-    """Whether the Temporal scenarios can run: a server is named, or the Temporal CLI can start one."""
-    return bool(temporal.address or os.environ.get(TEMPORAL_ADDRESS_VAR) or _temporal_harness().temporal_cli())
-
-
 @contextlib.contextmanager
 def temporal_server(folder: Path) -> Iterator[Temporal]:
     """Point :data:`temporal` at a Temporal server for a matrix run: the one set already (a test
@@ -2065,6 +2060,9 @@ def run_temporal_scenario(root: Path, scenario: Scenario) -> Outcome:  # noqa: C
                 if w.proc.returncode != 0:
                     outcome.violations.append(Violation("worker", f"worker{workers.index(w)} exited "
                                                                   f"{w.proc.returncode} on SIGTERM"))
+    first = scenario.stages[0] if scenario.stages else Stage("plain")
+    if first.kind == "point" and workers[0].proc.returncode != -signal.SIGKILL:
+        outcome.violations.append(Violation("harness", f"kill point {first.point} was not reached"))
     for number, pid in running_at_kill:
         later = [w.log.read_text(errors="replace") for w in workers[number + 1:]]
         if not any(f"advancing {iid}" in text for text in later):
