@@ -17,6 +17,10 @@ logs, the instance loaded in a fresh runtime, the ledger) and returns the broken
 
 The plan is a function of the seed (:func:`scenarios`); where a random kill lands also depends on
 timing, so it is classified afterwards from what is on disk (:func:`classify`).
+
+Under the Temporal engine (``engine="temporal"``, :func:`run_temporal_scenario`) the stages are
+``loopwright worker`` processes instead: each is killed at its point, the next one takes the
+instance over when Temporal retries the dead worker's activity, and :func:`check` is the same.
 """
 
 from __future__ import annotations
