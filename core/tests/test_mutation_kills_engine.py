@@ -382,12 +382,14 @@ async def test_mail_a_dead_runner_already_gave_is_not_given_twice(tmp_path: Path
 async def test_a_task_complete_saved_before_a_crash_completes_with_its_result(tmp_path: Path, mail: bool) -> None:
     """A successful task_complete whose result was saved completes the instance on resume, with its ``result``.
 
-    Mail queued in the header does not change that (it only keeps a turn that ended with a plain
-    answer going).
+    The model is not asked again for that turn. Mail queued in the header is not left unread
+    (docs/concepts.md: it starts the next segment as soon as the current one rests): the
+    completed segment keeps its result in the transcript, and the model is then asked once, with
+    the message.
     """
     definition = defn(tools=["task_complete"])
     done = loopwright.ToolCall(id="t", name="task_complete", arguments={"result": "all done", "summary": "s"})
-    h = Harness()  # the model is not asked again
+    h = Harness(reply("read it")) if mail else Harness()  # without mail, the model is not asked again
     async with make_runtime(tmp_path, h) as rt:
         iid = "20260101-000000-00d0e0e0"
         await _write_dead(rt, iid, definition, [
@@ -398,9 +400,19 @@ async def test_a_task_complete_saved_before_a_crash_completes_with_its_result(tm
         ], inbox=[{"id": "p1", "type": "message", "text": "more", "source": "api", "at": _AT}] if mail else [])
         run = await rt.resume(iid)
         result = await run.result()
-    assert (result.state, result.stop_reason, result.text) == (State.STOPPED, loopwright.StopReason.COMPLETED,
-                                                                "all done")
-    assert h.requests == []
+        header = await rt.store.read_header(iid)
+    if not mail:
+        assert (result.state, result.stop_reason, result.text) == (
+            State.STOPPED, loopwright.StopReason.COMPLETED, "all done")
+        assert h.requests == []
+        return
+    assert (result.state, result.text) == (State.WAITING, "read it")
+    assert len(h.requests) == 1
+    sent = [(m.role, m.content) for m in h.sent[0]]
+    assert sent[0] == ("user", "go")
+    assert sent[-1] == ("user", "more")
+    assert ("tool", '{"result":"all done","summary":"s"}') in sent  # the completed turn stays in the transcript
+    assert header["inbox"] == []
 
 
 async def test_repaired_tool_call_records_carry_the_turn_and_only_failures_an_error(tmp_path: Path) -> None:

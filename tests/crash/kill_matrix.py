@@ -1041,7 +1041,9 @@ def run_scenario(root: Path, scenario: Scenario) -> Outcome:  # noqa: C901 - one
             resumes += 1
             if _after_death(folder, iid, proc, outcome):
                 continue
-            if proc.code not in (0, 3, -signal.SIGKILL):  # 3: it rests waiting for approval again
+            # 3: it rests waiting for approval again; 130: a cancel stage's `loopwright cancel` stopped
+            # the run this process went on to follow (the documented exit of a cancelled run).
+            if proc.code not in (0, 3, -signal.SIGKILL) and not (proc.code == 130 and proc.cancelled):
                 outcome.violations.append(Violation("decide", f"{command[0]} exited {proc.code}: "
                                                               f"{proc.err.strip()[-300:]}"))
                 break
