@@ -39,6 +39,19 @@ pytestmark = pytest.mark.anyio
 # The ToolContext a tool's hold sees
 # ------------------------------------------------------------------------------------------
 
+def _note_tool(log: list[int] | None = None) -> loopwright.Tool:
+    """Return a ``note(x)`` tool that answers ``noted X`` (and appends ``x`` to ``log``, if given)."""
+
+    @loopwright.tool
+    def note(x: int) -> str:
+        """Write down a number."""
+        if log is not None:
+            log.append(x)
+        return f"noted {x}"
+
+    return note
+
+
 
 @pytest.mark.parametrize(("tool_timeout", "limit", "expected"), [
     (7.0, None, 7.0),     # the tool's own timeout
@@ -188,10 +201,7 @@ async def test_a_tool_output_over_the_cost_limit_ends_the_run(tmp_path: Path) ->
 async def test_every_unsuccessful_call_records_its_error(tmp_path: Path) -> None:
     """A tool_call record carries ``error`` for each status but success, whatever the status's name."""
 
-    @loopwright.tool
-    def note(x: int) -> str:
-        """Write down a number."""
-        return f"noted {x}"
+    note = _note_tool()
 
     @loopwright.tool
     def refuse() -> str:
@@ -422,10 +432,7 @@ async def test_repaired_tool_call_records_carry_the_turn_and_only_failures_an_er
     so their turn is the last one of the segment before, which ended with another call's result.
     """
 
-    @loopwright.tool
-    def note(x: int) -> str:
-        """Write down a number."""
-        return f"noted {x}"
+    note = _note_tool()
 
     definition = defn(tools=[note])
     a, b, c = (loopwright.ToolCall(id=i, name="note", arguments={"x": n}) for n, i in enumerate("abc"))
@@ -487,10 +494,7 @@ async def test_a_question_the_dead_runner_never_asked_waits_for_its_answer_on_re
 async def test_a_lost_turn_record_is_written_even_when_other_records_name_its_turn(tmp_path: Path) -> None:
     """A turn without a ``turn`` record gets one on take-over, though a record of another kind carries its number."""
 
-    @loopwright.tool
-    def note(x: int) -> str:
-        """Write down a number."""
-        return f"noted {x}"
+    note = _note_tool()
 
     definition = defn(tools=[note])
     a = loopwright.ToolCall(id="a", name="note", arguments={"x": 1})
@@ -678,11 +682,7 @@ async def test_the_tool_call_limit_names_the_instances_own_limit(tmp_path: Path)
     """Calls beyond the instance's own ``toolCalls`` limit are skipped; the messages name the limit, no other agent."""
     log: list[int] = []
 
-    @loopwright.tool
-    def note(x: int) -> str:
-        """Write down a number."""
-        log.append(x)
-        return f"noted {x}"
+    note = _note_tool(log)
 
     h = Harness(reply(None, call("note", "a", x=1), call("note", "b", x=2)), tools=[note])
     async with make_runtime(tmp_path, h) as rt:
@@ -697,11 +697,7 @@ async def test_a_generous_elapsed_limit_does_not_end_a_short_run(tmp_path: Path)
     """A run well within its ``elapsed`` limit (60 s) ends as it would without one."""
     note_log: list[int] = []
 
-    @loopwright.tool
-    def note(x: int) -> str:
-        """Write down a number."""
-        note_log.append(x)
-        return f"noted {x}"
+    note = _note_tool(note_log)
 
     async def thinking(request: loopwright.ModelRequest) -> loopwright.ModelResponse:
         await anyio.sleep(0.01)  # a model call that waits, as a real one does (a cancel point)
