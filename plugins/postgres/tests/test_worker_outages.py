@@ -19,10 +19,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import anyio
 import pytest
@@ -58,15 +59,39 @@ def env(dsn: str, **extra: str) -> dict[str, str]:
     return {**base, "LOOPWRIGHT_DISABLE_PLUGIN_AUTOLOAD": "1", "LW_WORKER_DSN": dsn, **extra}
 
 
+# The output files of each worker start_worker started, by pid, until collect() reads them.
+_OUTPUT: dict[int, tuple[IO[str], IO[str]]] = {}
+
+
 def start_worker(project: Path, dsn: str, *args: str, **extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([LOOPWRIGHT, "worker", "--json", *args], cwd=project, env=env(dsn, **extra),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    """Start ``loopwright worker --json`` in ``project``; its stdout and stderr go to temporary files.
+
+    Not to pipes: nothing reads them while the worker runs, and a full pipe (64 KiB: a few
+    hundred JSON lines, or the store's retry warnings on a slow machine) blocks the worker's
+    next write, and with it the whole worker. :func:`collect` gives the output.
+    """
+    out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")  # noqa: SIM115 - collect() closes them
+    proc = subprocess.Popen([LOOPWRIGHT, "worker", "--json", *args], cwd=project, env=env(dsn, **extra),
+                            stdout=out, stderr=err, text=True)
+    _OUTPUT[proc.pid] = (out, err)
+    return proc
+
+
+def collect(worker: subprocess.Popen[str], timeout: float = 120) -> tuple[str, str]:
+    """Wait for a worker of :func:`start_worker` to exit; return its stdout and stderr."""
+    worker.wait(timeout=timeout)
+    texts = []
+    for f in _OUTPUT.pop(worker.pid):
+        f.seek(0)
+        texts.append(f.read())
+        f.close()
+    return texts[0], texts[1]
 
 
 def stop_workers(workers: list[subprocess.Popen[str]]) -> list[tuple[str, str]]:
     for w in workers:
         w.send_signal(signal.SIGTERM)
-    outs = [w.communicate(timeout=120) for w in workers]
+    outs = [collect(w) for w in workers]
     assert [w.returncode for w in workers] == [0] * len(workers), [err[-3000:] for _out, err in outs]
     return outs
 
@@ -113,12 +138,25 @@ def states(dsn: str, schema: str = SCHEMA) -> Counter[str]:
     return store_call(dsn, read, schema)
 
 
-def wait_until(what: str, check: Any, timeout: float = 300) -> None:
-    """Poll ``check()`` until true (a hang guard, not a timing bound)."""
+def wait_until(what: str, check: Any, timeout: float = 300, *, seen: Any = None) -> None:
+    """Poll ``check()`` until true (a hang guard, not a timing bound).
+
+    On giving up, the message shows ``seen()`` (what the test last saw) when it is given.
+    """
     deadline = time.monotonic() + timeout
     while not check():
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"gave up waiting for {what}" + (f"; last seen: {seen()}" if seen else ""))
         time.sleep(0.2)
+
+
+def finished(dsn: str, n: int, schema: str = SCHEMA) -> Any:
+    """A check that all ``n`` instances rest; it fails at once when one is in ``error`` (no long wait)."""
+    def check() -> bool:
+        now = states(dsn, schema)
+        assert not now["error"], f"an instance ended in error: {now}"
+        return now == Counter({"waiting": n})
+    return check
 
 
 def effects(project: Path) -> Counter[str]:
@@ -191,7 +229,7 @@ def test_a_server_restart_mid_run_never_lets_two_runners_write(tmp_path: Path, o
         own_cluster.stop("fast")
         time.sleep(4)
         own_cluster.start()
-        wait_until("every instance to finish", lambda: states(own_cluster.dsn) == Counter({"waiting": 8}))
+        wait_until("every instance to finish", finished(own_cluster.dsn, 8), seen=lambda: states(own_cluster.dsn))
     finally:
         outs = stop_workers(workers)
     check_all(project, ids, steps)
@@ -217,7 +255,7 @@ def test_workers_ride_out_an_outage(tmp_path: Path, own_cluster: Any, seconds: i
         time.sleep(seconds)
         assert [w.poll() for w in workers] == [None, None], "a worker exited during the outage"
         own_cluster.start()
-        wait_until("every instance to finish", lambda: states(own_cluster.dsn) == Counter({"waiting": 32}))
+        wait_until("every instance to finish", finished(own_cluster.dsn, 32), seen=lambda: states(own_cluster.dsn))
     finally:
         stop_workers(workers)
     check_all(project, ids, steps)
@@ -264,9 +302,10 @@ def test_400_instances_run_at_once_within_30_connections(tmp_path: Path) -> None
             # Every step waits for go.flag: 400 lines mean 400 instances in a tool call at once.
             wait_until("400 instances in their tool call at once", lambda: len(effects(project)) == 400, 600)
             (project / "go.flag").write_text("go")
-            wait_until("every instance to finish", lambda: states(cluster.dsn) == Counter({"waiting": 400}), 600)
+            wait_until("every instance to finish", finished(cluster.dsn, 400), 600, seen=lambda: states(cluster.dsn))
         finally:
             outs = stop_workers([worker])
+            sys.stdout.write(f"worker's stderr (end): {outs[0][1][-6000:]}\n")  # pytest shows it on a failure
         assert "too many clients" not in outs[0][1]
         statuses = check_all(project, ids, 1)
         assert set(statuses.values()) == {"success"}
@@ -317,7 +356,7 @@ def test_a_killed_workers_instances_are_taken_over_before_the_poll(tmp_path: Pat
         # Its first look found the instance held by a live worker; it waits now.
         wait_until("the worker to wait", lambda: keeper_up(pg_dsn, heir.pid))
         doomed.kill()
-        doomed.communicate()
+        collect(doomed)
         killed = time.monotonic()
         assert heir.stdout is not None
         line = heir.stdout.readline()
@@ -337,7 +376,7 @@ def sigterm_during_an_outage(worker: subprocess.Popen[str], cluster: Any) -> str
     cluster.stop("fast")
     try:
         worker.send_signal(signal.SIGTERM)
-        out, err = worker.communicate(timeout=120)
+        out, err = collect(worker)
         assert worker.returncode == 0, err[-3000:]
     finally:
         worker.kill()
@@ -357,7 +396,7 @@ def test_sigterm_during_an_outage_stops_the_worker_and_loses_nothing(tmp_path: P
     assert set(states(own_cluster.dsn)) <= {"running", "waiting"}
     heir = start_worker(project, own_cluster.dsn, "--poll", "200ms")
     try:
-        wait_until("every instance to finish", lambda: states(own_cluster.dsn) == Counter({"waiting": 6}))
+        wait_until("every instance to finish", finished(own_cluster.dsn, 6), seen=lambda: states(own_cluster.dsn))
     finally:
         stop_workers([heir])
     check_all(project, ids, steps)
@@ -386,7 +425,7 @@ def test_mail_read_by_a_worker_stopped_during_an_outage_is_answered_by_the_next(
     assert store_call(own_cluster.dsn, queues) == [["go"]] * 4  # read from the mailbox, not given yet
     heir = start_worker(project, own_cluster.dsn, "--poll", "200ms")
     try:
-        wait_until("every instance to finish", lambda: states(own_cluster.dsn) == Counter({"waiting": 4}))
+        wait_until("every instance to finish", finished(own_cluster.dsn, 4), seen=lambda: states(own_cluster.dsn))
     finally:
         stop_workers([heir])
     check_all(project, ids, steps)
