@@ -151,11 +151,25 @@ def wait_until(what: str, check: Any, timeout: float = 300, *, seen: Any = None)
 
 
 def finished(dsn: str, n: int, schema: str = SCHEMA) -> Any:
-    """A check that all ``n`` instances rest; it fails at once when one is in ``error`` (no long wait)."""
+    """A check that all ``n`` instances are done: they rest, and no message waits for any of them.
+
+    Resting is not enough: an instance whose ``go`` no worker has taken yet rests too, and all
+    ``n`` rest at once whenever the last ones are between a worker's looks. The check fails at
+    once when one is in ``error`` (no long wait).
+    """
+    async def unread(store: Any) -> tuple[Counter[str], list[str]]:
+        headers = await store.list_headers()
+        waiting = []
+        for h in headers:
+            posts, _ = await store.read_posts(h["instanceId"], int(h.get("inboxCursor") or 0))
+            if h.get("inbox") or any(p.get("type") == "message" for p in posts):
+                waiting.append(h["instanceId"])
+        return Counter(h.get("state") for h in headers), waiting
+
     def check() -> bool:
-        now = states(dsn, schema)
+        now, mail_waits = store_call(dsn, unread, schema)
         assert not now["error"], f"an instance ended in error: {now}"
-        return now == Counter({"waiting": n})
+        return now == Counter({"waiting": n}) and not mail_waits
     return check
 
 
