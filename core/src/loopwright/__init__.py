@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     )
     from loopwright._duration import parse_duration
     from loopwright._header import InstanceHeader
+    from loopwright._header_fields import HeaderFields
     from loopwright._plugins import PluginHost, hookimpl
     from loopwright._retry import parse_retry_after, retry_transient
     from loopwright._runtime import AgentRun, Runtime
@@ -82,6 +83,7 @@ __all__ = [
     "EngineConfig",
     "Event",
     "FileGrants",
+    "HeaderFields",
     "InitialPrompt",
     "InitialToolCall",
     "InstanceHeader",
@@ -146,6 +148,7 @@ _LAZY: dict[str, str] = {
     "FileGrants": "loopwright._definition",
     "InitialPrompt": "loopwright._definition",
     "InitialToolCall": "loopwright._definition",
+    "HeaderFields": "loopwright._header_fields",
     "InstanceHeader": "loopwright._header",
     "InstanceInfo": "loopwright._types",
     "Limits": "loopwright._definition",

@@ -46,6 +46,7 @@ import anyio
 from loopwright._capabilities import is_within
 from loopwright._definition import gates_of, with_gates
 from loopwright._duration import parse_duration
+from loopwright._header_fields import ChildLinks, HeaderFields
 from loopwright._instance import new_id, now_iso
 from loopwright._monitors import RESTING, Monitors, parse_context_at
 from loopwright._types import State
@@ -103,7 +104,7 @@ class Agents:
         grants = caller.grants
         if not grants.agents_spawn:
             raise ToolError("this agent may not start agents: its grants do not include agents.spawn")
-        depth = int(caller.header.get("depth") or 0)
+        depth = int(caller.header.depth or 0)
         limit = grants.agents_max_depth
         defined = rt.limits_for(caller.definition).max_depth
         if defined is not None:
@@ -115,20 +116,17 @@ class Agents:
         defn = with_gates(self._definition(swarm_uri), inherited)
         lineage = [caller, *caller.ancestors()]
         _check_agent_room(lineage)
-        links: dict[str, Any] = {
-            "spawnerInstanceId": caller.id, "callerInstanceId": caller.id, "callerToolCallId": self.tool_call_id,
-            "delegationPrompt": prompt, "depth": depth + 1, "agentSwarmUri": swarm_uri, "inheritedGates": inherited,
-        }
-        budget = self._budget(lineage)
-        if budget:
-            links["budget"] = budget
+        links = ChildLinks(spawner_instance_id=caller.id, caller_tool_call_id=self.tool_call_id,
+                           delegation_prompt=prompt, depth=depth + 1, agent_swarm_uri=swarm_uri,
+                           inherited_gates=inherited, budget=self._budget(lineage) or None)
         _count_agent(lineage, 1)  # before the first await: agents started in parallel cannot all pass the check
         # The child's id is listed in the caller's header, saved, before the child exists: a process
         # stopped anywhere from here on leaves it in the caller's tree (issue 17). So a listed id may
         # name no instance (stopped before it was created); the tree views skip such an id.
         child = new_id()
-        listed = caller.header.setdefault("children", [])
+        listed = caller.header.children
         listed.append(child)
+        caller.header.children = listed  # saved with the header (a new list when it had none)
         try:
             await rt.write_header(caller)
             run = await rt.create_run(defn, None, prompt, grants=grants, instance_id=child, links=links,
@@ -167,7 +165,7 @@ class Agents:
             if limits.tool_calls is not None:
                 cap("toolCalls", limits.tool_calls - calls)
             if limits.elapsed is not None:
-                started = float(owner.header.get("segmentStartedAt") or time.time())
+                started = float(owner.header.segment_started_at or time.time())
                 cap("elapsed", limits.elapsed - (time.time() - started))
         spent = [key for key, left in budget.items() if left <= 0]
         if spent:
@@ -244,7 +242,7 @@ class Agents:
         seen = {instance_id}
         current = header
         while True:
-            spawner = current.get("spawnerInstanceId")
+            spawner = HeaderFields(current).spawner_instance_id
             if spawner == self.caller.id:
                 return header
             if not spawner or spawner in seen:
@@ -266,7 +264,7 @@ class Agents:
         await run.message(prompt, source="agent")
         self._rt.queue_record(self.caller.id, "agent", {"action": "message", "instanceId": agent_id,
                                                         "toolCallId": self.tool_call_id})
-        return {"instanceId": agent_id, "delivered": True, "state": run.inst.header.get("state")}
+        return {"instanceId": agent_id, "delivered": True, "state": run.inst.header.state}
 
     # -- waiting --------------------------------------------------------------------------------
 
@@ -289,11 +287,11 @@ class Agents:
         rt = self._rt
         runs = {agent_id: await rt.get_agent(agent_id) for agent_id in unique}
         for agent_id, run in runs.items():
-            if not run.running and run.inst.header.get("state") == State.RUNNING.value:
+            if not run.running and run.inst.header.state is State.RUNNING:
                 with contextlib.suppress(InstanceLockedError):  # running in another process: watched below
                     runs[agent_id] = await rt.resume(agent_id)
         deadline = time.monotonic() + max(self.timeout - _MARGIN, 0.0)
-        cursor = int(self.caller.header.get("inboxCursor") or 0)
+        cursor = int(self.caller.header.inbox_cursor or 0)
         pause = _POLL
         interrupted = None
         rt.awaiting[self.caller.id] = tuple(unique)
@@ -319,19 +317,19 @@ class Agents:
             r["state"] in _DONE for r in reports)
         return {"done": done and interrupted is None, "interrupted": interrupted, "agents": reports}
 
-    async def _header_of(self, run: AgentRun) -> dict[str, Any]:
+    async def _header_of(self, run: AgentRun) -> HeaderFields:
         """Return the instance's header: the live copy while it runs here, else the store's (the truth)."""
         if run.running:
             return run.inst.header
-        return await self._rt.store.read_header(run.instance_id)
+        return HeaderFields(await self._rt.store.read_header(run.instance_id))
 
     async def _state(self, run: AgentRun) -> str | None:
-        return State.RUNNING.value if run.running else (await self._header_of(run)).get("state")
+        return State.RUNNING if run.running else (await self._header_of(run)).state
 
     async def _report(self, agent_id: str, run: AgentRun) -> dict[str, Any]:
         """Return what the agent tools report of ``agent_id`` (:func:`loopwright._views.agent_report`)."""
         header = await self._header_of(run)
-        return agent_report(header, instance_id=agent_id, subtree_cost=await self._rt.subtree_cost(agent_id))
+        return agent_report(header.json, instance_id=agent_id, subtree_cost=await self._rt.subtree_cost(agent_id))
 
     # -- monitors -------------------------------------------------------------------------------
 
@@ -343,7 +341,7 @@ class Agents:
         """
         if agent_id == self.caller.id:
             raise ToolError("an agent cannot monitor itself")
-        header = await self.reachable(agent_id)
+        header = HeaderFields(await self.reachable(agent_id))
         run = await self._rt.get_agent(agent_id)
         status = await self._report(agent_id, run)
         monitors = self._rt.monitors
@@ -363,7 +361,7 @@ class Agents:
         window = _context_window(run)
         # Count from the turn the target is in, as the checks read it: a running target's own count
         # (its saved header lags behind until the segment ends).
-        turn_now = run.inst.turn if run.running else int(header.get("turns") or 0)
+        turn_now = run.inst.turn if run.running else int(header.turns or 0)
         spec = {
             "target": agent_id,
             "contextAt": parse_context_at(context_at, window) if context_at is not None else None,
@@ -398,23 +396,23 @@ class Agents:
                    swarm: str | None = None) -> list[dict[str, Any]]:
         """Return the instances the caller may reach (not itself), filtered by name, state or swarm."""
         headers = await self._rt.store.list_headers()
-        by_id = {h.get("instanceId"): h for h in headers}
+        fields = [HeaderFields(h) for h in headers]
+        by_id = {h.instance_id: h for h in fields}
         out = []
-        for h in headers:
-            iid = h.get("instanceId")
+        for h in fields:
+            iid = h.instance_id
             if iid == self.caller.id:
                 continue
             if not self._rt.assembly.agents_may_reach_any_instance and not _descends(h, self.caller.id, by_id):
                 continue
-            if name is not None and h.get("name") != name:
+            if name is not None and h.name != name:
                 continue
-            if state is not None and h.get("state") != state:
+            if state is not None and h.state != state:
                 continue
-            if swarm is not None and swarm not in (h.get("agentSwarmUri"), h.get("definitionPath"), h.get("name")):
+            if swarm is not None and swarm not in (h.agent_swarm_uri, h.definition_path, h.name):
                 continue
-            out.append({"instanceId": iid, "name": h.get("name"), "state": h.get("state"),
-                        "stopReason": h.get("stopReason"), "spawnerInstanceId": h.get("spawnerInstanceId"),
-                        "createdAt": h.get("createdAt"), "cost": h.get("cost")})
+            out.append({"instanceId": iid, "name": h.name, "state": h.state, "stopReason": h.stop_reason,
+                        "spawnerInstanceId": h.spawner_instance_id, "createdAt": h.created_at, "cost": h.cost})
         return out
 
     async def query(self, agent_id: str, query: str) -> dict[str, Any]:
@@ -466,12 +464,12 @@ def _context_window(run: AgentRun) -> int | None:
     return int(window) if isinstance(window, (int, float)) and not isinstance(window, bool) else None
 
 
-def _descends(header: Mapping[str, Any], ancestor: str, by_id: Mapping[Any, Mapping[str, Any]]) -> bool:
+def _descends(header: HeaderFields, ancestor: str, by_id: Mapping[Any, HeaderFields]) -> bool:
     """Whether ``header``'s instance was started, directly or not, by ``ancestor``."""
     seen: set[Any] = set()
-    current: Mapping[str, Any] | None = header
+    current: HeaderFields | None = header
     while current is not None:
-        spawner = current.get("spawnerInstanceId")
+        spawner = current.spawner_instance_id
         if spawner == ancestor:
             return True
         if not spawner or spawner in seen:

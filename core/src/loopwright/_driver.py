@@ -26,6 +26,8 @@ from loopwright._capabilities import (
     resolve_roots,
 )
 from loopwright._engine import Decided, LateMail, Mail, Resume, SegmentEnd, Start
+from loopwright._header import InstanceHeader
+from loopwright._header_fields import ChildLinks, HeaderFields
 from loopwright._instance import (
     Instance,
     fold_checkpoint,
@@ -74,23 +76,22 @@ class Driver:
 
     async def create_run(
         self, defn: Definition, inputs: Mapping[str, Any] | None, prompt: str | None, *, grants: Capabilities,
-        stream: bool = False, instance_id: str | None = None, links: Mapping[str, Any] | None = None,
+        stream: bool = False, instance_id: str | None = None, links: ChildLinks | None = None,
         spawner: Instance | None = None, history: Sequence[Message] = (),
     ) -> AgentRun:
         """Create an instance of ``defn`` with exactly ``grants`` and start it (see :meth:`start_agent`).
 
         :param grants: The instance's grants, already narrowed by the caller (never widened here).
-        :param links: Header keys linking a child to its spawner (``spawnerInstanceId``,
-            ``callerInstanceId``, ``callerToolCallId``, ``delegationPrompt``, ``depth``).
+        :param links: What a child's header says of its spawner.
         :param spawner: The live instance that started it: it draws from that instance's tree budget.
         """
         self._rt.loop  # noqa: B018 - raises if the runtime is not open
         header = self.new_header(defn, inputs, prompt, grants=grants, instance_id=instance_id, history=history)
-        iid = header["instanceId"]
+        iid = header.instance_id
         if links:
-            header.update(links)
+            links.write(header)
         # Created with its lease held: a worker polling the store never takes it for a dead runner's.
-        async with holding(await self._rt.store.create_leased(iid, header, self._rt.owner), iid) as held:
+        async with holding(await self._rt.store.create_leased(iid, header.json, self._rt.owner), iid) as held:
             inst = Instance(id=iid, definition=defn, header=header, grants=grants, task_given=not prompt,
                             spawner=spawner, tree_counted=True)
             run = AgentRun(self._rt, inst)
@@ -113,7 +114,7 @@ class Driver:
 
     def new_header(self, defn: Definition, inputs: Mapping[str, Any] | None, prompt: str | None, *,
                     grants: Capabilities, instance_id: str | None,
-                    history: Sequence[Message] = ()) -> dict[str, Any]:
+                    history: Sequence[Message] = ()) -> HeaderFields:
         """Check ``defn`` and ``inputs`` and return a new instance's header (``running``, run by this runtime).
 
         Every configuration error is raised here, before anything is created.
@@ -124,21 +125,14 @@ class Driver:
         values = resolve_inputs(defn, inputs or {})
         check_templates(defn, values)
         task_history = _history_json(defn, history)
-        iid = instance_id or new_id()
-        header = {
-            "instanceId": iid, "name": defn.name, "version": 1,
-            "definitionPath": str(defn.source) if defn.source else None,
-            "definition": plan.header_snapshot(), "inputs": dict(values),
-            "state": State.RUNNING.value, "stopReason": None, "cancelled": False, "error": None,
-            "capabilities": capabilities_to_dict(grants), "capabilitiesRecorded": True,
-            "pendingApprovals": [], "inbox": [],
-            "spawnerInstanceId": None, "callerInstanceId": None, "callerToolCallId": None,
-            "delegationPrompt": None, "createdAt": now_iso(), "updatedAt": now_iso(), "model": plan.model_ref,
-            "runner": self._rt.owner, "taskPrompt": prompt,
-        }
-        if task_history:
-            header["taskHistory"] = task_history
-        return header
+        now = now_iso()
+        return HeaderFields(InstanceHeader(
+            instance_id=instance_id or new_id(), name=defn.name,
+            definition_path=str(defn.source) if defn.source else None,
+            definition=plan.header_snapshot(), inputs=dict(values), state=State.RUNNING,
+            capabilities=capabilities_to_dict(grants), capabilities_recorded=True, created_at=now, updated_at=now,
+            model=plan.model_ref, runner=self._rt.owner, task_prompt=prompt, task_history=tuple(task_history),
+        ).to_json())
 
     async def begin(self, run: AgentRun, *, resume: bool = False) -> None:  # noqa: C901 - the set-up, in order
         """First segment of a new instance: system prompt, initial prompts and injected calls, task prompt.
@@ -151,8 +145,8 @@ class Driver:
         loop = self._rt.loop
         inst = run.inst
         defn = inst.definition
-        values = inst.header.get("inputs") or {}
-        prompt = inst.header.get("taskPrompt")
+        values = inst.header.inputs or {}
+        prompt = inst.header.task_prompt
         pending: list[tuple[Message, dict[str, Any]]] = []
 
         async def flush() -> None:
@@ -188,7 +182,7 @@ class Driver:
                 if end.reason in (StopReason.WAITING_FOR_APPROVAL, StopReason.WAITING):
                     self.defer_task(inst)
                 raise
-        for entry in inst.header.get("taskHistory") or ():
+        for entry in inst.header.task_history:
             role = entry["role"]
             queue(Message(role=role, content=entry["content"], source="api" if role == "user" else None))
         if prompt:
@@ -197,15 +191,15 @@ class Driver:
 
     def defer_task(self, inst: Instance) -> None:
         """Seed 000: the task prompt goes behind a held injected turn; the remaining initial prompts do not run."""
-        prompt = inst.header.get("taskPrompt")
-        if prompt and not any(i.get("behindTurn") for i in inst.header.get("inbox") or []):
-            inst.header.setdefault("inbox", []).append(
-                {"type": "message", "text": prompt, "source": "api", "at": now_iso(), "behindTurn": True})
+        prompt = inst.header.task_prompt
+        if prompt and not any(i.get("behindTurn") for i in inst.header.inbox):
+            deferred = {"type": "message", "text": prompt, "source": "api", "at": now_iso(), "behindTurn": True}
+            inst.header.inbox = [*inst.header.inbox, deferred]
 
     def still_beginning(self, inst: Instance) -> bool:
         """Whether a crash stopped the first segment before its task prompt was given or deferred."""
-        return bool(inst.header.get("taskPrompt")) and not inst.task_given and not any(
-            i.get("behindTurn") for i in inst.header.get("inbox") or [])
+        return bool(inst.header.task_prompt) and not inst.task_given and not any(
+            i.get("behindTurn") for i in inst.header.inbox)
 
     async def start_segment(self, run: AgentRun, segment: Segment, held: HeldLease, *, fresh: bool = False) -> None:
         """Start a segment of kind ``segment`` in the background, under the lease ``held``.
@@ -314,9 +308,9 @@ class Driver:
         leaves an instance that a worker resumes as a dead runner's.
         """
         inst = run.inst
-        inst.header.pop("queued", None)
-        inst.header["runner"] = self._rt.owner
-        inst.header["updatedAt"] = now_iso()
+        del inst.header.queued
+        inst.header.runner = self._rt.owner
+        inst.header.updated_at = now_iso()
         inst.tree_counted = True  # a top-level instance that never ran: nothing below it yet
         await self._rt.recorder.write_header(inst)
         await self.announce_running(inst)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from loopwright._capabilities import capabilities_to_dict
+from loopwright._header_fields import HeaderFields
 from loopwright._instance import history_at, message_to_json, new_id, now_iso, rebuild, unanswered_calls
 from loopwright._lease import held_lease
 from loopwright._types import Message, State, StopReason
@@ -24,10 +25,10 @@ if TYPE_CHECKING:
 
 __all__ = ["History"]
 
-#: Header keys a fork does not take from its original (it has its own, set by :meth:`History.fork`).
-_NOT_FORKED = frozenset({"awaitingAnswer", "children", "inboxCursor", "monitors", "pausedAt", "segment",
-                         "segmentStartedAt", "servedBy", "text", "output", "limit", "contextTokens",
-                         "delegationPrompt", "agentSwarmUri"})
+#: Header fields a fork does not take from its original (it has its own, set by :meth:`History.fork`).
+_NOT_FORKED = ("awaiting_answer", "children", "inbox_cursor", "monitors", "paused_at", "segment",
+               "segment_started_at", "served_by", "text", "output", "limit", "context_tokens",
+               "delegation_prompt", "agent_swarm_uri")
 
 
 def _fork_note(original: str, turn: int, children: Sequence[str], later: Sequence[str]) -> str:
@@ -70,9 +71,9 @@ class History:
                 "approval or an answer); decide them first, or choose an earlier turn")
         known = {c.id for m in messages for c in m.tool_calls}
         later: list[str] = []
-        for child in inst.header.get("children") or []:
+        for child in inst.header.children:
             try:
-                link = (await self._rt.store.read_header(child)).get("callerToolCallId")
+                link = HeaderFields(await self._rt.store.read_header(child)).caller_tool_call_id
             except InstanceNotFoundError:
                 continue
             if link not in known:
@@ -103,23 +104,24 @@ class History:
             await self._rt.loader.refresh(src)  # what another process saved since wins
         messages, at, later = await self._history_point(src, at_turn, "fork")
         original = src.inst.header
-        grants = self._rt.loader.saved_grants(instance_id, original)
+        grants = self._rt.loader.saved_grants(instance_id, original.json)
         iid = new_id()
-        header = {key: value for key, value in original.items() if key not in _NOT_FORKED}
-        header.update({
-            "instanceId": iid, "state": State.WAITING.value, "stopReason": StopReason.WAITING.value,
-            "cancelled": False, "error": None, "capabilities": capabilities_to_dict(grants),
-            "capabilitiesRecorded": True, "pendingApprovals": [], "inbox": [], "children": [],
-            "spawnerInstanceId": None, "callerInstanceId": None, "callerToolCallId": None,
-            "forkedFrom": {"instanceId": instance_id, "turn": at}, "createdAt": now_iso(), "updatedAt": now_iso(),
-            "runner": self._rt.owner, "turns": at, "usage": {}, "cost": 0.0, "toolCallsStarted": 0,
-        })
+        header = original.copy_without(*_NOT_FORKED)
+        header.instance_id, header.state, header.stop_reason = iid, State.WAITING, StopReason.WAITING
+        header.cancelled, header.error = False, None
+        header.capabilities, header.capabilities_recorded = capabilities_to_dict(grants), True
+        header.pending_approvals, header.inbox, header.children = [], [], []
+        header.spawner_instance_id = header.caller_instance_id = header.caller_tool_call_id = None
+        header.forked_from = {"instanceId": instance_id, "turn": at}
+        header.created_at = header.updated_at = now_iso()
+        header.runner, header.turns, header.usage, header.cost, header.tool_calls_started = (
+            self._rt.owner, at, {}, 0.0, 0)
         # A listed id may name no instance: its caller stopped after listing it, before creating it.
-        children = [str(c) for c in original.get("children") or [] if await self._exists(str(c))]
+        children = [str(c) for c in original.children if await self._exists(str(c))]
         if children:
             messages.append(Message(role="user", source="runtime", content=_fork_note(instance_id, at, children,
                                                                                         later)))
-        await self._rt.store.create(iid, header)
+        await self._rt.store.create(iid, header.json)
         await self._rt.store.append_entries(iid, [
             {"t": "fork", "from": instance_id, "turn": at, "messages": [message_to_json(m) for m in messages]}])
         self._rt.recorder.queue(iid, "fork", {"from": instance_id, "turn": at, "agentsOfTheOriginal": children})
@@ -158,9 +160,10 @@ class History:
                      "messages": [message_to_json(m) for m in messages]}
             await self._rt.store.append_entries(instance_id, [entry])
             rebuild(inst, await self._rt.store.read_entries(instance_id))
-            inst.header.pop("awaitingAnswer", None)
-            inst.header.update({"state": State.WAITING.value, "stopReason": StopReason.WAITING.value,
-                                "cancelled": False, "error": None, "turns": at, "updatedAt": now_iso()})
+            h = inst.header
+            del h.awaiting_answer
+            h.state, h.stop_reason, h.cancelled, h.error, h.turns, h.updated_at = (
+                State.WAITING, StopReason.WAITING, False, None, at, now_iso())
             self._rt.recorder.queue(instance_id, "rewind",
                                     {"from": entry["from"], "to": at, "agentsStartedAfter": later})
             await self._rt.recorder.write_header(inst)

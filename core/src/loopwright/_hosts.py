@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from loopwright._definition import Assembly, Capabilities, Definition, Limits
+    from loopwright._header_fields import ChildLinks
     from loopwright._instance import Instance
     from loopwright._monitors import Monitors
     from loopwright._run import AgentRun
@@ -51,7 +52,7 @@ class AgentHost(Protocol):
 
     async def create_run(self, defn: Definition, inputs: Mapping[str, Any] | None, prompt: str | None, *,
                          grants: Capabilities, instance_id: str | None = None,
-                         links: Mapping[str, Any] | None = None, spawner: Instance | None = None) -> AgentRun:
+                         links: ChildLinks | None = None, spawner: Instance | None = None) -> AgentRun:
         """Create an instance with exactly ``grants`` (and the id ``instance_id``, if given) and start it."""
 
     def load_definition(self, definition: str | os.PathLike[str]) -> Definition:

@@ -41,6 +41,7 @@ import cattrs
 
 from loopwright._convert import converter
 from loopwright._definition import Capabilities, Definition
+from loopwright._header_fields import HeaderFields, as_fields
 from loopwright._types import (
     AgentResult,
     Cost,
@@ -233,7 +234,8 @@ class Instance:
     Attributes:
         id: The instance id.
         definition: The definition it runs.
-        header: The JSON header as last saved (extra keys kept as they are).
+        header: The header, typed fields over its JSON object as last saved (extra keys kept as
+            they are); set from a store's JSON object, which it then wraps.
         transcript: Its messages.
         grants: The capabilities it runs with.
         turn: Model calls made over its whole life.
@@ -259,7 +261,7 @@ class Instance:
 
     id: str
     definition: Definition
-    header: dict[str, Any]
+    header: HeaderFields = attrs.field(converter=as_fields)
     transcript: Transcript = attrs.field(factory=Transcript)
     grants: Capabilities = attrs.field(factory=Capabilities)
     turn: int = 0
@@ -328,45 +330,49 @@ class Instance:
     @property
     def state(self) -> State:
         """The instance's state."""
-        return State(self.header.get("state", State.WAITING))
+        state = self.header.state
+        if isinstance(state, State):
+            return state
+        raise ValueError(f"{state!r} is not a valid State")  # a newer version's, or a tampered header
 
     @property
     def pending_approvals(self) -> list[PendingApproval]:
         """The held calls, decided or not."""
-        return [converter.structure(p, PendingApproval) for p in self.header.get("pendingApprovals", [])]
+        return [converter.structure(p, PendingApproval) for p in self.header.pending_approvals]
 
     def set_pending(self, pending: Sequence[PendingApproval]) -> None:
         """Replace the pending approvals (saved with the next header write)."""
-        self.header["pendingApprovals"] = [converter.unstructure(p) for p in pending]
+        self.header.pending_approvals = [converter.unstructure(p) for p in pending]
 
     def result(self) -> AgentResult:
         """Return the instance's :class:`AgentResult` as it stands."""
         h = self.header
-        stop = h.get("stopReason")
+        stop = h.stop_reason
         return AgentResult(
             instance_id=self.id,
             state=self.state,
             stop_reason=StopReason(stop) if stop else None,
-            text=h.get("text"),
-            output=h.get("output"),
+            text=h.text,
+            output=h.output,
             usage=self.usage,
             cost=self.cost,
             subtree_cost=self.cost + self.children_cost,
             pending_approvals=tuple(self.pending_approvals),
-            error=h.get("error"),
-            cancelled=bool(h.get("cancelled", False)),
-            limit=h.get("limit"),
-            model=h.get("servedBy"),
+            error=h.error,
+            cancelled=bool(h.cancelled),
+            limit=h.limit,
+            model=h.served_by,
         )
 
     def totals_to_header(self) -> None:
         """Copy the usage and cost totals into the header, for listings that do not replay logs."""
-        self.header["usage"] = _usage_unstructure(self.usage)
-        self.header["cost"] = self.cost.amount
-        self.header["turns"] = self.turn
-        self.header["toolCallsStarted"] = self.tool_calls
+        h = self.header
+        h.usage = _usage_unstructure(self.usage)
+        h.cost = self.cost.amount
+        h.turns = self.turn
+        h.tool_calls_started = self.tool_calls
         if self.context_tokens is not None:
-            self.header["contextTokens"] = self.context_tokens
+            h.context_tokens = self.context_tokens
 
 
 class _Replay:

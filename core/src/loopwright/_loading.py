@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from loopwright._capabilities import capabilities_from_dict, intersect
 from loopwright._definition import gates_from_json, with_gates
 from loopwright._header import InstanceHeader
+from loopwright._header_fields import HeaderFields
 from loopwright._instance import Instance, restore
 from loopwright._run import AgentRun
 from loopwright.errors import ConfigError, GrantsError, StoreError
@@ -47,26 +48,26 @@ class Loader:
         header = await rt.store.read_header(instance_id)
         defn = self.definition_from_header(instance_id, header)
         grants = self.saved_grants(instance_id, header)
-        inst = Instance(id=instance_id, definition=defn, header=header, grants=grants)
+        inst = Instance(id=instance_id, definition=defn, header=HeaderFields(header), grants=grants)
         await restore(inst, rt.store)
         run = AgentRun(rt, inst)
         rt.live.add(run)
-        if header.get("monitors") and rt.monitors is not None:
+        if inst.header.monitors and rt.monitors is not None:
             rt.monitors.load(header)
         return run
 
     async def refresh(self, run: AgentRun) -> None:
         """Reload the instance if another process changed it since this copy was read."""
         header = await self._rt.store.read_header(run.instance_id)
-        if header.get("updatedAt") == run.inst.header.get("updatedAt") and not run.stale:
+        if HeaderFields(header).updated_at == run.inst.header.updated_at and not run.stale:
             return
         inst = run.inst
         await restore(inst, self._rt.store)  # replaces nothing if the log cannot be read
-        inst.header = header
+        inst.header = HeaderFields(header)
         inst.grants = self.saved_grants(run.instance_id, header)
         run.stale = False
 
-    def definition_from_header(self, instance_id: str, header: Mapping[str, Any]) -> Definition:
+    def definition_from_header(self, instance_id: str, header: dict[str, Any]) -> Definition:
         """Return the definition a saved header runs (its snapshot, else its file), under its inherited gates.
 
         :raises StoreError: The header holds no valid definition.
@@ -85,7 +86,8 @@ class Loader:
             defn = self._rt.load_definition(saved.definition_path)
         else:
             raise StoreError("the header holds no definition", instance_id=instance_id)
-        if "inheritedGates" not in header:  # absent, as opposed to saved null (malformed: refused below)
+        # Absent, as opposed to saved null (malformed: refused below).
+        if not HeaderFields(header).has("inherited_gates"):
             if saved.spawner_instance_id:
                 raise GrantsError("it was started by an agent but its header has no inheritedGates (its caller's "
                                   "gates); refusing to run it", instance_id=instance_id)

@@ -16,6 +16,7 @@ import anyio
 
 from loopwright._duration import is_finite_number
 from loopwright._header import InstanceHeader
+from loopwright._header_fields import HeaderFields
 from loopwright._lease import held_lease
 from loopwright._types import Event, State
 from loopwright.errors import InstanceNotFoundError, ToolError
@@ -97,8 +98,8 @@ class Monitors:
 
     async def arm(self, watcher: Instance, spec: dict[str, Any]) -> None:
         """Arm (or replace) the watcher's monitor on ``spec["target"]`` and save it in its header."""
-        saved = [s for s in watcher.header.get("monitors") or [] if s.get("target") != spec["target"]]
-        watcher.header["monitors"] = [*saved, spec]
+        saved = [s for s in watcher.header.monitors if s.get("target") != spec["target"]]
+        watcher.header.monitors = [*saved, spec]
         await self._rt.write_header(watcher)
         self._armed.setdefault(watcher.id, {})[spec["target"]] = spec
         self._changed.set()
@@ -182,14 +183,14 @@ class Monitors:
         rt = self._rt
         inst = run.inst
         if run.running:
-            inst.header["monitors"] = [s for s in inst.header.get("monitors") or [] if s.get("target") != target]
+            inst.header.monitors = [s for s in inst.header.monitors if s.get("target") != target]
             await rt.write_header(inst)
             return True
         async with held_lease(rt.store, run.instance_id, rt.owner, if_free=True) as held:
             if held is None:
                 return False
-            header = await rt.store.read_header(run.instance_id)
-            header["monitors"] = [s for s in header.get("monitors") or [] if s.get("target") != target]
-            await rt.store.write_header(run.instance_id, header)
+            header = HeaderFields(await rt.store.read_header(run.instance_id))
+            header.monitors = [s for s in header.monitors if s.get("target") != target]
+            await rt.store.write_header(run.instance_id, header.json)
             inst.header = header
         return True

@@ -370,7 +370,7 @@ class Plans:
         loop also holds it to each live ancestor's limits (:meth:`loopwright._engine._limits.Budgets.of`).
         """
         limits = self.plan(inst.definition).limits
-        budget = inst.header.get("budget")
+        budget = inst.header.budget
         if not budget:
             return limits
         return attrs.evolve(

@@ -87,7 +87,7 @@ class Recorder:
             lock = self._header_locks[inst.id] = anyio.Lock()
         try:
             async with lock:
-                await self.store.write_header(inst.id, inst.header)
+                await self.store.write_header(inst.id, inst.header.json)
         finally:
             if not lock.locked() and not lock.statistics().tasks_waiting and self._header_locks.get(inst.id) is lock:
                 del self._header_locks[inst.id]

@@ -161,9 +161,9 @@ class AgentRun:
         """
         await self._done.wait()
         inst = self.inst
-        if not inst.header.get("children"):
+        if not inst.header.children:
             return inst.result()
-        inst.children_cost = Cost(amount=await self._rt.children_cost(inst.header))
+        inst.children_cost = Cost(amount=await self._rt.children_cost(inst.header.json))
         return attrs.evolve(inst.result(), pending_approvals=tuple(await self._rt.tree_approvals(self.instance_id)))
 
     async def pending_approvals(self) -> tuple[PendingApproval, ...]:

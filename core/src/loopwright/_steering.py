@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Literal
 import anyio
 import attrs
 
+from loopwright._header_fields import HeaderFields
 from loopwright._instance import now_iso, shown_call, unanswered_calls
 from loopwright._lease import held_lease, holding
 from loopwright._types import PendingApproval, State, StopReason, call_digest
@@ -53,9 +54,8 @@ class Steering:
         """
         if tool_call_id is None:
             return await self.decide_held(run, None, decision, reason, by=by, detach=detach)
-        header = await self._rt.store.read_header(run.instance_id)
-        own = {p.get("toolCallId") for p in header.get("pendingApprovals") or [] if p.get("decision") is None}
-        if tool_call_id in own and header.get("state") == State.WAITING_FOR_APPROVAL.value:
+        header = HeaderFields(await self._rt.store.read_header(run.instance_id))
+        if tool_call_id in header.undecided_calls() and header.state is State.WAITING_FOR_APPROVAL:
             return await self.decide_held(run, tool_call_id, decision, reason, by=by, detach=detach)
         found = [p for p in await self._rt.forest.tree_approvals(run.instance_id) if p.tool_call_id == tool_call_id]
         if not found:
@@ -151,7 +151,7 @@ class Steering:
                 if p.tool_call_id in ids else p
                 for p in pending]
             inst.set_pending(decided)
-            inst.header["updatedAt"] = now_iso()
+            inst.header.updated_at = now_iso()
             await self._rt.recorder.write_header(inst)
             if not detach and all(p.decision is not None for p in decided):
                 await self._rt.driver.continue_decided(run, lease)
@@ -173,9 +173,9 @@ class Steering:
             if lease is None:
                 return  # running in another process: its runner reads the mailbox
             await self._rt.loader.refresh(run)
-            if run.inst.header.get("state") == State.WAITING_FOR_APPROVAL.value:  # refreshed just now
+            if run.inst.header.state is State.WAITING_FOR_APPROVAL:  # refreshed just now
                 return  # another process held a call meanwhile: read once it is decided
-            if run.inst.header.get("queued") is True:  # submitted, never started: it starts here, and reads it
+            if run.inst.header.queued is True:  # submitted, never started: it starts here, and reads it
                 await self._rt.driver.start_queued(run, lease)
             elif run.inst.state is State.RUNNING:
                 # Its runner died (we hold the lease): carry on as a resume does, which finishes the
@@ -223,12 +223,12 @@ class Steering:
         """Stop a resting instance (or a dead runner's) under its lease; False if it was stopped already."""
         await self._rt.loader.refresh(run)
         inst = run.inst
-        if inst.state is State.STOPPED and inst.header.get("cancelled"):
+        if inst.state is State.STOPPED and inst.header.cancelled:
             return False
         with run.changing():
-            if inst.state is State.RUNNING and inst.header.get("queued") is not True:
+            if inst.state is State.RUNNING and inst.header.queued is not True:
                 await self._rt.loop.repair_records(run)  # a dead runner's: the records of its last turn
-            inst.header.pop("queued", None)  # a queued instance is stopped before any runner started it
+            del inst.header.queued  # a queued instance is stopped before any runner started it
             # A dead runner's calls, held calls and an open question each get their result.
             await self._rt.loop.settle_cancelled(run)
             await self._rt.loop.set_state(run, State.STOPPED, StopReason.CANCELLED, cancelled=True)

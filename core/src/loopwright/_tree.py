@@ -19,6 +19,7 @@ import anyio
 import attrs
 
 from loopwright import _reading
+from loopwright._header_fields import HeaderFields
 from loopwright._instance import log_totals
 from loopwright._types import Event, PendingApproval, State
 from loopwright._views import own_cost
@@ -52,7 +53,7 @@ class Trees:
         """Return the summed subtree cost of the agents ``header``'s instance started (``None`` if unknown)."""
         return await _reading.children_cost(self._rt.store, header)
 
-    async def descendant_headers(self, header: Mapping[str, Any]) -> dict[Any, Mapping[str, Any]]:
+    async def descendant_headers(self, header: Mapping[str, Any]) -> dict[Any, InstanceHeader]:
         """Return the saved headers of the agents ``header``'s instance started, directly or not, by id."""
         return await _reading.descendant_headers(self._rt.store, header)
 
@@ -164,7 +165,7 @@ class Trees:
         seen = {instance_id}
         current: dict[str, Any] | None = await self._rt.store.read_header(instance_id)
         while current is not None:
-            spawner = current.get("spawnerInstanceId")
+            spawner = HeaderFields(current).spawner_instance_id
             if not isinstance(spawner, str) or not spawner or spawner in seen:
                 return
             seen.add(spawner)
@@ -211,7 +212,7 @@ class Trees:
         current = inst
         while True:
             await self._count_tree(current)
-            spawner_id = current.header.get("spawnerInstanceId")
+            spawner_id = current.header.spawner_instance_id
             if current.spawner is not None or not isinstance(spawner_id, str) or not spawner_id:
                 return
             try:
@@ -234,10 +235,11 @@ class Trees:
         if inst.tree_counted:
             return
         inst.tree_counted = True
-        headers = await self.descendant_headers(inst.header)
-        started = inst.header.get("segmentStartedAt")
+        headers = await self.descendant_headers(inst.header.json)
+        started = inst.header.segment_started_at
         since = _iso(float(started)) if isinstance(started, (int, float)) else ""
-        tokens, calls, cost = 0, 0, 0.0
+        tokens, calls = 0, 0
+        cost: float | None = 0.0
         for iid, h in headers.items():
             if str(h.created_at or "") < since:
                 continue
@@ -247,8 +249,9 @@ class Trees:
                 calls += ran
                 cost = None if cost is None or spent.amount is None else cost + spent.amount
                 continue
-            ran = h.tool_calls_started
-            calls += ran if isinstance(ran, int) and not isinstance(ran, bool) and ran > 0 else 0
+            started_calls = h.tool_calls_started
+            calls += started_calls if isinstance(started_calls, int) and not isinstance(started_calls, bool) \
+                and started_calls > 0 else 0
             saved = h.usage
             if isinstance(saved, Mapping):
                 tokens += sum(n for n in (saved.get("inputTokens"), saved.get("outputTokens"))

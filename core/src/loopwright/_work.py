@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
+from loopwright._header_fields import HeaderFields
 from loopwright._instance import now_iso
 from loopwright._lease import held_lease
 from loopwright._types import PendingApproval, State
@@ -54,7 +55,7 @@ class Work:
             pending = run.inst.pending_approvals
             if run.inst.state is State.WAITING_FOR_APPROVAL and pending and all(p.decision for p in pending):
                 await self._rt.driver.continue_decided(run, lease)
-            elif run.inst.state is State.RUNNING and run.inst.header.get("queued") is True:
+            elif run.inst.state is State.RUNNING and run.inst.header.queued is True:
                 await self._rt.driver.start_queued(run, lease)  # submitted, never started: start it here
             elif run.inst.state is State.RUNNING:
                 await self._rt.driver.start_resumed(run, lease)
@@ -87,7 +88,7 @@ class Work:
             await self._rt.loader.refresh(run)
             inst = run.inst
             pending = inst.pending_approvals
-            if inst.state is State.RUNNING and inst.header.get("queued") is True:
+            if inst.state is State.RUNNING and inst.header.queued is True:
                 await self._rt.driver.start_queued(run, lease)
                 return run, "start"
             if inst.state is State.RUNNING:
@@ -135,9 +136,9 @@ class Work:
         grants = self._rt.driver.requested_grants(capabilities)
         header = self._rt.driver.new_header(defn, inputs, prompt, grants=grants, instance_id=instance_id,
                                             history=history)
-        header.update(runner=None, queued=True, submittedBy=self._rt.owner)
-        iid = header["instanceId"]
-        await self._rt.store.create(iid, header)
+        header.runner, header.queued, header.submitted_by = None, True, self._rt.owner
+        iid = header.instance_id
+        await self._rt.store.create(iid, header.json)
         await self._rt.engine.submit(iid)
         return iid
 
@@ -194,11 +195,9 @@ class Work:
         :raises InstanceNotFoundError: No such instance.
         """
         self._rt.loop  # noqa: B018 - raises if the runtime is not open
-        header = await self._rt.store.read_header(instance_id)
-        pending = header.get("pendingApprovals") or []
-        decided = header.get("state") == State.WAITING_FOR_APPROVAL.value and bool(pending) and all(
-            isinstance(p, Mapping) and p.get("decision") is not None for p in pending)
-        if header.get("state") != State.RUNNING.value and not decided:
+        header = HeaderFields(await self._rt.store.read_header(instance_id))
+        decided = header.state is State.WAITING_FOR_APPROVAL and header.held_calls_decided()
+        if header.state is not State.RUNNING and not decided:
             return False
         await self._rt.engine.submit(instance_id)
         return True
@@ -216,8 +215,8 @@ class Work:
         """
         stalled = 0
         while True:
-            header = await self._rt.store.read_header(instance_id)
-            if header.get("state") == State.RUNNING.value:
+            header = HeaderFields(await self._rt.store.read_header(instance_id))
+            if header.state is State.RUNNING:
                 stalled = stalled + 1 if await self._rt.forest.tree_approvals(instance_id) else 0
                 if stalled >= 2:  # noqa: PLR2004 - twice: a decision taken in between resets it
                     break
@@ -229,11 +228,10 @@ class Work:
             await self._rt.loader.refresh(run)
         return run
 
-    async def _work_left(self, instance_id: str, header: Mapping[str, Any]) -> bool:
+    async def _work_left(self, instance_id: str, header: HeaderFields) -> bool:
         """Whether a resting instance has work for a runner: its held calls all decided, or unread mail."""
-        pending = header.get("pendingApprovals") or []
-        if header.get("state") == State.WAITING_FOR_APPROVAL.value:
-            return bool(pending) and all(isinstance(p, Mapping) and p.get("decision") is not None for p in pending)
-        cursor = header.get("inboxCursor")
+        if header.state is State.WAITING_FOR_APPROVAL:
+            return header.held_calls_decided()
+        cursor = header.inbox_cursor
         posts, _ = await self._rt.store.read_posts(instance_id, cursor if isinstance(cursor, int) else 0)
         return any(p.get("type") == "message" for p in posts)

@@ -16,6 +16,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import attrs
 
+from loopwright._header_fields import HeaderFields
+from loopwright._states import State
+
 if TYPE_CHECKING:
     from types import TracebackType
 
@@ -304,21 +307,21 @@ class Store(_AsyncClosing, abc.ABC):
         mail: list[str] = []
         running: list[tuple[str, str]] = []
         queued: list[str] = []
-        for header in await self.list_headers():
-            instance_id, state = header.get("instanceId"), header.get("state")
+        for saved in await self.list_headers():
+            header = HeaderFields(saved)
+            instance_id, state = header.instance_id, header.state
             if not isinstance(instance_id, str):
                 continue
-            if state == "running":
-                if header.get("queued") is True:
+            if state is State.RUNNING:
+                if header.queued is True:
                     queued.append(instance_id)  # list_headers is oldest first
                 else:
-                    running.append((str(header.get("updatedAt") or ""), instance_id))
-            elif state == "waiting_for_approval":
-                pending = header.get("pendingApprovals") or []
-                if pending and all(isinstance(p, Mapping) and p.get("decision") is not None for p in pending):
+                    running.append((str(header.updated_at or ""), instance_id))
+            elif state is State.WAITING_FOR_APPROVAL:
+                if header.held_calls_decided():
                     decided.append(instance_id)
-            elif state in ("waiting", "stopped", "error") and len(decided) + len(mail) < limit:
-                cursor = header.get("inboxCursor")
+            elif state in (State.WAITING, State.STOPPED, State.ERROR) and len(decided) + len(mail) < limit:
+                cursor = header.inbox_cursor
                 try:
                     posts, _ = await self.read_posts(instance_id, cursor if isinstance(cursor, int) else 0)
                 except NotImplementedError:

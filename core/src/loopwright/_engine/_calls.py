@@ -113,8 +113,8 @@ class Calls:
         held = [i for i in items if i.held]
         awaiting = next((i for i in items if i.awaiting_user), None)
         if awaiting is not None:
-            inst.header["awaitingAnswer"] = {"toolCallId": awaiting.call.id,
-                                             "question": awaiting.call.arguments.get("question")}
+            inst.header.awaiting_answer = {"toolCallId": awaiting.call.id,
+                                           "question": awaiting.call.arguments.get("question")}
         if held:
             at = now_iso()
             inst.set_pending([*inst.pending_approvals, *(PendingApproval(
@@ -126,7 +126,7 @@ class Calls:
                 await self.journal.emit(run, "approval", inst.turn, toolCallId=i.call.id, tool=i.call.name,
                                         reason=i.held)
             # The wait for a person is not the agent's time: the elapsed limit skips it.
-            inst.header["pausedAt"] = time.time()
+            inst.header.paused_at = time.time()
             raise SegmentEnd(State.WAITING_FOR_APPROVAL, StopReason.WAITING_FOR_APPROVAL)
         ender = next((i for i in items if i.result is not None and i.result.status is ToolStatus.SUCCESS
                       and i.tool is not None and i.tool.ends_loop), None)
@@ -135,12 +135,12 @@ class Calls:
                 return
             data = ender.result.data if ender.result else None
             if isinstance(data, Mapping) and "result" in data:
-                inst.header["text"] = str(data["result"])
-                inst.header["output"] = dict(data)
+                inst.header.text = str(data["result"])
+                inst.header.output = dict(data)
             elif ender.result is not None:
-                inst.header["text"] = ender.result.content
+                inst.header.text = ender.result.content
             raise SegmentEnd(State.STOPPED, StopReason.COMPLETED)
-        if awaiting is not None or inst.header.get("awaitingAnswer"):
+        if awaiting is not None or inst.header.awaiting_answer:
             raise SegmentEnd(State.WAITING, StopReason.WAITING)
         if exceeded:
             _room, which = self.budgets.tool_room(inst, limits)

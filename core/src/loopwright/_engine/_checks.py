@@ -42,7 +42,7 @@ class Checks:
         inst = run.inst
         problems = self.deps.output_problems(inst.definition, message.content)
         if isinstance(problems, _Parsed):
-            inst.header["output"] = problems.value
+            inst.header.output = problems.value
             return False
         inst.output_attempts += 1
         self.journal.record(inst, "output", {"attempt": inst.output_attempts, "problems": problems})

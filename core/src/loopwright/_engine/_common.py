@@ -139,9 +139,11 @@ def take_decisions(inst: Instance) -> list[PendingApproval]:
     The time the instance waited for a person is not its own: the segment's start moves on by
     the pause (``pausedAt``), whether the decision goes on now or a resume after a crash does.
     """
-    paused = inst.header.pop("pausedAt", None)
-    if paused is not None and inst.header.get("segmentStartedAt"):
-        inst.header["segmentStartedAt"] = float(inst.header["segmentStartedAt"]) + max(time.time() - paused, 0.0)
+    h = inst.header
+    paused = h.paused_at
+    del h.paused_at
+    if paused is not None and h.segment_started_at:
+        h.segment_started_at = float(h.segment_started_at) + max(time.time() - paused, 0.0)
     pending = inst.pending_approvals
     inst.set_pending([])
     return pending

@@ -37,8 +37,8 @@ class Journal:
         if info is None:
             info = inst.info = InstanceInfo(
                 instance_id=inst.id, name=inst.definition.name, model=self.deps.model_ref(inst.definition),
-                depth=int(inst.header.get("depth", 0)),
-                spawner_instance_id=inst.header.get("spawnerInstanceId"))
+                depth=int(inst.header.depth),
+                spawner_instance_id=inst.header.spawner_instance_id)
         return info
 
     def _observer_error(self, inst: Instance) -> Any:
@@ -101,29 +101,31 @@ class Journal:
 
     async def set_state(self, run: SegmentRun, state: State, reason: StopReason | None = None, **extra: Any,
                         ) -> None:
-        """Change the instance's state, save the header and tell observers."""
+        """Change the instance's state, save the header and tell observers.
+
+        ``extra`` sets more header fields by name (``error=``, ``limit=``, ``cancelled=``, ``runner=``).
+        """
         inst = run.inst
-        old = inst.header.get("state")
         h = inst.header
-        if old == state.value and h.get("stopReason") == (reason.value if reason else None) and all(
-                h.get(k) == v for k, v in extra.items()):
+        old, stop = str(h.state), reason.value if reason else None  # observers are told the strings
+        if old == state.value and h.stop_reason == reason and all(getattr(h, k) == v for k, v in extra.items()):
             # Nothing to save (a new instance is created "running"); followers still hear of it.
-            await self.emit(run, "state", inst.turn, state=state.value, stopReason=h.get("stopReason"))
+            await self.emit(run, "state", inst.turn, state=state.value, stopReason=stop)
             return
-        h["state"] = state.value
-        h["stopReason"] = reason.value if reason else None
+        h.state = state
+        h.stop_reason = reason
         for k, v in extra.items():
-            h[k] = v
-        h["updatedAt"] = now_iso()
+            setattr(h, k, v)
+        h.updated_at = now_iso()
         inst.totals_to_header()
         if state is not State.RUNNING:
             # What happened before the instance rests is on disk before the header says it rests: a
             # crash in between leaves it running, and the runner that resumes it repairs the rest.
             await self.deps.flush_records(inst.id)
         await self.deps.write_header(inst)
-        self.record(inst, "state", {"from": old, "to": state.value, "stopReason": h["stopReason"],
+        self.record(inst, "state", {"from": old, "to": state.value, "stopReason": stop,
                                     **{k: v for k, v in extra.items() if v is not None}})
         await self.observe(inst, "loopwright_on_state_change", old=old, new=state.value,
-                           stop_reason=h["stopReason"])
+                           stop_reason=stop)
         await self.deps.flush_records(inst.id)
-        await self.emit(run, "state", inst.turn, state=state.value, stopReason=h["stopReason"])
+        await self.emit(run, "state", inst.turn, state=state.value, stopReason=stop)

@@ -87,7 +87,7 @@ def elapsed_scope(budgets: Sequence[tuple[Instance, Limits]]) -> anyio.CancelSco
     owner's ``segmentStartedAt``; the waits for approval are left out of it
     (:func:`loopwright._engine._common.take_decisions` moves that start on by them). No limit, no deadline.
     """
-    ends = [float(owner.header.get("segmentStartedAt") or time.time()) + owned.elapsed
+    ends = [float(owner.header.segment_started_at or time.time()) + owned.elapsed
             for owner, owned in budgets if owned.elapsed is not None]
     if not ends:
         return anyio.CancelScope()
@@ -97,7 +97,7 @@ def elapsed_scope(budgets: Sequence[tuple[Instance, Limits]]) -> anyio.CancelSco
 def elapsed_reached(budgets: Sequence[tuple[Instance, Limits]]) -> SegmentEnd:
     """Return the end of a segment whose call the elapsed deadline cut off, naming whose limit it was."""
     inst = budgets[0][0]
-    ends = [(float(owner.header.get("segmentStartedAt") or time.time()) + owned.elapsed, owner, owned)
+    ends = [(float(owner.header.segment_started_at or time.time()) + owned.elapsed, owner, owned)
             for owner, owned in budgets if owned.elapsed is not None]
     _end, owner, owned = min(ends, key=lambda e: e[0])
     whose = of_ancestor(owner) if owner is not inst else ""
@@ -120,7 +120,7 @@ def _check_budget(owner: Instance, limits: Limits, whose: str) -> None:
                 raise SegmentEnd(State.ERROR, StopReason.LIMIT_EXCEEDED, limit="cost",
                                  error=f"cost limit ({limits.cost}){whose} reached: {cost:.6f} spent")
     if limits.elapsed is not None:
-        started = float(owner.header.get("segmentStartedAt") or time.time())
+        started = float(owner.header.segment_started_at or time.time())
         if time.time() - started >= limits.elapsed:
             raise SegmentEnd(State.ERROR, StopReason.LIMIT_EXCEEDED, limit="elapsed",
                              error=f"elapsed-time limit ({limits.elapsed:g} s){whose} reached")

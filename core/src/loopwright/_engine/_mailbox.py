@@ -18,6 +18,7 @@ from loopwright._types import Message, State, StopReason, ToolStatus
 if TYPE_CHECKING:
     from loopwright._engine._deps import EngineDeps, SegmentRun
     from loopwright._engine._journal import Journal
+    from loopwright._header_fields import HeaderFields
 
 __all__ = ["Mailbox", "first_answer", "mail_to_give"]
 
@@ -31,14 +32,14 @@ def first_answer(queue: list[dict[str, Any]]) -> dict[str, Any] | None:
     return next((m for m in queue if m.get("source") in ("api", "user") and not m.get("behindTurn")), None)
 
 
-def mail_to_give(header: dict[str, Any]) -> bool:
+def mail_to_give(header: HeaderFields) -> bool:
     """Whether the header's queue (``inbox``) holds messages the next turn boundary gives the model.
 
     The rule of :meth:`Mailbox.drain_inbox`: every queued message, unless a question waits for
     its answer, when only one that may answer it (:func:`first_answer`) is.
     """
-    queue: list[dict[str, Any]] = header.get("inbox") or []
-    if header.get("awaitingAnswer"):
+    queue = header.inbox
+    if header.awaiting_answer:
         return first_answer(queue) is not None
     return bool(queue)
 
@@ -60,13 +61,13 @@ class Mailbox:
         saved with the next state change or by :meth:`drain_inbox`.
         """
         h = run.inst.header
-        cursor = int(h.get("inboxCursor") or 0)
-        posts, new_cursor = await self.store.read_posts(run.inst.id, cursor)
+        posts, new_cursor = await self.store.read_posts(run.inst.id, int(h.inbox_cursor or 0))
         run.mail_read_at = time.monotonic()
         if not posts:
             return False
-        h["inboxCursor"] = new_cursor
-        queue = h.setdefault("inbox", [])
+        h.inbox_cursor = new_cursor
+        queue = h.inbox
+        h.inbox = queue  # saved with the header (a new list when it had none)
         cancel = False
         for post in posts:
             if post.get("type") == "message":
@@ -84,19 +85,19 @@ class Mailbox:
         """
         inst = run.inst
         h = inst.header
-        before = h.get("inboxCursor")
+        before = h.inbox_cursor
         if await self.absorb_mail(run, running=True):
             await self.deps.write_header(inst)
             run.request_cancel()
             await anyio.lowlevel.checkpoint()
-        queue: list[dict[str, Any]] = h.get("inbox") or []
-        if h.get("awaitingAnswer"):
+        queue = h.inbox
+        if h.awaiting_answer:
             answer = first_answer(queue)
             if answer is not None:
                 queue.remove(answer)
                 await self.answer_question(run, str(answer.get("text", "")))
-        if queue and not h.get("awaitingAnswer"):
-            h["inbox"] = []
+        if queue and not h.awaiting_answer:
+            h.inbox = []
             for item in queue:
                 marks: dict[str, Any] = {"task": True} if item.get("behindTurn") else {}
                 if item.get("id"):
@@ -109,15 +110,16 @@ class Mailbox:
                     marks=marks or None)
                 self.journal.record(inst, "message", {"source": item.get("source"), "at": item.get("at")})
             await self.deps.write_header(inst)
-        elif h.get("inboxCursor") != before:
+        elif h.inbox_cursor != before:
             await self.deps.write_header(inst)
-        if h.get("awaitingAnswer"):
+        if h.awaiting_answer:
             raise SegmentEnd(State.WAITING, StopReason.WAITING)
 
     async def answer_question(self, run: SegmentRun, text: str) -> None:
         """Make ``text`` the result of the pending ``ask_user`` call."""
         inst = run.inst
-        awaiting = inst.header.pop("awaitingAnswer", None) or {}
+        awaiting = inst.header.awaiting_answer or {}
+        del inst.header.awaiting_answer
         call_id = awaiting.get("toolCallId")
         message = Message(role="tool", tool_call_id=call_id, name="ask_user", content=text,
                           status=ToolStatus.SUCCESS)
@@ -136,17 +138,16 @@ class Mailbox:
         inst = run.inst
         if mail_to_give(inst.header):
             return True
-        cursor = int(inst.header.get("inboxCursor") or 0)
-        posts, new_cursor = await self.store.read_posts(inst.id, cursor)
+        posts, new_cursor = await self.store.read_posts(inst.id, int(inst.header.inbox_cursor or 0))
         if not posts:
             return False
         if any(p.get("type") == "message" for p in posts):
             return True
-        inst.header["inboxCursor"] = new_cursor  # a cancel request for a segment that has ended
+        inst.header.inbox_cursor = new_cursor  # a cancel request for a segment that has ended
         await self.deps.write_header(inst)
         return False
 
     async def cancel_posted(self, run: SegmentRun) -> bool:
         """Return whether the unread posts hold a cancel request (nothing is consumed)."""
-        posts, _ = await self.store.read_posts(run.inst.id, int(run.inst.header.get("inboxCursor") or 0))
+        posts, _ = await self.store.read_posts(run.inst.id, int(run.inst.header.inbox_cursor or 0))
         return any(p.get("type") == "cancel" for p in posts)

@@ -127,7 +127,7 @@ class Recovery:
         if not unanswered:
             return
         skip = {p.tool_call_id for p in inst.pending_approvals}
-        awaiting = (inst.header.get("awaitingAnswer") or {}).get("toolCallId")
+        awaiting = inst.header.asked_call_id
         limits = deps.limits_of(inst)
         for index, call in enumerate(unanswered):
             if call.id in skip or call.id == awaiting:
@@ -178,7 +178,7 @@ class Recovery:
         # the transcript in memory (a batch's results join it together, in call order).
         rebuild(inst, await self.store.read_entries(inst.id))
         _settle_answered_question(inst)
-        asked = (inst.header.get("awaitingAnswer") or {}).get("toolCallId")
+        asked = inst.header.asked_call_id
         _assistant, unanswered = unanswered_calls(inst.transcript)
         for index, call in enumerate(unanswered):
             item = Call(index, call)
@@ -195,7 +195,7 @@ class Recovery:
             inst.transcript.append(tool_message(item))
         if inst.pending_approvals:
             inst.set_pending([])
-        inst.header.pop("awaitingAnswer", None)
+        del inst.header.awaiting_answer
         restore_call_order(inst)
 
     async def finish_interrupted_turn(self, run: SegmentRun) -> None:  # noqa: C901 - one case per way a turn ends
@@ -261,12 +261,12 @@ def _settle_answered_question(inst: Instance) -> None:
     may answer it (the one :meth:`loopwright._engine._mailbox.Mailbox.drain_inbox` took) leaves
     the queue if it is that answer.
     """
-    call_id = (inst.header.get("awaitingAnswer") or {}).get("toolCallId")
+    call_id = inst.header.asked_call_id
     answer = next((m for m in inst.transcript if m.role == "tool" and m.tool_call_id == call_id), None)
     if call_id is None or answer is None:
         return
-    inst.header.pop("awaitingAnswer")
-    queue: list[dict[str, Any]] = inst.header.get("inbox") or []
+    del inst.header.awaiting_answer
+    queue = inst.header.inbox
     first = first_answer(queue)
     if first is not None and str(first.get("text", "")) == (answer.content or ""):
         queue.remove(first)
@@ -274,9 +274,9 @@ def _settle_answered_question(inst: Instance) -> None:
 
 def _drop_given_mail(inst: Instance, entries: Sequence[Mapping[str, Any]]) -> None:
     """Remove from the header's queue the posts whose message is among ``entries`` (the current segment's)."""
-    queue = inst.header.get("inbox")
+    queue = inst.header.inbox
     if not queue:
         return
     given = {e["post"] for e in entries if e.get("t") == "msg" and e.get("post")}
     if given:
-        inst.header["inbox"] = [m for m in queue if m.get("id") not in given]
+        inst.header.inbox = [m for m in queue if m.get("id") not in given]

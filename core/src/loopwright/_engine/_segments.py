@@ -103,7 +103,7 @@ class Segments:
             inst.seg_iterations = inst.seg_tool_calls = inst.seg_tokens = inst.tree_tokens = inst.tree_tool_calls = 0
             inst.seg_cost = inst.tree_cost = 0.0
             inst.completion_attempts = inst.output_attempts = 0
-            inst.header["segmentStartedAt"] = time.time()
+            inst.header.segment_started_at = time.time()
             await self.deps.store.append_entries(inst.id, [{"t": "seg", "at": now_iso()}])
         await journal.set_state(run, State.RUNNING, None, error=None, limit=None, cancelled=False,
                                 runner=self.deps.owner)

@@ -158,9 +158,9 @@ class Turns:
         journal.record(inst, "turn", {
             "turn": turn, "model": served, "usage": spent, "cost": cost.amount,
             "finishReason": response.finish_reason, "toolCalls": len(calls), "latency": round(latency, 6)})
-        inst.header["servedBy"] = served
+        inst.header.served_by = served
         if message.content:
-            inst.header["text"] = message.content
+            inst.header.text = message.content
         await journal.observe(inst, "loopwright_on_message", message=message)
         await journal.observe(inst, "loopwright_on_cost", turn=turn, usage=usage, cost=cost, model=served)
         if message.content:

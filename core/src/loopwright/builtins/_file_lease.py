@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from loopwright._header_fields import HeaderFields
 from loopwright.abc import Lease as BaseLease
 from loopwright.builtins._file_io import ENTRIES_FILE, HEADER_FILE, O_CLOEXEC, RECORDS_FILE, check_id, repair_tail
 from loopwright.errors import InstanceLockedError, InstanceNotFoundError, StoreError
@@ -146,7 +147,7 @@ class Locking:
             header = json.loads((self.root / instance_id / HEADER_FILE).read_bytes())
         except (OSError, ValueError):
             return None
-        runner = header.get("runner") if isinstance(header, dict) else None
+        runner = HeaderFields(header).runner if isinstance(header, dict) else None
         return str(runner) if runner else None
 
     def _dead_runner(self, instance_id: str, owner: str) -> str | None:
@@ -155,7 +156,4 @@ class Locking:
             header = json.loads((self.root / instance_id / HEADER_FILE).read_bytes())
         except (OSError, ValueError):
             return None
-        if not isinstance(header, dict) or header.get("state") != "running":
-            return None
-        runner = header.get("runner")
-        return str(runner) if runner and not str(runner).startswith(owner) else None
+        return HeaderFields(header).dead_runner(owner) if isinstance(header, dict) else None

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
+from loopwright._header_fields import HeaderFields
 from loopwright.builtins._file_lease import Lease
 from loopwright.errors import InstanceLockedError, StoreError
 
@@ -105,7 +106,4 @@ class Locks:
 
 def dead_runner(header: dict[str, object] | None, owner: str) -> str | None:
     """Return the runner of a header left ``running`` by someone other than ``owner`` (who must have died)."""
-    if header is None or header.get("state") != "running":
-        return None
-    runner = header.get("runner")
-    return str(runner) if runner and not str(runner).startswith(owner) else None
+    return None if header is None else HeaderFields(header).dead_runner(owner)

@@ -99,6 +99,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from loopwright._header_fields import HeaderFields
 from loopwright.abc import Store, StoreSettings
 from loopwright.builtins._file_checkpoint import Checkpoints
 from loopwright.builtins._file_create import Creating
@@ -289,7 +290,7 @@ class FileStore(Creating, Headers, Checkpoints, Mailbox, Locking, Store):
             except StoreError as exc:
                 log.warning("file store: skipping an instance whose header cannot be read: %s", exc)
                 continue
-            created = header.get("createdAt")
+            created = HeaderFields(header).created_at
             found.append((created if isinstance(created, str) else "", name, header))
         found.sort(key=lambda t: (t[0], t[1]))
         return [h for _c, _n, h in found]

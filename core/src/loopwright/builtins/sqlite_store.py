@@ -72,6 +72,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import anyio
 
+from loopwright._header_fields import HeaderFields
 from loopwright.abc import Store, StoreSettings
 from loopwright.builtins._file_io import check_id as _check_id
 from loopwright.builtins._file_io import encode_line as _encode_line
@@ -496,7 +497,7 @@ class SqliteStore(Store):
         if the instance does not exist. A lease whose holder died is free: the kernel released it.
         """
         header = await self.read_header(instance_id)  # raises for an unknown or invalid id
-        runner = header.get("runner")
+        runner = HeaderFields(header).runner
         return self._locks.acquire(instance_id, owner, str(runner) if runner else None,
                                    functools.partial(self._dead_runner, instance_id, owner))
 
@@ -535,7 +536,7 @@ class SqliteStore(Store):
             text = _encode_line(header)
         except (TypeError, ValueError) as exc:
             raise StoreError(f"the header is not JSON-ready: {exc}", instance_id=instance_id) from exc
-        created = header.get("createdAt")
+        created = HeaderFields(dict(header)).created_at
         return text, created if isinstance(created, str) else ""
 
     def _parse(self, instance_id: str, text: str, what: str) -> dict[str, Any]:
