@@ -289,7 +289,7 @@ async def test_cancel_skips_held_calls_and_an_open_question(tmp_path: Path) -> N
         assert result.state is State.WAITING
         await rt.cancel(run.instance_id)
         assert run.state is State.STOPPED
-        assert "awaitingAnswer" not in run.inst.header
+        assert not run.inst.header.has("awaiting_answer")
         asked = result_for(run.inst.transcript, "q1")
         assert asked.status is ToolStatus.SKIPPED
 

@@ -107,7 +107,7 @@ async def test_cancel_from_another_runtime_stops_a_long_tool_call(tmp_path: Path
         await started.wait()
         with anyio.fail_after(5):
             other = await b.cancel(run.instance_id)
-        assert (other.inst.state, other.inst.header.get("cancelled")) == (State.STOPPED, True)
+        assert (other.inst.state, other.inst.header.cancelled) == (State.STOPPED, True)
         result = await run.wait()
     assert (result.state, result.stop_reason, result.cancelled) == (State.STOPPED, StopReason.CANCELLED, True)
     assert any(m.tool_calls for m in run.inst.transcript)
