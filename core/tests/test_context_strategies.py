@@ -13,7 +13,8 @@ from helpers import Harness, call, defn, entries_path, make_runtime, records_of,
 
 import loopwright
 from loopwright import Block, Message, ModelRequest, PluginSpec, State, ToolStatus, Usage, hookimpl
-from loopwright._instance import Instance, message_to_json, rebuild
+from loopwright._instance import Instance, message_to_json
+from loopwright._replay import rebuild
 from loopwright.builtins.context import (
     DEFAULT_COMPACT_PROMPT,
     SUMMARY_PREFIX,

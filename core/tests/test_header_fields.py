@@ -57,6 +57,9 @@ def test_the_enumerations_read_as_members_and_keep_what_they_do_not_know() -> No
     assert newer.state == "hibernating"
     assert not isinstance(newer.state, State)
     assert HeaderFields({}).state is State.WAITING
+    tampered = HeaderFields({"state": ["running"], "stopReason": {"x": 1}})  # never raises on read
+    assert (tampered.state, tampered.stop_reason) == (["running"], {"x": 1})
+    assert tampered.dead_runner("me") is None
 
 
 def test_a_list_field_is_the_saved_list_or_a_new_one_not_saved() -> None:
@@ -81,6 +84,9 @@ def test_held_calls_and_the_question() -> None:
     assert h.held_calls_decided()
     assert not HeaderFields({"pendingApprovals": []}).held_calls_decided()  # none held: nothing decided
     assert not HeaderFields({"pendingApprovals": ["junk"]}).held_calls_decided()  # malformed: fails closed
+    assert not HeaderFields({"pendingApprovals": 5}).held_calls_decided()
+    assert HeaderFields({"pendingApprovals": 5}).undecided_calls() == set()
+    assert HeaderFields({"pendingApprovals": ["junk", {"toolCallId": "c"}]}).undecided_calls() == {"c"}
     assert HeaderFields({"awaitingAnswer": {"toolCallId": "q1", "question": "?"}}).asked_call_id == "q1"
     assert HeaderFields({"awaitingAnswer": None}).asked_call_id is None
 

@@ -16,8 +16,9 @@ import pytest
 from helpers import defn
 
 from loopwright import Message
-from loopwright._instance import Instance, history_at, message_from_json, rebuild
+from loopwright._instance import Instance, message_from_json
 from loopwright._instance import _message_structure as converter_structure
+from loopwright._replay import history_at, rebuild
 from loopwright._types import Cost, Usage
 
 

@@ -15,16 +15,9 @@ import pytest
 from helpers import Harness, call, defn, make_runtime, reply, run_to_rest
 
 from loopwright import Limits, Message, ToolCall, tool
-from loopwright._instance import (
-    CHECKPOINT_VERSION,
-    Instance,
-    _call_order,
-    fold_checkpoint,
-    message_from_json,
-    rebuild,
-    restore,
-)
+from loopwright._instance import Instance, message_from_json
 from loopwright._instance import _message_structure as converter_structure
+from loopwright._replay import CHECKPOINT_VERSION, _call_order, fold_checkpoint, rebuild, restore
 from loopwright.abc import StoreSettings
 from loopwright.builtins.file_store import CHECKPOINT_FILE, FileStore
 

@@ -786,7 +786,7 @@ def _install_agent_points() -> None:  # noqa: C901 - one wrapper per step
             _spawning.pop(self.caller.id, None)
 
     async def start_first_segment(self: Any, run: Any, held: Any) -> None:
-        armed = _spawning.get(str(run.inst.header.get("spawnerInstanceId")))
+        armed = _spawning.get(str(run.inst.header.spawner_instance_id))
         if armed is not None and armed[0] == "created":
             die(armed[1])
         await first_segment(self, run, held)

@@ -28,17 +28,10 @@ from loopwright._capabilities import (
 from loopwright._engine import Decided, LateMail, Mail, Resume, SegmentEnd, Start
 from loopwright._header import InstanceHeader
 from loopwright._header_fields import ChildLinks, HeaderFields
-from loopwright._instance import (
-    Instance,
-    fold_checkpoint,
-    message_to_json,
-    new_id,
-    now_iso,
-    shown_call,
-    unanswered_calls,
-)
+from loopwright._instance import Instance, message_to_json, new_id, now_iso, shown_call, unanswered_calls
 from loopwright._lease import holding
 from loopwright._plans import check_templates
+from loopwright._replay import fold_checkpoint
 from loopwright._run import AgentRun
 from loopwright._template import render, render_value, resolve_inputs
 from loopwright._types import Message, PendingApproval, State, StopReason, ToolCall, call_digest

@@ -99,8 +99,9 @@ class _List(_Key[list[T]]):
 class _Enum(Generic[E]):
     """A key holding one of an enumeration's strings, read as the member.
 
-    A string this version does not know (a newer version's) reads as the string itself. Written
-    as the member's string.
+    A string this version does not know (a newer version's) reads as the string itself, and any
+    other saved value (a tampered header's) as it was saved: reading never raises. Written as the
+    member's string.
     """
 
     __slots__ = ("default", "key", "members")
@@ -121,7 +122,10 @@ class _Enum(Generic[E]):
         if obj is None:
             return self
         raw = obj.json.get(self.key, self.default)
-        return self.members.get(raw, raw)
+        try:
+            return self.members.get(raw, raw)
+        except TypeError:  # a list or an object saved where a string belongs: read as saved
+            return raw
 
     def __set__(self, obj: HeaderFields, value: E | None) -> None:
         obj.json[self.key] = None if value is None else value.value
@@ -160,11 +164,15 @@ class HeaderFields:
     def held_calls_decided(self) -> bool:
         """Whether it holds calls for approval (``pendingApprovals``) and every one is decided."""
         pending = self.pending_approvals
-        return bool(pending) and all(isinstance(p, Mapping) and p.get("decision") is not None for p in pending)
+        return isinstance(pending, list) and bool(pending) and all(
+            isinstance(p, Mapping) and p.get("decision") is not None for p in pending)
 
     def undecided_calls(self) -> set[Any]:
-        """Return the ids of the calls it holds for approval that are not decided yet."""
-        return {p.get("toolCallId") for p in self.pending_approvals if p.get("decision") is None}
+        """Return the ids of the calls it holds for approval that are not decided yet (a malformed entry is none)."""
+        pending = self.pending_approvals
+        if not isinstance(pending, list):
+            return set()
+        return {p.get("toolCallId") for p in pending if isinstance(p, Mapping) and p.get("decision") is None}
 
     def dead_runner(self, owner: str) -> str | None:
         """Return the runner of a header left ``running`` by someone other than ``owner`` (who must have died).

@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING
 
 from loopwright._capabilities import capabilities_to_dict
 from loopwright._header_fields import HeaderFields
-from loopwright._instance import history_at, message_to_json, new_id, now_iso, rebuild, unanswered_calls
+from loopwright._instance import message_to_json, new_id, now_iso, unanswered_calls
 from loopwright._lease import held_lease
+from loopwright._replay import history_at, rebuild
 from loopwright._types import Message, State, StopReason
 from loopwright.errors import InstanceNotFoundError, LoopwrightError
 

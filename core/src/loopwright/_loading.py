@@ -15,7 +15,8 @@ from loopwright._capabilities import capabilities_from_dict, intersect
 from loopwright._definition import gates_from_json, with_gates
 from loopwright._header import InstanceHeader
 from loopwright._header_fields import HeaderFields
-from loopwright._instance import Instance, restore
+from loopwright._instance import Instance
+from loopwright._replay import restore
 from loopwright._run import AgentRun
 from loopwright.errors import ConfigError, GrantsError, StoreError
 

@@ -94,7 +94,7 @@ async def instance_summary(store: Store, instance_id: str, *, live: bool = False
     header = header_of(saved)
     if header.state == State.RUNNING and not live:
         # The instance model only for a saved running instance: keeps ls and show cheap.
-        from loopwright._instance import entry_totals  # noqa: PLC0415
+        from loopwright._replay import entry_totals  # noqa: PLC0415
 
         header = header_of({**saved, **entry_totals(await store.read_entries(instance_id))})
     data = summary(header, subtree_cost=await subtree_cost(store, instance_id, header))

@@ -20,7 +20,7 @@ import attrs
 
 from loopwright import _reading
 from loopwright._header_fields import HeaderFields
-from loopwright._instance import log_totals
+from loopwright._replay import log_totals
 from loopwright._types import Event, PendingApproval, State
 from loopwright._views import own_cost
 from loopwright.errors import InstanceLockedError, InstanceNotFoundError, LoopwrightError

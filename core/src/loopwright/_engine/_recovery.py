@@ -20,7 +20,8 @@ from loopwright._engine._common import (
     tool_message,
 )
 from loopwright._engine._mailbox import first_answer, mail_to_give
-from loopwright._instance import rebuild, shown_call, unanswered_calls
+from loopwright._instance import shown_call, unanswered_calls
+from loopwright._replay import rebuild
 from loopwright._types import State, StopReason, ToolResult, ToolStatus
 
 if TYPE_CHECKING:
