@@ -52,6 +52,7 @@ import psycopg.conninfo
 import psycopg.errors
 from psycopg import sql
 
+from loopwright import HeaderFields, State
 from loopwright.abc import Lease as BaseLease
 from loopwright.abc import Store, StoreSettings
 from loopwright.errors import (
@@ -174,18 +175,31 @@ def _work_columns(header: object) -> tuple[str | None, int, bool, bool]:
     """
     if not isinstance(header, Mapping):
         return None, 0, False, False
-    state = header.get("state")
-    cursor = header.get("inboxCursor")
-    pending = header.get("pendingApprovals")
-    decided = bool(pending) and isinstance(pending, list) and all(
-        isinstance(p, Mapping) and p.get("decision") is not None for p in pending)
-    return (state if isinstance(state, str) else None,
+    fields = HeaderFields(header if isinstance(header, dict) else dict(header))
+    state = _state_of(fields)
+    cursor = fields.inbox_cursor
+    decided = isinstance(fields.pending_approvals, list) and fields.held_calls_decided()
+    return (str(state) if isinstance(state, str) else None,
             cursor if type(cursor) is int and -(1 << 63) <= cursor < 1 << 63 else 0, decided,
-            header.get("queued") is True)
+            fields.queued is True)
+
+
+def _state_of(fields: HeaderFields) -> State | str | None:
+    """Return the header's ``state``: ``None`` when it has none (absent, or a value no state can be).
+
+    A store holds any JSON object, so a list or an object saved as the state is no state (where
+    :attr:`HeaderFields.state` would fail to look it up).
+    """
+    if not fields.has("state"):
+        return None
+    try:
+        return fields.state
+    except TypeError:  # an unhashable value (a list, an object)
+        return None
 
 
 def _runner_of(header: object) -> str | None:
-    runner = header.get("runner") if isinstance(header, dict) else None
+    runner = HeaderFields(header).runner if isinstance(header, dict) else None
     return str(runner) if runner else None
 
 
@@ -1015,10 +1029,8 @@ class PostgresStore(Store):
         if epoch is None:
             del self._held[instance_id]
             raise InstanceLockedError(instance_id, holder=_runner_of(header) or holder)
-        previous = None
-        if isinstance(header, dict) and header.get("state") == "running":
-            runner = _runner_of(header)
-            previous = runner if runner and not runner.startswith(owner) else None
+        fields = HeaderFields(header) if isinstance(header, dict) else None
+        previous = fields.dead_runner(owner) if fields is not None and _state_of(fields) is State.RUNNING else None
         lease = Lease(instance_id=instance_id, owner=owner, epoch=int(epoch), previous_holder=previous,
                       on_release=self._released)
         with self._leases_mutex:

@@ -68,6 +68,7 @@ from google.protobuf.json_format import MessageToDict, ParseDict
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from loopwright import HeaderFields, State, StopReason
 from loopwright.errors import ConfigError, LoopwrightError
 from loopwright_serve._auth import Principal, Scope
 from loopwright_serve._problems import ProblemError
@@ -147,87 +148,92 @@ def _message_text(message: Message | None) -> str:
     return "\n".join(p for p in pieces if p)
 
 
-def _state_of(header: Mapping[str, Any]) -> TaskState:
-    state, stop = header.get("state"), header.get("stopReason")
-    if state == "running":
+def _state_of(header: HeaderFields) -> TaskState:
+    state, stop = header.state, header.stop_reason
+    if state == State.RUNNING:
         return TaskState.TASK_STATE_WORKING
-    if state in ("waiting", "waiting_for_approval"):
+    if state in (State.WAITING, State.WAITING_FOR_APPROVAL):
         return TaskState.TASK_STATE_INPUT_REQUIRED
-    if state == "stopped" and stop == "completed":
+    if state == State.STOPPED and stop == StopReason.COMPLETED:
         return TaskState.TASK_STATE_COMPLETED
-    if header.get("cancelled") or stop == "cancelled":
+    if header.cancelled or stop == StopReason.CANCELLED:
         return TaskState.TASK_STATE_CANCELED
     return TaskState.TASK_STATE_FAILED
 
 
-def _details(header: Mapping[str, Any]) -> dict[str, Any]:
+def _undecided(header: HeaderFields) -> list[dict[str, Any]]:
+    """Return the calls the instance holds for approval that are not decided yet."""
+    return [p for p in header.pending_approvals if p.get("decision") is None]
+
+
+def _details(header: HeaderFields) -> dict[str, Any]:
     """Return the ``loopwright`` data of a status message: what a client needs to answer the task."""
     pending = [{"toolCallId": p.get("toolCallId"), "tool": p.get("tool"), "arguments": p.get("arguments"),
                 "reason": p.get("reason")}
-               for p in header.get("pendingApprovals") or [] if p.get("decision") is None]
-    data: dict[str, Any] = {"instanceId": header.get("instanceId"), "state": header.get("state"),
-                            "stopReason": header.get("stopReason")}
+               for p in _undecided(header)]
+    data: dict[str, Any] = {"instanceId": header.instance_id, "state": header.state,
+                            "stopReason": header.stop_reason}
     if pending:
         data["pendingApprovals"] = pending
-    if header.get("awaitingAnswer"):
-        data["question"] = header["awaitingAnswer"].get("question")
-    if header.get("error"):
-        data["error"] = header["error"]
-    if header.get("limit"):
-        data["limit"] = header["limit"]
+    if header.awaiting_answer:
+        data["question"] = header.awaiting_answer.get("question")
+    if header.error:
+        data["error"] = header.error
+    if header.limit:
+        data["limit"] = header.limit
     return {"loopwright": data}
 
 
-def _status_text(header: Mapping[str, Any]) -> str:
-    pending = [p for p in header.get("pendingApprovals") or [] if p.get("decision") is None]
-    if header.get("state") == "waiting_for_approval" and pending:
+def _status_text(header: HeaderFields) -> str:
+    pending = _undecided(header)
+    if header.state == State.WAITING_FOR_APPROVAL and pending:
         calls = ", ".join(f"{p.get('tool')} ({p.get('toolCallId')})" for p in pending)
         return (f"waiting for approval of {calls}: send a data part "
                 '{"approve": CALL_ID} or {"deny": CALL_ID, "reason": "..."}')
-    if header.get("awaitingAnswer"):
-        return str(header["awaitingAnswer"].get("question") or "")
-    if header.get("state") == "error":
-        return f"error: {header.get('error')}"
-    if header.get("state") == "stopped" and header.get("stopReason") not in ("completed", "cancelled"):
-        limit = f" ({header.get('limit')})" if header.get("limit") else ""
-        return f"stopped: {header.get('stopReason')}{limit}"
-    return str(header.get("text") or "")
+    if header.awaiting_answer:
+        return str(header.awaiting_answer.get("question") or "")
+    if header.state == State.ERROR:
+        return f"error: {header.error}"
+    if header.state == State.STOPPED and header.stop_reason not in (StopReason.COMPLETED, StopReason.CANCELLED):
+        limit = f" ({header.limit})" if header.limit else ""
+        return f"stopped: {header.stop_reason}{limit}"
+    return str(header.text or "")
 
 
-def status_of(header: Mapping[str, Any]) -> TaskStatus:
+def status_of(header: HeaderFields) -> TaskStatus:
     """Return the A2A status of an instance, from its saved header."""
-    iid = str(header.get("instanceId"))
+    iid = str(header.instance_id)
     parts = [new_data_part(_details(header))]
     text = _status_text(header)
     if text:
         parts.insert(0, new_text_part(text))
-    message = Message(message_id=f"{iid}-{header.get('updatedAt')}", role=Role.ROLE_AGENT, task_id=iid,
+    message = Message(message_id=f"{iid}-{header.updated_at}", role=Role.ROLE_AGENT, task_id=iid,
                       context_id=iid, parts=parts)
     status = TaskStatus(state=_state_of(header), message=message)
     status.timestamp.GetCurrentTime()
     return status
 
 
-def _answer_artifact(header: Mapping[str, Any]) -> Artifact | None:
+def _answer_artifact(header: HeaderFields) -> Artifact | None:
     parts = []
-    if header.get("text"):
-        parts.append(new_text_part(str(header["text"])))
-    if header.get("output") is not None:
-        parts.append(new_data_part(header["output"]))
+    if header.text:
+        parts.append(new_text_part(str(header.text)))
+    if header.output is not None:
+        parts.append(new_data_part(header.output))
     if not parts:
         return None
     return Artifact(artifact_id=ANSWER, name=ANSWER, description="the agent's latest answer", parts=parts)
 
 
-def task_view(header: Mapping[str, Any]) -> Task:
+def task_view(header: HeaderFields) -> Task:
     """Return the A2A task that an instance is, from its saved header (id = context id = instance id)."""
-    iid = str(header.get("instanceId"))
+    iid = str(header.instance_id)
     task = Task(id=iid, context_id=iid, status=status_of(header))
-    artifact = _answer_artifact(header) if header.get("state") != "running" else None
+    artifact = _answer_artifact(header) if header.state != State.RUNNING else None
     if artifact is not None:
         task.artifacts.append(artifact)
-    task.metadata.update({"loopwright": {"instanceId": iid, "name": header.get("name"),
-                                         "usage": dict(header.get("usage") or {}), "cost": header.get("cost")}})
+    task.metadata.update({"loopwright": {"instanceId": iid, "name": header.name,
+                                         "usage": dict(header.usage or {}), "cost": header.cost}})
     return task
 
 
@@ -269,11 +275,11 @@ class A2AAgent:
             security_requirements=[SecurityRequirement(schemes={"bearer": StringList()})],
         )
 
-    def owns(self, header: Mapping[str, Any]) -> bool:
+    def owns(self, header: HeaderFields) -> bool:
         """Whether an instance is a task of this agent: a top-level instance of its definition."""
         return self.session.owns(header)
 
-    async def read(self, instance_id: str) -> dict[str, Any] | None:
+    async def read(self, instance_id: str) -> HeaderFields | None:
         """Return the header of a task of this agent, or ``None`` (none, or not this agent's)."""
         return await self.session.read(instance_id)
 
@@ -404,7 +410,7 @@ class InstanceTaskStore(TaskStore):
         if task.status.state != TaskState.TASK_STATE_CANCELED:
             return
         header = await self.agent.read(task.id)
-        if header is not None and header.get("state") not in ("stopped", "error"):
+        if header is not None and header.state not in (State.STOPPED, State.ERROR):
             await self.agent.runtime.cancel(task.id)
 
     async def get(self, task_id: str, context: ServerCallContext) -> Task | None:  # noqa: ARG002
@@ -416,7 +422,7 @@ class InstanceTaskStore(TaskStore):
 
     async def list(self, params: ListTasksRequest, context: ServerCallContext) -> ListTasksResponse:  # noqa: ARG002
         """List this agent's tasks, newest first; ``page_token`` is an offset."""
-        headers = [h for h in await self.agent.runtime.store.list_headers() if self.agent.owns(h)]
+        headers = [h for h in map(HeaderFields, await self.agent.runtime.store.list_headers()) if self.agent.owns(h)]
         tasks = [task_view(h) for h in reversed(headers)]
         if params.context_id:
             tasks = [t for t in tasks if t.context_id == params.context_id]
@@ -448,7 +454,7 @@ class LoopwrightExecutor(AgentExecutor):
         rt = self.agent.runtime
         message = context.message
         text = _message_text(message)
-        before: dict[str, Any] | None = None
+        before: HeaderFields | None = None
         if context.current_task is None:
             # The new task is announced first, then the instance made; until a2a-sdk has saved
             # that announcement, the store does not show the instance as the task yet.
@@ -463,7 +469,7 @@ class LoopwrightExecutor(AgentExecutor):
                 return
         else:
             run = await rt.get_agent(iid)
-            before = await rt.store.read_header(iid)
+            before = HeaderFields(await rt.store.read_header(iid))
             try:
                 by = context.call_context.state.get(_BY_KEY)
                 for decision, call_id, reason in decisions_of(message):
@@ -478,11 +484,10 @@ class LoopwrightExecutor(AgentExecutor):
         await updater.start_work()
         await self._follow(segment_events(run, before), updater)
         await run.wait()
-        header = await rt.store.read_header(iid)
+        header = HeaderFields(await rt.store.read_header(iid))
         await updater.update_status(status_of(header).state, message=status_of(header).message,
-                                    metadata={"loopwright": {"instanceId": iid,
-                                                             "usage": dict(header.get("usage") or {}),
-                                                             "cost": header.get("cost")}})
+                                    metadata={"loopwright": {"instanceId": iid, "usage": dict(header.usage or {}),
+                                                             "cost": header.cost}})
 
     async def _follow(self, events: Any, updater: TaskUpdater) -> None:
         """Publish a segment's events: answers as the ``answer`` artifact, tool activity as status updates."""

@@ -59,6 +59,7 @@ from pydantic import ValidationError
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
+from loopwright import HeaderFields, State, StopReason
 from loopwright.errors import ConfigError, LoopwrightError
 from loopwright_serve._auth import Scope
 from loopwright_serve._problems import ProblemError
@@ -87,67 +88,67 @@ _APPROVAL_SCHEMA = {"type": "object", "required": ["approved"],
 _QUESTION_SCHEMA = {"type": "object", "required": ["answer"], "properties": {"answer": {"type": "string"}}}
 
 
-def _pending(header: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    return [p for p in header.get("pendingApprovals") or [] if p.get("decision") is None]
+def _pending(header: HeaderFields) -> list[dict[str, Any]]:
+    return [p for p in header.pending_approvals if p.get("decision") is None]
 
 
-def state_of(header: Mapping[str, Any]) -> dict[str, Any]:
+def state_of(header: HeaderFields) -> dict[str, Any]:
     """Return the ``STATE_SNAPSHOT`` of an instance: what a UI shows of it."""
     state: dict[str, Any] = {
-        "instanceId": header.get("instanceId"), "state": header.get("state"), "stopReason": header.get("stopReason"),
+        "instanceId": header.instance_id, "state": header.state, "stopReason": header.stop_reason,
         "pendingApprovals": [{"toolCallId": p.get("toolCallId"), "tool": p.get("tool"),
                               "arguments": p.get("arguments"), "reason": p.get("reason")} for p in _pending(header)],
-        "usage": dict(header.get("usage") or {}), "cost": header.get("cost"),
+        "usage": dict(header.usage or {}), "cost": header.cost,
     }
-    if header.get("awaitingAnswer"):
-        state["question"] = header["awaitingAnswer"].get("question")
+    if header.awaiting_answer:
+        state["question"] = header.awaiting_answer.get("question")
     return state
 
 
-def interrupts_of(header: Mapping[str, Any]) -> list[Interrupt]:
+def interrupts_of(header: HeaderFields) -> list[Interrupt]:
     """Return what the instance waits for, as AG-UI interrupts (none when it waits for nothing)."""
-    if header.get("state") == "waiting_for_approval":
+    if header.state == State.WAITING_FOR_APPROVAL:
         return [Interrupt(id=str(p.get("toolCallId")), reason="approval", tool_call_id=str(p.get("toolCallId")),
                           message=f"approve the call of {p.get('tool')}? ({p.get('reason')})",
                           response_schema=_APPROVAL_SCHEMA) for p in _pending(header)]
-    awaiting = header.get("awaitingAnswer")
-    if awaiting and header.get("state") == "waiting":
-        call_id = str(awaiting.get("toolCallId"))
+    awaiting = header.awaiting_answer
+    if awaiting and header.state == State.WAITING:
+        call_id = str(header.asked_call_id)
         return [Interrupt(id=call_id, reason="question", tool_call_id=call_id, message=awaiting.get("question"),
                           response_schema=_QUESTION_SCHEMA)]
     return []
 
 
-def _usage(header: Mapping[str, Any]) -> list[TokenUsage] | None:
-    usage = header.get("usage") or {}
+def _usage(header: HeaderFields) -> list[TokenUsage] | None:
+    usage = header.usage or {}
     if not usage:
         return None
-    model = str(header.get("servedBy") or header.get("model") or "")
+    model = str(header.served_by or header.model or "")
     provider, _, name = model.partition(":")
     return [TokenUsage(provider=provider or None, model=name or None, input_tokens=usage.get("inputTokens"),
                        output_tokens=usage.get("outputTokens"), total_tokens=usage.get("totalTokens"))]
 
 
-def final_events(header: Mapping[str, Any], thread_id: str, run_id: str) -> list[BaseEvent]:
+def final_events(header: HeaderFields, thread_id: str, run_id: str) -> list[BaseEvent]:
     """Return the events that end a run, from where the instance rests."""
     out: list[BaseEvent] = [StateSnapshotEvent(snapshot=state_of(header))]
-    state, stop = header.get("state"), header.get("stopReason")
+    state, stop = header.state, header.stop_reason
     interrupts = interrupts_of(header)
-    if state == "error":
-        out.append(RunErrorEvent(message=f"the agent failed: {header.get('error')}", code="error"))
+    if state == State.ERROR:
+        out.append(RunErrorEvent(message=f"the agent failed: {header.error}", code="error"))
     elif interrupts:
         out.append(RunFinishedEvent(thread_id=thread_id, run_id=run_id, usage=_usage(header),
                                     outcome=RunFinishedInterruptOutcome(interrupts=interrupts)))
-    elif header.get("cancelled") or stop == "cancelled":
+    elif header.cancelled or stop == StopReason.CANCELLED:
         out.append(RunFinishedEvent(thread_id=thread_id, run_id=run_id, usage=_usage(header),
                                     outcome=RunFinishedCancelledOutcome()))
-    elif state == "stopped" and stop != "completed":
-        limit = f" ({header.get('limit')})" if header.get("limit") else ""
+    elif state == State.STOPPED and stop != StopReason.COMPLETED:
+        limit = f" ({header.limit})" if header.limit else ""
         out.append(RunErrorEvent(message=f"the agent stopped: {stop}{limit}", code=str(stop)))
     else:
         out.append(RunFinishedEvent(thread_id=thread_id, run_id=run_id, usage=_usage(header),
-                                    result={"text": header.get("text"), "output": header.get("output"),
-                                            "instanceId": header.get("instanceId")},
+                                    result={"text": header.text, "output": header.output,
+                                            "instanceId": header.instance_id},
                                     outcome=RunFinishedSuccessOutcome()))
     return out
 
@@ -226,15 +227,14 @@ class AguiAgent:
         return StreamingResponse((encoder.encode(e) async for e in events), media_type=encoder.get_content_type(),
                                  headers={"X-Loopwright-Instance-Id": thread})
 
-    async def _resume(self, request: Request, run: AgentRun, header: Mapping[str, Any],
+    async def _resume(self, request: Request, run: AgentRun, header: HeaderFields,
                       entries: list[ResumeEntry]) -> tuple[set[str], dict[str, str]]:
         """Apply the resume entries (decisions need the ``approve`` scope).
 
         :return: The calls decided, and the ``ask_user`` calls answered with their answers.
         """
         held = {str(p.get("toolCallId")) for p in _pending(header)}
-        awaiting = header.get("awaitingAnswer") or {}
-        question = str(awaiting.get("toolCallId")) if awaiting else None
+        question = str(header.asked_call_id) if header.awaiting_answer else None
         unknown = [e.interrupt_id for e in entries if e.interrupt_id not in held and e.interrupt_id != question]
         if unknown:
             raise _problem(409, "no such interrupt", f"thread {run.instance_id} waits for no interrupt "
@@ -264,7 +264,7 @@ class AguiAgent:
             raise _problem(409, "cannot resume", str(exc)) from exc
         return decided, answered
 
-    async def _stream(self, run: AgentRun, before: Mapping[str, Any] | None, body: RunAgentInput,
+    async def _stream(self, run: AgentRun, before: HeaderFields | None, body: RunAgentInput,
                       resumed: set[str], answered: Mapping[str, str]) -> AsyncIterator[BaseEvent]:
         """Yield the run's AG-UI events, from ``RUN_STARTED`` to ``RUN_FINISHED`` or ``RUN_ERROR``.
 
@@ -275,7 +275,7 @@ class AguiAgent:
         thread, run_id = body.thread_id, body.run_id
         yield RunStartedEvent(thread_id=thread, run_id=run_id, protocol_version=PROTOCOL_VERSION, input=body)
         try:
-            yield StateSnapshotEvent(snapshot=state_of(await store.read_header(thread)))
+            yield StateSnapshotEvent(snapshot=state_of(HeaderFields(await store.read_header(thread))))
             mapper = _Mapper(thread, resumed | set(answered))
             for call_id, text in answered.items():
                 yield mapper.result(call_id, text)
@@ -288,7 +288,7 @@ class AguiAgent:
                 for out in mapper.map(event):
                     yield out
             await run.wait()
-            header = await store.read_header(thread)
+            header = HeaderFields(await store.read_header(thread))
             for out in [*mapper.close(), *mapper.held_calls(header), *final_events(header, thread, run_id)]:
                 yield out
         except Exception as exc:  # noqa: BLE001 - the stream is under way: any failure becomes its last event
@@ -363,7 +363,7 @@ class _Mapper:
                                    parent_message_id=self.last_message.get(turn)),
                 ToolCallArgsEvent(tool_call_id=call_id, delta=args), ToolCallEndEvent(tool_call_id=call_id)]
 
-    def held_calls(self, header: Mapping[str, Any]) -> list[BaseEvent]:
+    def held_calls(self, header: HeaderFields) -> list[BaseEvent]:
         """Announce the calls the instance holds for approval (start, arguments, end), once each."""
         return [event for p in _pending(header)
                 for event in self._call(str(p.get("toolCallId")), str(p.get("tool")), p.get("arguments"),

@@ -19,7 +19,7 @@ import attrs
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from loopwright import Definition, PendingApproval, State
+from loopwright import Definition, HeaderFields, PendingApproval, State
 from loopwright.errors import (
     CapabilityError,
     ConfigError,
@@ -362,7 +362,7 @@ class _Handlers:
             await self.rt.message(instance_id, body.text, source="api")
         else:
             await self.rt.submit_message(instance_id, body.text, source="api")
-        state = (await self.rt.store.read_header(instance_id)).get("state")
+        state = HeaderFields(await self.rt.store.read_header(instance_id)).state
         return JSONResponse({"instanceId": instance_id, "delivered": True, "state": state}, status_code=202)
 
     async def decide(self, request: Request, principal: Principal | None, body: DecisionBody) -> Response:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import attrs
 
-from loopwright import State
+from loopwright import HeaderFields, State
 
 if TYPE_CHECKING:
     from loopwright import AgentResult, AgentRun, Message, Runtime
@@ -55,8 +55,8 @@ async def rest_elsewhere(runtime: Runtime, instance_id: str, closing: anyio.Even
     Its header is read every :data:`POLL` seconds.
     """
     while closing is None or not closing.is_set():
-        header = await runtime.store.read_header(instance_id)
-        if header.get("state") != State.RUNNING.value and not header.get("queued"):
+        header = HeaderFields(await runtime.store.read_header(instance_id))
+        if header.state != State.RUNNING and not header.queued:
             run = await runtime.get_agent(instance_id)
             return run, await run.wait()
         with anyio.move_on_after(POLL):
@@ -104,6 +104,6 @@ async def start(runtime: Runtime, name: str, inputs: Mapping[str, Any] | None, p
 
 def question_of(run: AgentRun) -> str | None:
     """Return the question of the ``ask_user`` call the resting instance waits on, if it waits on one."""
-    awaiting = run.inst.header.get("awaitingAnswer") or {}
+    awaiting = run.inst.header.awaiting_answer or {}
     question = awaiting.get("question")
     return str(question) if question else None

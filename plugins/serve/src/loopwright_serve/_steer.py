@@ -11,10 +11,11 @@ import secrets
 import time
 from typing import TYPE_CHECKING, Any
 
+from loopwright import HeaderFields, State
 from loopwright.errors import InstanceNotFoundError
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Mapping
+    from collections.abc import AsyncIterator
 
     from starlette.responses import Response
     from starlette.types import Receive, Scope, Send
@@ -53,26 +54,26 @@ class Session:
         self.definition_name: str = definition.name
         self.description: str = definition.description or f"the loopwright agent {key}"
 
-    def owns(self, header: Mapping[str, Any]) -> bool:
+    def owns(self, header: HeaderFields) -> bool:
         """Whether an instance belongs to this session: a top-level instance of the definition."""
-        return header.get("name") == self.definition_name and not header.get("spawnerInstanceId")
+        return header.name == self.definition_name and not header.spawner_instance_id
 
-    async def header(self, instance_id: str) -> dict[str, Any] | None:
+    async def header(self, instance_id: str) -> HeaderFields | None:
         """Return the saved header of ``instance_id`` whoever owns it, or ``None`` if there is no such instance."""
         if not valid_id(instance_id):
             return None
         try:
-            return await self.runtime.store.read_header(instance_id)
+            return HeaderFields(await self.runtime.store.read_header(instance_id))
         except InstanceNotFoundError:
             return None
 
-    async def read(self, instance_id: str) -> dict[str, Any] | None:
+    async def read(self, instance_id: str) -> HeaderFields | None:
         """Return the header of an instance this session owns, or ``None``."""
         header = await self.header(instance_id)
         return header if header is not None and self.owns(header) else None
 
 
-async def segment_events(run: AgentRun, before: Mapping[str, Any] | None) -> AsyncIterator[Event]:
+async def segment_events(run: AgentRun, before: HeaderFields | None) -> AsyncIterator[Event]:
     """Yield the events of the segment a start or a steering action began, if it began one.
 
     A running segment is followed until the instance rests. One that already ended (a fast
@@ -84,10 +85,10 @@ async def segment_events(run: AgentRun, before: Mapping[str, Any] | None) -> Asy
         async for event in run.events():
             yield event
         return
-    after = await run.runtime.store.read_header(run.instance_id)
-    if after.get("updatedAt") == before.get("updatedAt"):
+    after = HeaderFields(await run.runtime.store.read_header(run.instance_id))
+    if after.updated_at == before.updated_at:
         return
-    if before.get("state") == after.get("state") == "waiting_for_approval":
+    if before.state == after.state == State.WAITING_FOR_APPROVAL:
         return
     async for event in run.events():
         yield event

@@ -28,16 +28,17 @@ out, and closing stops it the way a crash would, but cleanly (its lease is relea
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import anyio
 from temporalio import activity
 
+from loopwright import HeaderFields
 from loopwright.errors import InstanceLockedError, InstanceNotFoundError
 from loopwright_temporal._workflow import ADVANCE, CHILDREN, Advanced
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable
 
     from loopwright import AgentRun, Runtime
 
@@ -49,9 +50,9 @@ HEARTBEAT_EVERY = 1.0
 _MONITOR_WAIT = 2.0
 
 
-def next_deadline(header: Mapping[str, Any], now: float) -> float | None:
+def next_deadline(header: HeaderFields, now: float) -> float | None:
     """Return the seconds from ``now`` to the instance's next ``elapsed`` monitor, or ``None``."""
-    ends = [float(spec["elapsedAt"]) for spec in header.get("monitors") or []
+    ends = [float(spec["elapsedAt"]) for spec in header.monitors
             if isinstance(spec, dict) and isinstance(spec.get("elapsedAt"), (int, float))]
     return max(min(ends) - now, 0.0) if ends else None
 
@@ -81,15 +82,14 @@ class Advancer:
                 info = activity.info()
                 self.log(f"advancing {instance_id} (attempt {info.attempt})")
                 await _follow(run)
-            header = await rt.store.read_header(instance_id)
+            header = HeaderFields(await rt.store.read_header(instance_id))
         except InstanceNotFoundError:
             return Advanced(state="missing")
+        stop = header.stop_reason
         if run is not False:
-            stop = header.get("stopReason")
-            self.log(f"rested {instance_id}: {header.get('state')}" + (f" ({stop})" if stop else ""))
-        return Advanced(state=str(header.get("state")), stop_reason=header.get("stopReason"), ran=run is not False,
-                        children=[str(c) for c in header.get("children") or []],
-                        deadline=next_deadline(header, time.time()))
+            self.log(f"rested {instance_id}: {header.state}" + (f" ({stop})" if stop else ""))
+        return Advanced(state=str(header.state), stop_reason=None if stop is None else str(stop), ran=run is not False,
+                        children=[str(c) for c in header.children], deadline=next_deadline(header, time.time()))
 
     async def _start(self, instance_id: str) -> AgentRun | Literal[False] | None:
         """Start (or find) the segment to follow; ``False``: nothing to do; ``None``: another runner holds it."""
@@ -119,13 +119,13 @@ class Advancer:
 
 async def _follow(run: AgentRun) -> None:
     """Wait for the segment to rest, heartbeating meanwhile; signal the sub-agents it starts to the workflow."""
-    told = set(run.inst.header.get("children") or [])
+    told = set(run.inst.header.children)
     while run.running:
         activity.heartbeat(run.inst.turn)
         with anyio.move_on_after(HEARTBEAT_EVERY):
             await run.wait()
         # A caller lists a child before creating it (loopwright issue 17): signal it once it exists.
-        new = [str(c) for c in run.inst.header.get("children") or [] if c not in told and await _exists(run, str(c))]
+        new = [str(c) for c in run.inst.header.children if c not in told and await _exists(run, str(c))]
         if new and run.running:
             # The caller's segment goes on (it may wait for them in await_agent): its workflow
             # starts their child workflows now, so a decision deep in the tree reaches them.
