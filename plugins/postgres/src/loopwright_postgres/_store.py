@@ -187,15 +187,10 @@ def _work_columns(header: object) -> tuple[str | None, int, bool, bool]:
 def _state_of(fields: HeaderFields) -> State | str | None:
     """Return the header's ``state``: ``None`` when it has none (absent, or a value no state can be).
 
-    A store holds any JSON object, so a list or an object saved as the state is no state (where
-    :attr:`HeaderFields.state` would fail to look it up).
+    A store holds any JSON object, so a list or an object saved as the state is no state.
     """
-    if not fields.has("state"):
-        return None
-    try:
-        return fields.state
-    except TypeError:  # an unhashable value (a list, an object)
-        return None
+    state = fields.state if fields.has("state") else None
+    return state if isinstance(state, str) else None
 
 
 def _runner_of(header: object) -> str | None:
