@@ -235,7 +235,8 @@ def with_gates(defn: Definition, gates: Mapping[str, Any]) -> Definition:
     def union(own: tuple[str, ...], key: str) -> tuple[str, ...]:
         return tuple(dict.fromkeys([*gates.get(key, ()), *own]))
 
-    policy = "holdTurn" if "holdTurn" in (defn.approval_policy, gates.get("approvalPolicy")) else "perCall"
+    held_turn = "holdTurn" in (defn.approval_policy, gates.get("approvalPolicy"))
+    policy: Literal["perCall", "holdTurn"] = "holdTurn" if held_turn else "perCall"
     merged = attrs.evolve(defn, requires_approval=union(defn.requires_approval, "requiresApproval"),
                           approval_policy=policy, guardrails=union(defn.guardrails, "guardrails"),
                           hooks=union(defn.hooks, "hooks"))

@@ -148,7 +148,7 @@ ALWAYS: Final = frozenset({
     "model", "runner", "taskPrompt",
 })
 #: Each optional key and the JSON of its field's default, to tell which were read at their default.
-_DEFAULTS: Final = {_KEY[a.name]: [] if a.default == () else a.default
+_DEFAULTS: Final[dict[str, Any]] = {_KEY[a.name]: [] if a.default == () else a.default
                     for a in _FIELDS if _KEY[a.name] not in ALWAYS}
 
 
@@ -177,17 +177,29 @@ def _make_converter() -> cattrs.Converter:
     # field accepts an int, and the views print the saved value unchanged.
     conv.register_structure_hook(float, lambda v, _t: v if type(v) is int else float(v))
     # Nested JSON stays the JSON it is: shared, never walked (the definition snapshot is large).
-    for kind, out in ((JSONObject, None), (tuple[JSONObject, ...], list), (tuple[str, ...], list)):
-        conv.register_structure_hook_func(lambda t, kind=kind: t == kind,
-                                          (lambda v, _t: v) if out is None else (lambda v, _t: tuple(v)))
-        conv.register_unstructure_hook_func(lambda t, kind=kind: t == kind, (lambda v: v) if out is None else out)
+    conv.register_structure_hook_func(_is(JSONObject), _as_saved)
+    conv.register_unstructure_hook_func(_is(JSONObject), _same)
+    for listed in (tuple[JSONObject, ...], tuple[str, ...]):
+        conv.register_structure_hook_func(_is(listed), lambda v, _t: tuple(v))
+        conv.register_unstructure_hook_func(_is(listed), list)
     # The codec's functions are generated on first use, not at import (``ls`` needs only the lenient one).
+    renamed: dict[str, Any] = {a.name: override(rename=_KEY[a.name]) for a in _FIELDS}
+    written: dict[str, Any] = {a.name: override(rename=_KEY[a.name], omit_if_default=_KEY[a.name] not in ALWAYS)
+                               for a in _FIELDS}
     conv.register_structure_hook_factory(lambda t: t is InstanceHeader, lambda _t: make_dict_structure_fn(
-        InstanceHeader, conv, extra=_SKIP, kept=_SKIP, **{a.name: override(rename=_KEY[a.name]) for a in _FIELDS}))
+        InstanceHeader, conv, extra=_SKIP, kept=_SKIP, **renamed))
     conv.register_unstructure_hook_factory(lambda t: t is InstanceHeader, lambda _t: make_dict_unstructure_fn(
-        InstanceHeader, conv, extra=_SKIP, kept=_SKIP,
-        **{a.name: override(rename=_KEY[a.name], omit_if_default=_KEY[a.name] not in ALWAYS) for a in _FIELDS}))
+        InstanceHeader, conv, extra=_SKIP, kept=_SKIP, **written))
     return conv
+
+
+def _is(kind: Any) -> Any:
+    """Return a predicate for a hook registered for exactly the type ``kind``."""
+    return lambda t: t == kind
+
+
+def _same(value: Any) -> Any:
+    return value
 
 
 _SKIP: Final = override(omit=True)
@@ -208,11 +220,11 @@ def _unstructure_fields() -> Any:
 @functools.cache
 def _structure_lenient() -> Any:
     """:meth:`InstanceHeader.from_json` with ``lenient=True``: values as saved, known states typed, lists as tuples."""
+    as_saved: dict[str, Any] = {a.name: override(rename=_KEY[a.name], struct_hook=(
+        _keep_unknown(State) if a.name == "state" else _keep_unknown(StopReason) if a.name == "stop_reason"
+        else _as_tuple if str(a.type).startswith("tuple[") else _as_saved)) for a in _FIELDS}
     return make_dict_structure_fn(
-        InstanceHeader, header_converter, _cattrs_detailed_validation=False, extra=_SKIP, kept=_SKIP,
-        **{a.name: override(rename=_KEY[a.name], struct_hook=(
-            _keep_unknown(State) if a.name == "state" else _keep_unknown(StopReason) if a.name == "stop_reason"
-            else _as_tuple if str(a.type).startswith("tuple[") else _as_saved)) for a in _FIELDS})
+        InstanceHeader, header_converter, _cattrs_detailed_validation=False, extra=_SKIP, kept=_SKIP, **as_saved)
 
 
 def _structure(data: Mapping[str, Any], fields: Any) -> InstanceHeader:

@@ -140,7 +140,9 @@ class HookView:
         if self._pm is None or self._generation != self._host.pm.generation:
             self.refresh()
         assert self._pm is not None  # noqa: S101 - just built
-        first, plain, last = [], [], []
+        first: list[Any] = []
+        plain: list[Any] = []
+        last: list[Any] = []
         for h in getattr(self._pm.hook, hook_name).get_hookimpls():
             (first if h.tryfirst else last if h.trylast else plain).append(h)
         last.reverse()  # pluggy inserts each trylast one in front of those registered before it

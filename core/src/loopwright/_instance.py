@@ -12,7 +12,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import attrs
 
@@ -92,7 +92,7 @@ def message_from_json(data: Mapping[str, Any]) -> Message:
     try:
         shaped = _SHAPES.get(tuple(data)) if type(data) is dict else None
         if shaped is not None:
-            message = shaped(data)
+            message = shaped(cast("dict[str, Any]", data))  # a dict: its type was checked just now
             if message is not None:
                 return message
         return _fast_message(data)

@@ -201,4 +201,4 @@ def schema_validator(schema: Mapping[str, Any], *, lenient: bool = False) -> jso
         compile raises :class:`ValueError`.
     """
     cls = _validator_class(lenient=lenient)
-    return cls(dict(schema))  # type: ignore[no-any-return]
+    return cls(dict(schema))

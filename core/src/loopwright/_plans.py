@@ -106,7 +106,8 @@ class Plans:
         if found is not None:
             return found
         if name in self.plugins.verifiers:
-            return self.plugins.verifiers.get(name)
+            verifier: Callable[[Sequence[Message]], tuple[bool, str]] = self.plugins.verifiers.get(name)
+            return verifier
         raise ConfigError(f"unknown completion verifier {name!r}; registered: {', '.join(self._verifier_names())}")
 
     def check_untrusted(self, definition: Definition) -> None:
@@ -281,7 +282,8 @@ class Plans:
         """Return the hook set a ``hooks:`` entry names (``None``: a loaded plugin, whose hooks apply already)."""
         host = self.plugins
         if ref in host.hook_sets:
-            return host.hook_sets.get(ref)
+            found: HookSet = host.hook_sets.get(ref)
+            return found
         if ref in loaded:
             return None
         made = self._sets.get(("hooks", ref))

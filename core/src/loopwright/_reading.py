@@ -218,7 +218,7 @@ class BareStore:
             try:
                 return _now(query(self.store))  # type: ignore[arg-type]
             finally:
-                _now(self.store.aclose())  # type: ignore[arg-type]
+                _now(self.store.aclose())
         # The event loop only for stores whose reads wait: keeps the file store's reads cheap.
         import anyio  # noqa: PLC0415
 
@@ -272,7 +272,7 @@ def bare_store(assembly: Assembly) -> BareStore | None:
     try:
         check_store_outside(store.locations(), resolve_roots(assembly.capabilities, base), base=base)
     except LoopwrightError:
-        _now(store.aclose())  # type: ignore[arg-type]  # a built-in store's close never waits
+        _now(store.aclose())  # a built-in store's close never waits
         return None
     return BareStore(store=store, inline=inline)
 

@@ -205,7 +205,7 @@ class Runtime:
         for n, spec in enumerate(self.assembly.records):
             self._sinks.append(build_component(
                 self.assembly, self.plugins.record_sinks, spec.kind, spec.options, ("records", n),
-                what=f"the record sink {spec.kind!r}", make=lambda factory, spec=spec: factory(dict(spec.options))))
+                what=f"the record sink {spec.kind!r}", make=_called_with(dict(spec.options))))
         self.driver.check_out_of_reach(self.assembly.capabilities)
         engine = self.assembly.engine
         self.engine = build_component(self.assembly, self.plugins.engines, engine.kind, engine.options, ("engine",),
@@ -463,3 +463,8 @@ class Runtime:
     cancel_run = _Forward("steering")
     queue_record = _Forward("recorder", "queue")
     write_header = _Forward("recorder")
+
+
+def _called_with(*args: Any) -> Callable[[Callable[..., Any]], Any]:
+    """Return what calls a component's factory with ``args`` (one per component: no late binding)."""
+    return lambda factory: factory(*args)

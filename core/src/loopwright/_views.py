@@ -21,6 +21,7 @@ from __future__ import annotations
 import enum
 import json
 from collections.abc import Mapping
+from types import EllipsisType
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
@@ -277,14 +278,14 @@ class SummaryView:
     depth: int
 
     @classmethod
-    def of(cls, h: InstanceHeader, *, subtree_cost: float | object | None = ...) -> SummaryView:
+    def of(cls, h: InstanceHeader, *, subtree_cost: float | EllipsisType | None = ...) -> SummaryView:
         """Return the summary of ``h`` (``subtree_cost`` as :func:`summary` takes it)."""
         return cls(
             instance_id=h.instance_id, name=h.name, state=_plain(h.state), queued=h.queued is True,
             stop_reason=_plain(h.stop_reason), cancelled=bool(h.cancelled), error=h.error, model=h.model,
             pending_approvals=tuple(ApprovalView.of(p) for p in h.pending_approvals),
             usage={"inputTokens": 0, "outputTokens": 0, "totalTokens": 0, **(h.usage or {})},
-            cost=h.cost, subtree_cost=h.cost if subtree_cost is ... else subtree_cost,
+            cost=h.cost, subtree_cost=h.cost if isinstance(subtree_cost, EllipsisType) else subtree_cost,
             spawner_instance_id=h.spawner_instance_id, caller_instance_id=h.caller_instance_id,
             caller_tool_call_id=h.caller_tool_call_id, delegation_prompt=h.delegation_prompt,
             created_at=h.created_at, updated_at=h.updated_at, children=list(h.children), depth=int(h.depth or 0),
@@ -364,10 +365,11 @@ def _make_converter() -> cattrs.Converter:
     conv = cattrs.Converter(unstruct_collection_overrides={tuple: list})
 
     def unstructure_factory(cls: type) -> Any:
-        return make_dict_unstructure_fn(cls, conv, **{
+        overrides: dict[str, Any] = {
             a.name: override(rename=camel(a.name), omit_if_default=a.metadata.get("omit_if_default", False),
                              unstruct_hook=(lambda v: v) if a.metadata.get("raw") else None)
-            for a in attrs.fields(cls)})
+            for a in attrs.fields(cls)}
+        return make_dict_unstructure_fn(cls, conv, **overrides)
 
     conv.register_unstructure_hook_factory(lambda t: attrs.has(t) and t.__module__ == __name__, unstructure_factory)
     return conv
@@ -413,19 +415,25 @@ def _node(h: InstanceHeader, by_id: Mapping[Any, HeaderLike], seen: set[Any]) ->
         forked_from=h.forked_from, children=children)
 
 
+def _to_json(view: Any) -> dict[str, Any]:
+    """Return the JSON object of a view (one of the frozen classes above)."""
+    out: dict[str, Any] = view_converter.unstructure(view)
+    return out
+
+
 def tree_node(header: HeaderLike, by_id: Mapping[Any, HeaderLike], seen: set[Any]) -> dict[str, Any]:
     """Return the ``tree`` node of ``header``'s instance, its children's nodes from ``by_id`` (a loop is cut)."""
-    return view_converter.unstructure(_node(header_of(header), by_id, seen))
+    return _to_json(_node(header_of(header), by_id, seen))
 
 
 def approval_json(p: Mapping[str, Any]) -> dict[str, Any]:
     """Return a saved ``pendingApprovals`` entry as the views show it (every key present)."""
-    return view_converter.unstructure(ApprovalView.of(p))
+    return _to_json(ApprovalView.of(p))
 
 
 def approval_to_json(p: PendingApproval) -> dict[str, Any]:
     """Return the ``--json`` form of a pending approval: with its holder and path when it has them."""
-    return view_converter.unstructure(HeldCallView.of(p))
+    return _to_json(HeldCallView.of(p))
 
 
 def short_json(value: Any, limit: int = 200) -> str:
@@ -434,19 +442,19 @@ def short_json(value: Any, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def summary(header: HeaderLike, *, subtree_cost: float | object | None = ...) -> dict[str, Any]:
+def summary(header: HeaderLike, *, subtree_cost: float | EllipsisType | None = ...) -> dict[str, Any]:
     """Return the JSON summary of an instance (``show`` and ``ls``), camelCase keys.
 
     :param subtree_cost: Its ``subtreeCost`` when the caller read its children (see
         :meth:`Runtime.subtree_cost`); by default its own cost.
     """
-    return view_converter.unstructure(SummaryView.of(header_of(header), subtree_cost=subtree_cost))
+    return _to_json(SummaryView.of(header_of(header), subtree_cost=subtree_cost))
 
 
 def agent_report(header: HeaderLike, *, instance_id: str, subtree_cost: float | None) -> dict[str, Any]:
     """Return what the agent tools report of an instance (see :class:`AgentReport`)."""
     h = header_of(header)
-    return view_converter.unstructure(AgentReport(
+    return _to_json(AgentReport(
         instance_id=instance_id, name=h.name, state=_plain(h.state), stop_reason=_plain(h.stop_reason),
         text=h.text, output=h.output, error=h.error, turns=h.turns, cost=h.cost, subtree_cost=subtree_cost,
         context_tokens=(h.usage or {}).get("inputTokens"),
@@ -455,7 +463,7 @@ def agent_report(header: HeaderLike, *, instance_id: str, subtree_cost: float | 
 
 def result_to_json(result: AgentResult) -> dict[str, Any]:
     """Return the ``--json`` form of a result: camelCase keys, every key present."""
-    return view_converter.unstructure(ResultView.of(result))
+    return _to_json(ResultView.of(result))
 
 
 def usage_to_json(usage: Usage) -> dict[str, Any]:
@@ -463,4 +471,4 @@ def usage_to_json(usage: Usage) -> dict[str, Any]:
 
     ``unreportedRequests`` appears when some model calls came back without token counts.
     """
-    return view_converter.unstructure(UsageView.of(usage))
+    return _to_json(UsageView.of(usage))
