@@ -1,9 +1,9 @@
 """The commands' work: open a runtime, act on instances, print, return the exit code.
 
 Each public function here takes the :class:`~loopwright.cli.CliSettings` and the parsed
-arguments of one command, and returns its exit code. Async work runs under :func:`anyio.run`:
-this is the only place loopwright goes from sync to async (with
-:meth:`loopwright._reading.BareStore.run`, which ``ls`` and ``show`` call).
+arguments of one command, and returns its exit code. Opening the assembly, its runtime and its
+instances is :mod:`loopwright.cli._opening` (with the sync-async edge, ``anyio.run``), and
+following an instance until it rests is :mod:`loopwright.cli._following`.
 
 What only some commands use is imported inside them (the runtime and anyio, the live display
 and the terminal question for the commands that follow a run, the worker loop, entry-point
@@ -15,19 +15,19 @@ loop for the file store; on any other, they open a runtime as every command does
 
 from __future__ import annotations
 
-import functools
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import attrs
 import click
 
 from loopwright import _reading
 from loopwright._states import State
 from loopwright._views import header_of, summary
 from loopwright.cli._exits import EXIT_OK, EXIT_USAGE, CliError
+from loopwright.cli._following import follow_agent, follow_elsewhere, report_submitted
+from loopwright.cli._opening import assembly, lookup, read_header, runtime, sync
 from loopwright.cli._output import (
     echo_json,
     print_instance,
@@ -37,11 +37,10 @@ from loopwright.cli._output import (
     report,
 )
 from loopwright.display import safe_json, safe_text
-from loopwright.errors import ConfigError, InstanceNotFoundError, LoopwrightError, StoreError
+from loopwright.errors import ConfigError, LoopwrightError
 
 if TYPE_CHECKING:
-    from loopwright._definition import Assembly
-    from loopwright._runtime import AgentRun, Runtime
+    from loopwright._runtime import Runtime
     from loopwright.abc import Store
     from loopwright.cli._main import CliSettings
 
@@ -65,148 +64,18 @@ __all__ = [
 ]
 
 
-def _sync(fn: Callable[..., Awaitable[int]]) -> Callable[..., int]:
-    """Run an async command function under ``anyio.run``."""
-    @functools.wraps(fn)
-    def wrapper(*args: Any) -> int:
-        import anyio  # noqa: PLC0415 - the event loop only for commands that need one: keeps ls and show cheap
-
-        return anyio.run(functools.partial(fn, *args))
-    return wrapper
-
-
-def _runtime(settings: CliSettings, assembly: Assembly | None = None) -> Runtime:
-    """Return the runtime of the assembly the options name, or of ``assembly`` once loaded (not opened yet).
-
-    On an interactive terminal (and without ``--json``), shell commands under an ``approval``
-    grant are asked about at the terminal; elsewhere they wait at the loop's approval gate.
-    """
-    from loopwright._runtime import Runtime  # noqa: PLC0415 - the runtime only for commands that open one: keeps ls and show cheap
-
-    interactive = not settings.json and sys.stdin.isatty() and sys.stderr.isatty()
-    kwargs: dict[str, Any] = {}
-    if interactive:
-        from loopwright.cli._progress import terminal_approver  # noqa: PLC0415 - only on a terminal, for a cheap start
-
-        kwargs["shell_approver"] = terminal_approver
-    if assembly is not None:
-        return Runtime(assembly, **kwargs)
-    return Runtime.from_file(settings.assembly_path(), **kwargs)
-
-
-def _assembly(settings: CliSettings) -> Assembly:
-    """Return the assembly the options name, as :meth:`Runtime.from_file <loopwright.Runtime.from_file>` loads it."""
-    from loopwright._config import assembly_from_file  # noqa: PLC0415 - the loader only when a command reads the assembly
-    from loopwright._definition import Assembly  # noqa: PLC0415 - with the loader
-
-    return assembly_from_file(settings.assembly_path()) or Assembly()
-
-
-async def _lookup(rt: Runtime, instance_id: str) -> AgentRun:
-    """Return the run of ``instance_id``; an unknown or malformed id is bad input (exit 2)."""
-    try:
-        return await rt.get_agent(instance_id)
-    except InstanceNotFoundError:
-        raise CliError(_not_found(rt.store, instance_id), EXIT_USAGE) from None
-    except StoreError as exc:
-        if "invalid instance id" in str(exc):
-            raise CliError(str(exc), EXIT_USAGE) from None
-        raise
-
-
-async def _header(store: Store, instance_id: str) -> dict[str, Any]:
-    """Return the saved header of ``instance_id``, with the same errors as :func:`_lookup`."""
-    try:
-        return await store.read_header(instance_id)
-    except InstanceNotFoundError:
-        raise CliError(_not_found(store, instance_id), EXIT_USAGE) from None
-    except StoreError as exc:
-        if "invalid instance id" in str(exc):
-            raise CliError(str(exc), EXIT_USAGE) from None
-        raise
-
-
-def _not_found(store: Store, instance_id: str) -> str:
-    where = ", ".join(str(p) for p in store.locations())
-    return (f"no instance {instance_id!r} in the store{' at ' + where if where else ''} "
-            "('loopwright ls' lists them)")
-
-
-async def _follow(settings: CliSettings, agent: AgentRun) -> int:
-    """Follow ``agent`` until it rests, then print its result as ``run`` does.
-
-    Agents it started that still run are then waited for, so that leaving the command does not
-    interrupt them (Ctrl-C leaves them ``running``, to be resumed); the exit code is ``agent``'s.
-    """
-    from loopwright.cli._progress import follow, make_progress  # noqa: PLC0415 - only for commands that follow a run
-
-    settings.instance_id = agent.instance_id
-    progress = make_progress(settings)
-    progress.start_from(agent.inst.turn, agent.inst.usage.total_tokens or
-                        agent.inst.usage.input_tokens + agent.inst.usage.output_tokens, agent.inst.cost.amount)
-    rt = agent.runtime
-    result, interrupted = await follow(agent, progress, stalled=lambda: rt.stalled(agent.instance_id))
-    settings.streamed_text = progress.streamed_answer()
-    if result.state is State.RUNNING and not interrupted:
-        # It waits only for calls held in its tree (here, or by another process that left it).
-        waiting = await rt.tree_approvals(agent.instance_id)
-        if waiting:
-            result = attrs.evolve(result, pending_approvals=tuple(waiting))
-            return report(result, settings, turns=agent.inst.turn)
-    code = report(result, settings, turns=agent.inst.turn)
-    others = rt.running()
-    if others and not interrupted:
-        if not settings.json:
-            click.echo(f"waiting for {len(others)} agent(s) it started to rest "
-                       "(Ctrl-C leaves them running, to resume later)", err=True)
-        await agent.runtime.wait_idle()
-    return code
-
-
-# ---------------------------------------------------------------------------------------------
-# Submitted work (--detach, and engines whose runners live elsewhere)
-# ---------------------------------------------------------------------------------------------
-
-
-def _submitted(settings: CliSettings, header: Mapping[str, Any], what: str) -> int:
-    """Report work handed to the engine (``--detach``): the id on stdout, or the summary with ``submitted: true``."""
-    saved = header_of(header)
-    instance_id = str(saved.instance_id)
-    if settings.json:
-        echo_json({**summary(saved), "submitted": True})
-    else:
-        click.echo(safe_text(instance_id))
-        click.echo(f"submitted: {what}; a worker runs it (loopwright worker). Follow it with: "
-                   f"loopwright show {safe_text(instance_id)}", err=True)
-    return EXIT_OK
-
-
-async def _follow_elsewhere(settings: CliSettings, rt: Runtime, instance_id: str) -> int:
-    """Follow an instance the engine's runners advance until it rests, then report it as ``run`` does."""
-    settings.instance_id = instance_id
-    if not settings.json:
-        click.echo(f"following instance {safe_text(instance_id)}, run by the {safe_text(rt.assembly.engine.kind)} "
-                   "engine's workers", err=True)
-    agent = await rt.follow_submitted(instance_id)
-    result = await agent.wait()
-    if result.state is State.RUNNING:
-        waiting = await rt.tree_approvals(instance_id)
-        result = attrs.evolve(result, pending_approvals=tuple(waiting))
-    return report(result, settings, turns=agent.inst.turn)
-
-
 # ---------------------------------------------------------------------------------------------
 # run and the commands that continue an instance
 # ---------------------------------------------------------------------------------------------
 
 
-@_sync
+@sync
 async def run(settings: CliSettings, definition: str, prompt: str | None, inputs: Mapping[str, str],  # noqa: PLR0917 - click passes them in order
               stream: bool, detach: bool = False) -> int:
     """``loopwright run``: start an instance and follow it until it rests (``detach``: queue it for a worker)."""
     from loopwright._template import resolve_inputs  # noqa: PLC0415 - only for run, for a cheap start
 
-    async with _runtime(settings) as rt:
+    async with runtime(settings) as rt:
         if definition not in rt.assembly.agent_definitions and not Path(definition).exists():  # noqa: ASYNC240
             names = ", ".join(sorted(rt.assembly.agent_definitions))
             known = f"; the assembly's agentDefinitions are: {names}" if names else ""
@@ -216,10 +85,10 @@ async def run(settings: CliSettings, definition: str, prompt: str | None, inputs
         if detach or not rt.engine.in_process:
             instance_id = await rt.submit(defn, values, prompt)
             if detach:
-                return _submitted(settings, await rt.store.read_header(instance_id), "queued")
-            return await _follow_elsewhere(settings, rt, instance_id)
+                return report_submitted(settings, await rt.store.read_header(instance_id), "queued")
+            return await follow_elsewhere(settings, rt, instance_id)
         agent = await rt.start_agent(defn, values, prompt, stream=stream)
-        return await _follow(settings, agent)
+        return await follow_agent(settings, agent)
 
 
 async def _decide(settings: CliSettings, instance_id: str, call_id: str | None, *, subtree: bool,  # noqa: C901 - each way to go on
@@ -228,8 +97,8 @@ async def _decide(settings: CliSettings, instance_id: str, call_id: str | None, 
     """Decide held calls of ``instance_id``'s tree, then follow it (see ``approve``; ``detach``: a worker goes on)."""
     from loopwright.errors import InstanceLockedError  # noqa: PLC0415
 
-    async with _runtime(settings) as rt:
-        agent = await _lookup(rt, instance_id)
+    async with runtime(settings) as rt:
+        agent = await lookup(rt, instance_id)
         agent.stream = stream
         if call_id is None and not subtree and agent.state is not State.WAITING_FOR_APPROVAL:
             waiting = await rt.tree_approvals(instance_id)
@@ -257,13 +126,14 @@ async def _decide(settings: CliSettings, instance_id: str, call_id: str | None, 
                                    for step in p.path) or safe_text(p.instance_id or instance_id)
                 click.echo(f"{decision}: {safe_text(p.tool_call_id)} {safe_text(p.tool)} (in {where})", err=True)
         if detach:
-            return _submitted(settings, await rt.store.read_header(instance_id), f"{decision}, for a worker to go on")
+            return report_submitted(settings, await rt.store.read_header(instance_id),
+                                    f"{decision}, for a worker to go on")
         if elsewhere:
-            return await _follow_elsewhere(settings, rt, instance_id)
-        return await _follow(settings, agent)
+            return await follow_elsewhere(settings, rt, instance_id)
+        return await follow_agent(settings, agent)
 
 
-@_sync
+@sync
 async def approve(settings: CliSettings, instance_id: str, call_id: str | None, subtree: bool = False,  # noqa: PLR0917 - click passes them in order
                   stream: bool = False, detach: bool = False) -> int:
     """``loopwright approve``: approve held calls (anywhere in its tree with ``--call``, ``--subtree``), then follow.
@@ -274,7 +144,7 @@ async def approve(settings: CliSettings, instance_id: str, call_id: str | None, 
                          stream=stream, detach=detach)
 
 
-@_sync
+@sync
 async def deny(settings: CliSettings, instance_id: str, call_id: str | None, reason: str | None,  # noqa: PLR0917 - click passes them in order
                subtree: bool = False, stream: bool = False, detach: bool = False) -> int:
     """``loopwright deny``: deny held calls (the model sees ``denied: REASON``), then follow the instance."""
@@ -282,14 +152,14 @@ async def deny(settings: CliSettings, instance_id: str, call_id: str | None, rea
                          stream=stream, detach=detach)
 
 
-@_sync
+@sync
 async def message(settings: CliSettings, instance_id: str, text: str, stream: bool, detach: bool = False) -> int:
     """``loopwright message``: send a message, then follow the instance.
 
     ``stream`` asks the provider to stream; ``detach`` only posts the message, for a worker.
     """
-    async with _runtime(settings) as rt:
-        agent = await _lookup(rt, instance_id)
+    async with runtime(settings) as rt:
+        agent = await lookup(rt, instance_id)
         agent.stream = stream
         if agent.state is State.WAITING_FOR_APPROVAL and not settings.json:
             click.echo("the message is queued: it is read once the calls waiting for approval are decided",
@@ -297,8 +167,8 @@ async def message(settings: CliSettings, instance_id: str, text: str, stream: bo
         if detach or not rt.engine.in_process:
             await rt.submit_message(instance_id, text, source="user")
             if detach:
-                return _submitted(settings, await rt.store.read_header(instance_id), "the message is posted")
-            return await _follow_elsewhere(settings, rt, instance_id)
+                return report_submitted(settings, await rt.store.read_header(instance_id), "the message is posted")
+            return await follow_elsewhere(settings, rt, instance_id)
         agent = await rt.message(instance_id, text, source="user")
         if not agent.running and agent.state is State.RUNNING:
             # Another process runs it: the message is in its mailbox, read at its next turn boundary.
@@ -308,14 +178,14 @@ async def message(settings: CliSettings, instance_id: str, text: str, stream: bo
                 click.echo(f"delivered: instance {instance_id} is running in another process, which reads the "
                            "message at its next turn boundary", err=True)
             return EXIT_OK
-        return await _follow(settings, agent)
+        return await follow_agent(settings, agent)
 
 
-@_sync
+@sync
 async def resume(settings: CliSettings, instance_id: str, stream: bool, detach: bool = False) -> int:
     """``loopwright resume``: continue an instance a crash left running, then follow it (``detach``: a worker does)."""
-    async with _runtime(settings) as rt:
-        agent = await _lookup(rt, instance_id)
+    async with runtime(settings) as rt:
+        agent = await lookup(rt, instance_id)
         agent.stream = stream
         if agent.state is not State.RUNNING and not settings.json:
             hint = "" if agent.state is State.WAITING_FOR_APPROVAL else (
@@ -326,20 +196,20 @@ async def resume(settings: CliSettings, instance_id: str, stream: bool, detach: 
             handed = await rt.submit_resume(instance_id)
             if detach:
                 header = await rt.store.read_header(instance_id)
-                return _submitted(settings, header, "to be continued") if handed else report(
+                return report_submitted(settings, header, "to be continued") if handed else report(
                     agent.inst.result(), settings, turns=agent.inst.turn)
             if handed:
-                return await _follow_elsewhere(settings, rt, instance_id)
+                return await follow_elsewhere(settings, rt, instance_id)
             return report(agent.inst.result(), settings, turns=agent.inst.turn)
         agent = await rt.resume(instance_id)
-        return await _follow(settings, agent)
+        return await follow_agent(settings, agent)
 
 
-@_sync
+@sync
 async def fork(settings: CliSettings, instance_id: str, at_turn: int | None) -> int:
     """``loopwright fork``: a new instance with ID's history up to the end of a turn; prints its summary."""
-    async with _runtime(settings) as rt:
-        await _lookup(rt, instance_id)
+    async with runtime(settings) as rt:
+        await lookup(rt, instance_id)
         try:
             agent = await rt.fork(instance_id, at_turn)
         except LoopwrightError as exc:
@@ -357,13 +227,13 @@ async def fork(settings: CliSettings, instance_id: str, at_turn: int | None) -> 
         return EXIT_OK
 
 
-@_sync
+@sync
 async def rewind(settings: CliSettings, instance_id: str, to_turn: int) -> int:
     """``loopwright rewind``: move ID back to the end of a turn (the log keeps what came after)."""
     from loopwright.errors import InstanceLockedError  # noqa: PLC0415
 
-    async with _runtime(settings) as rt:
-        await _lookup(rt, instance_id)
+    async with runtime(settings) as rt:
+        await lookup(rt, instance_id)
         try:
             await rt.rewind(instance_id, to_turn)
         except InstanceLockedError as exc:
@@ -381,11 +251,11 @@ async def rewind(settings: CliSettings, instance_id: str, to_turn: int) -> int:
         return EXIT_OK
 
 
-@_sync
+@sync
 async def cancel(settings: CliSettings, instance_id: str) -> int:
     """``loopwright cancel``: mark the instance stopped and cancelled, print its result, exit 0."""
-    async with _runtime(settings) as rt:
-        agent = await _lookup(rt, instance_id)
+    async with runtime(settings) as rt:
+        agent = await lookup(rt, instance_id)
         agent = await rt.cancel(instance_id)
         result = await agent.wait()
         return report(result, settings, turns=agent.inst.turn, cancel_command=True)
@@ -399,7 +269,7 @@ async def cancel(settings: CliSettings, instance_id: str) -> int:
 def show(settings: CliSettings, instance_id: str) -> int:
     """``loopwright show``: one instance's summary, and the tree of the agents it started."""
     async def query(store: Store) -> int:
-        header = await _header(store, instance_id)
+        header = await read_header(store, instance_id)
         data = await _reading.instance_summary(store, instance_id)
         if settings.json:
             echo_json(data)
@@ -435,24 +305,24 @@ def ls(settings: CliSettings, state: str | None, tree: bool = False) -> int:
 
 def _read(settings: CliSettings, query: Callable[[Store], Awaitable[int]]) -> int:
     """Run ``query`` on the assembly's store: a bare store when one serves it, else an opened runtime's."""
-    assembly = _assembly(settings)
-    bare = _reading.bare_store(assembly)
+    loaded = assembly(settings)
+    bare = _reading.bare_store(loaded)
     if bare is not None:
         return bare.run(query)
 
-    @_sync
+    @sync
     async def in_runtime() -> int:
-        async with _runtime(settings, assembly) as rt:
+        async with runtime(settings, loaded) as rt:
             return await query(rt.store)
 
     return in_runtime()
 
 
-@_sync
+@sync
 async def records(settings: CliSettings, instance_id: str, kinds: Sequence[str]) -> int:
     """``loopwright records``: the record log as JSON lines (``--json`` changes nothing), safe to show."""
-    async with _runtime(settings) as rt:
-        await _header(rt.store, instance_id)
+    async with runtime(settings) as rt:
+        await read_header(rt.store, instance_id)
         wanted = set(kinds)
         for record in await rt.records(instance_id):
             if not wanted or record.get("kind") in wanted:
@@ -460,7 +330,7 @@ async def records(settings: CliSettings, instance_id: str, kinds: Sequence[str])
         return EXIT_OK
 
 
-@_sync
+@sync
 async def worker(settings: CliSettings, poll: float, max_concurrent: int, once: bool, grace: float) -> int:
     """``loopwright worker``: run the work other processes leave in the store until stopped."""
     from loopwright.cli._worker import worker as serve  # noqa: PLC0415 - only for worker, for a cheap start
@@ -535,7 +405,7 @@ def plugins(settings: CliSettings) -> int:
     """``loopwright plugins``: each plugin in load order, where it came from and what it registered."""
     from loopwright._plugins import BUILTIN_PLUGINS  # noqa: PLC0415 - the plugin host only for plugins: keeps ls and show cheap
 
-    rt = _runtime(settings)
+    rt = runtime(settings)
     rt.load_plugins()
     host = rt.plugins
     listed = set(rt.assembly.plugins)
