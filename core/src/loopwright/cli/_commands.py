@@ -37,7 +37,14 @@ from loopwright.cli._output import (
     report,
 )
 from loopwright.display import safe_json, safe_text
-from loopwright.errors import ConfigError, LoopwrightError
+from loopwright.errors import (
+    CapabilityError,
+    ConfigError,
+    ConfigProblem,
+    InstanceLockedError,
+    LoopwrightError,
+    PluginError,
+)
 
 if TYPE_CHECKING:
     from loopwright._runtime import Runtime
@@ -95,8 +102,6 @@ async def _decide(settings: CliSettings, instance_id: str, call_id: str | None, 
                   decision: Literal["approved", "denied"], reason: str | None, stream: bool = False,
                   detach: bool = False) -> int:
     """Decide held calls of ``instance_id``'s tree, then follow it (see ``approve``; ``detach``: a worker goes on)."""
-    from loopwright.errors import InstanceLockedError  # noqa: PLC0415
-
     async with runtime(settings) as rt:
         agent = await lookup(rt, instance_id)
         agent.stream = stream
@@ -230,8 +235,6 @@ async def fork(settings: CliSettings, instance_id: str, at_turn: int | None) -> 
 @sync
 async def rewind(settings: CliSettings, instance_id: str, to_turn: int) -> int:
     """``loopwright rewind``: move ID back to the end of a turn (the log keeps what came after)."""
-    from loopwright.errors import InstanceLockedError  # noqa: PLC0415
-
     async with runtime(settings) as rt:
         await lookup(rt, instance_id)
         try:
@@ -495,7 +498,6 @@ class _RunChecks:
 
     async def _check(self, file: Path, kind: str) -> list[Any]:
         from loopwright._runtime import Runtime  # noqa: PLC0415 - the runtime only for validate -c: keeps ls and show cheap
-        from loopwright.errors import CapabilityError, ConfigError, ConfigProblem, PluginError  # noqa: PLC0415
 
         assembly = file if kind == "assembly" else self._assembly
         where = str(assembly) if assembly is not None else None
