@@ -20,7 +20,7 @@ from loopwright.display import safe_text
 from loopwright.errors import CapabilityError, ConfigError, ConfigProblem, PluginError
 
 if TYPE_CHECKING:
-    from loopwright.cli._main import CliSettings
+    from loopwright.cli._settings import CliSettings
 
 __all__ = ["plugins", "validate"]
 

@@ -30,7 +30,7 @@ from loopwright.display import safe_text
 
 if TYPE_CHECKING:
     from loopwright._runtime import AgentRun, Runtime
-    from loopwright.cli._main import CliSettings
+    from loopwright.cli._settings import CliSettings
 
 __all__ = ["follow_agent", "follow_elsewhere", "report_submitted"]
 

@@ -23,7 +23,7 @@ from loopwright.display import safe_json
 
 if TYPE_CHECKING:
     from loopwright.abc import Store
-    from loopwright.cli._main import CliSettings
+    from loopwright.cli._settings import CliSettings
 
 __all__ = ["ls", "records", "show"]
 

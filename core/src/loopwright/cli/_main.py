@@ -1,7 +1,9 @@
 """The click wiring of ``loopwright``: the group, its commands, their options and exit codes.
 
-This module imports click and the standard library only. Each command parses its arguments
-here and hands them to :mod:`loopwright.cli._commands`, imported inside the command, which opens
+This module imports click and the standard library only. What every command shares (the
+settings, ``--json`` and ``-c``, the group class) is :mod:`loopwright.cli._settings`; the option
+types of its own (``-i KEY=VALUE``, durations) are :mod:`loopwright.cli._params`. Each command
+parses its arguments here and hands them to :mod:`loopwright.cli._commands`, imported inside the command, which opens
 a runtime and does the work under ``anyio.run`` (the only sync-async edge of loopwright).
 
 Exit codes (see ``docs/cli.md``): 0 the instance rests (``completed``, ``waiting``); 3 it waits
@@ -16,12 +18,13 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
 from loopwright.cli._exits import EXIT_APPROVAL, EXIT_CANCELLED, EXIT_ERROR, EXIT_OK, EXIT_USAGE, CliError
+from loopwright.cli._params import Duration, parse_inputs
+from loopwright.cli._settings import DEFAULT_CONFIG, CliSettings, LoopwrightGroup, common_params, pass_settings
 
 if TYPE_CHECKING:
     from loopwright.errors import ConfigError
@@ -39,111 +42,11 @@ __all__ = [  # noqa: RUF022 - plainly sorted, as the project's __all__ test chec
     "main",
 ]
 
-#: The assembly read when ``-c`` is not given, if it exists (relative to the working folder).
-DEFAULT_CONFIG = Path("loopwright.yaml")
-
 _STATES = ("running", "waiting", "waiting_for_approval", "stopped", "error")
 _FILE_KINDS = ("definition", "assembly", "instance", "record")
 
 
-class CliSettings:
-    """The options every command takes, wherever they were given on the command line.
-
-    ``--json`` and ``-c/--config`` are accepted before and after the command name; the value
-    given after it wins.
-
-    Attributes:
-        json: Whether to print JSON instead of text.
-        config: The assembly file given with ``-c``, or ``None``.
-        instance_id: The instance a command is following, so that an interruption can say
-            how to continue it.
-        streamed_text: The answer as it was already printed while it streamed, so the result
-            does not print it twice.
-    """
-
-    __slots__ = ("config", "instance_id", "json", "streamed_text")
-
-    def __init__(self) -> None:
-        """Start with the defaults: text output, no ``-c``."""
-        self.json = False
-        self.config: Path | None = None
-        self.instance_id: str | None = None
-        self.streamed_text: str | None = None
-
-    def assembly_path(self) -> Path | None:
-        """Return the assembly to load: ``-c PATH``, else ``./loopwright.yaml`` if it exists, else ``None``.
-
-        :raises CliError: (exit 2) ``-c`` names a file that does not exist.
-        """
-        if self.config is not None:
-            if not self.config.is_file():
-                what = "is a folder" if self.config.is_dir() else "does not exist"
-                raise CliError(f"assembly file {str(self.config)!r} given with -c/--config {what}", EXIT_USAGE)
-            return self.config
-        return DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None
-
-
-_pass_settings = click.make_pass_decorator(CliSettings, ensure=True)
-
-
-def _set_json(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
-    if value:
-        ctx.ensure_object(CliSettings).json = True
-
-
-def _set_config(ctx: click.Context, _param: click.Parameter, value: Path | None) -> None:
-    if value is not None:
-        ctx.ensure_object(CliSettings).config = value
-
-
-def _common_params() -> list[click.Parameter]:
-    """``--json`` and ``-c/--config``: each command and the group get their own copies."""
-    return [
-        click.Option(["--json", "json_output"], is_flag=True, expose_value=False, callback=_set_json,
-                     help="Print JSON instead of text."),
-        click.Option(["-c", "--config"], metavar="PATH", type=click.Path(path_type=Path), expose_value=False,
-                     callback=_set_config,
-                     help="The assembly file.  [default: ./loopwright.yaml if it exists]"),
-    ]
-
-
-class _Group(click.Group):
-    """The ``loopwright`` group: built-in commands, then plugin commands looked up by name.
-
-    ``--help`` lists only the built-ins, so that it loads no plugin; a name that is not a
-    built-in loads the plugins (from the assembly) and looks for a plugin command of that name.
-    """
-
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        """Return the built-in command ``cmd_name``, else a plugin's, else ``None``."""
-        cmd = super().get_command(ctx, cmd_name)
-        if cmd is not None or ctx.resilient_parsing:
-            return cmd
-        return _plugin_command(ctx.ensure_object(CliSettings), cmd_name)
-
-
-def _plugin_command(settings: CliSettings, name: str) -> click.Command | None:
-    from loopwright._runtime import Runtime  # noqa: PLC0415 - only when a plugin command is asked for
-    from loopwright.errors import LoopwrightError  # noqa: PLC0415 - keeps this module to click and the stdlib
-
-    try:
-        runtime = Runtime.from_file(settings.assembly_path())
-        runtime.load_plugins()
-    except LoopwrightError as exc:
-        raise CliError(f"no such command {name!r}, and the plugins that could add it did not load: {exc}",
-                       EXIT_USAGE) from exc
-    if name not in runtime.plugins.commands:
-        return None
-    command: click.Command = runtime.plugins.commands.get(name)
-    if not getattr(command, "_loopwright_common_params", False):
-        # A plugin's own --json or -c wins over ours.
-        taken = {opt for p in command.params for opt in (*p.opts, *p.secondary_opts)}
-        command.params.extend(p for p in _common_params() if not taken & {*p.opts, *p.secondary_opts})
-        command._loopwright_common_params = True  # type: ignore[attr-defined]  # noqa: SLF001
-    return command
-
-
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+@click.group(cls=LoopwrightGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
              epilog="Plugins may add commands: 'loopwright plugins' lists them. "
                     "Exit codes: 0 rests (completed, waiting), 3 waiting for approval, 1 error, "
                     "2 bad input, 130 cancelled.")
@@ -155,14 +58,14 @@ def cli() -> None:
     """
 
 
-cli.params.extend(_common_params())
+cli.params.extend(common_params())
 
 
 def _command(name: str) -> Callable[[Callable[..., Any]], click.Command]:
     """Like ``cli.command(name)``, adding ``--json`` and ``-c/--config``."""
     def decorate(fn: Callable[..., Any]) -> click.Command:
         command = cli.command(name)(fn)
-        command.params.extend(_common_params())
+        command.params.extend(common_params())
         return command
     return decorate
 
@@ -188,7 +91,7 @@ def _invoke(name: str, settings: CliSettings, *args: Any) -> int:
 @click.option("--stream", is_flag=True, help="Ask the provider to stream its answers.")
 @click.option("--detach", is_flag=True,
               help="Write the work to the store for a worker (loopwright worker), print the id and exit 0 at once.")
-@_pass_settings
+@pass_settings
 def run_command(settings: CliSettings, definition: str, prompt: str | None, inputs: tuple[str, ...],  # noqa: PLR0917 - click
                 stream: bool, detach: bool) -> int:
     """Start an instance of DEFINITION and follow it until it rests.
@@ -206,7 +109,7 @@ def run_command(settings: CliSettings, definition: str, prompt: str | None, inpu
 @click.option("-p", "--prompt", help="The task prompt, sent after the definition's initial prompts.")
 @click.option("-i", "--input", "inputs", multiple=True, metavar="KEY=VALUE",
               help="An input value (repeatable), as for run.")
-@_pass_settings
+@pass_settings
 def submit_command(settings: CliSettings, definition: str, prompt: str | None, inputs: tuple[str, ...]) -> int:
     """Queue an instance of DEFINITION for a worker and print its id: 'run --detach'.
 
@@ -230,7 +133,7 @@ def _no_stream(stream: bool, detach: bool) -> None:
 @click.option("--stream", is_flag=True, help="Ask the provider to stream its answers.")
 @click.option("--detach", is_flag=True,
               help="Write the work to the store for a worker (loopwright worker), print the id and exit 0 at once.")
-@_pass_settings
+@pass_settings
 def approve_command(settings: CliSettings, instance_id: str, call_id: str | None, subtree: bool,  # noqa: PLR0917 - click
                     stream: bool, detach: bool) -> int:
     """Approve held tool calls of instance ID or its tree, then follow ID until it rests.
@@ -254,7 +157,7 @@ def approve_command(settings: CliSettings, instance_id: str, call_id: str | None
 @click.option("--stream", is_flag=True, help="Ask the provider to stream its answers.")
 @click.option("--detach", is_flag=True,
               help="Write the work to the store for a worker (loopwright worker), print the id and exit 0 at once.")
-@_pass_settings
+@pass_settings
 def deny_command(settings: CliSettings, instance_id: str, call_id: str | None, subtree: bool,  # noqa: PLR0917 - click
                  reason: str | None, stream: bool, detach: bool) -> int:
     """Deny held tool calls of instance ID or its tree, then follow ID until it rests (--detach: a worker goes on)."""
@@ -270,7 +173,7 @@ def deny_command(settings: CliSettings, instance_id: str, call_id: str | None, s
 @click.option("--stream", is_flag=True, help="Ask the provider to stream its answers.")
 @click.option("--detach", is_flag=True,
               help="Write the work to the store for a worker (loopwright worker), print the id and exit 0 at once.")
-@_pass_settings
+@pass_settings
 def message_command(settings: CliSettings, instance_id: str, text: str, stream: bool, detach: bool) -> int:
     """Send TEXT to instance ID and follow it until it rests.
 
@@ -287,7 +190,7 @@ def message_command(settings: CliSettings, instance_id: str, text: str, stream: 
 @click.option("--stream", is_flag=True, help="Ask the provider to stream its answers.")
 @click.option("--detach", is_flag=True,
               help="Write the work to the store for a worker (loopwright worker), print the id and exit 0 at once.")
-@_pass_settings
+@pass_settings
 def resume_command(settings: CliSettings, instance_id: str, stream: bool, detach: bool) -> int:
     """Continue instance ID after a crash left it running, and follow it until it rests.
 
@@ -302,7 +205,7 @@ def resume_command(settings: CliSettings, instance_id: str, stream: bool, detach
 @click.argument("instance_id", metavar="ID")
 @click.option("--at", "at_turn", type=click.IntRange(min=0), metavar="TURN",
               help="Fork at the end of this turn.  [default: the history as it stands]")
-@_pass_settings
+@pass_settings
 def fork_command(settings: CliSettings, instance_id: str, at_turn: int | None) -> int:
     """Create a new instance whose history is ID's up to the end of a turn; print its id.
 
@@ -317,7 +220,7 @@ def fork_command(settings: CliSettings, instance_id: str, at_turn: int | None) -
 @click.argument("instance_id", metavar="ID")
 @click.option("--to", "to_turn", type=click.IntRange(min=0), metavar="TURN", required=True,
               help="The turn to go back to the end of.")
-@_pass_settings
+@pass_settings
 def rewind_command(settings: CliSettings, instance_id: str, to_turn: int) -> int:
     """Move resting instance ID back to the end of turn TURN; it rests, ready for a message.
 
@@ -329,7 +232,7 @@ def rewind_command(settings: CliSettings, instance_id: str, to_turn: int) -> int
 
 @_command("cancel")
 @click.argument("instance_id", metavar="ID")
-@_pass_settings
+@pass_settings
 def cancel_command(settings: CliSettings, instance_id: str) -> int:
     """Cancel instance ID: it becomes stopped, with cancelled true. Exits 0 once done."""
     return _invoke("cancel", settings, instance_id)
@@ -337,7 +240,7 @@ def cancel_command(settings: CliSettings, instance_id: str) -> int:
 
 @_command("show")
 @click.argument("instance_id", metavar="ID")
-@_pass_settings
+@pass_settings
 def show_command(settings: CliSettings, instance_id: str) -> int:
     """Show the state, usage, cost and pending approvals of instance ID, and its tree.
 
@@ -350,7 +253,7 @@ def show_command(settings: CliSettings, instance_id: str) -> int:
 @_command("ls")
 @click.option("--state", type=click.Choice(_STATES), help="Only instances in this state.")
 @click.option("--tree", is_flag=True, help="Draw every tree in the store (nested objects with --json).")
-@_pass_settings
+@pass_settings
 def ls_command(settings: CliSettings, state: str | None, tree: bool) -> int:
     """List the instances in the store, oldest first."""
     if tree and state is not None:
@@ -362,14 +265,14 @@ def ls_command(settings: CliSettings, state: str | None, tree: bool) -> int:
 @click.argument("instance_id", metavar="ID")
 @click.option("--kind", "kinds", multiple=True, metavar="KIND",
               help="Only records of this kind (repeatable): turn, tool_call, state, approval, hook, error ...")
-@_pass_settings
+@pass_settings
 def records_command(settings: CliSettings, instance_id: str, kinds: tuple[str, ...]) -> int:
     """Print the record log of instance ID as JSON lines, each with a 'kind'."""
     return _invoke("records", settings, instance_id, kinds)
 
 
 @_command("plugins")
-@_pass_settings
+@pass_settings
 def plugins_command(settings: CliSettings) -> int:
     """List the plugins in load order, with what each registered and the hooks it implements."""
     return _invoke("plugins", settings)
@@ -379,7 +282,7 @@ def plugins_command(settings: CliSettings) -> int:
 @click.argument("files", nargs=-1, required=True, metavar="FILE...")
 @click.option("--kind", type=click.Choice(_FILE_KINDS),
               help="What the files describe.  [default: guessed from the name and the keys]")
-@_pass_settings
+@pass_settings
 def validate_command(settings: CliSettings, files: tuple[str, ...], kind: str | None) -> int:
     """Check definitions, assemblies, instance headers or record logs against the schemas.
 
@@ -389,33 +292,16 @@ def validate_command(settings: CliSettings, files: tuple[str, ...], kind: str | 
     return _invoke("validate", settings, files, kind)
 
 
-class _Duration(click.ParamType):  # type: ignore[type-arg]
-    """Seconds, or a string with a unit: ``500ms``, ``1s``, ``2m``, ``1h``."""
-
-    name = "duration"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
-        if isinstance(value, (int, float)):
-            return float(value)
-        from loopwright._duration import parse_duration  # noqa: PLC0415 - only when the option is given
-        from loopwright.errors import ConfigError  # noqa: PLC0415 - keeps this module to click and the stdlib
-
-        try:
-            return parse_duration(value)
-        except (ConfigError, ValueError) as exc:
-            self.fail(str(exc), param, ctx)
-
-
 @_command("worker")
-@click.option("--poll", type=_Duration(), default="1s", show_default=True, metavar="DURATION",
+@click.option("--poll", type=Duration(), default="1s", show_default=True, metavar="DURATION",
               help="How often to look for work in the store (500ms, 1s, 2m ...).")
 @click.option("--max-concurrent", type=click.IntRange(min=1), default=8, show_default=True, metavar="N",
               help="The most instances run at once.")
 @click.option("--once", is_flag=True, help="Run the work there is, wait for it to rest, then exit.")
-@click.option("--grace", type=_Duration(), default="30s", show_default=True, metavar="DURATION",
+@click.option("--grace", type=Duration(), default="30s", show_default=True, metavar="DURATION",
               help="After SIGTERM or Ctrl-C, how long running segments may take to rest before they are "
                    "left running for another worker.")
-@_pass_settings
+@pass_settings
 def worker_command(settings: CliSettings, poll: float, max_concurrent: int, once: bool, grace: float) -> int:
     """Run the work other processes leave in the store, until SIGTERM or Ctrl-C.
 
@@ -435,7 +321,7 @@ def worker_command(settings: CliSettings, poll: float, max_concurrent: int, once
               help="The address to listen on. Anything but loopback needs tokens in the assembly's server: key.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True,
               help="The port (0: any free one; the URL printed says which).")
-@_pass_settings
+@pass_settings
 def serve_command(settings: CliSettings, host: str, port: int) -> int:
     """Serve the HTTP API (/v1, /healthz, /openapi.json) over the assembly's store, until SIGTERM or Ctrl-C.
 
@@ -447,7 +333,7 @@ def serve_command(settings: CliSettings, host: str, port: int) -> int:
 
 
 @_command("mcp-serve")
-@_pass_settings
+@pass_settings
 def mcp_serve_command(settings: CliSettings) -> int:
     """Serve the assembly's registered agents as MCP tools over stdio, for editors and MCP clients.
 
@@ -458,43 +344,6 @@ def mcp_serve_command(settings: CliSettings) -> int:
     return _invoke("mcp_serve", settings)
 
 
-# ---------------------------------------------------------------------------------------------
-# Inputs
-# ---------------------------------------------------------------------------------------------
-
-
-def parse_inputs(pairs: Sequence[str]) -> dict[str, str]:
-    """Turn ``-i KEY=VALUE`` options into ``{KEY: VALUE}``, reading ``KEY=@FILE`` values from files.
-
-    Values stay text here; the runtime reads them as JSON for inputs declared with another type.
-    A file's one trailing newline is dropped. ``KEY=@@TEXT`` gives the literal ``@TEXT``.
-
-    :raises click.BadParameter: (exit 2) a pair without ``=``, an empty or repeated key, or a
-        file that cannot be read.
-    """
-    values: dict[str, str] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise click.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="'-i' / '--input'")
-        if key in values:
-            raise click.BadParameter(f"input {key!r} is given twice", param_hint="'-i' / '--input'")
-        if value.startswith("@@"):
-            value = value[1:]
-        elif value.startswith("@"):
-            path = Path(value[1:]).expanduser()
-            try:
-                value = path.read_text(encoding="utf-8").removesuffix("\n").removesuffix("\r")
-            except (OSError, UnicodeDecodeError) as exc:
-                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-                raise click.BadParameter(f"cannot read {str(path)!r} for input {key!r}: {reason}",
-                                         param_hint="'-i' / '--input'") from exc
-        values[key] = value
-    return values
-
-
-# ---------------------------------------------------------------------------------------------
 # Entry point and error reporting
 # ---------------------------------------------------------------------------------------------
 

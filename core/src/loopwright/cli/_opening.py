@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from loopwright._definition import Assembly
     from loopwright._runtime import AgentRun, Runtime
     from loopwright.abc import Store
-    from loopwright.cli._main import CliSettings
+    from loopwright.cli._settings import CliSettings
 
 __all__ = ["assembly", "lookup", "read_header", "runtime", "sync"]
 

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
     from loopwright._runtime import AgentRun
     from loopwright._types import AgentResult, Event
-    from loopwright.cli._main import CliSettings
+    from loopwright.cli._settings import CliSettings
 
 __all__ = ["LiveProgress", "PlainProgress", "Progress", "follow", "make_progress", "terminal_approver"]
 

@@ -22,7 +22,7 @@ from loopwright.cli._opening import lookup, runtime, sync
 from loopwright.cli._output import report
 
 if TYPE_CHECKING:
-    from loopwright.cli._main import CliSettings
+    from loopwright.cli._settings import CliSettings
 
 __all__ = ["resume", "run"]
 

@@ -18,7 +18,7 @@ from loopwright.cli._opening import sync
 
 if TYPE_CHECKING:
     from loopwright._runtime import Runtime
-    from loopwright.cli._main import CliSettings
+    from loopwright.cli._settings import CliSettings
 
 __all__ = ["mcp_serve", "server", "worker"]
 

@@ -24,7 +24,7 @@ from loopwright.display import safe_text
 from loopwright.errors import InstanceLockedError, LoopwrightError
 
 if TYPE_CHECKING:
-    from loopwright.cli._main import CliSettings
+    from loopwright.cli._settings import CliSettings
 
 __all__ = ["approve", "cancel", "deny", "fork", "message", "rewind"]
 
