@@ -1,7 +1,7 @@
 """The commands' work, by name: the module the click wiring imports to run a command.
 
 Each function here takes the :class:`~loopwright.cli.CliSettings` and the parsed arguments of
-one command, and returns its exit code; :mod:`loopwright.cli._main` calls it by the command's
+one command, and returns its exit code; :mod:`loopwright.cli._wiring` calls it by the command's
 name, importing this module only then, so that ``loopwright --help`` imports none of it. The
 work itself lives in one module per family of commands:
 
