@@ -16,16 +16,43 @@ and the terminal question for the commands that follow a run, the worker loop, e
 metadata for ``plugins``), so that ``ls`` and ``show`` import no more than reading the store
 takes: on an assembly a bare store can serve (:func:`loopwright._reading.bare_store`: a
 built-in store and nothing else to open) they read it without a runtime, and without an event
-loop for the file store; on any other, they open a runtime as every command does.
+loop for the file store; on any other, they open a runtime as every command does. For the
+same reason a command imports only its own family's module: each name here is imported from
+its module on first access (PEP 562, as :mod:`loopwright` does for its own names), so ``ls``
+imports :mod:`~loopwright.cli._inspect` and not the modules that start, steer or serve runs.
 """
 
 from __future__ import annotations
 
-from loopwright.cli._checks import plugins, validate
-from loopwright.cli._inspect import ls, records, show
-from loopwright.cli._running import resume, run
-from loopwright.cli._serving import mcp_serve, server, worker
-from loopwright.cli._steer import approve, cancel, deny, fork, message, rewind
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from loopwright.cli._checks import plugins, validate
+    from loopwright.cli._inspect import ls, records, show
+    from loopwright.cli._running import resume, run
+    from loopwright.cli._serving import mcp_serve, server, worker
+    from loopwright.cli._steer import approve, cancel, deny, fork, message, rewind
+
+#: The module of each command's work, imported when the command asks for it (see the docstring).
+_LAZY = {
+    "approve": "_steer",
+    "cancel": "_steer",
+    "deny": "_steer",
+    "fork": "_steer",
+    "ls": "_inspect",
+    "mcp_serve": "_serving",
+    "message": "_steer",
+    "plugins": "_checks",
+    "records": "_inspect",
+    "resume": "_running",
+    "rewind": "_steer",
+    "run": "_running",
+    "server": "_serving",
+    "show": "_inspect",
+    "validate": "_checks",
+    "worker": "_serving",
+}
 
 __all__ = [
     "approve",
@@ -45,3 +72,13 @@ __all__ = [
     "validate",
     "worker",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a command's module on first access (see ``_LAZY``); raise AttributeError for other names."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"loopwright.cli.{module}"), name)
+    globals()[name] = value
+    return value
