@@ -37,7 +37,7 @@ runpy.run_module("loopwright.cli", run_name="__main__")
 NOT_FOR_READING = ("loopwright_", "aiohttp", "httpx", "starlette", "uvicorn", "importlib.metadata",
                    "loopwright.cli._progress", "loopwright.cli._worker", "loopwright.cli._running",
                    "loopwright.cli._steer", "loopwright.cli._serving", "loopwright.cli._checks",
-                   "loopwright.cli._following")
+                   "loopwright.cli._following", "loopwright.cli._displays")
 
 
 
