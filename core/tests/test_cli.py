@@ -148,7 +148,10 @@ def test_help_imports_no_plugin_provider_or_rich(project: Path) -> None:
             except SystemExit as exc:
                 assert exc.code == 0, (args, exc.code)
         heavy = ("httpx", "rich", "ruamel", "jsonschema_rs", "loopwright_openai", "loopwright_testing",
-                 "loopwright._config", "loopwright.cli._commands", "loopwright.builtins.file_store", "genai_prices")
+                 "loopwright._config", "loopwright.cli._commands", "loopwright.cli._running", "loopwright.cli._steer",
+                 "loopwright.cli._inspect", "loopwright.cli._serving", "loopwright.cli._checks",
+                 "loopwright.cli._following", "loopwright.cli._opening", "loopwright.builtins.file_store",
+                 "genai_prices")
         loaded = sorted(m for m in sys.modules if m.split(".")[0] in heavy or m in heavy)
         assert not loaded, loaded
         print("ok")

@@ -32,9 +32,12 @@ sys.argv = ["loopwright", *sys.argv[2:]]
 runpy.run_module("loopwright.cli", run_name="__main__")
 """
 
-#: Modules no store-reading command needs: the plugins of plugins/*, HTTP stacks, the live display.
+#: Modules no store-reading command needs: the plugins of plugins/*, HTTP stacks, the live display,
+#: the work of the commands that start, steer or serve runs or check the set-up.
 NOT_FOR_READING = ("loopwright_", "aiohttp", "httpx", "starlette", "uvicorn", "importlib.metadata",
-                   "loopwright.cli._progress", "loopwright.cli._worker")
+                   "loopwright.cli._progress", "loopwright.cli._worker", "loopwright.cli._running",
+                   "loopwright.cli._steer", "loopwright.cli._serving", "loopwright.cli._checks",
+                   "loopwright.cli._following", "loopwright.cli._displays")
 
 
 
@@ -197,6 +200,32 @@ def test_plugins_lists_every_entry_point(project: tuple[Path, str]) -> None:
     installed = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="loopwright")}
     assert {name: listed[name]["value"] for name in installed} == installed
     assert {listed[name]["source"] for name in installed} == {"entrypoint"}
+
+
+#: Imports ``_commands``, then asks it for ``ls``; prints the families of commands imported after each step.
+FAMILIES = """
+import importlib, sys
+from loopwright.cli import _commands
+families = set(_commands._LAZY.values())
+def loaded():
+    return sorted(name for name in (m.removeprefix("loopwright.cli.") for m in sys.modules) if name in families)
+print(loaded())
+assert _commands.ls is importlib.import_module("loopwright.cli._inspect").ls
+print(loaded())
+"""
+
+
+def test_each_command_imports_its_own_work_only() -> None:
+    """``_commands.NAME`` imports NAME's module on first access, and no other, and is that module's function."""
+    done = subprocess.run([sys.executable, "-c", FAMILIES], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.split("\n")[:2] == ["[]", "['_inspect']"]
+    from loopwright.cli import _commands  # noqa: PLC0415 - the module under test, imported in this process too
+
+    assert sorted(_commands._LAZY) == _commands.__all__
+    for name, module in _commands._LAZY.items():
+        assert getattr(_commands, name) is getattr(sys.modules[f"loopwright.cli.{module}"], name), name
+    with pytest.raises(AttributeError, match="no_such_command"):
+        _ = _commands.no_such_command
 
 
 def test_help_imports_no_runtime(tmp_path: Path) -> None:

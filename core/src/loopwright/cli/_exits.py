@@ -1,8 +1,9 @@
 """The exit codes of ``loopwright`` and :class:`CliError`, below every other CLI module.
 
-:mod:`loopwright.cli._main` (the click wiring) and the modules that do the work
-(:mod:`~loopwright.cli._commands`, :mod:`~loopwright.cli._output`, :mod:`~loopwright.cli._worker`)
-all import these from here, so none of them imports ``_main`` back at run time. This module imports
+:mod:`loopwright.cli._main` (the entry point), the click wiring (:mod:`~loopwright.cli._wiring`,
+:mod:`~loopwright.cli._settings`) and the modules that do the work (:mod:`~loopwright.cli._commands`
+and the modules it gathers, :mod:`~loopwright.cli._output`, :mod:`~loopwright.cli._worker` ...) all
+import these from here, so none of them imports ``_main`` back at run time. This module imports
 click and the standard library only.
 """
 

@@ -29,7 +29,7 @@ from loopwright.display import safe_json, safe_text
 if TYPE_CHECKING:
     from loopwright._header import InstanceHeader
     from loopwright._types import AgentResult
-    from loopwright.cli._main import CliSettings
+    from loopwright.cli._settings import CliSettings
 
 __all__ = [
     "echo_json",

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from anyio.abc import TaskGroup
 
     from loopwright._runtime import AgentRun
-    from loopwright.cli._main import CliSettings
+    from loopwright.cli._settings import CliSettings
 
 __all__ = ["Worker", "worker"]
 

@@ -1,0 +1,92 @@
+"""The commands that read the store: ``show``, ``ls`` and ``records``.
+
+``show`` and ``ls`` read the store without a runtime when a bare store can serve the assembly
+(:func:`loopwright._reading.bare_store`: a built-in store and nothing else to open), and without
+an event loop for the file store; on any other assembly they open a runtime as every command
+does. ``records`` opens a runtime and prints the record log as JSON lines. Each returns 0, or
+exits 2 for an unknown instance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING
+
+import click
+
+from loopwright import _reading
+from loopwright._views import header_of
+from loopwright.cli._exits import EXIT_OK
+from loopwright.cli._opening import assembly, read_header, runtime, sync
+from loopwright.cli._output import echo_json, print_instance, print_instances, print_tree
+from loopwright.display import safe_json
+
+if TYPE_CHECKING:
+    from loopwright.abc import Store
+    from loopwright.cli._settings import CliSettings
+
+__all__ = ["ls", "records", "show"]
+
+
+def show(settings: CliSettings, instance_id: str) -> int:
+    """``loopwright show``: one instance's summary, and the tree of the agents it started."""
+    async def query(store: Store) -> int:
+        header = await read_header(store, instance_id)
+        data = await _reading.instance_summary(store, instance_id)
+        if settings.json:
+            echo_json(data)
+        else:
+            print_instance(data, header_of(header))
+        return EXIT_OK
+
+    return _read(settings, query)
+
+
+def ls(settings: CliSettings, state: str | None, tree: bool = False) -> int:
+    """``loopwright ls``: every instance's summary, optionally only those in ``state``; or every tree."""
+    async def query(store: Store) -> int:
+        if tree:
+            trees = await _reading.trees(store)
+            if settings.json:
+                echo_json(trees)
+            elif not trees:
+                click.echo("no instances", err=True)
+            else:
+                for node in trees:
+                    print_tree(node)
+            return EXIT_OK
+        summaries = await _reading.list_instances(store, state)
+        if settings.json:
+            echo_json(summaries)
+        else:
+            print_instances(summaries)
+        return EXIT_OK
+
+    return _read(settings, query)
+
+
+def _read(settings: CliSettings, query: Callable[[Store], Awaitable[int]]) -> int:
+    """Run ``query`` on the assembly's store: a bare store when one serves it, else an opened runtime's."""
+    loaded = assembly(settings)
+    bare = _reading.bare_store(loaded)
+    if bare is not None:
+        return bare.run(query)
+
+    @sync
+    async def in_runtime() -> int:
+        async with runtime(settings, loaded) as rt:
+            return await query(rt.store)
+
+    return in_runtime()
+
+
+@sync
+async def records(settings: CliSettings, instance_id: str, kinds: Sequence[str]) -> int:
+    """``loopwright records``: the record log as JSON lines (``--json`` changes nothing), safe to show."""
+    async with runtime(settings) as rt:
+        await read_header(rt.store, instance_id)
+        wanted = set(kinds)
+        for record in await rt.records(instance_id):
+            if not wanted or record.get("kind") in wanted:
+                click.echo(safe_json(record, separators=(",", ":")))
+        return EXIT_OK
