@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -125,3 +126,11 @@ def test_the_frozen_header_reads_what_the_fields_wrote() -> None:
     frozen = InstanceHeader.from_json(h.json)
     assert (frozen.state, frozen.inbox_cursor, frozen.children) == (State.WAITING, 4, ("c",))
     assert h.json.items() <= frozen.to_json().items()  # it adds the keys every header has, nothing else changes
+
+
+def test_the_concepts_page_example_runs() -> None:
+    """docs/concepts.md's example of reading a header in code runs as written."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "concepts.md").read_text()
+    section = page.split("**Reading a header in code.**", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(code, "docs/concepts.md", "exec"), {})  # noqa: S102 - the page's own example
