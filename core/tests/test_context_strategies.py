@@ -12,7 +12,7 @@ import pytest
 from helpers import Harness, call, defn, entries_path, make_runtime, records_of, reply, run_to_rest
 
 import loopwright
-from loopwright import Block, Message, ModelRequest, PluginSpec, State, ToolStatus, Usage, hookimpl
+from loopwright import Block, HeaderFields, Message, ModelRequest, PluginSpec, State, ToolStatus, Usage, hookimpl
 from loopwright._instance import Instance, message_to_json
 from loopwright._replay import rebuild
 from loopwright.builtins.context import (
@@ -330,7 +330,7 @@ def test_rebuild_with_a_reset_and_spend_entries() -> None:
         {"t": "reset", "messages": [message_to_json(system), message_to_json(note)],
          "spend": {"usage": {"inputTokens": 30, "outputTokens": 3, "requests": 1}, "cost": 0.25, "model": "s:m"}},
     ]
-    inst = Instance(id="i", definition=defn(), header={})
+    inst = Instance(id="i", definition=defn(), header=HeaderFields({}))
     rebuild(inst, entries)
     assert list(inst.transcript) == [system, note]
     assert (inst.usage.input_tokens, inst.usage.output_tokens, inst.usage.requests) == (80, 8, 2)

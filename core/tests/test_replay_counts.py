@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from helpers import defn
 
-from loopwright import Message
+from loopwright import HeaderFields, Message
 from loopwright._instance import Instance, message_from_json
 from loopwright._instance import _message_structure as converter_structure
 from loopwright._replay import history_at, rebuild
@@ -23,7 +23,7 @@ from loopwright._types import Cost, Usage
 
 
 def instance(iid: str = "i", spawner: Instance | None = None) -> Instance:
-    return Instance(id=iid, definition=defn(), header={}, spawner=spawner)
+    return Instance(id=iid, definition=defn(), header=HeaderFields({}), spawner=spawner)
 
 
 def answer(n: int, cost: float | None, *, inp: int = 10, out: int = 4) -> dict[str, Any]:

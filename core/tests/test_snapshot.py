@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from helpers import Harness, call, defn, make_runtime, reply, run_to_rest
 
-from loopwright import Limits, Message, ToolCall, tool
+from loopwright import HeaderFields, Limits, Message, ToolCall, tool
 from loopwright._instance import Instance, message_from_json
 from loopwright._instance import _message_structure as converter_structure
 from loopwright._replay import CHECKPOINT_VERSION, _call_order, fold_checkpoint, rebuild, restore
@@ -59,7 +59,7 @@ def turn(n: int, *calls: str, text: str | None = None) -> list[dict[str, Any]]:
 
 
 def state(entries: list[dict[str, Any]], checkpoint: dict[str, Any] | None = None) -> dict[str, Any]:
-    inst = Instance(id=IID, definition=defn(), header={})
+    inst = Instance(id=IID, definition=defn(), header=HeaderFields({}))
     rebuild(inst, entries, checkpoint)
     return {
         "transcript": list(inst.transcript), "usage": inst.usage, "cost": inst.cost, "turn": inst.turn,
@@ -186,7 +186,7 @@ async def test_damaged_checkpoint_is_ignored_and_nothing_is_lost(
         assert checkpoint is not None
         with pytest.raises(ValueError, match="checkpoint"):
             state(entries, checkpoint)
-        inst = Instance(id=IID, definition=defn(), header={})
+        inst = Instance(id=IID, definition=defn(), header=HeaderFields({}))
         caplog.clear()
         await restore(inst, store)
         assert list(inst.transcript) == (await full(store))["transcript"]

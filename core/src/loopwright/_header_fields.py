@@ -33,7 +33,7 @@ import attrs
 
 from loopwright._states import State, StopReason
 
-__all__ = ["ChildLinks", "HeaderFields", "as_fields"]
+__all__ = ["ChildLinks", "HeaderFields"]
 
 T = TypeVar("T")
 E = TypeVar("E", State, StopReason)
@@ -252,11 +252,6 @@ class HeaderFields:
     turns = _Key[int | None](None)
     tool_calls_started = _Key[int | None](None)
     context_tokens = _Key[int | None](None)
-
-
-def as_fields(header: HeaderFields | JSONObject) -> HeaderFields:
-    """Return ``header`` as :class:`HeaderFields` (a JSON object is wrapped, not copied)."""
-    return header if isinstance(header, HeaderFields) else HeaderFields(header)
 
 
 @attrs.frozen(kw_only=True)

@@ -18,7 +18,7 @@ import attrs
 
 from loopwright._convert import converter
 from loopwright._definition import Capabilities, Definition
-from loopwright._header_fields import HeaderFields, as_fields
+from loopwright._header_fields import HeaderFields
 from loopwright._types import (
     AgentResult,
     Cost,
@@ -204,7 +204,8 @@ class Instance:
         id: The instance id.
         definition: The definition it runs.
         header: The header, typed fields over its JSON object as last saved (extra keys kept as
-            they are); set from a store's JSON object, which it then wraps.
+            they are). A plain attribute, no converter: a converter on any field would make attrs
+            run its setattr hooks on every counter the loop bumps (4 calls each, 40 a turn).
         transcript: Its messages.
         grants: The capabilities it runs with.
         turn: Model calls made over its whole life.
@@ -230,7 +231,7 @@ class Instance:
 
     id: str
     definition: Definition
-    header: HeaderFields = attrs.field(converter=as_fields)
+    header: HeaderFields
     transcript: Transcript = attrs.field(factory=Transcript)
     grants: Capabilities = attrs.field(factory=Capabilities)
     turn: int = 0
