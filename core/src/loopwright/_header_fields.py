@@ -26,6 +26,7 @@ keys.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
 from typing import Any, Generic, TypeVar, overload
 
@@ -41,6 +42,9 @@ E = TypeVar("E", State, StopReason)
 #: A JSON object held as it was saved (never converted field by field).
 JSONObject = dict[str, Any]
 
+#: Each field's name and its key (``inbox_cursor``: ``inboxCursor``), filled as the fields are made.
+_KEYS: dict[str, str] = {}
+
 
 def _camel(name: str) -> str:
     """``inbox_cursor`` -> ``inboxCursor`` (:func:`loopwright._convert.camel`, without importing cattrs)."""
@@ -49,7 +53,13 @@ def _camel(name: str) -> str:
 
 
 class _Key(Generic[T]):
-    """One key of the header's JSON object, read and written as a typed attribute."""
+    """One key of the header's JSON object, read and written as a typed attribute.
+
+    This class is what the type checker sees. On the class itself it gives way to a ``property``
+    whose getter is ``operator.methodcaller("_get", key, default)``, all in C (``_get`` is the
+    object's own ``dict.get``): reading a field costs what ``header.get(key, default)`` cost, with
+    no Python frame, and the loop reads several a turn.
+    """
 
     __slots__ = ("default", "key")
 
@@ -58,7 +68,10 @@ class _Key(Generic[T]):
         self.key = ""
 
     def __set_name__(self, owner: type, name: str) -> None:
-        self.key = _camel(name)
+        self.key = _KEYS[name] = _camel(name)
+        if type(self) is _Key:
+            setattr(owner, name, property(operator.methodcaller("_get", self.key, self.default),
+                                          self.__set__, self.__delete__, f"The header's ``{self.key}``."))
 
     @overload
     def __get__(self, obj: None, owner: type) -> _Key[T]: ...
@@ -112,7 +125,7 @@ class _Enum(Generic[E]):
         self.key = ""
 
     def __set_name__(self, owner: type, name: str) -> None:
-        self.key = _camel(name)
+        self.key = _KEYS[name] = _camel(name)
 
     @overload
     def __get__(self, obj: None, owner: type) -> _Enum[E]: ...
@@ -139,13 +152,15 @@ class HeaderFields:
     absent key reads as. ``del header.field`` removes the key.
 
     Attributes:
-        json: The object itself: what a store saved and saves (read and written in place).
+        json: The object itself: what a store saved and saves (read and written in place). Set
+            once: another object gets a header of its own (``HeaderFields(other)``).
     """
 
-    __slots__ = ("json",)
+    __slots__ = ("_get", "json")
 
     def __init__(self, json: JSONObject) -> None:
         self.json = json
+        self._get = json.get  # what each field's getter calls (see _Key)
 
     def __repr__(self) -> str:
         return f"HeaderFields({self.json!r})"
@@ -190,14 +205,14 @@ class HeaderFields:
 
         :raises AttributeError: The name is no field.
         """
-        return getattr(HeaderFields, name).key in self.json
+        return _key_of(name) in self.json
 
     def copy_without(self, *names: str) -> HeaderFields:
         """Return a new header with this one's keys (a shallow copy) but those of the fields ``names``.
 
         :raises AttributeError: A name is no field.
         """
-        drop = {getattr(HeaderFields, name).key for name in names}
+        drop = {_key_of(name) for name in names}
         return HeaderFields({k: v for k, v in self.json.items() if k not in drop})
 
     # -- who it is --------------------------------------------------------------------------
@@ -252,6 +267,17 @@ class HeaderFields:
     turns = _Key[int | None](None)
     tool_calls_started = _Key[int | None](None)
     context_tokens = _Key[int | None](None)
+
+
+def _key_of(name: str) -> str:
+    """Return the key of the field ``name``.
+
+    :raises AttributeError: No field has that name.
+    """
+    try:
+        return _KEYS[name]
+    except KeyError:
+        raise AttributeError(f"the header has no field {name!r}") from None
 
 
 @attrs.frozen(kw_only=True)
