@@ -48,7 +48,6 @@ class HookOutcome:
 async def intercept(
     impls: Sequence[Impl], values: dict[str, Any], *, hook: str,
     modify: Mapping[type[Decision], Callable[[dict[str, Any], Any], None]],
-    allowed: tuple[type[Decision], ...] | None = None,
 ) -> HookOutcome:
     """Walk interceptor implementations.
 
@@ -57,16 +56,13 @@ async def intercept(
     :param hook: The hook's short name (``before_inference``), for error reasons; it names the
         rule in :data:`loopwright.hookspecs.HOOKS` that says which decisions the point accepts.
     :param modify: For each Modify class, a function ``(values, decision)`` applying it.
-    :param allowed: Deprecated, the table decides: when given, it must be the table's decisions, in its order.
     :return: The outcome. A raising hook or a decision the point does not accept becomes a
         :class:`Block` (fail closed), recorded like any other decision.
-    :raises ValueError: If ``hook`` is no interceptor, or ``allowed`` disagrees with the table.
+    :raises ValueError: If ``hook`` is no interceptor.
     """
     rule = HOOKS.get(f"{PROJECT}_{hook}")
     if rule is None or rule.kind is not HookKind.INTERCEPTOR:
         raise ValueError(f"{hook!r} is not an interceptor hook")
-    if allowed is not None and allowed != rule.decisions:
-        raise ValueError(f"{hook} accepts {rule.decisions} (loopwright.hookspecs.HOOKS), not {allowed}")
     allowed = rule.decisions
     outcome = HookOutcome(values)
     for plugin, function, argnames in impls:
