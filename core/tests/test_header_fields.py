@@ -10,7 +10,7 @@ import attrs
 import pytest
 
 from loopwright import HeaderFields, InstanceHeader, State, StopReason
-from loopwright._header import KNOWN
+from loopwright._header import ALWAYS, KNOWN
 from loopwright._header_fields import _KEYS
 
 
@@ -142,3 +142,18 @@ def test_the_concepts_page_example_runs() -> None:
     section = page.split("**Reading a header in code.**", 1)[1]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
     exec(compile(code, "docs/concepts.md", "exec"), {})  # noqa: S102 - the page's own example
+
+
+def test_a_new_header_has_every_key_a_header_always_has() -> None:
+    h = HeaderFields.new(instance_id="i1", name="n", definition_path=None, definition={"name": "n"}, inputs={},
+                         capabilities={}, created_at="2026-12-03T00:00:00.000Z", model="test:any", runner="me",
+                         task_prompt="hi", task_history=[])
+    assert set(h.json) == set(ALWAYS)
+    assert (h.state, h.stop_reason, h.created_at, h.updated_at) == (
+        State.RUNNING, None, "2026-12-03T00:00:00.000Z", "2026-12-03T00:00:00.000Z")
+    assert InstanceHeader.from_json(h.json).to_json() == h.json  # the codec writes it back unchanged
+    history = [{"role": "user", "content": "before"}]
+    with_history = HeaderFields.new(instance_id="i2", name="n", definition_path="a.yaml", definition={}, inputs={},
+                                    capabilities={}, created_at="t", model=None, runner=None, task_prompt=None,
+                                    task_history=history)
+    assert with_history.task_history == history

@@ -26,7 +26,6 @@ from loopwright._capabilities import (
     resolve_roots,
 )
 from loopwright._engine import Decided, LateMail, Mail, Resume, SegmentEnd, Start
-from loopwright._header import InstanceHeader
 from loopwright._header_fields import ChildLinks, HeaderFields
 from loopwright._instance import Instance, message_to_json, new_id, now_iso, shown_call, unanswered_calls
 from loopwright._lease import holding
@@ -118,14 +117,11 @@ class Driver:
         values = resolve_inputs(defn, inputs or {})
         check_templates(defn, values)
         task_history = _history_json(defn, history)
-        now = now_iso()
-        return HeaderFields(InstanceHeader(
+        return HeaderFields.new(
             instance_id=instance_id or new_id(), name=defn.name,
-            definition_path=str(defn.source) if defn.source else None,
-            definition=plan.header_snapshot(), inputs=dict(values), state=State.RUNNING,
-            capabilities=capabilities_to_dict(grants), capabilities_recorded=True, created_at=now, updated_at=now,
-            model=plan.model_ref, runner=self._rt.owner, task_prompt=prompt, task_history=tuple(task_history),
-        ).to_json())
+            definition_path=str(defn.source) if defn.source else None, definition=plan.header_snapshot(),
+            inputs=dict(values), capabilities=capabilities_to_dict(grants), created_at=now_iso(),
+            model=plan.model_ref, runner=self._rt.owner, task_prompt=prompt, task_history=task_history)
 
     async def begin(self, run: AgentRun, *, resume: bool = False) -> None:  # noqa: C901 - the set-up, in order
         """First segment of a new instance: system prompt, initial prompts and injected calls, task prompt.

@@ -170,6 +170,27 @@ class HeaderFields:
 
     __hash__ = None  # type: ignore[assignment]  # mutable
 
+    @classmethod
+    def new(cls, *, instance_id: str, name: str, definition_path: str | None, definition: JSONObject,
+            inputs: JSONObject, capabilities: JSONObject, created_at: str, model: str | None, runner: str | None,
+            task_prompt: str | None, task_history: list[JSONObject]) -> HeaderFields:
+        """Return a new instance's header: ``running``, run by ``runner``, nothing held, no links.
+
+        Every key :data:`loopwright._header.ALWAYS` names is written (a test checks the two agree);
+        ``taskHistory`` only when there is one. One literal: a header is made at every start.
+        """
+        json: JSONObject = {
+            "instanceId": instance_id, "name": name, "version": 1, "definitionPath": definition_path,
+            "definition": definition, "inputs": inputs, "state": State.RUNNING.value, "stopReason": None,
+            "cancelled": False, "error": None, "capabilities": capabilities, "capabilitiesRecorded": True,
+            "pendingApprovals": [], "inbox": [], "spawnerInstanceId": None, "callerInstanceId": None,
+            "callerToolCallId": None, "delegationPrompt": None, "createdAt": created_at, "updatedAt": created_at,
+            "model": model, "runner": runner, "taskPrompt": task_prompt,
+        }
+        if task_history:
+            json["taskHistory"] = task_history
+        return cls(json)
+
     @property
     def asked_call_id(self) -> str | None:
         """The id of the ``ask_user`` call whose answer the instance waits for (``awaitingAnswer``), or ``None``."""
