@@ -100,7 +100,7 @@ class Loader:
             raise GrantsError(f"saved inheritedGates are malformed ({exc}); refusing to run it",
                               instance_id=instance_id) from exc
 
-    def saved_grants(self, instance_id: str, header: Mapping[str, Any]) -> Capabilities:
+    def saved_grants(self, instance_id: str, header: dict[str, Any]) -> Capabilities:
         """Return the saved grants intersected with this runtime's; fail closed on a bad marker."""
         recorded = InstanceHeader.from_json(header, lenient=True)  # as saved: the checks below judge it
         if recorded.capabilities_recorded:
@@ -110,7 +110,7 @@ class Loader:
                 raise GrantsError(f"saved grants are marked recorded but are not valid ({exc}); "
                                   "refusing to run it", instance_id=instance_id) from exc
             return intersect(self._rt.assembly.capabilities, saved)
-        if "capabilities" in header:  # present at all (an always-written key: only the saved JSON tells)
+        if HeaderFields(header).has("capabilities"):  # present at all (always written: only the saved JSON tells)
             raise GrantsError("saved grants have no capabilitiesRecorded marker; refusing to run it",
                               instance_id=instance_id)
         return self._rt.assembly.capabilities
