@@ -29,6 +29,7 @@ from loopwright import (
     hookimpl,
 )
 from loopwright.abc import Provider
+from loopwright.errors import ProviderError
 
 pytestmark = pytest.mark.anyio
 
@@ -235,3 +236,41 @@ async def test_stream_events_carry_their_turn_and_a_decoded_done_ends_the_stream
     assert ("tool_call_start", 1, {"id": "n", "name": "note"}) in events
     assert ("text_delta", 2, {"delta": "all done"}) in events
     assert [t for k, t, _ in events if k in ("tool_call_start", "text_delta")] == [1, 2]
+
+
+# ------------------------------------------------------------------------------------------
+# The journal: records before a resting header (a pass over _engine/_journal.py)
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("answer", "rest", "kind"), [
+    (reply("done"), "waiting", "turn"),
+    (ProviderError("bad request", provider="s", model="m", status=400), "error", "error"),
+], ids=["waiting", "error"])
+async def test_the_records_are_on_disk_before_the_header_says_the_instance_rests(
+    tmp_path: Path, answer: Any, rest: str, kind: str,
+) -> None:
+    """What happened before an instance rests is saved before its header says it rests (docs/crash-safety.md).
+
+    At the header write that says ``waiting`` (or ``error``), the turn's record (or the failed
+    model call's ``error`` record) is already in the record log.
+    """
+    seen: list[tuple[str, list[str]]] = []
+    h = Harness(answer)
+    async with make_runtime(tmp_path, h) as rt:
+        store = rt.store
+        write = store.write_header
+
+        async def watched(instance_id: str, header: Any) -> None:
+            if header.get("state") != "running":
+                kinds = [r["kind"] for r in await store.read_records(instance_id)]
+                seen.append((str(header.get("state")), kinds))
+            await write(instance_id, header)
+
+        store.write_header = watched  # type: ignore[method-assign]
+        _run, result = await run_to_rest(rt, defn())
+    assert result.state.value == rest
+    assert seen
+    state, kinds = seen[0]
+    assert state == rest
+    assert kind in kinds
