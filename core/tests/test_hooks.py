@@ -34,6 +34,7 @@ from loopwright import (
 )
 from loopwright._definition import PluginSpec
 from loopwright._engine import _journal
+from loopwright._hooks import intercept
 from loopwright.errors import HookBlockedError, PluginError, RegistrationError
 
 pytestmark = pytest.mark.anyio
@@ -1182,3 +1183,10 @@ async def test_add_verifier_checks_the_signature(tmp_path: Path) -> None:
             rt.add_verifier("bad", lambda: (True, ""))  # type: ignore[arg-type, return-value]
         rt.add_verifier("good", lambda messages: (True, ""))
         assert rt.verifier("good")([]) == (True, "")
+
+
+@pytest.mark.parametrize("hook", ["on_message", "no_such_hook"])
+async def test_intercept_walks_interceptor_hooks_only(hook: str) -> None:
+    """``_hooks.intercept``'s contract: an observer's name, or a name no hookspec has, is a ValueError, not a walk."""
+    with pytest.raises(ValueError, match="is not an interceptor hook"):
+        await intercept([], {}, hook=hook, modify={})
