@@ -10,6 +10,7 @@ the converter's error.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -150,3 +151,41 @@ def test_a_logged_message_that_is_not_an_object_raises_the_converters_error(m: o
         converter_structure(m, Message)
     with pytest.raises(type(converter_error.value)):
         rebuild(instance(), [{"t": "seg"}, {"t": "msg", "m": m}])
+
+
+# -- found by the session-10 pass over ``_replay`` (docs/testing.md) --------------------------------
+
+
+def test_the_task_prompt_stays_given_after_the_messages_that_follow_it() -> None:
+    """The task prompt is in the transcript once a ``task``-marked message is: later messages do not
+    undo it (a resume that thought otherwise would give the task again, ``Driver.still_beginning``)."""
+    inst = instance()
+    rebuild(inst, [{"t": "seg"}, user("do it", task=True), answer(1, 0.0), user("and then")])
+    assert inst.task_given
+    fresh = instance()
+    rebuild(fresh, [{"t": "seg"}, user("hello")])
+    assert not fresh.task_given
+
+
+def test_an_instance_with_no_model_call_is_at_turn_zero() -> None:
+    """Turns count model calls: a log of messages only replays to turn 0, one answered call to turn 1."""
+    inst = instance()
+    rebuild(inst, [{"t": "seg"}, user("hello")])
+    assert inst.turn == 0
+    rebuild(inst, [{"t": "seg"}, user("hello"), answer(1, 0.0)])
+    assert inst.turn == 1
+
+
+def test_results_read_back_from_disk_are_put_in_call_order() -> None:
+    """Results are logged in finishing order; loading puts them back in call order (docs/concepts.md),
+    for a log read from its JSON text as a store reads it, not only for objects built in memory."""
+    calls = [{"id": f"c{k}", "name": "add", "arguments": {"a": k}} for k in (1, 2, 3)]
+    logged = [{"t": "seg"}, user("go", task=True),
+              {"t": "msg", "m": {"role": "assistant", "toolCalls": calls, "model": "s:m"},
+               "turn": {"n": 1, "model": "s:m", "usage": {}, "cost": 0.0}}]
+    logged += [{"t": "msg", "m": {"role": "tool", "content": str(k), "toolCallId": f"c{k}", "name": "add",
+                                  "status": "success"}} for k in (3, 1, 2)]
+    entries = [json.loads(line) for line in "\n".join(json.dumps(e) for e in logged).splitlines()]
+    inst = instance()
+    rebuild(inst, entries)
+    assert [m.tool_call_id for m in inst.transcript if m.role == "tool"] == ["c1", "c2", "c3"]
