@@ -226,7 +226,8 @@ class Worker:
     async def _pick_up(self, iid: str) -> tuple[AgentRun, str] | None:
         """Pick up ``iid`` (:meth:`Runtime.pick_up`); ``None`` when there is nothing to do or it failed (reported)."""
         try:
-            return await self.rt.pick_up(iid)
+            picked: tuple[AgentRun, str] | None = await self.rt.pick_up(iid)
+            return picked
         except (InstanceNotFoundError, InstanceLockedError):
             return None
         except UnloadableInstanceError as exc:  # a bad row: quarantined, never retried by the fleet
