@@ -250,6 +250,8 @@ class Driver:
                     # resumes it); this must not take down the other segments of the runtime.
                     run.stale = True
                     _log.warning("instance %s: cannot save the error state: %s", inst.id, saving)
+                except Exception as telling:  # noqa: BLE001 - saved; telling its observers failed (its hooks cannot load)
+                    _log.warning("instance %s: error state saved, its observers not told: %s", inst.id, telling)
         finally:
             try:
                 # At rest, still holding the lease: a store may fold its log into a checkpoint

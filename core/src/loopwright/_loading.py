@@ -2,8 +2,10 @@
 
 A saved instance runs only as saved: its definition from the header's snapshot (or its file),
 under the gates its caller passed down (``inheritedGates``), with its saved grants narrowed to
-this runtime's. Anything malformed refuses to run it (fails closed). A copy in memory is read
-again whenever another process saved the instance since.
+this runtime's. Anything malformed refuses to run it (fails closed), always with an
+:class:`~loopwright.errors.UnloadableInstanceError` naming the instance, so a worker can tell a
+bad row (which it quarantines) from a store that is out of reach (which it retries). A copy in
+memory is read again whenever another process saved the instance since.
 """
 
 from __future__ import annotations
@@ -18,13 +20,25 @@ from loopwright._header_fields import HeaderFields
 from loopwright._instance import Instance
 from loopwright._replay import restore
 from loopwright._run import AgentRun
-from loopwright.errors import ConfigError, GrantsError, StoreError
+from loopwright.errors import (
+    ConfigError,
+    GrantsError,
+    InstanceLockedError,
+    InstanceNotFoundError,
+    LeaseLostError,
+    StoreError,
+    StoreUnavailableError,
+    UnloadableInstanceError,
+)
 
 if TYPE_CHECKING:
     from loopwright._definition import Capabilities, Definition
     from loopwright._runtime import Runtime
 
 __all__ = ["Loader"]
+
+#: Store errors that say nothing about the row itself (no such instance, a lease, the store out of reach).
+_NOT_THE_ROW = (InstanceNotFoundError, InstanceLockedError, LeaseLostError, StoreUnavailableError)
 
 
 class Loader:
@@ -47,10 +61,14 @@ class Loader:
             rt.live.add(run)
             return run
         header = await rt.store.read_header(instance_id)
-        defn = self.definition_from_header(instance_id, header)
-        grants = self.saved_grants(instance_id, header)
-        inst = Instance(id=instance_id, definition=defn, header=HeaderFields(header), grants=grants)
-        await restore(inst, rt.store)
+        try:
+            defn = self.definition_from_header(instance_id, header)
+            grants = self.saved_grants(instance_id, header)
+            inst = Instance(id=instance_id, definition=defn, header=HeaderFields(header), grants=grants)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:  # a header of the wrong shape
+            raise UnloadableInstanceError(f"its saved header is malformed ({type(exc).__name__}: {exc}); "
+                                          "refusing to run it", instance_id=instance_id) from exc
+        await self._restore(inst)
         run = AgentRun(rt, inst)
         rt.live.add(run)
         if inst.header.monitors and rt.monitors is not None:
@@ -63,15 +81,31 @@ class Loader:
         if HeaderFields(header).updated_at == run.inst.header.updated_at and not run.stale:
             return
         inst = run.inst
-        await restore(inst, self._rt.store)  # replaces nothing if the log cannot be read
+        await self._restore(inst)  # replaces nothing if the log cannot be read
         inst.header = HeaderFields(header)
         inst.grants = self.saved_grants(run.instance_id, header)
         run.stale = False
 
+    async def _restore(self, inst: Instance) -> None:
+        """Replay ``inst``'s entry log from the store.
+
+        :raises UnloadableInstanceError: The log cannot be replayed (a line of the wrong shape).
+        """
+        try:
+            await restore(inst, self._rt.store)
+        except _NOT_THE_ROW:
+            raise
+        except UnloadableInstanceError:
+            raise
+        except (StoreError, ValueError, TypeError, KeyError, AttributeError) as exc:
+            reason = exc.args[0] if isinstance(exc, StoreError) and exc.args else f"{type(exc).__name__}: {exc}"
+            raise UnloadableInstanceError(f"its entry log cannot be replayed ({reason}); refusing to run it",
+                                          instance_id=inst.id) from exc
+
     def definition_from_header(self, instance_id: str, header: dict[str, Any]) -> Definition:
         """Return the definition a saved header runs (its snapshot, else its file), under its inherited gates.
 
-        :raises StoreError: The header holds no valid definition.
+        :raises UnloadableInstanceError: The header holds no valid definition.
         :raises GrantsError: Its inherited gates are missing or malformed (fails closed).
         """
         saved = InstanceHeader.from_json(header, lenient=True)  # as saved: the checks below judge it
@@ -82,11 +116,15 @@ class Loader:
             try:
                 defn = definition_from_dict(snapshot)
             except ConfigError as exc:
-                raise StoreError(f"saved definition is invalid: {exc}", instance_id=instance_id) from exc
+                raise UnloadableInstanceError(f"saved definition is invalid: {exc}", instance_id=instance_id) from exc
         elif saved.definition_path:
-            defn = self._rt.load_definition(saved.definition_path)
+            try:
+                defn = self._rt.load_definition(saved.definition_path)
+            except ConfigError as exc:
+                raise UnloadableInstanceError(f"its definition file cannot be loaded: {exc}",
+                                              instance_id=instance_id) from exc
         else:
-            raise StoreError("the header holds no definition", instance_id=instance_id)
+            raise UnloadableInstanceError("the header holds no definition", instance_id=instance_id)
         # Absent, as opposed to saved null (malformed: refused below).
         if not HeaderFields(header).has("inherited_gates"):
             if saved.spawner_instance_id:

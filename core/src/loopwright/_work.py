@@ -17,8 +17,9 @@ import anyio
 from loopwright._header_fields import HeaderFields
 from loopwright._instance import now_iso
 from loopwright._lease import held_lease
-from loopwright._types import PendingApproval, State
+from loopwright._types import PendingApproval, State, StopReason
 from loopwright.abc import new_post_id
+from loopwright.errors import ConfigError, UnloadableInstanceError
 
 if TYPE_CHECKING:
     import os
@@ -62,7 +63,7 @@ class Work:
             # else it rests: left as it is (the lease is released on the way out)
         return run
 
-    async def pick_up(  # noqa: PLR0911 - one return per kind of work, or none
+    async def pick_up(
         self, instance_id: str,
     ) -> tuple[AgentRun, Literal["start", "resume", "approval", "message"]] | None:
         """Start the work another process left for an instance, if it has any.
@@ -76,9 +77,56 @@ class Work:
         as :meth:`AgentRun.message` does. A cancel request needs no runner: :meth:`~loopwright.Runtime.cancel`
         stops a resting or queued instance itself, and the runner of a running one reads it.
 
+        A row that cannot be loaded (malformed or tampered with: see
+        :class:`~loopwright.errors.UnloadableInstanceError`), or whose definition this runtime
+        cannot run, is quarantined (see :meth:`quarantine`) and nothing of it runs.
+
         :return: The run (its segment started in the background) and which of the four it
             was, or ``None``: nothing to do, or another runner holds the instance.
+        :raises UnloadableInstanceError: The row cannot be loaded; ``quarantined`` says whether
+            it was saved in state ``error`` for it (not when another runner holds it now, or
+            the header itself cannot be read).
         """
+        try:
+            return await self._pick_up(instance_id)
+        except UnloadableInstanceError as exc:
+            if await self.quarantine(instance_id, exc.reason):
+                raise UnloadableInstanceError(exc.reason, instance_id=instance_id, quarantined=True) from exc
+            raise
+
+    async def quarantine(self, instance_id: str, reason: str) -> bool:
+        """Save an instance whose row cannot be loaded in state ``error``, so that no worker takes it again.
+
+        Under the instance's lease (if it is free), on the header as the store holds it (never
+        loaded: it cannot be): the state becomes ``error`` with stop reason ``error``, the error
+        ``quarantined: <reason>`` (what ``loopwright ls`` and ``show`` print), the ``queued``
+        mark goes, and a ``quarantined`` record names the reason and this runner. An ``error``
+        instance is resting, so :meth:`loopwright.abc.Store.find_work` lists it again only for a
+        message posted to it.
+
+        :return: Whether it was saved so; ``False`` when another runner holds it or its header
+            cannot be read or written (a row of the wrong shape, a store out of reach).
+        """
+        async with held_lease(self._rt.store, instance_id, self._rt.owner, if_free=True) as lease:
+            if lease is None:
+                return False
+            try:
+                header = HeaderFields(await self._rt.store.read_header(instance_id))
+                header.state, header.stop_reason = State.ERROR, StopReason.ERROR
+                header.error = f"quarantined: {reason}"
+                del header.queued
+                header.updated_at = now_iso()
+                self._rt.recorder.queue(instance_id, "quarantined", {"reason": reason, "by": self._rt.owner})
+                await self._rt.recorder.flush(instance_id)
+                await self._rt.store.write_header(instance_id, header.json)
+            except Exception:  # noqa: BLE001 - a row too broken to save: left as it is, the caller reports it
+                self._rt.recorder.drop(instance_id)
+                return False
+        return True
+
+    async def _pick_up(  # noqa: PLR0911 - one return per kind of work, or none
+        self, instance_id: str,
+    ) -> tuple[AgentRun, Literal["start", "resume", "approval", "message"]] | None:
         run = await self._rt.get_agent(instance_id)
         if run.running:
             return None
@@ -87,6 +135,11 @@ class Work:
                 return None
             await self._rt.loader.refresh(run)
             inst = run.inst
+            try:  # what its segment would refuse only once it runs (a hook set or tool this runtime lacks)
+                self._rt.plans.plan(inst.definition)
+            except ConfigError as exc:
+                raise UnloadableInstanceError(f"its definition cannot run here: {exc}",
+                                              instance_id=instance_id) from exc
             pending = inst.pending_approvals
             if inst.state is State.RUNNING and inst.header.queued is True:
                 await self._rt.driver.start_queued(run, lease)

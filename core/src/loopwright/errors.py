@@ -54,6 +54,7 @@ __all__ = [
     "StoreUnavailableError",
     "ToolCallDenied",
     "ToolError",
+    "UnloadableInstanceError",
 ]
 
 
@@ -227,7 +228,28 @@ class StoreUnavailableError(StoreError):
     """
 
 
-class GrantsError(StoreError):
+class UnloadableInstanceError(StoreError):
+    """A saved instance cannot be loaded as saved: its row is malformed or was tampered with.
+
+    Raised when loading a saved instance (:meth:`loopwright.Runtime.get_agent`) finds a header
+    whose definition, grants or gates are invalid, an entry log that cannot be replayed, or (when
+    a worker picks it up) a definition this runtime cannot run. The instance fails closed: nothing
+    of it runs. A worker quarantines it (``quarantined`` is then true): the instance is saved in
+    state ``error`` with a ``quarantined:`` error naming the reason, no worker takes it again,
+    and the worker goes on serving the others.
+
+    Attributes:
+        reason: What is wrong with the row, without the instance prefix.
+        quarantined: The instance was saved in state ``error`` for it.
+    """
+
+    def __init__(self, message: str, *, instance_id: str | None = None, quarantined: bool = False) -> None:
+        self.reason = message
+        self.quarantined = quarantined
+        super().__init__(message, instance_id=instance_id)
+
+
+class GrantsError(UnloadableInstanceError):
     """Saved grants are marked as recorded but are missing or malformed; the instance fails closed."""
 
 

@@ -8,7 +8,10 @@ of a submitted instance (``run --detach``, :meth:`loopwright.Runtime.submit`), a
 instance whose runner died (these go ahead of the queue), the continuation of one whose held
 calls were all decided elsewhere, or a new segment for a resting one with mail. The lease is what
 keeps two workers (on one machine or many) from running one instance at once; a worker never
-waits for a lease, it moves on.
+waits for a lease, it moves on. An instance whose saved row cannot be loaded (malformed or
+tampered with) is quarantined, not retried: it is saved in state ``error`` with a
+``quarantined:`` error, and the worker goes on serving the others (one bad row never stops a
+fleet).
 
 Stopping (SIGTERM, or SIGINT/Ctrl-C): the worker takes no more work and waits up to ``--grace``
 for its segments to rest on their own. Segments still running then are stopped the way a crash
@@ -38,6 +41,7 @@ from loopwright.errors import (
     LeaseLostError,
     LoopwrightError,
     StoreUnavailableError,
+    UnloadableInstanceError,
 )
 
 if TYPE_CHECKING:
@@ -208,14 +212,7 @@ class Worker:
                 break
             if iid in self._active or iid in self._backoff:
                 continue
-            try:
-                picked = await self.rt.pick_up(iid)
-            except (InstanceNotFoundError, InstanceLockedError):
-                continue
-            except Exception as exc:  # noqa: BLE001 - one broken instance must not stop the worker
-                self._error(iid, exc)
-                self._backoff[iid] = time.monotonic() + max(_BACKOFF, self.poll)
-                continue
+            picked = await self._pick_up(iid)
             if picked is None:
                 continue
             run, why = picked
@@ -225,6 +222,31 @@ class Worker:
                        f"picked up {iid}: {why}")
             tg.start_soon(self._watch, run)
         return started
+
+    async def _pick_up(self, iid: str) -> tuple[AgentRun, str] | None:
+        """Pick up ``iid`` (:meth:`Runtime.pick_up`); ``None`` when there is nothing to do or it failed (reported)."""
+        try:
+            picked: tuple[AgentRun, str] | None = await self.rt.pick_up(iid)
+            return picked
+        except (InstanceNotFoundError, InstanceLockedError):
+            return None
+        except UnloadableInstanceError as exc:  # a bad row: quarantined, never retried by the fleet
+            self._quarantined(iid, exc)
+            return None
+        except Exception as exc:  # noqa: BLE001 - one broken instance must not stop the worker
+            self._error(iid, exc)
+            self._backoff[iid] = time.monotonic() + max(_BACKOFF, self.poll)
+            return None
+
+    def _quarantined(self, instance_id: str, exc: UnloadableInstanceError) -> None:
+        """Report a row that cannot be loaded (quarantined, or not when it could not be saved) and leave it alone."""
+        if exc.quarantined:
+            self._line({"event": "quarantined", "instanceId": instance_id, "reason": exc.reason, "at": now_iso()},
+                       f"quarantined {instance_id}: {exc.reason}")
+            self._note(f"worker: quarantined {instance_id} (state error): {safe_text(exc.reason, multiline=True)}")
+        else:
+            self._error(instance_id, exc)
+        self._backoff[instance_id] = time.monotonic() + max(_BACKOFF, self.poll)
 
     async def _watch(self, run: AgentRun) -> None:
         """Wait for the segment to rest, print its result and free its slot."""
