@@ -454,3 +454,37 @@ def test_a_url_naming_another_root_decides_nothing(tokened: tuple[str, Path]) ->
     records = httpx.get(f"{url}/v1/instances/{theirs}/records", params={"kind": "tool_call"},
                         headers=bearer("READER_TOKEN"), timeout=GUARD).json()
     assert records == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Deep JSON on every surface (issue 25, item 5)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/v1/instances", "/openai/v1/chat/completions", "/a2a/chat", "/agui/chat", "/mcp"])
+def test_a_deeply_nested_body_is_a_400_on_every_surface(tokened: tuple[str, Path], path: str) -> None:
+    """200,000 levels of arrays or objects: a 400 problem document at once, never a 500, nothing started."""
+    url, root = tokened
+    before = stored(root)
+    headers = {**bearer("ADMIN_TOKEN"), "Content-Type": "application/json",
+               "Accept": "application/json, text/event-stream"}
+    for body in (b"[" * 200_000, b'{"a":' * 100_000, b'{"jsonrpc": "2.0", "params": ' + b"[" * 200_000,
+                 b'["\\"' + b"[" * 200 + b'", ' + b"{" * 200_000):
+        started = time.monotonic()
+        response = httpx.post(f"{url}{path}", content=body, headers=headers, timeout=GUARD)
+        assert response.status_code == 400, (path, body[:40], response.status_code, response.text[:300])
+        assert "deep" in response.text, response.text[:300]
+        assert time.monotonic() - started < 10  # a guard: the check is linear, not a parse that blows up
+    assert stored(root) == before
+    assert httpx.get(f"{url}/healthz", timeout=GUARD).status_code == 200
+
+
+def test_a_body_nested_within_the_limit_is_not_refused_for_its_depth(tokened: tuple[str, Path]) -> None:
+    """The control: brackets inside strings do not count, and 100 real levels are only checked by the schema."""
+    url, _root = tokened
+    headers = {**bearer("ADMIN_TOKEN"), "Content-Type": "application/json"}
+    deep_inputs = {"definition": "chat", "prompt": "[" * 5000 + '\\"{' * 3000, "inputs": {"x": json.loads("[" * 100 + "]" * 100)}}
+    response = httpx.post(f"{url}/v1/instances", content=json.dumps(deep_inputs).encode(), headers=headers,
+                          timeout=GUARD)
+    assert "deep" not in response.text, response.text[:300]
+    assert response.status_code != 500, response.text[:300]

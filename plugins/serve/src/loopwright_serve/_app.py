@@ -6,6 +6,7 @@ import contextlib
 import importlib
 import logging
 import os
+import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 
     from loopwright_serve._surface import Surface
 
-__all__ = ["BodyLimit", "build_app", "load_surfaces"]
+__all__ = ["MAX_BODY_DEPTH", "BodyLimit", "JSONDepth", "build_app", "load_surfaces"]
 
 log = logging.getLogger("loopwright.serve")
 
@@ -157,14 +158,20 @@ class BodyLimit:
                 await self._too_large(size)(scope, receive, send)
                 return
         seen = 0
+        kind = dict(scope.get("headers") or ()).get(b"content-type", b"").lower()
+        depth = JSONDepth() if not kind or b"json" in kind else None
 
         async def bounded() -> Message:
             nonlocal seen
             message = await receive()
             if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
+                chunk = message.get("body", b"")
+                seen += len(chunk)
                 if seen > self.limit:
                     raise ProblemError(413, "Content Too Large", self._detail(), limit=self.limit)
+                if depth is not None and not depth.feed(chunk):
+                    raise ProblemError(400, "Malformed JSON", f"the request body nests objects and arrays more "
+                                       f"than {MAX_BODY_DEPTH} deep", limit=MAX_BODY_DEPTH)
             return message
 
         await self.app(scope, bounded, send)
@@ -175,3 +182,56 @@ class BodyLimit:
 
     def _too_large(self, size: int) -> Response:
         return problem(413, "Content Too Large", self._detail(size), limit=self.limit)
+
+
+#: The deepest nesting of objects and arrays a JSON request body may have (400 beyond). Tool
+#: arguments nest at most 64 deep (:data:`loopwright._arguments.MAX_ARGUMENT_DEPTH`), which leaves
+#: room for any surface's envelope around them.
+MAX_BODY_DEPTH = 128
+
+
+class JSONDepth:
+    """The nesting depth of a JSON text fed in chunks, counted in one linear pass without recursion.
+
+    Brackets inside strings (escapes included) do not count, so the count is the one a JSON parser
+    would reach; a text that is not JSON at all is left for the parser to refuse. Each byte costs
+    a constant, so any body is checked in time linear in its size and constant memory, before a
+    recursive parser could run out of stack on it.
+    """
+
+    __slots__ = ("_depth", "_escaped", "_in_string")
+
+    def __init__(self) -> None:
+        self._depth = 0
+        self._in_string = False
+        self._escaped = False
+
+    def feed(self, chunk: bytes) -> bool:
+        """Count ``chunk``; return False once the text has nested deeper than :data:`MAX_BODY_DEPTH`."""
+        depth, in_string = self._depth, self._in_string
+        skip = 0 if self._escaped else -1  # the index of a byte a backslash escapes
+        self._escaped = False
+        for found in _JSON_SPECIAL.finditer(chunk):  # only quotes, backslashes and brackets
+            at = found.start()
+            if at == skip:
+                continue
+            byte = chunk[at]
+            if in_string:
+                if byte == 0x5C:  # a backslash escapes the byte after it
+                    skip = at + 1
+                    self._escaped = skip == len(chunk)
+                elif byte == 0x22:
+                    in_string = False
+            elif byte == 0x22:
+                in_string = True
+            elif byte in (0x5B, 0x7B):  # [ {
+                depth += 1
+                if depth > MAX_BODY_DEPTH:
+                    return False
+            elif byte in (0x5D, 0x7D) and depth:
+                depth -= 1
+        self._depth, self._in_string = depth, in_string
+        return True
+
+
+_JSON_SPECIAL = re.compile(rb'["\\\[\]{}]')
