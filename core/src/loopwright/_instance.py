@@ -107,8 +107,8 @@ class _NotFast(Exception):  # noqa: N818 - a signal, not an error
 _ROLES: Final = frozenset(("system", "user", "assistant", "tool"))
 _STATUSES: Final = {s.value: s for s in ToolStatus}
 _MESSAGE_KEYS: Final = frozenset(("role", "content", "toolCalls", "toolCallId", "name", "status", "source",
-                                  "injected", "model", "providerData"))
-_CALL_KEYS: Final = frozenset(("id", "name", "arguments", "rawArguments", "injected"))
+                                  "injected", "model", "providerData", "toolCallWireId"))
+_CALL_KEYS: Final = frozenset(("id", "name", "arguments", "rawArguments", "injected", "wireId"))
 
 
 _PLAIN: Final = frozenset((str, type(None)))
@@ -119,11 +119,12 @@ def _fast_call(data: Any) -> ToolCall:
         raise _NotFast
     get = data.get
     call_id, name, arguments, raw = get("id"), get("name"), get("arguments", {}), get("rawArguments")
-    injected = get("injected", False)
+    injected, wire = get("injected", False), get("wireId")
     if (type(call_id) is not str or type(name) is not str or type(arguments) is not dict
-            or type(injected) is not bool or type(raw) not in _PLAIN):
+            or type(injected) is not bool or type(raw) not in _PLAIN or type(wire) not in _PLAIN):
         raise _NotFast
-    return ToolCall(id=call_id, name=name, arguments=dict(arguments), raw_arguments=raw, injected=injected)
+    return ToolCall(id=call_id, name=name, arguments=dict(arguments), raw_arguments=raw, injected=injected,
+                    wire_id=wire)
 
 
 def _fast_message(data: Any) -> Message:
@@ -131,10 +132,11 @@ def _fast_message(data: Any) -> Message:
     if type(data) is not dict or not _MESSAGE_KEYS.issuperset(data):
         raise _NotFast
     get = data.get
-    role, content, call_id, name, source, model = (get("role"), get("content"), get("toolCallId"), get("name"),
-                                                   get("source"), get("model"))
+    role, content, call_id, name, source, model, wire = (get("role"), get("content"), get("toolCallId"),
+                                                         get("name"), get("source"), get("model"),
+                                                         get("toolCallWireId"))
     if role not in _ROLES or not _PLAIN.issuperset((type(content), type(call_id), type(name), type(source),
-                                                    type(model))):
+                                                    type(model), type(wire))):
         raise _NotFast
     calls = get("toolCalls")
     if calls is None:
@@ -157,17 +159,20 @@ def _fast_message(data: Any) -> Message:
     if type(injected) is not bool:
         raise _NotFast
     return Message(role=role, content=content, tool_calls=tool_calls, tool_call_id=call_id, name=name,
-                   status=status, source=source, injected=injected, model=model, provider_data=provider_data)
+                   status=status, source=source, injected=injected, model=model, provider_data=provider_data,
+                   tool_call_wire_id=wire)
 
 
 def _tool_result(data: dict[str, Any]) -> Message | None:
-    """``{"role": "tool", "content", "toolCallId", "name", "status"}`` as loopwright writes a tool result."""
+    """``{"role": "tool", "content", "toolCallId", "name", "status"[, "toolCallWireId"]}`` as loopwright writes a tool result."""
     content, call_id, name = data["content"], data["toolCallId"], data["name"]
     status = _STATUSES.get(data["status"]) if type(data["status"]) is str else None
+    wire = data.get("toolCallWireId")
     if (data["role"] != "tool" or status is None or type(content) is not str or type(call_id) is not str
-            or type(name) is not str):
+            or type(name) is not str or type(wire) not in _PLAIN):
         return None
-    return Message(role="tool", content=content, tool_call_id=call_id, name=name, status=status)
+    return Message(role="tool", content=content, tool_call_id=call_id, name=name, status=status,
+                   tool_call_wire_id=wire)
 
 
 def _call_request(data: dict[str, Any]) -> Message | None:
@@ -177,21 +182,23 @@ def _call_request(data: dict[str, Any]) -> Message | None:
         return None
     built = []
     for c in calls:
-        if type(c) is not dict or tuple(c) != _CALL_SHAPE:
+        if type(c) is not dict or tuple(c) not in _CALL_SHAPES:
             return None
-        call_id, name, arguments = c["id"], c["name"], c["arguments"]
-        if type(call_id) is not str or type(name) is not str or type(arguments) is not dict:
+        call_id, name, arguments, wire = c["id"], c["name"], c["arguments"], c.get("wireId")
+        if type(call_id) is not str or type(name) is not str or type(arguments) is not dict or type(wire) not in _PLAIN:
             return None
-        built.append(ToolCall(id=call_id, name=name, arguments=dict(arguments)))
+        built.append(ToolCall(id=call_id, name=name, arguments=dict(arguments), wire_id=wire))
     return Message(role="assistant", tool_calls=tuple(built), model=model)
 
 
-#: The key order of ToolCall's JSON as loopwright writes it, for a call without raw arguments.
-_CALL_SHAPE: Final = ("id", "name", "arguments")
+#: The key orders of ToolCall's JSON as loopwright writes it, for a call without raw arguments
+#: (with the provider's id since issue 25, without it before).
+_CALL_SHAPES: Final = frozenset((("id", "name", "arguments"), ("id", "name", "arguments", "wireId")))
 #: Builders for the commonest messages, by the exact key order loopwright writes them in; each
 #: checks every value's type and returns ``None`` (the general path decides) for anything else.
 _SHAPES: Final = {
     ("role", "content", "toolCallId", "name", "status"): _tool_result,
+    ("role", "content", "toolCallId", "name", "status", "toolCallWireId"): _tool_result,
     ("role", "toolCalls", "model"): _call_request,
 }
 

@@ -118,11 +118,17 @@ class ToolCall:
     """A call the model asked for (or an injected one from ``initialPrompts``).
 
     Attributes:
-        id: The provider's call id, unique within the instance.
+        id: The call's id in the instance. Once a model's answer is saved, this is the
+            runtime's own id (``lw-TURN-INDEX``: URL-safe, unique in the instance, so a model
+            that repeats an id cannot make two calls share one address); a provider's answer
+            carries the provider's id here until the runtime renames it.
         name: The tool name the model used (maybe one that does not exist).
         arguments: The parsed arguments; empty when they could not be parsed.
         raw_arguments: The arguments as the model wrote them, when they were not valid JSON.
         injected: Whether the call came from the definition's ``initialPrompts``.
+        wire_id: The provider's id for the call, when the runtime gave it its own ``id``: what
+            a provider sends back on the wire (:attr:`provider_id`). ``None`` in data saved
+            before runtime ids (issue 25), where ``id`` is the provider's.
     """
 
     id: str
@@ -130,6 +136,12 @@ class ToolCall:
     arguments: Mapping[str, Any] = attrs.field(factory=dict)
     raw_arguments: str | None = None
     injected: bool = False
+    wire_id: str | None = None
+
+    @property
+    def provider_id(self) -> str:
+        """The id a provider puts on the wire for this call: :attr:`wire_id`, else :attr:`id`."""
+        return self.wire_id if self.wire_id is not None else self.id
 
 
 @attrs.frozen(kw_only=True)
@@ -149,6 +161,9 @@ class Message:
         provider_data: Opaque, JSON-ready data a provider must get back with this message on
             later calls (for example signed reasoning blocks), saved with the transcript.
             Providers should key it by their kind (``{"anthropic": {...}}``).
+        tool_call_wire_id: For ``tool`` messages, the provider's id of the call answered
+            (its :attr:`ToolCall.wire_id`), when the runtime gave the call its own id;
+            ``None`` otherwise. See :attr:`provider_call_id`.
     """
 
     role: Role
@@ -161,6 +176,12 @@ class Message:
     injected: bool = False
     model: str | None = None
     provider_data: Mapping[str, Any] | None = None
+    tool_call_wire_id: str | None = None
+
+    @property
+    def provider_call_id(self) -> str | None:
+        """For ``tool`` messages, the call id a provider puts on the wire: the provider's, else ``tool_call_id``."""
+        return self.tool_call_wire_id if self.tool_call_wire_id is not None else self.tool_call_id
 
 
 class Transcript(Sequence[Message]):

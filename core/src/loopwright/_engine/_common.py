@@ -130,7 +130,7 @@ def tool_message(item: Call) -> Message:
     r = item.result
     assert r is not None  # noqa: S101
     return Message(role="tool", tool_call_id=r.tool_call_id, name=r.name, content=r.content, status=r.status,
-                   injected=item.call.injected)
+                   injected=item.call.injected, tool_call_wire_id=item.call.wire_id)
 
 
 def take_decisions(inst: Instance) -> list[PendingApproval]:

@@ -121,8 +121,10 @@ class Mailbox:
         awaiting = inst.header.awaiting_answer or {}
         del inst.header.awaiting_answer
         call_id = awaiting.get("toolCallId")
+        wire = next((c.wire_id for m in reversed(inst.transcript) if m.role == "assistant"
+                     for c in m.tool_calls if c.id == call_id), None)
         message = Message(role="tool", tool_call_id=call_id, name="ask_user", content=text,
-                          status=ToolStatus.SUCCESS)
+                          status=ToolStatus.SUCCESS, tool_call_wire_id=wire)
         await self.journal.add_message(run, message)
         self.journal.record(inst, "tool_call", {"turn": inst.turn, "toolCallId": call_id, "tool": "ask_user",
                                                 "status": ToolStatus.SUCCESS.value, "answered": True})

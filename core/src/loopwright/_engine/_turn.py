@@ -9,6 +9,7 @@ store before the next begins.
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -134,8 +135,8 @@ class Turns:
                 raise _blocked(outcome.stop, outcome.stopped_by)
         message = response.message
         calls = message.tool_calls
-        if calls and (len(calls) != len({c.id for c in calls}) or not all(c.id for c in calls)):
-            calls = _unique_ids(calls, turn)
+        if calls:
+            calls = _runtime_ids(calls, turn)
         if calls and any(c.raw_arguments is None and argument_problem(c.arguments) for c in calls):
             calls = _strict_arguments(calls)
         if message.role != "assistant" or message.model != served or calls is not message.tool_calls:
@@ -186,15 +187,24 @@ def _blocked(block: Block, plugin: str | None) -> SegmentEnd:
                       failure=HookBlockedError(hook=plugin or "?", reason=block.reason))
 
 
-def _unique_ids(calls: Sequence[ToolCall], turn: int) -> tuple[ToolCall, ...]:
-    """Give each call without an id, or with one used before in the reply, the id ``call_<turn>_<index>``."""
+def _runtime_ids(calls: Sequence[ToolCall], turn: int) -> tuple[ToolCall, ...]:
+    """Give each call the runtime's own id, ``lw-TURN-INDEX-RANDOM``, and keep the provider's as its ``wire_id``.
+
+    A model may repeat a call id, within a reply or across turns (issue 25): the runtime's id is
+    unique in the instance (the random part keeps it so after a rewind reuses turn numbers) and
+    URL-safe, so every surface can name the call, and a decision names one call only. The
+    provider's id goes back on the wire, where providers pair calls and results; a call without
+    one, or with one used before in the reply, has none (the runtime's id goes on the wire).
+    """
+    tag = secrets.token_hex(3)
     seen: set[str] = set()
     out = []
     for k, c in enumerate(calls):
-        if not c.id or c.id in seen:
-            c = attrs.evolve(c, id=f"call_{turn}_{k}")  # noqa: PLW2901
-        seen.add(c.id)
-        out.append(c)
+        wire = c.wire_id if c.wire_id is not None else c.id
+        fresh = bool(wire) and wire not in seen
+        seen.add(wire)
+        out.append(ToolCall(id=f"lw-{turn}-{k}-{tag}", name=c.name, arguments=c.arguments,
+                            raw_arguments=c.raw_arguments, injected=c.injected, wire_id=wire if fresh else None))
     return tuple(out)
 
 
@@ -205,6 +215,7 @@ def _strict_arguments(calls: Sequence[ToolCall]) -> tuple[ToolCall, ...]:
     without recursing, and the call gets ``invalid_arguments``.
     """
     return tuple(
-        ToolCall(id=c.id, name=c.name, arguments={}, raw_arguments=dumps_for_raw(c.arguments), injected=c.injected)
+        ToolCall(id=c.id, name=c.name, arguments={}, raw_arguments=dumps_for_raw(c.arguments), injected=c.injected,
+                 wire_id=c.wire_id)
         if c.raw_arguments is None and argument_problem(c.arguments) else c
         for c in calls)

@@ -228,10 +228,10 @@ class MessageEncoder:
             blocks = _text_block(message.content)
             calls = message.tool_calls
             if calls:
-                blocks = self.thinking.get(calls[0].id) + blocks + tuple(_encode_tool_use(c) for c in calls)
+                blocks = self.thinking.get(calls[0].provider_id) + blocks + tuple(_encode_tool_use(c) for c in calls)
             return "assistant", blocks
         if role == "tool":
-            block: dict[str, Any] = {"type": "tool_result", "tool_use_id": wire_id(message.tool_call_id or "")}
+            block: dict[str, Any] = {"type": "tool_result", "tool_use_id": wire_id(message.provider_call_id or "")}
             if message.content:
                 block["content"] = message.content
             block["is_error"] = message.status is not None and message.status != "success"
@@ -241,7 +241,7 @@ class MessageEncoder:
 
 def _encode_tool_use(call: ToolCall) -> str:
     arguments: Any = {} if call.raw_arguments is not None else call.arguments
-    return _dumps({"type": "tool_use", "id": wire_id(call.id), "name": call.name, "input": arguments})
+    return _dumps({"type": "tool_use", "id": wire_id(call.provider_id), "name": call.name, "input": arguments})
 
 
 def encode_messages(messages: Sequence[Message], encoder: MessageEncoder) -> list[tuple[str, tuple[str, ...]]]:

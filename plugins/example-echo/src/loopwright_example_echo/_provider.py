@@ -128,12 +128,12 @@ def encode_message(message: Message) -> str:
     out: dict[str, Any] = {"role": message.role, "content": message.content}
     if message.tool_calls:
         out["toolCalls"] = [
-            {"id": call.id, "name": call.name,
+            {"id": call.provider_id, "name": call.name,
              # What the model wrote, when it was not valid JSON: the model sees its own mistake.
              "arguments": call.raw_arguments if call.raw_arguments is not None else _json(call.arguments)}
             for call in message.tool_calls]
     if message.role == "tool":
-        out["toolCallId"] = message.tool_call_id
+        out["toolCallId"] = message.provider_call_id
         out["name"] = message.name
     return _json(out)
 

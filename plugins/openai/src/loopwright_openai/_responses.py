@@ -82,12 +82,12 @@ def encode_items(message: Message) -> str:
     """Return the input items of one message as JSON text, comma-separated (no brackets)."""
     role = message.role
     if role == "tool":
-        return _dumps({"type": "function_call_output", "call_id": message.tool_call_id or "",
+        return _dumps({"type": "function_call_output", "call_id": message.provider_call_id or "",
                        "output": message.content or ""})
     if role == "assistant" and message.tool_calls:
         items = [{"role": "assistant", "content": message.content}] if message.content else []
         items += [
-            {"type": "function_call", "call_id": call.id, "name": call.name,
+            {"type": "function_call", "call_id": call.provider_id, "name": call.name,
              "arguments": call.raw_arguments if call.raw_arguments is not None else _dumps(call.arguments)}
             for call in message.tool_calls
         ]

@@ -177,7 +177,7 @@ def encode_message(
             }
         return {"role": "assistant", "content": message.content or ""}
     if role == "tool":
-        call_id = message.tool_call_id or ""
+        call_id = message.provider_call_id or ""  # the provider's id, which pairs with its call's
         return {"role": "tool", "tool_call_id": short_call_id(call_id) if short_ids else call_id,
                 "content": message.content or ""}
     return {"role": role, "content": message.content or ""}
@@ -185,7 +185,8 @@ def encode_message(
 
 def _encode_tool_call(call: ToolCall, *, short_ids: bool = False) -> dict[str, Any]:
     arguments = call.raw_arguments if call.raw_arguments is not None else _dumps(call.arguments)
-    return {"id": short_call_id(call.id) if short_ids else call.id, "type": "function",
+    wire = call.provider_id
+    return {"id": short_call_id(wire) if short_ids else wire, "type": "function",
             "function": {"name": call.name, "arguments": arguments}}
 
 
@@ -227,12 +228,12 @@ def split_tool_calls(messages: Sequence[Message]) -> list[Message]:
             i += 1
         by_id: dict[str, list[Message]] = {}
         for result in results:
-            by_id.setdefault(result.tool_call_id or "", []).append(result)
+            by_id.setdefault(result.provider_call_id or "", []).append(result)
         for k, call in enumerate(message.tool_calls):
             out.append(Message(role="assistant", content=message.content if k == 0 else None,
                                tool_calls=(call,), model=message.model))
-            out.extend(by_id.pop(call.id, ()))
-        out.extend(r for r in results if (r.tool_call_id or "") in by_id)
+            out.extend(by_id.pop(call.provider_id, ()))
+        out.extend(r for r in results if (r.provider_call_id or "") in by_id)
     return out
 
 
