@@ -10,6 +10,7 @@ import inspect
 import itertools
 import json
 import os
+import re
 import pty
 import select
 import signal
@@ -35,6 +36,7 @@ __all__ = [
     "entries_path",
     "make_runtime",
     "reply",
+    "runtime_id",
     "run_to_rest",
     "tool_messages",
 ]
@@ -172,9 +174,30 @@ def tool_messages(transcript: Sequence[Message]) -> list[Message]:
 
 
 def result_for(transcript: Sequence[Message], call_id: str) -> Message:
-    """Return the tool message answering ``call_id`` (exactly one must exist)."""
-    found = [m for m in transcript if m.role == "tool" and m.tool_call_id == call_id]
+    """Return the tool message answering the call the model named ``call_id`` (exactly one must exist)."""
+    found = [m for m in transcript if m.role == "tool" and m.provider_call_id == call_id]
     assert len(found) == 1, f"{len(found)} results for {call_id}: {found}"
+    return found[0]
+
+
+RUNTIME_ID = re.compile(r"^lw-\d+-\d+-[0-9a-f]{6}$")
+"""The shape of the runtime's own id for a tool call: ``lw-TURN-INDEX-RANDOM6HEX``."""
+
+
+def runtime_id(source: Sequence[Message] | Sequence[ToolCall], wire_id: str) -> str:
+    """Return the runtime's id of the call the model named ``wire_id`` (exactly one must exist).
+
+    ``source`` is a transcript (the calls of its assistant messages are searched) or calls.
+    """
+    calls: list[ToolCall] = []
+    for item in source:
+        if isinstance(item, ToolCall):
+            calls.append(item)
+        elif item.role == "assistant":
+            calls.extend(item.tool_calls)
+    found = [c.id for c in calls if c.provider_id == wire_id]
+    assert len(found) == 1, f"{len(found)} calls named {wire_id}: {calls}"
+    assert RUNTIME_ID.match(found[0]), found[0]
     return found[0]
 
 

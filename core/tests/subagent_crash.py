@@ -105,8 +105,8 @@ async def main(tmp: str) -> None:
         while True:  # until the parent waits in await_agent and the child's block call has started
             header = await rt.store.read_header(run.instance_id)
             children = header.get("children") or []
-            waiting = any(e.get("t") == "start" and e.get("id") == "wait"
-                          for e in await rt.store.read_entries(run.instance_id))
+            # The second call started is await_agent (the runtime renames the model's "wait").
+            waiting = sum(e.get("t") == "start" for e in await rt.store.read_entries(run.instance_id)) >= 2
             if children and waiting and any(e.get("t") == "start" for e in await rt.store.read_entries(children[0])):
                 break
             await anyio.sleep(0.02)

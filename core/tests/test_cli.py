@@ -24,8 +24,9 @@ from typing import Any
 
 import attrs
 import pytest
-from helpers import in_terminal
+from helpers import in_terminal, runtime_id
 
+import loopwright
 from loopwright._plugins import BUILTIN_PLUGINS, ENTRY_POINT_GROUP
 
 FIXTURES = Path(__file__).with_name("cli_fixtures")
@@ -102,6 +103,7 @@ EARLY: dict[str, tuple[str, ...]] = {
     "approve": ("run", "--json", "agents/approve.yaml"),
     "approve-text": ("run", "agents/approve.yaml"),
     "deny": ("run", "agents/approve.yaml", "--json"),
+    "approve-digest": ("run", "--json", "agents/approve.yaml"),
     "chat-for-message": ("run", "agents/chat.yaml", "--json"),
     "chat-for-cancel": ("run", "agents/chat.yaml", "--json"),
     "show-unknown": ("show", "no-such-instance"),
@@ -299,6 +301,25 @@ def test_validate_invalid_files_prints_each_problem_and_exits_2(early: dict[str,
 # ---------------------------------------------------------------------------------------------
 
 
+def call_id(project: Path, instance_id: str, model_id: str) -> str:
+    """Return the runtime's id of the call the model named ``model_id`` in the instance's saved transcript."""
+    entries = (project / "store" / instance_id / "entries.jsonl").read_text().splitlines()
+    calls = [loopwright.ToolCall(id=c["id"], name=c["name"], arguments=c.get("arguments", {}),
+                                 wire_id=c.get("wireId"))
+             for line in entries if (entry := json.loads(line)).get("t") == "msg"
+             for c in entry["m"].get("toolCalls", [])]
+    return runtime_id(calls, model_id)
+
+
+def held_call(project: Path, instance_id: str, model_id: str) -> tuple[str, dict[str, Any]]:
+    """Return the runtime's id of the call the model named ``model_id``, held now, and its saved pending entry."""
+    call = call_id(project, instance_id, model_id)
+    header = json.loads((project / "store" / instance_id / "instance.json").read_text())
+    pending = [p for p in header["pendingApprovals"] if p["toolCallId"] == call]
+    assert len(pending) == 1, header["pendingApprovals"]
+    return call, pending[0]
+
+
 @pytest.fixture(scope="module")
 def approved(early: dict[str, Future[Done]], project: Path) -> tuple[Done, Done]:
     held = first(early, "approve")
@@ -306,13 +327,22 @@ def approved(early: dict[str, Future[Done]], project: Path) -> tuple[Done, Done]
     return held, lw(project, "approve", held.json()["instanceId"])
 
 
-def test_requires_approval_exits_3_with_pending_approvals(approved: tuple[Done, Done]) -> None:
-    """A call to a tool with requires_approval holds the run: exit 3, pendingApprovals in --json."""
-    held, _ = approved
+def test_requires_approval_exits_3_with_pending_approvals(approved: tuple[Done, Done], project: Path) -> None:
+    """A call to a tool with requires_approval holds the run: exit 3, pendingApprovals in --json.
+
+    The held call goes by the runtime's id of the model's ``call_del``, with the digest a decision must carry.
+    """
+    held, done = approved
     data = held.json()
     assert (data["state"], data["stopReason"]) == ("waiting_for_approval", "waiting_for_approval")
+    iid = data["instanceId"]
+    call = call_id(project, iid, "call_del")
     assert [(p["toolCallId"], p["tool"], p["arguments"]) for p in data["pendingApprovals"]] == [
-        ("call_del", "delete", {"path": "old/notes.txt"})]
+        (call, "delete", {"path": "old/notes.txt"})]
+    (pending,) = data["pendingApprovals"]
+    assert re.fullmatch(r"[0-9a-f]{64}", pending["digest"]), pending
+    # The digest shown is the one the decision was bound to (`approve` prints what it decided).
+    assert f'approved: {call} delete {{"path": "old/notes.txt"}} (in {iid}; digest {pending["digest"]})' in done.err
 
 
 def test_approve_in_a_new_process_continues_to_rest(approved: tuple[Done, Done]) -> None:
@@ -324,12 +354,14 @@ def test_approve_in_a_new_process_continues_to_rest(approved: tuple[Done, Done])
     assert "turn 1: delete -> success" in done.err
 
 
-def test_run_text_output_says_how_to_approve(early: dict[str, Future[Done]]) -> None:
-    """Without --json a held run lists the calls with ids and arguments and the approve command."""
+def test_run_text_output_says_how_to_approve(early: dict[str, Future[Done]], project: Path) -> None:
+    """Without --json a held run lists the calls with ids, arguments and digests, and the approve command."""
     done = first(early, "approve-text")
     assert done.code == 3
     iid = done.status()["id"]
-    assert 'call_del  delete {"path": "old/notes.txt"}' in done.out
+    call, pending = held_call(project, iid, "call_del")
+    assert f'\n  {call}  delete {{"path": "old/notes.txt"}}\n      digest {loopwright.approval_digest(pending)}\n' \
+        in done.out
     assert f"approve with: loopwright approve {iid}" in done.out
     assert "turn 1: delete waits for approval" in done.err
 
@@ -339,12 +371,43 @@ def test_deny_with_a_reason_gives_the_model_a_denied_result(early: dict[str, Fut
     held = first(early, "deny")
     assert held.code == 3
     iid = held.json()["instanceId"]
-    done = lw(project, "deny", iid, "--call", "call_del", "--reason", "too risky", "--json")
+    call, _pending = held_call(project, iid, "call_del")
+    done = lw(project, "deny", iid, "--call", call, "--reason", "too risky", "--json")
     assert done.code == 0, done.err
     assert done.json()["text"] == "result: denied: too risky"
     again = lw(project, "approve", iid)
     assert again.code == 2
     assert f"instance {iid} is waiting, not waiting for approval" in again.err
+
+
+def test_approve_with_a_wrong_digest_runs_nothing_and_the_right_one_runs_the_call(
+        early: dict[str, Future[Done]], project: Path) -> None:
+    """`approve ID --call CALL --digest WRONG` exits 2 naming the current digest and decides and runs nothing;
+    `--digest` with the digest shown runs the call and follows the instance to rest."""
+    held = first(early, "approve-digest")
+    assert held.code == 3, held.err
+    iid = held.json()["instanceId"]
+    call, pending = held_call(project, iid, "call_del")
+    digest = loopwright.approval_digest(pending)
+    assert held.json()["pendingApprovals"][0]["digest"] == digest
+    wrong = "0" * 64
+    refused = lw(project, "approve", iid, "--call", call, "--digest", wrong)
+    assert refused.code == 2, refused
+    assert f"digest {digest}, not the digest {wrong}" in refused.err
+    assert "nothing was decided" in refused.err
+    assert refused.out == ""
+    shown = lw(project, "show", iid, "--json").json()
+    assert shown["state"] == "waiting_for_approval"
+    assert [(p["toolCallId"], p["decision"], p["digest"]) for p in shown["pendingApprovals"]] == [
+        (call, None, digest)]
+    assert lw(project, "records", iid, "--kind", "tool_call", "--json").out == ""  # the call never ran
+    done = lw(project, "approve", iid, "--call", call, "--digest", digest)
+    assert done.code == 0, done.err
+    assert done.out == "result: deleted old/notes.txt\n"
+    assert f'approved: {call} delete {{"path": "old/notes.txt"}} (in {iid}; digest {digest})' in done.err
+    records = lw(project, "records", iid, "--kind", "tool_call", "--json")
+    (ran,) = [json.loads(line) for line in records.out.splitlines()]
+    assert (ran["data"]["toolCallId"], ran["data"]["status"]) == (call, "success")
 
 
 def test_message_continues_a_waiting_instance_in_a_new_process(early: dict[str, Future[Done]],

@@ -27,7 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import in_terminal
+from helpers import in_terminal, runtime_id
+
+import loopwright
 
 #: Generous hang guards only; no test asserts how fast anything is.
 TIMEOUT = 120
@@ -177,6 +179,21 @@ class Project:
         assert len(found) == 1, [h["name"] for h in self.headers()]
         return found[0]
 
+    def call_id(self, name: str, model_id: str) -> str:
+        """Return the runtime's id of the call the model named ``model_id`` in instance ``name``'s transcript."""
+        folder = self.root / "store" / self.header(name)["instanceId"]
+        calls = [loopwright.ToolCall(id=c["id"], name=c["name"], arguments=c.get("arguments", {}),
+                                     wire_id=c.get("wireId"))
+                 for line in (folder / "entries.jsonl").read_text().splitlines()
+                 if (entry := json.loads(line)).get("t") == "msg"
+                 for c in entry["m"].get("toolCalls", [])]
+        return runtime_id(calls, model_id)
+
+    def digest(self, name: str) -> str:
+        """Return the digest of the one call instance ``name`` holds (computed from its saved entry)."""
+        (pending,) = self.header(name)["pendingApprovals"]
+        return loopwright.approval_digest(pending)
+
     def touched(self, name: str) -> int:
         path = self.root / f"touched-{name}"
         return len(path.read_text().splitlines()) if path.exists() else 0
@@ -258,10 +275,14 @@ def test_deciding_a_call_that_no_longer_waits_is_an_error(project: Project) -> N
 def test_approve_subtree_decides_every_call_and_prints_them(project: Project) -> None:
     """``approve ROOT --subtree`` decides both held calls (printing each with its holder) and the root finishes."""
     root, calls = _held(project)
+    ids = {name: project.header(name)["instanceId"] for name in ("middle", "grand", "holder")}
+    digests = {name: project.digest(name) for name in ("grand", "holder")}
     done = project.cli("approve", root, "--subtree")
     assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
-    assert f"approved: {calls['grand']} touch (in root {root} > middle" in done.stderr
-    assert f"approved: {calls['holder']} touch (in root {root} > holder" in done.stderr
+    assert (f'approved: {calls["grand"]} touch {{"name": "G"}} (in root {root} > middle {ids["middle"]} > '
+            f'grand {ids["grand"]}; digest {digests["grand"]})') in done.stderr
+    assert (f'approved: {calls["holder"]} touch {{"name": "A"}} (in root {root} > holder {ids["holder"]}; '
+            f'digest {digests["holder"]})') in done.stderr
     assert (project.touched("A"), project.touched("G")) == (1, 1)
     assert project.header("root")["text"] == "root done"
 
@@ -283,10 +304,14 @@ def test_deny_subtree_denies_every_call_and_the_root_finishes(project: Project) 
     both = project.cli("deny", root, "--subtree", "--call", calls["grand"])
     assert both.returncode == 2, both.stderr
     assert "give --call or --subtree, not both" in both.stderr
+    ids = {name: project.header(name)["instanceId"] for name in ("middle", "grand", "holder")}
+    digests = {name: project.digest(name) for name in ("grand", "holder")}
     done = project.cli("deny", root, "--subtree", "--reason", "not today")
     assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
-    assert f"denied: {calls['grand']} touch (in root {root} > middle" in done.stderr
-    assert f"denied: {calls['holder']} touch (in root {root} > holder" in done.stderr
+    assert (f'denied: {calls["grand"]} touch {{"name": "G"}} (in root {root} > middle {ids["middle"]} > '
+            f'grand {ids["grand"]}; digest {digests["grand"]})') in done.stderr
+    assert (f'denied: {calls["holder"]} touch {{"name": "A"}} (in root {root} > holder {ids["holder"]}; '
+            f'digest {digests["holder"]})') in done.stderr
     assert project.touched("A") == project.touched("G") == 0
     for holder in ("holder", "grand"):
         records = project.cli("records", project.header(holder)["instanceId"], "--kind", "tool_call")
@@ -395,9 +420,11 @@ def test_a_decision_records_the_digest_of_the_call(project: Project) -> None:
     done = project.cli("run", "pair", "-p", "go")
     assert done.returncode == 3, done.stderr
     iid = project.header("pair")["instanceId"]
-    decided = project.cli("approve", iid, "--call", "pair-0-0")
+    p1, p2 = project.call_id("pair", "pair-0-0"), project.call_id("pair", "pair-0-1")
+    decided = project.cli("approve", iid, "--call", p1)
     assert decided.returncode == 3, decided.stderr
     first, second = project.header("pair")["pendingApprovals"]
+    assert (first["toolCallId"], second["toolCallId"]) == (p1, p2)
     assert first["decision"] == "approved"
     assert first["decisionDigest"] == hashlib.sha256(b'{"arguments":{"name":"P1"},"name":"touch"}').hexdigest()
     assert second.get("decision") is None
@@ -405,7 +432,7 @@ def test_a_decision_records_the_digest_of_the_call(project: Project) -> None:
     assert project.touched("P1") == 0  # the turn goes on once both are decided
     valid = project.cli("validate", str(project.root / "store" / iid / "instance.json"))
     assert valid.returncode == 0, valid.stdout
-    assert project.cli("approve", iid, "--call", "pair-0-1").returncode == 0
+    assert project.cli("approve", iid, "--call", p2).returncode == 0
     assert (project.touched("P1"), project.touched("P2")) == (1, 1)
 
 

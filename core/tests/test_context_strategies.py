@@ -9,7 +9,7 @@ from typing import Any
 
 import anyio
 import pytest
-from helpers import Harness, call, defn, entries_path, make_runtime, records_of, reply, run_to_rest
+from helpers import Harness, call, defn, entries_path, make_runtime, records_of, reply, run_to_rest, runtime_id
 
 import loopwright
 from loopwright import Block, HeaderFields, Message, ModelRequest, PluginSpec, State, ToolStatus, Usage, hookimpl
@@ -79,17 +79,22 @@ async def test_compact_summarises_the_middle_and_the_next_call_gets_the_new_tran
     assert asked[0].content == DEFAULT_COMPACT_PROMPT
     text = rendered(asked)
     assert "[user]\ngo" in text
-    assert "calls the tool echo (call a1)" in text
+    a1 = runtime_id(h.sent[1], "a1")  # compacting took the call out of the transcript
+    assert f"calls the tool echo (call {a1})" in text
     assert "echo 1 echo 1" in text
+    b1 = runtime_id(run.inst.transcript, "b1")
     assert "b1" not in text  # the kept tail is not summarised
+    assert b1 not in text
     assert h.requests[2].tools == ()
     sent = h.sent[3]
     assert [m.role for m in sent] == ["system", "user", "assistant", "tool"]
     assert sent[0].content == "You echo."
     assert sent[1].content == f"{SUMMARY_PREFIX}\n\nThe user asked for echoes; 1 was echoed."
     assert sent[1].source == "runtime"
-    assert sent[2].tool_calls[0].id == "b1"
-    assert sent[3].tool_call_id == "b1"
+    assert sent[2].tool_calls[0].id == b1
+    assert sent[2].tool_calls[0].provider_id == "b1"
+    assert sent[3].tool_call_id == b1
+    assert sent[3].provider_call_id == "b1"
     assert list(run.inst.transcript)[:4] == sent
 
 
@@ -97,11 +102,14 @@ async def test_compact_never_orphans_tool_results(tmp_path: Path) -> None:
     """keepLast 1 would keep only the last result of a parallel turn: the tail grows back to its call."""
     h = Harness(*two_turns(parallel=True), summary(), reply("done"), tools=[echo])
     async with make_runtime(tmp_path, h) as rt:
-        await run_to_rest(rt, agent(compact(keepLast=1)))
+        run, _ = await run_to_rest(rt, agent(compact(keepLast=1)))
     sent = h.sent[3]
     assert [m.role for m in sent] == ["system", "user", "assistant", "tool", "tool"]
-    assert [c.id for c in sent[2].tool_calls] == ["b1", "b2"]
-    assert [m.tool_call_id for m in sent[3:]] == ["b1", "b2"]
+    ids = [runtime_id(run.inst.transcript, "b1"), runtime_id(run.inst.transcript, "b2")]
+    assert [c.id for c in sent[2].tool_calls] == ids
+    assert [c.provider_id for c in sent[2].tool_calls] == ["b1", "b2"]
+    assert [m.tool_call_id for m in sent[3:]] == ids
+    assert [m.provider_call_id for m in sent[3:]] == ["b1", "b2"]
     assert all(m.status is ToolStatus.SUCCESS for m in sent[3:])
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 import attrs
 import pytest
-from helpers import Harness, call, defn, make_runtime, records_of, reply, result_for, run_to_rest
+from helpers import Harness, call, defn, make_runtime, records_of, reply, result_for, run_to_rest, runtime_id
 
 import loopwright
 from loopwright import (
@@ -297,10 +297,10 @@ async def test_before_tool_call_respond_gives_success_without_running_the_tool(t
 
 async def test_before_tool_call_require_approval_holds_the_call(tmp_path: Path) -> None:
     """RequireApproval from a hook holds the call with the hook's reason, like a tool that requires approval."""
-    _run, result, records, ran = await one_add_turn(tmp_path, ToolHook(lambda *_: RequireApproval("big sum")))
+    run, result, records, ran = await one_add_turn(tmp_path, ToolHook(lambda *_: RequireApproval("big sum")))
     assert result.state is State.WAITING_FOR_APPROVAL
     (pending,) = result.pending_approvals
-    assert (pending.tool_call_id, pending.reason) == ("c", "big sum")
+    assert (pending.tool_call_id, pending.reason) == (runtime_id(run.inst.transcript, "c"), "big sum")
     assert ran == []
     assert records[0]["decision"] == "RequireApproval"
 
@@ -481,7 +481,7 @@ async def test_every_decision_is_written_as_a_hook_record(tmp_path: Path) -> Non
         @hookimpl
         def loopwright_before_tool_call(self, call: loopwright.ToolCall) -> Any:
             return {"m": ModifyInputs({"a": 5, "b": 5}), "b": Block("no"), "r": Respond("r"),
-                    "q": RequireApproval("ask")}[call.id]
+                    "q": RequireApproval("ask")}[call.provider_id]
 
     add = make_add()
     calls = [call("add", i, a=1, b=1) for i in ("m", "b", "r", "q")]
@@ -999,8 +999,9 @@ async def test_host_hooks_wrap_definition_hooks(tmp_path: Path, guardrail_module
     add = make_add()
     h = Harness(reply(None, call("add", "c", a=1, b=1)), reply("done"), tools=[add])
     async with make_runtime(tmp_path, h, Host(), Named(guardrail_module)) as rt:
-        await run_to_rest(rt, defn(tools=[add], hooks=("guard_hooks",)))
-    assert log == [("host-before", "c"), ("hook", "c"), ("after", "c"), ("host-after", "c")]
+        run, _ = await run_to_rest(rt, defn(tools=[add], hooks=("guard_hooks",)))
+    c = runtime_id(run.inst.transcript, "c")
+    assert log == [("host-before", c), ("hook", c), ("after", c), ("host-after", c)]
 
 
 async def test_definition_hooks_may_not_name_files(tmp_path: Path) -> None:

@@ -11,7 +11,19 @@ from pathlib import Path
 
 import anyio
 import pytest
-from helpers import Harness, call, defn, make_runtime, raw_call, records_of, reply, result_for, run_to_rest
+from helpers import (
+    RUNTIME_ID,
+    Harness,
+    call,
+    defn,
+    make_runtime,
+    raw_call,
+    records_of,
+    reply,
+    result_for,
+    run_to_rest,
+    runtime_id,
+)
 
 import loopwright
 from loopwright import (
@@ -112,7 +124,8 @@ async def test_ask_user_waits_and_the_next_api_message_is_its_answer(tmp_path: P
         assert not [m for m in run.inst.transcript if m.role == "user" and m.content == "blue"]
         last_request = h.sent[-1]
         assert last_request[-1].role == "tool"
-        assert last_request[-1].tool_call_id == "q1"
+        assert last_request[-1].tool_call_id == runtime_id(run.inst.transcript, "q1")
+        assert last_request[-1].provider_call_id == "q1"
 
 
 @pytest.mark.parametrize("source", ["agent", "runtime"])
@@ -155,16 +168,18 @@ async def test_call_needing_approval_holds_only_itself(tmp_path: Path) -> None:
         assert (result.state, result.stop_reason) == (State.WAITING_FOR_APPROVAL, StopReason.WAITING_FOR_APPROVAL)
         assert log == [2]
         assert result_for(run.inst.transcript, "n1").status is ToolStatus.SUCCESS
-        assert not [m for m in run.inst.transcript if m.tool_call_id == "d1"]
+        d1 = runtime_id(run.inst.transcript, "d1")
+        assert not [m for m in run.inst.transcript if m.tool_call_id == d1]
+        assert not [m for m in run.inst.transcript if m.provider_call_id == "d1"]
         (pending,) = result.pending_approvals
-        assert (pending.tool_call_id, pending.tool, dict(pending.arguments)) == ("d1", "danger", {"x": 1})
+        assert (pending.tool_call_id, pending.tool, dict(pending.arguments)) == (d1, "danger", {"x": 1})
         assert "danger" in pending.reason
         assert pending.requested_at.endswith("Z")
         assert pending.decision is None
         header = await rt.store.read_header(run.instance_id)
         (saved,) = header["pendingApprovals"]
         assert {"toolCallId", "tool", "arguments", "reason", "requestedAt"} <= set(saved)
-        assert saved["toolCallId"] == "d1"
+        assert saved["toolCallId"] == d1
         assert header["state"] == "waiting_for_approval"
 
 
@@ -260,7 +275,8 @@ async def test_cancel_while_a_tool_runs_keeps_the_partial_turn(tmp_path: Path) -
         result = again.inst.result()
         assert (result.state, result.cancelled, result.stop_reason) == (State.STOPPED, True, StopReason.CANCELLED)
         assistant = [m for m in again.inst.transcript if m.role == "assistant"]
-        assert [c.id for c in assistant[-1].tool_calls] == ["s1"]
+        assert [c.provider_id for c in assistant[-1].tool_calls] == ["s1"]
+        assert all(RUNTIME_ID.match(c.id) for c in assistant[-1].tool_calls)
         # The call the cancel cut off has its one result at rest: it started, so its outcome is unknown.
         assert result_for(again.inst.transcript, "s1").status is ToolStatus.UNKNOWN_OUTCOME
 
@@ -546,10 +562,13 @@ async def test_results_come_back_in_call_order_not_finishing_order(tmp_path: Pat
                                    call("nap", "fast", name="fast", seconds=0.0))
     assert finished == ["fast", "slow"]
     sent = h.sent[-1]
-    assert [m.tool_call_id for m in sent if m.role == "tool"] == ["slow", "fast"]
+    order = [runtime_id(run.inst.transcript, "slow"), runtime_id(run.inst.transcript, "fast")]
+    assert [m.tool_call_id for m in sent if m.role == "tool"] == order
+    assert [m.provider_call_id for m in sent if m.role == "tool"] == ["slow", "fast"]
     async with make_runtime(tmp_path, Harness(tools=[nap])) as rt2:
         again = await rt2.get_agent(run.instance_id)
-        assert [m.tool_call_id for m in again.inst.transcript if m.role == "tool"] == ["slow", "fast"]
+        assert [m.tool_call_id for m in again.inst.transcript if m.role == "tool"] == order
+        assert [m.provider_call_id for m in again.inst.transcript if m.role == "tool"] == ["slow", "fast"]
 
 
 class Gauge:
@@ -645,9 +664,10 @@ async def test_tool_call_records_carry_the_status(tmp_path: Path) -> None:
     async with make_runtime(tmp_path, Harness(tools=[picky])) as rt:
         records = records_of(await rt.records(run.instance_id), "tool_call")
     by_id = {r["toolCallId"]: r for r in records}
-    assert by_id["p"]["status"] == "tool_error"
-    assert by_id["p"]["error"] == "no"
-    assert by_id["g"]["status"] == "unknown_tool"
+    p, g = runtime_id(run.inst.transcript, "p"), runtime_id(run.inst.transcript, "g")
+    assert by_id[p]["status"] == "tool_error"
+    assert by_id[p]["error"] == "no"
+    assert by_id[g]["status"] == "unknown_tool"
 
 
 async def test_duplicate_or_missing_call_ids_are_made_unique(tmp_path: Path) -> None:
@@ -661,10 +681,16 @@ async def test_duplicate_or_missing_call_ids_are_made_unique(tmp_path: Path) -> 
     assistant = next(m for m in run.inst.transcript if m.role == "assistant")
     ids = [c.id for c in assistant.tool_calls]
     assert len(set(ids)) == 3
-    assert all(ids)
+    assert all(RUNTIME_ID.match(cid) for cid in ids)
+    # The first "same" keeps its id on the wire; the repeat and the empty one send the runtime's id.
+    wire = [c.provider_id for c in assistant.tool_calls]
+    assert wire == ["same", ids[1], ids[2]]
+    assert len(set(wire)) == 3
     assert sorted(log) == [1, 2, 3]
-    for cid in ids:
-        assert result_for(run.inst.transcript, cid).status is ToolStatus.SUCCESS
+    for cid, wid in zip(ids, wire, strict=True):
+        (answer,) = [m for m in run.inst.transcript if m.role == "tool" and m.tool_call_id == cid]
+        assert answer.status is ToolStatus.SUCCESS
+        assert result_for(run.inst.transcript, wid) == answer
 
 
 # ------------------------------------------------------------------------------------------
@@ -1119,8 +1145,8 @@ async def test_every_call_of_every_request_has_a_result(tmp_path: Path) -> None:
         run, _ = await run_to_rest(rt, defn(tools=[gated, bad]))
         await run.approve()
         await run.wait()
-        await run.deny("g2", reason="no")
-        await run.approve("g3")
+        await run.deny(runtime_id(run.inst.transcript, "g2"), reason="no")
+        await run.approve(runtime_id(run.inst.transcript, "g3"))
         result = await run.result()
         assert result.text == "end"
     for sent in h.sent:
@@ -1128,6 +1154,11 @@ async def test_every_call_of_every_request_has_a_result(tmp_path: Path) -> None:
         asked = [c.id for m in sent if m.role == "assistant" for c in m.tool_calls]
         assert sorted(answered) == sorted(asked)
         assert len(set(answered)) == len(answered)
+        # What goes on the wire pairs up too: the provider's ids of calls and results.
+        answered_wire = [m.provider_call_id for m in sent if m.role == "tool"]
+        asked_wire = [c.provider_id for m in sent if m.role == "assistant" for c in m.tool_calls]
+        assert sorted(answered_wire) == sorted(asked_wire)
+        assert len(set(answered_wire)) == len(answered_wire)
 
 
 async def test_results_stay_in_call_order_after_an_approval(tmp_path: Path) -> None:
@@ -1146,12 +1177,16 @@ async def test_results_stay_in_call_order_after_an_approval(tmp_path: Path) -> N
         await run.approve()
         await run.result()
         live = [m.tool_call_id for m in run.inst.transcript if m.role == "tool"]
+        order = [runtime_id(run.inst.transcript, cid) for cid in ("n1", "g", "n2")]
     async with make_runtime(tmp_path, Harness(tools=[note, gated])) as rt2:
         again = await rt2.get_agent(run.instance_id)
         reloaded = [m.tool_call_id for m in again.inst.transcript if m.role == "tool"]
-    assert reloaded == ["n1", "g", "n2"]
+        reloaded_wire = [m.provider_call_id for m in again.inst.transcript if m.role == "tool"]
+    assert reloaded == order
+    assert reloaded_wire == ["n1", "g", "n2"]
     assert live == reloaded
-    assert [m.tool_call_id for m in h.sent[-1] if m.role == "tool"] == ["n1", "g", "n2"]
+    assert [m.tool_call_id for m in h.sent[-1] if m.role == "tool"] == order
+    assert [m.provider_call_id for m in h.sent[-1] if m.role == "tool"] == ["n1", "g", "n2"]
 
 
 async def test_tool_call_count_is_the_same_after_a_restart(tmp_path: Path) -> None:

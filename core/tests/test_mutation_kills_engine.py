@@ -13,7 +13,7 @@ from typing import Any
 
 import anyio
 import pytest
-from helpers import Harness, call, defn, make_runtime, records_of, reply, result_for, run_to_rest
+from helpers import Harness, call, defn, make_runtime, records_of, reply, result_for, run_to_rest, runtime_id
 
 import loopwright
 from loopwright import (
@@ -212,7 +212,11 @@ async def test_every_unsuccessful_call_records_its_error(tmp_path: Path) -> None
                       call("ghost", "g")), reply("done"), tools=[note, refuse])
     async with make_runtime(tmp_path, h) as rt:
         run, _ = await run_to_rest(rt, defn(tools=[note, refuse]))
-        records = {r["toolCallId"]: r for r in records_of(await rt.records(run.instance_id), "tool_call")}
+        by_runtime_id = {r["toolCallId"]: r for r in records_of(await rt.records(run.instance_id), "tool_call")}
+    # Key the records by the model's ids (the records name the runtime's).
+    wire = {runtime_id(run.inst.transcript, cid): cid for cid in ("ok", "bad", "den", "g")}
+    assert set(by_runtime_id) == set(wire)
+    records = {wire[k]: r for k, r in by_runtime_id.items()}
     assert {k: r["status"] for k, r in records.items()} == {
         "ok": "success", "bad": "invalid_arguments", "den": "denied", "g": "unknown_tool"}
     assert "error" not in records["ok"]

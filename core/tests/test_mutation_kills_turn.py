@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import Harness, defn, make_runtime, records_of, reply, result_for, run_to_rest
+from helpers import RUNTIME_ID, Harness, defn, make_runtime, records_of, reply, result_for, run_to_rest
 
 import loopwright
 from loopwright import (
@@ -78,11 +78,19 @@ async def test_calls_with_a_repeated_or_an_empty_id_get_unique_ids(
     assistant = next(m for m in run.inst.transcript if m.role == "assistant")
     kept = [c.id for c in assistant.tool_calls]
     assert len(set(kept)) == 2
-    assert all(kept)
+    assert all(RUNTIME_ID.match(cid) for cid in kept)
+    # On the wire: a fresh model id is kept; the repeat or the empty one sends the runtime's id.
+    wire = [c.provider_id for c in assistant.tool_calls]
+    expected = ["same", kept[1]] if ids == ("same", "same") else [kept[0], "b"]
+    assert wire == expected
+    assert len(set(wire)) == 2
+    assert all(wire)
     assert assistant.model == "s:m"
     assert sorted(log) == [1, 2]
-    for cid in kept:
-        assert result_for(run.inst.transcript, cid).status is ToolStatus.SUCCESS
+    for cid, wid in zip(kept, wire, strict=True):
+        (answer,) = [m for m in run.inst.transcript if m.role == "tool" and m.tool_call_id == cid]
+        assert answer.status is ToolStatus.SUCCESS
+        assert result_for(run.inst.transcript, wid) == answer
 
 
 # ------------------------------------------------------------------------------------------
@@ -108,7 +116,8 @@ async def test_a_nan_argument_is_invalid_and_kept_as_text(tmp_path: Path, model:
     assert result_for(run.inst.transcript, "bad").status is ToolStatus.INVALID_ARGUMENTS
     assert result_for(run.inst.transcript, "good").status is ToolStatus.SUCCESS
     assistant = next(m for m in run.inst.transcript if m.role == "assistant")
-    by_id = {c.id: c for c in assistant.tool_calls}
+    by_id = {c.provider_id: c for c in assistant.tool_calls}
+    assert all(RUNTIME_ID.match(c.id) for c in assistant.tool_calls)
     assert by_id["bad"].arguments == {}
     assert "NaN" in (by_id["bad"].raw_arguments or "")
     assert (by_id["good"].arguments, by_id["good"].raw_arguments) == ({"x": 2}, None)

@@ -8,7 +8,18 @@ from pathlib import Path
 
 import anyio
 import pytest
-from helpers import Harness, call, defn, entries_path, make_runtime, records_of, reply, result_for, run_to_rest
+from helpers import (
+    Harness,
+    call,
+    defn,
+    entries_path,
+    make_runtime,
+    records_of,
+    reply,
+    result_for,
+    run_to_rest,
+    runtime_id,
+)
 
 import loopwright
 from loopwright import State, StopReason, ToolStatus, Usage
@@ -276,7 +287,7 @@ async def test_approve_runs_the_held_call_and_continues(tmp_path: Path) -> None:
     async with make_runtime(tmp_path, h) as rt:
         run, _ = await run_to_rest(rt, defn(tools=tools))
         assert log == []
-        await run.approve("r")
+        await run.approve(runtime_id(run.inst.transcript, "r"))
         result = await run.result()
         assert (result.state, result.text, result.pending_approvals) == (State.WAITING, "cleaned", ())
         assert log == ["/w/x"]
@@ -309,16 +320,18 @@ async def test_run_goes_on_only_when_every_held_call_is_decided(tmp_path: Path) 
                 tools=tools)
     async with make_runtime(tmp_path, h) as rt:
         run, result = await run_to_rest(rt, defn(tools=tools))
-        assert [p.tool_call_id for p in result.pending_approvals] == ["a", "b"]
-        await run.approve("a")
+        a, b = runtime_id(run.inst.transcript, "a"), runtime_id(run.inst.transcript, "b")
+        assert [p.tool_call_id for p in result.pending_approvals] == [a, b]
+        await run.approve(a)
         assert not run.running
         assert run.state is State.WAITING_FOR_APPROVAL
         assert len(h.requests) == 1
-        await run.deny("b", reason="no")
+        await run.deny(b, reason="no")
         result = await run.result()
         assert result.text == "both decided"
         assert log == ["a"]
-        assert [m.tool_call_id for m in h.sent[-1] if m.role == "tool"] == ["a", "b"]
+        assert [m.tool_call_id for m in h.sent[-1] if m.role == "tool"] == [a, b]
+        assert [m.provider_call_id for m in h.sent[-1] if m.role == "tool"] == ["a", "b"]
 
 
 async def test_approving_without_pending_calls_is_an_error(tmp_path: Path) -> None:
@@ -360,7 +373,8 @@ async def test_hold_turn_policy_holds_every_call_of_the_turn(tmp_path: Path) -> 
         run, result = await run_to_rest(rt, defn(tools=tools, approval_policy="holdTurn"))
         assert result.state is State.WAITING_FOR_APPROVAL
         assert log == []
-        assert {p.tool_call_id for p in result.pending_approvals} == {"n", "r"}
+        assert {p.tool_call_id for p in result.pending_approvals} == {
+            runtime_id(run.inst.transcript, "n"), runtime_id(run.inst.transcript, "r")}
         await run.approve()
         result = await run.result()
         assert sorted(map(str, log)) == ["1", "p"]
@@ -471,7 +485,7 @@ async def test_list_instances_filters_by_state(tmp_path: Path) -> None:
         assert [s["instanceId"] for s in waiting] == [a.instance_id]
         held = await rt.list_instances("waiting_for_approval")
         assert [s["instanceId"] for s in held] == [b.instance_id]
-        assert held[0]["pendingApprovals"][0]["toolCallId"] == "r"
+        assert held[0]["pendingApprovals"][0]["toolCallId"] == runtime_id(b.inst.transcript, "r")
         assert len(await rt.list_instances()) == 2
 
 

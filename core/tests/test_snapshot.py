@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import Harness, call, defn, make_runtime, reply, run_to_rest
+from helpers import Harness, call, defn, make_runtime, reply, run_to_rest, runtime_id
 
 from loopwright import HeaderFields, Limits, Message, ToolCall, tool
 from loopwright._instance import Instance, message_from_json
@@ -372,5 +372,7 @@ async def test_runtime_checkpoints_at_rest_and_resumes_from_it(tmp_path: Path) -
         run = await rt.get_agent(iid)
         assert list(run.inst.transcript) == live
         assert (run.inst.turn, run.inst.tool_calls) == (turns, tools)
-        assert [m.tool_call_id for m in live if m.role == "tool"] == [*(c.id for c in calls), "k9"]
+        wire_ids = [*(c.id for c in calls), "k9"]
+        assert [m.provider_call_id for m in live if m.role == "tool"] == wire_ids
+        assert [m.tool_call_id for m in live if m.role == "tool"] == [runtime_id(live, w) for w in wire_ids]
         assert isinstance(live[-3].tool_calls[0], ToolCall)

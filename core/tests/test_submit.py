@@ -19,7 +19,7 @@ from typing import Any
 
 import anyio
 import pytest
-from helpers import Harness, call, defn, make_runtime, records_of, reply
+from helpers import Harness, call, defn, make_runtime, records_of, reply, runtime_id
 
 import loopwright
 from loopwright import State, StopReason
@@ -506,13 +506,14 @@ async def test_whoever_takes_over_an_interrupted_instance_writes_its_lost_record
             await rt.cancel(iid)
         records = await rt.records(iid)
         header = await rt.store.read_header(iid)
+        hang_call = runtime_id((await rt.get_agent(iid)).inst.transcript, "c_hang")
     turns = [r["data"] for r in records if r["kind"] == "turn"]
     assert [t["turn"] for t in turns] == list(range(1, header["turns"] + 1))
     assert turns[0]["repaired"] is True
     assert sum(t["usage"]["totalTokens"] for t in turns) == header["usage"]["totalTokens"]
     calls = [r["data"] for r in records if r["kind"] == "tool_call"]
     # Every way of taking it over answers the interrupted call once (a cancel too: it started).
-    assert [(c["toolCallId"], c["status"]) for c in calls] == [("c_hang", "unknown_outcome")]
+    assert [(c["toolCallId"], c["status"]) for c in calls] == [(hang_call, "unknown_outcome")]
 
 
 async def test_a_message_to_a_queued_instance_starts_it_with_the_message(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import anyio
 import pytest
-from helpers import Harness, call, defn, make_runtime, reply
+from helpers import RUNTIME_ID, Harness, call, defn, make_runtime, reply, runtime_id
 
 import loopwright
 from loopwright import Capabilities, ModelRequest
@@ -78,19 +78,21 @@ async def test_the_roots_run_lists_and_approves_a_call_held_two_levels_down(tmp_
         await wait_until(lambda: rt.stalled(run.instance_id))
         assert run.state.value == "running"
         (pending,) = await run.pending_approvals()
-        assert (pending.tool_call_id, pending.tool, dict(pending.arguments)) == ("leaf-call", "touch", {"name": "leaf"})
+        assert pending.instance_id is not None
+        leaf_call = runtime_id((await rt.get_agent(pending.instance_id)).inst.transcript, "leaf-call")
+        assert (pending.tool_call_id, pending.tool, dict(pending.arguments)) == (leaf_call, "touch", {"name": "leaf"})
         assert [step["name"] for step in pending.path] == ["t", "mid", "leaf"]
         assert pending.path[0]["instanceId"] == run.instance_id
         assert pending.instance_id == pending.path[-1]["instanceId"]
         assert ran == []
-        await run.approve(tool_call_id="leaf-call")
+        await run.approve(tool_call_id=leaf_call)
         with anyio.fail_after(30):
             result = await run.result()
         assert result.text == "root done"
         assert ran == ["leaf"]
         assert result.pending_approvals == ()
-        with pytest.raises(LoopwrightError, match="no call 'leaf-call' is waiting for approval"):
-            await run.approve(tool_call_id="leaf-call")
+        with pytest.raises(LoopwrightError, match=f"no call '{leaf_call}' is waiting for approval"):
+            await run.approve(tool_call_id=leaf_call)
 
 
 async def test_subtree_events_are_tagged_with_instance_and_depth(tmp_path: Path) -> None:
@@ -133,9 +135,11 @@ async def test_the_result_of_a_resting_root_lists_its_childs_held_call(tmp_path:
         result = await run.wait()
         assert result.state.value == "waiting"
         (pending,) = result.pending_approvals
-        assert pending.tool_call_id == "leaf-call"
+        assert pending.instance_id is not None
         assert pending.instance_id != run.instance_id
-        await run.approve(tool_call_id="leaf-call")
+        leaf_call = runtime_id((await rt.get_agent(pending.instance_id)).inst.transcript, "leaf-call")
+        assert pending.tool_call_id == leaf_call
+        await run.approve(tool_call_id=leaf_call)
         await wait_until(lambda: not rt.running())
         assert ran == ["leaf"]
 
@@ -223,7 +227,8 @@ async def test_a_call_a_hook_changed_before_it_was_held_runs_as_shown_once_appro
             result = await run.wait()
         (pending,) = result.pending_approvals
         assert dict(pending.arguments) == {"name": "rewritten"}
-        await run.approve(tool_call_id="c1")
+        assert pending.tool_call_id == runtime_id(run.inst.transcript, "c1")
+        await run.approve(tool_call_id=pending.tool_call_id)
         with anyio.fail_after(30):
             result = await run.wait()
         assert result.text == "done"
@@ -250,14 +255,17 @@ async def test_a_call_a_hook_changed_before_it_was_held_runs_as_shown_when_decid
         iid = run.instance_id
     header = json.loads((tmp_path / "store" / iid / "instance.json").read_text())
     (saved,) = header["pendingApprovals"]
+    c1 = saved["toolCallId"]
+    assert RUNTIME_ID.match(c1), c1
     assert saved["arguments"] == {"name": "rewritten"}
     assert saved["originalDigest"] == call_digest("touch", {"name": "asked"})
     second = Harness(reply("done"), tools=[touch])
     async with make_runtime(tmp_path, second) as rt:  # no hook here: what was shown is what runs
         run = await rt.get_agent(iid)
+        assert runtime_id(run.inst.transcript, "c1") == c1
         (pending,) = await run.pending_approvals()
-        assert (pending.tool_call_id, dict(pending.arguments)) == ("c1", {"name": "rewritten"})
-        await run.approve(tool_call_id="c1")
+        assert (pending.tool_call_id, dict(pending.arguments)) == (c1, {"name": "rewritten"})
+        await run.approve(tool_call_id=c1)
         with anyio.fail_after(30):
             result = await run.wait()
         assert result.text == "done"
@@ -267,9 +275,10 @@ async def test_a_call_a_hook_changed_before_it_was_held_runs_as_shown_when_decid
         assert dict(assistant.tool_calls[0].arguments) == {"name": "asked"}
         (answer,) = [m for m in second.sent[0] if m.role == "tool"]
         assert answer.content == "touched rewritten"
+        assert (answer.tool_call_id, answer.provider_call_id) == (c1, "c1")
     async with make_runtime(tmp_path, Harness()) as rt:
-        with pytest.raises(LoopwrightError, match="no call 'c1' is waiting for approval"):
-            await (await rt.get_agent(iid)).approve(tool_call_id="c1")
+        with pytest.raises(LoopwrightError, match=f"no call '{c1}' is waiting for approval"):
+            await (await rt.get_agent(iid)).approve(tool_call_id=c1)
     assert ran == ["rewritten"]
 
 
@@ -295,5 +304,5 @@ async def test_a_hooked_held_call_whose_logged_call_changed_is_refused(tmp_path:
     async with make_runtime(tmp_path, Harness(reply("done"), tools=[touch])) as rt:
         run = await rt.get_agent(iid)
         with pytest.raises(LoopwrightError, match="is not the call shown for approval"):
-            await run.approve(tool_call_id="c1")
+            await run.approve(tool_call_id=runtime_id(run.inst.transcript, "c1"))
     assert ran == []

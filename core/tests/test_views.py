@@ -4,11 +4,18 @@ Each view is compared, as JSON text, with what the hand-built views of commit 64
 (:mod:`views_before`) over the headers and results of real runs: completed, waiting with
 pending approvals, an error, a cancel, a tree with children, and an instance a killed process
 left ``running``.
+
+Since issue 25 every shown held call also carries its ``digest`` (what a decision must name): the
+expected views are :mod:`views_before`'s with that one key added to each held call (last in a saved
+entry's view; after ``reason`` in a ``--json`` held call, before its holder, path and decision), its value
+computed here from the documented canonical JSON (:func:`digest`), independently of the runtime.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +31,7 @@ from loopwright._config import definition_to_dict
 from loopwright._definition import FileGrants
 from loopwright._header import InstanceHeader
 from loopwright._instance import message_to_json
+from loopwright._types import PendingApproval
 from loopwright.errors import ProviderError
 
 pytestmark = pytest.mark.anyio
@@ -37,6 +45,53 @@ U = Usage(input_tokens=100, output_tokens=10, total_tokens=110, requests=1)
 def text(value: Any) -> str:
     """The JSON text a view prints (key order, numbers and nulls included)."""
     return json.dumps(value, ensure_ascii=False)
+
+
+def digest(tool_call_id: Any, tool: Any, arguments: Any, requested_at: Any) -> str:
+    """sha256 (hex) of ``{"arguments", "name", "requestedAt", "toolCallId"}`` as canonical JSON."""
+    fields = {"arguments": arguments, "name": tool, "requestedAt": requested_at, "toolCallId": tool_call_id}
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+class after:  # noqa: N801 - stands in for the module ``before``
+    """The views of :mod:`views_before`, each held call with its ``digest`` added."""
+
+    @staticmethod
+    def approval_json(p: Mapping[str, Any]) -> dict[str, Any]:
+        return {**before.approval_json(p), "digest": digest(p.get("toolCallId"), p.get("tool"), p.get("arguments"),
+                                                             p.get("requestedAt"))}
+
+    @staticmethod
+    def approval_to_json(p: PendingApproval) -> dict[str, Any]:
+        # The digest follows the keys always shown; a held call's holder, path and decision come after it.
+        old = before.approval_to_json(p)
+        shown = ("toolCallId", "tool", "arguments", "reason")
+        return {**{k: old[k] for k in shown}, "digest": digest(p.tool_call_id, p.tool, dict(p.arguments),
+                                                                p.requested_at),
+                **{k: v for k, v in old.items() if k not in shown}}
+
+    @staticmethod
+    def summary(header: Mapping[str, Any], **kwargs: Any) -> dict[str, Any]:
+        out = before.summary(header, **kwargs)
+        out["pendingApprovals"] = [after.approval_json(p) for p in header.get("pendingApprovals") or []]
+        return out
+
+    @staticmethod
+    def tree_node(header: Mapping[str, Any], by_id: Mapping[Any, Mapping[str, Any]], seen: set[Any],
+                  ) -> dict[str, Any]:
+        def with_digests(node: dict[str, Any]) -> dict[str, Any]:
+            node["pendingApprovals"] = [after.approval_json(p) for p in node["pendingApprovals"]]
+            node["children"] = [with_digests(child) for child in node["children"]]
+            return node
+
+        return with_digests(before.tree_node(header, by_id, seen))
+
+    @staticmethod
+    def result_to_json(result: loopwright.AgentResult) -> dict[str, Any]:
+        out = before.result_to_json(result)
+        out["pendingApprovals"] = [after.approval_to_json(p) for p in result.pending_approvals if p.decision is None]
+        return out
 
 
 @loopwright.tool(requires_approval=True)
@@ -129,17 +184,18 @@ async def test_summaries_listings_and_trees_are_byte_identical(
         listed = await rt.list_instances()
         trees = await rt.trees()
     by_id = {h.get("instanceId"): h for h in headers}
-    assert text(listed) == text([before.summary(h, subtree_cost=before.subtree_in(h, by_id, set()))
+    assert text(listed) == text([after.summary(h, subtree_cost=before.subtree_in(h, by_id, set()))
                                  for h in headers])
     roots = [h for h in headers if h.get("spawnerInstanceId") not in by_id]
-    assert text(trees) == text([before.tree_node(h, by_id, set()) for h in roots])
+    assert text(trees) == text([after.tree_node(h, by_id, set()) for h in roots])
     for h in headers:
-        assert text(views.summary(h)) == text(before.summary(h))
-        assert text(views.summary(InstanceHeader.from_json(h))) == text(before.summary(h))
-        assert text(views.tree_node(h, by_id, set())) == text(before.tree_node(h, by_id, set()))
+        assert text(views.summary(h)) == text(after.summary(h))
+        assert text(views.summary(InstanceHeader.from_json(h))) == text(after.summary(h))
+        assert text(views.tree_node(h, by_id, set())) == text(after.tree_node(h, by_id, set()))
         assert views.children_in(h, by_id, set()) == before.children_in(h, by_id, set())
         for p in h.get("pendingApprovals") or []:
-            assert text(views.approval_json(p)) == text(before.approval_json(p))
+            assert text(views.approval_json(p)) == text(after.approval_json(p))
+            assert views.approval_json(p)["digest"] == loopwright.approval_digest(p)
         for subtree in (None, 0.25, before.subtree_in(h, by_id, set())):
             assert text(views.agent_report(h, instance_id=h["instanceId"], subtree_cost=subtree)) == text(
                 before.agent_report(h, h["instanceId"], subtree))
@@ -152,12 +208,12 @@ async def test_show_is_byte_identical(store: tuple[Path, list[loopwright.AgentRe
         for h in await rt.store.list_headers():
             shown = await rt.summary(h["instanceId"])
             header = h if h["instanceId"] != KILLED else {**h, "usage": shown["usage"], "cost": 0.5, "turns": 1}
-            expected = before.summary(header, subtree_cost=await rt.subtree_cost(h["instanceId"], header))
+            expected = after.summary(header, subtree_cost=await rt.subtree_cost(h["instanceId"], header))
             expected["tree"] = await rt.tree(h["instanceId"])
-            expected["treePendingApprovals"] = [before.approval_to_json(p)
+            expected["treePendingApprovals"] = [after.approval_to_json(p)
                                                 for p in await rt.tree_approvals(h["instanceId"])]
             assert text(shown) == text(expected)
-            assert text(await rt.tree(h["instanceId"])) == text(before.tree_node(
+            assert text(await rt.tree(h["instanceId"])) == text(after.tree_node(
                 h, {x["instanceId"]: x for x in await rt.store.list_headers()}, set()))
 
 
@@ -166,12 +222,13 @@ async def test_results_usage_and_approvals_are_byte_identical(
     """``run --json`` of each result, its usage and its held calls (alone and found in a tree): as before."""
     _, results = store
     for result in results:
-        assert text(views.result_to_json(result)) == text(before.result_to_json(result))
+        assert text(views.result_to_json(result)) == text(after.result_to_json(result))
         assert text(views.usage_to_json(result.usage)) == text(before.usage_to_json(result.usage))
         for p in result.pending_approvals:
             found = attrs.evolve(p, instance_id=result.instance_id, path=({"instanceId": "x", "name": "t"},))
             for q in (p, found, attrs.evolve(found, decision="approved")):
-                assert text(views.approval_to_json(q)) == text(before.approval_to_json(q))
+                assert text(views.approval_to_json(q)) == text(after.approval_to_json(q))
+                assert views.approval_to_json(q)["digest"] == loopwright.approval_digest(q)
     counts = Usage(input_tokens=1, output_tokens=2, total_tokens=3, cache_read_tokens=0, reasoning_tokens=4,
                    requests=2, unreported_requests=1)
     assert text(views.usage_to_json(counts)) == text(before.usage_to_json(counts))

@@ -65,6 +65,7 @@ if TYPE_CHECKING:
         ToolStatus,
         Transcript,
         Usage,
+        approval_digest,
         call_digest,
     )
     from loopwright.abc import ProviderSettings, StoreSettings
@@ -120,6 +121,7 @@ __all__ = [
     "ToolStatus",
     "Transcript",
     "Usage",
+    "approval_digest",
     "call_digest",
     "hookimpl",
     "intersect",
@@ -183,6 +185,7 @@ _LAZY: dict[str, str] = {
     "ToolStatus": "loopwright._types",
     "Transcript": "loopwright._types",
     "Usage": "loopwright._types",
+    "approval_digest": "loopwright._types",
     "call_digest": "loopwright._types",
     "hookimpl": "loopwright.hookspecs",
     "intersect": "loopwright._capabilities",

@@ -44,8 +44,9 @@ class RunHost(Protocol):
         """Return every undecided call in the subtree of ``instance_id``."""
 
     async def decide(self, run: AgentRun, tool_call_id: str | None, decision: Literal["approved", "denied"],
-                     reason: str | None, *, by: str | None = None) -> list[PendingApproval]:
-        """Record a decision on held calls; continue once every one is decided."""
+                     reason: str | None, *, by: str | None = None, digest: str | None = None,
+                     ) -> list[PendingApproval]:
+        """Record a decision on held calls; continue once every one is decided (only if ``digest`` matches)."""
 
     async def deliver(self, run: AgentRun, text: str, source: str) -> None:
         """Deliver a message through the instance's mailbox."""
@@ -197,21 +198,25 @@ class AgentRun:
 
     # -- steering ---------------------------------------------------------------------------
 
-    async def approve(self, tool_call_id: str | None = None, *, by: str | None = None) -> None:
+    async def approve(self, tool_call_id: str | None = None, *, by: str | None = None,
+                      digest: str | None = None) -> None:
         """Approve a held call (all of this instance's when ``tool_call_id`` is None).
 
         ``tool_call_id`` may name a call held anywhere in this instance's subtree: it is
         decided on the instance that holds it, which goes on once all its calls are decided,
         and so do the callers above it that wait for it. ``by`` names who decided (saved as
-        ``decidedBy``).
+        ``decidedBy``). With ``digest`` (the :func:`~loopwright._types.approval_digest` shown),
+        the call is approved only if it is still exactly that call.
 
+        :raises ApprovalDigestMismatchError: ``digest`` is not the pending call's; nothing runs.
         :raises LoopwrightError: No such call is waiting for approval (any more).
         """
-        await self._rt.decide(self, tool_call_id, "approved", None, by=by)
+        await self._rt.decide(self, tool_call_id, "approved", None, by=by, digest=digest)
 
-    async def deny(self, tool_call_id: str | None = None, reason: str | None = None, *, by: str | None = None) -> None:
-        """Deny a held call (as :meth:`approve` finds it); the model sees a ``denied`` result with ``reason``."""
-        await self._rt.decide(self, tool_call_id, "denied", reason, by=by)
+    async def deny(self, tool_call_id: str | None = None, reason: str | None = None, *, by: str | None = None,
+                   digest: str | None = None) -> None:
+        """Deny a held call (as :meth:`approve` finds it, ``digest`` too); the model sees ``denied`` with ``reason``."""
+        await self._rt.decide(self, tool_call_id, "denied", reason, by=by, digest=digest)
 
     async def message(self, text: str, *, source: str = "api") -> None:
         """Send a message: read at the next turn boundary if running, else it starts a new segment.

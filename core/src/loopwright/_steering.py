@@ -16,10 +16,10 @@ import attrs
 from loopwright._header_fields import HeaderFields
 from loopwright._instance import now_iso, shown_call, unanswered_calls
 from loopwright._lease import held_lease, holding
-from loopwright._types import PendingApproval, State, StopReason, call_digest
+from loopwright._types import PendingApproval, State, StopReason, approval_digest, call_digest
 from loopwright._views import short_json
 from loopwright.abc import new_post_id
-from loopwright.errors import LoopwrightError
+from loopwright.errors import ApprovalDigestMismatchError, LoopwrightError
 
 if TYPE_CHECKING:
     from loopwright._run import AgentRun
@@ -38,9 +38,12 @@ class Steering:
 
     async def decide(
         self, run: AgentRun, tool_call_id: str | None, decision: Literal["approved", "denied"], reason: str | None,
-        *, by: str | None = None, detach: bool = False,
+        *, by: str | None = None, detach: bool = False, digest: str | None = None,
     ) -> list[PendingApproval]:
         """Record a decision on held calls; continue the segment once every one is decided.
+
+        With ``digest`` (needs ``tool_call_id``), the call is decided only when its
+        :func:`~loopwright._types.approval_digest` is ``digest``: what the decider saw is what runs.
 
         With ``tool_call_id``, the call may be held anywhere in ``run``'s subtree: it is decided
         on the instance that holds it (:meth:`decide_held`), whose callers then go on too. Without,
@@ -49,14 +52,17 @@ class Steering:
         only the decisions are saved: nothing continues here (see :meth:`submit_decision`).
 
         :return: What was decided, each entry naming its holder and path.
+        :raises ApprovalDigestMismatchError: ``digest`` is not the pending call's; nothing is decided.
         :raises LoopwrightError: No such call is waiting for approval (any more), or it is held
             by more than one instance of the tree (name the holder instead).
         """
         if tool_call_id is None:
+            if digest is not None:
+                raise LoopwrightError("a digest names one call: give its tool_call_id too")
             return await self.decide_held(run, None, decision, reason, by=by, detach=detach)
         header = HeaderFields(await self._rt.store.read_header(run.instance_id))
         if tool_call_id in header.undecided_calls() and header.state is State.WAITING_FOR_APPROVAL:
-            return await self.decide_held(run, tool_call_id, decision, reason, by=by, detach=detach)
+            return await self.decide_held(run, tool_call_id, decision, reason, by=by, detach=detach, digest=digest)
         found = [p for p in await self._rt.forest.tree_approvals(run.instance_id) if p.tool_call_id == tool_call_id]
         if not found:
             raise LoopwrightError(f"no call {tool_call_id!r} is waiting for approval in the tree of instance "
@@ -66,7 +72,7 @@ class Steering:
             raise LoopwrightError(f"call {tool_call_id!r} is held by more than one instance ({holders}); "
                                   "decide it on its holder: approve HOLDER --call CALL_ID")
         holder = await self._rt.get_agent(str(found[0].instance_id))
-        decided = await self.decide_held(holder, tool_call_id, decision, reason, by=by, detach=detach)
+        decided = await self.decide_held(holder, tool_call_id, decision, reason, by=by, detach=detach, digest=digest)
         if not detach:
             await self._rt.forest.wake_callers(holder.instance_id)
         path = found[0].path
@@ -102,7 +108,7 @@ class Steering:
 
     async def decide_held(
         self, run: AgentRun, tool_call_id: str | None, decision: Literal["approved", "denied"], reason: str | None,
-        *, by: str | None = None, detach: bool = False,
+        *, by: str | None = None, detach: bool = False, digest: str | None = None,
     ) -> list[PendingApproval]:
         """Record a decision on calls ``run``'s own instance holds; continue once every one is decided.
 
@@ -115,7 +121,11 @@ class Steering:
         :func:`~loopwright._types.call_digest` of the call as shown; a held entry whose call in
         the log is not the one shown is refused and stays held.
 
+        With ``digest``, the one chosen call is decided only when its
+        :func:`~loopwright._types.approval_digest` is ``digest`` (checked under the lease).
+
         :return: The entries decided.
+        :raises ApprovalDigestMismatchError: ``digest`` is not the pending call's; nothing is decided.
         :raises LoopwrightError: Nothing (or not that call) is waiting for approval, or the
             instance runs in another process (which is deciding or running its calls).
         """
@@ -136,6 +146,14 @@ class Steering:
                     f"instance {inst.id} has no undecided call {tool_call_id!r}; waiting: "
                     f"{', '.join(p.tool_call_id for p in undecided)}")
             chosen = [p for p in undecided if tool_call_id is None or p.tool_call_id == tool_call_id]
+            if digest is not None:
+                for p in chosen:
+                    if (current := approval_digest(p)) != digest:
+                        raise ApprovalDigestMismatchError(
+                            f"instance {inst.id}: call {p.tool_call_id!r} pending now is {p.tool} "
+                            f"{short_json(p.arguments)} with digest {current}, not the digest {digest} decided on; "
+                            "nothing was decided", instance_id=str(inst.id), tool_call_id=p.tool_call_id,
+                            current_digest=current)
             calls = {c.id: c for c in unanswered_calls(inst.transcript)[1]}
             for p in chosen:
                 held = calls.get(p.tool_call_id)

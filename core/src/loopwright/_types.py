@@ -35,6 +35,7 @@ __all__ = [
     "ToolStatus",
     "Transcript",
     "Usage",
+    "approval_digest",
     "call_digest",
 ]
 
@@ -433,6 +434,30 @@ class PendingApproval:
     decided_by: str | None = None
     instance_id: str | None = None
     path: tuple[Mapping[str, Any], ...] = ()
+
+
+def approval_digest(p: PendingApproval | Mapping[str, Any]) -> str:
+    """Return the digest a person's decision on held call ``p`` must carry: what would run, and its entry.
+
+    ``p`` is a :class:`PendingApproval` or a saved ``pendingApprovals`` entry (its camelCase
+    JSON). The digest is sha256, in hex, of the canonical JSON ``{"arguments", "name",
+    "requestedAt", "toolCallId"}`` (as :func:`call_digest`). The hold's time binds the entry: a
+    call held again under the same id is a new entry with a new digest, so a decision taken on
+    the old one is refused (:class:`~loopwright.errors.ApprovalDigestMismatchError`). Every
+    surface shows it beside the call and every decision over HTTP must carry it.
+    """
+    import hashlib  # noqa: PLC0415 - only when a call is shown or decided
+    import json  # noqa: PLC0415
+
+    if isinstance(p, PendingApproval):
+        fields = {"arguments": p.arguments, "name": p.tool, "requestedAt": p.requested_at,
+                  "toolCallId": p.tool_call_id}
+    else:
+        fields = {"arguments": p.get("arguments"), "name": p.get("tool"), "requestedAt": p.get("requestedAt"),
+                  "toolCallId": p.get("toolCallId")}
+    text = json.dumps(fields, sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def call_digest(name: str, arguments: Mapping[str, Any]) -> str:

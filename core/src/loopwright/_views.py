@@ -70,6 +70,13 @@ _RAW: Final = {"raw": True}
 # -- reading a header ------------------------------------------------------------------------
 
 
+def _digest(entry: Any) -> str:
+    """Return :func:`~loopwright._types.approval_digest` of ``entry`` (imported here: ``ls`` and ``show`` never load the types)."""
+    from loopwright._types import approval_digest
+
+    return approval_digest(entry)
+
+
 def header_of(header: HeaderLike) -> InstanceHeader:
     """Return ``header`` as an :class:`InstanceHeader`, reading a store's JSON object leniently.
 
@@ -103,6 +110,7 @@ class ApprovalView:
         reason: Why it is held.
         requested_at: When it was held.
         decision: ``None`` while undecided.
+        digest: :func:`~loopwright._types.approval_digest` of the entry: a decision must carry it.
     """
 
     tool_call_id: Any = None
@@ -111,13 +119,14 @@ class ApprovalView:
     reason: Any = None
     requested_at: Any = None
     decision: Any = attrs.field(default=None, metadata=_RAW)
+    digest: Any = None
 
     @classmethod
     def of(cls, saved: Mapping[str, Any]) -> ApprovalView:
         """Return the view of one saved entry (a missing key is ``None``)."""
         return cls(tool_call_id=saved.get("toolCallId"), tool=saved.get("tool"), arguments=saved.get("arguments"),
                    reason=saved.get("reason"), requested_at=saved.get("requestedAt"),
-                   decision=saved.get("decision"))
+                   decision=saved.get("decision"), digest=_digest(saved))
 
 
 @attrs.frozen(kw_only=True)
@@ -132,6 +141,7 @@ class HeldCallView:
         instance_id: Its holder, when the call was found in a tree (left out otherwise).
         path: From the asking instance down to the holder (present exactly when ``instance_id`` is).
         decision: Left out while undecided.
+        digest: :func:`~loopwright._types.approval_digest` of the entry: a decision must carry it.
     """
 
     tool_call_id: str
@@ -141,6 +151,7 @@ class HeldCallView:
     instance_id: str | None = attrs.field(default=None, metadata=_OMIT)
     path: Any = attrs.field(default=None, metadata=_OMIT | _RAW)
     decision: str | None = attrs.field(default=None, metadata=_OMIT)
+    digest: str = ""
 
     @classmethod
     def of(cls, p: PendingApproval) -> HeldCallView:
@@ -148,7 +159,7 @@ class HeldCallView:
         held = p.instance_id is not None
         return cls(tool_call_id=p.tool_call_id, tool=p.tool, arguments=dict(p.arguments), reason=p.reason,
                    instance_id=p.instance_id, path=[dict(step) for step in p.path] if held else None,
-                   decision=p.decision)
+                   decision=p.decision, digest=_digest(p))
 
 
 @attrs.frozen(kw_only=True)

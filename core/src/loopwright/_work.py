@@ -212,7 +212,7 @@ class Work:
 
     async def submit_decision(
         self, instance_id: str, tool_call_id: str | None, decision: Literal["approved", "denied"],
-        reason: str | None = None, *, subtree: bool = False, by: str | None = None,
+        reason: str | None = None, *, subtree: bool = False, by: str | None = None, digest: str | None = None,
     ) -> list[PendingApproval]:
         """Save decisions on held calls (as :meth:`Runtime.decide` or :meth:`Runtime.decide_subtree`); tell the engine.
 
@@ -229,7 +229,8 @@ class Work:
         if subtree:
             decided = await self._rt.steering.decide_subtree(run, decision, reason, by=by, detach=True)
         else:
-            decided = await self._rt.steering.decide(run, tool_call_id, decision, reason, by=by, detach=True)
+            decided = await self._rt.steering.decide(run, tool_call_id, decision, reason, by=by, detach=True,
+                                                     digest=digest)
         told: list[str] = []
         for holder in dict.fromkeys(str(p.instance_id or instance_id) for p in decided):
             for iid in (holder, *await self._rt.forest.callers(holder)):

@@ -13,6 +13,7 @@ The tree::
     │   ├── LeaseLostError           this runner's lease was taken over: its write was refused (.instance_id)
     │   ├── StoreUnavailableError    the store stayed unreachable past its outage tolerance (.instance_id)
     │   └── GrantsError              saved grants are malformed: fail closed (.instance_id)
+    ├── ApprovalDigestMismatchError  a decision named a held call other than the one pending (.instance_id, .tool_call_id, .current_digest)
     ├── CapabilityError              a grant would widen, or the store lies in an agent's reach
     ├── RunError                     a run ended in the ``error`` state (.result)
     │   └── HookBlockedError         a before_inference hook blocked the model call (.hook, .reason)
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from loopwright._types import AgentResult
 
 __all__ = [
+    "ApprovalDigestMismatchError",
     "CapabilityError",
     "ConfigError",
     "ConfigProblem",
@@ -251,6 +253,23 @@ class UnloadableInstanceError(StoreError):
 
 class GrantsError(UnloadableInstanceError):
     """Saved grants are marked as recorded but are missing or malformed; the instance fails closed."""
+
+
+class ApprovalDigestMismatchError(LoopwrightError):
+    """A decision carried a digest that is not the pending call's: nothing was decided, nothing ran (issue 25).
+
+    Attributes:
+        instance_id: The instance holding the call.
+        tool_call_id: The call's id.
+        current_digest: :func:`~loopwright._types.approval_digest` of the call pending now.
+    """
+
+    def __init__(self, message: str, *, instance_id: str, tool_call_id: str, current_digest: str) -> None:
+        """Carry the instance, the call and the digest a retry must name."""
+        super().__init__(message)
+        self.instance_id = instance_id
+        self.tool_call_id = tool_call_id
+        self.current_digest = current_digest
 
 
 class CapabilityError(LoopwrightError):

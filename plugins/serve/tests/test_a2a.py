@@ -7,6 +7,7 @@ server over its own store; the restart test starts two over one store.
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -167,15 +168,25 @@ async def test_a_streamed_task_asks_for_approval_and_input_then_completes(assemb
             assert state == TaskState.TASK_STATE_INPUT_REQUIRED
             held = loopwright_data(message)
             assert held["state"] == "waiting_for_approval"
-            assert [p["toolCallId"] for p in held["pendingApprovals"]] == ["call_del"]
+            (pending,) = held["pendingApprovals"]
+            assert (pending["tool"], pending["arguments"]) == ("delete", {"path": "old/notes.txt"})
+            call = pending["toolCallId"]
+            assert re.fullmatch(r"lw-1-0-[0-9a-f]{6}", call)
+            # The streamed approvalRequired update names the call, its arguments and its digest too.
+            streamed = [d["approvalRequired"] for r in first if r.HasField("status_update")
+                        and r.status_update.status.HasField("message")
+                        for d in get_data_parts(r.status_update.status.message.parts) if "approvalRequired" in d]
+            assert [(a["toolCallId"], a["digest"], a["arguments"]) for a in streamed] == [
+                (call, pending["digest"], {"path": "old/notes.txt"})]
+            assert pending["digest"] in next(iter(get_text_parts(message.parts)))
             answers = [r.artifact_update.artifact for r in first if r.HasField("artifact_update")]
             assert [list(get_text_parts(a.parts)) for a in answers] == [["I will delete it"]]
 
-            second = await agent.send(new_data_part({"approve": "call_del"}), task_id=task_id)
+            second = await agent.send(new_data_part({"approve": call, "digest": pending["digest"]}), task_id=task_id)
             data = [d for r in second if r.HasField("status_update") and r.status_update.status.HasField("message")
                     for d in get_data_parts(r.status_update.status.message.parts)]
             results = [d["toolResult"] for d in data if "toolResult" in d]
-            assert {"id": "call_del", "name": "delete", "status": "success", "content": "deleted old/notes.txt"} in [
+            assert {"id": call, "name": "delete", "status": "success", "content": "deleted old/notes.txt"} in [
                 {k: r[k] for k in ("id", "name", "status", "content")} for r in results]
             _, state, message = final_task_state(second)
             assert state == TaskState.TASK_STATE_INPUT_REQUIRED
@@ -212,8 +223,13 @@ async def test_a_task_goes_on_after_the_server_restarts(assembly: Path) -> None:
         async with Agent(server, APPROVE, streaming=False) as agent:
             task = await agent.get(task_id)
             assert task.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
-            assert [p["toolCallId"] for p in loopwright_data(task.status.message)["pendingApprovals"]] == ["call_del"]
-            denied = await agent.send(new_data_part({"deny": "call_del", "reason": "keep it"}), task_id=task_id)
+            (pending,) = loopwright_data(task.status.message)["pendingApprovals"]
+            assert pending["tool"] == "delete"
+            call = pending["toolCallId"]
+            blind = {"deny": call, "reason": "keep it"}
+            with pytest.raises(A2AClientError, match="digest"):  # a decision names the call it saw
+                await agent.send(new_data_part(blind), task_id=task_id)
+            denied = await agent.send(new_data_part({**blind, "digest": pending["digest"]}), task_id=task_id)
             _, state, message = final_task_state(denied)
             assert state == TaskState.TASK_STATE_INPUT_REQUIRED
             assert loopwright_data(message)["question"] == "Which colour?"
@@ -224,17 +240,19 @@ async def test_a_task_goes_on_after_the_server_restarts(assembly: Path) -> None:
     calls = [r["data"] for r in records if r["kind"] == "tool_call" and r["data"].get("tool") == "delete"]
     assert calls[-1]["status"] == "denied"
     decisions = [r["data"] for r in records if r["kind"] == "approval" and r["data"].get("decision")]
-    assert decisions == [{"toolCallId": "call_del", "tool": "delete", "decision": "denied", "reason": "keep it",
+    assert decisions == [{"toolCallId": call, "tool": "delete", "decision": "denied", "reason": "keep it",
                           "by": "token:approver"}]
 
 
 async def test_a_call_approved_through_the_serve_api_goes_on_as_the_task(assembly: Path) -> None:
     with serving(assembly, env=TOKENS) as server:
         async with Agent(server, RUN, streaming=True) as agent:
-            task_id, state, _ = final_task_state(await agent.send(new_text_part("delete the old notes")))
+            task_id, state, message = final_task_state(await agent.send(new_text_part("delete the old notes")))
             assert state == TaskState.TASK_STATE_INPUT_REQUIRED
+            (pending,) = loopwright_data(message)["pendingApprovals"]
             with server.client(APPROVE) as http:
-                decided = http.post(f"/v1/instances/{task_id}/approvals/call_del", json={"decision": "approve"})
+                decided = http.post(f"/v1/instances/{task_id}/approvals/{pending['toolCallId']}",
+                                    json={"decision": "approve", "digest": pending["digest"]})
                 assert decided.status_code == 200, decided.text
                 read_events(http, task_id, rests_in("waiting"))  # the serve API's events: it asks its question
             task = await agent.get(task_id)
@@ -250,7 +268,7 @@ async def test_deciding_needs_the_approve_scope_reading_the_read_scope_and_cance
             task_id, state, _ = final_task_state(await agent.send(new_text_part("delete the old notes")))
             assert state == TaskState.TASK_STATE_INPUT_REQUIRED
             with pytest.raises(A2AClientError, match="403"):
-                await agent.send(new_data_part({"approve": "call_del"}), task_id=task_id)
+                await agent.send(new_data_part({"approve": "call_del", "digest": "0" * 64}), task_id=task_id)
             task = await agent.get(task_id)
             assert loopwright_data(task.status.message)["state"] == "waiting_for_approval"
         async with Agent(server, READ, streaming=False) as reader:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -118,27 +119,32 @@ def test_approve_through_the_api_records_the_decider(client: httpx.Client) -> No
     iid = start(client, "approve", prompt="clean up")["instanceId"]
     shown = wait_rest(client, iid, "waiting_for_approval")
     (pending,) = shown["treePendingApprovals"]
-    assert pending["toolCallId"] == "call_del"
+    # The runtime's own id (the model named it call_del), and the digest a decision must carry.
+    assert re.fullmatch(r"lw-1-0-[0-9a-f]{6}", pending["toolCallId"])
     assert pending["arguments"] == {"path": "old/notes.txt"}
-    response = client.post(f"/v1/instances/{iid}/approvals/call_del", json={"decision": "approve"})
+    assert pending["digest"] == shown["pendingApprovals"][0]["digest"]
+    call = pending["toolCallId"]
+    response = client.post(f"/v1/instances/{iid}/approvals/{call}", json={"decision": "approve",
+                                                                          "digest": pending["digest"]})
     assert response.status_code == 200, response.text
     (decided,) = response.json()["decided"]
     assert decided["decision"] == "approved"
     assert decided["decidedBy"] == "local"
     assert wait_rest(client, iid, "waiting")["state"] == "waiting"
     approvals = client.get(f"/v1/instances/{iid}/records", params={"kind": "approval"}).json()
-    assert approvals[-1]["data"] == {"toolCallId": "call_del", "tool": "delete", "decision": "approved",
+    assert approvals[-1]["data"] == {"toolCallId": call, "tool": "delete", "decision": "approved",
                                      "reason": None, "by": "local"}
-    again = client.post(f"/v1/instances/{iid}/approvals/call_del", json={"decision": "approve"})
+    again = client.post(f"/v1/instances/{iid}/approvals/{call}", json={"decision": "approve",
+                                                                       "digest": pending["digest"]})
     assert again.status_code == 409
     assert again.headers["content-type"] == "application/problem+json"
 
 
 def test_deny_with_a_reason(client: httpx.Client) -> None:
     iid = start(client, "approve")["instanceId"]
-    wait_rest(client, iid, "waiting_for_approval")
-    response = client.post(f"/v1/instances/{iid}/approvals/call_del",
-                           json={"decision": "deny", "reason": "not that file"})
+    (pending,) = wait_rest(client, iid, "waiting_for_approval")["pendingApprovals"]
+    response = client.post(f"/v1/instances/{iid}/approvals/{pending['toolCallId']}",
+                           json={"decision": "deny", "reason": "not that file", "digest": pending["digest"]})
     assert response.status_code == 200
     assert response.json()["decided"][0]["decisionReason"] == "not that file"
     wait_rest(client, iid, "waiting")
@@ -149,7 +155,8 @@ def test_deny_with_a_reason(client: httpx.Client) -> None:
 def test_unknown_call_and_unknown_instance(client: httpx.Client) -> None:
     iid = start(client, "approve")["instanceId"]
     wait_rest(client, iid, "waiting_for_approval")
-    response = client.post(f"/v1/instances/{iid}/approvals/call_nope", json={"decision": "approve"})
+    response = client.post(f"/v1/instances/{iid}/approvals/call_nope", json={"decision": "approve",
+                                                                              "digest": "0" * 64})
     assert response.status_code == 409
     assert "call_nope" in response.json()["detail"]
     for path in ("/v1/instances/20990101-000000-deadbeef", "/v1/instances/20990101-000000-deadbeef/records",
@@ -208,9 +215,13 @@ def test_bad_bodies_get_problem_documents(client: httpx.Client) -> None:
         assert response.headers["content-type"] == "application/problem+json"
         assert problem["status"] == status
         assert problem["title"]
-    decision = client.post("/v1/instances/x/approvals/y", json={"decision": "maybe"})
+    decision = client.post("/v1/instances/x/approvals/y", json={"decision": "maybe", "digest": "0" * 64})
     assert decision.status_code == 422
     assert decision.json()["errors"][0]["path"] == "$.decision"
+    # A decision without the digest of the call it saw is refused before anything is looked up.
+    blind = client.post("/v1/instances/x/approvals/y", json={"decision": "approve"})
+    assert blind.status_code == 422
+    assert "digest" in json.dumps(blind.json()["errors"])
     assert client.get("/healthz").status_code == 200
 
 
@@ -286,7 +297,9 @@ def test_run_false_only_writes_the_work_and_workers_run_it(tmp_path: Path) -> No
         assert worker.returncode == 0, worker.stderr
         shown = client.get(f"/v1/instances/{iid}").json()
         assert shown["state"] == "waiting_for_approval"
-        decided = client.post(f"/v1/instances/{iid}/approvals/call_del", json={"decision": "approve"})
+        (pending,) = shown["pendingApprovals"]
+        decided = client.post(f"/v1/instances/{iid}/approvals/{pending['toolCallId']}",
+                              json={"decision": "approve", "digest": pending["digest"]})
         assert decided.status_code == 200, decided.text
         assert decided.json()["decided"][0]["decidedBy"] == "local"
         # Saved, not continued here: the call waits, decided, for a worker.

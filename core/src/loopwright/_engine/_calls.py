@@ -34,7 +34,17 @@ from loopwright._engine._common import (
 from loopwright._hooks import intercept
 from loopwright._instance import message_to_json, now_iso, shown_call, unanswered_calls
 from loopwright._tools import ToolContext, run_in_daemon_thread
-from loopwright._types import Cost, PendingApproval, State, StopReason, ToolCall, ToolStatus, Usage, call_digest
+from loopwright._types import (
+    Cost,
+    PendingApproval,
+    State,
+    StopReason,
+    ToolCall,
+    ToolStatus,
+    Usage,
+    approval_digest,
+    call_digest,
+)
 from loopwright.builtins.tools import AwaitUser
 from loopwright.errors import ToolCallDenied, ToolError
 
@@ -117,14 +127,17 @@ class Calls:
                                            "question": awaiting.call.arguments.get("question")}
         if held:
             at = now_iso()
-            inst.set_pending([*inst.pending_approvals, *(PendingApproval(
+            entries = [PendingApproval(
                 tool_call_id=i.call.id, tool=i.call.name, arguments=dict(i.call.arguments), reason=i.held or "",
-                requested_at=at, original_digest=i.original_digest) for i in held)])
-            for i in held:
+                requested_at=at, original_digest=i.original_digest) for i in held]
+            inst.set_pending([*inst.pending_approvals, *entries])
+            for i, entry in zip(held, entries, strict=True):
+                # The digest a decision on this entry must carry (issue 25), as every surface shows it.
+                digest = approval_digest(entry)
                 self.journal.record(inst, "approval", {"toolCallId": i.call.id, "tool": i.call.name,
-                                                       "reason": i.held, "decision": None})
+                                                       "reason": i.held, "decision": None, "digest": digest})
                 await self.journal.emit(run, "approval", inst.turn, toolCallId=i.call.id, tool=i.call.name,
-                                        reason=i.held)
+                                        reason=i.held, arguments=dict(i.call.arguments), digest=digest)
             # The wait for a person is not the agent's time: the elapsed limit skips it.
             inst.header.paused_at = time.time()
             raise SegmentEnd(State.WAITING_FOR_APPROVAL, StopReason.WAITING_FOR_APPROVAL)

@@ -139,6 +139,9 @@ def _arguments(arguments: Mapping[str, Any]) -> str:
 
 
 def _print_pending(result: AgentResult) -> None:
+    # Imported here: ls and show import this module and, reading a bare store, no value objects.
+    from loopwright._types import approval_digest  # noqa: PLC0415
+
     waiting = [p for p in result.pending_approvals if p.decision is None]
     calls = f"{len(waiting)} call{'' if len(waiting) == 1 else 's'}"
     in_tree = any(p.instance_id not in {None, result.instance_id} for p in waiting)
@@ -149,11 +152,13 @@ def _print_pending(result: AgentResult) -> None:
                    f"approval{'' if len(waiting) == 1 else 's'} in its tree:")
     for p in waiting:
         click.echo(f"  {safe_text(p.tool_call_id)}  {safe_text(p.tool)} {_arguments(p.arguments)}")
+        click.echo(f"      digest {approval_digest(p)}")
         if p.instance_id not in {None, result.instance_id}:
             click.echo(f"      in {_path(p.path)}")
         if p.reason:
             click.echo(f"      {safe_text(p.reason)}")
-    more = " [--call CALL_ID]" if len(waiting) > 1 and not in_tree else " --call CALL_ID" if in_tree else ""
+    more = " [--call CALL_ID [--digest DIGEST]]" if len(waiting) > 1 and not in_tree else \
+        " --call CALL_ID [--digest DIGEST]" if in_tree else ""
     click.echo(f"approve with: loopwright approve {result.instance_id}{more}")
     click.echo(f"deny with:    loopwright deny {result.instance_id}{more} --reason TEXT")
     if in_tree:

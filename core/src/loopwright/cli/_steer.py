@@ -20,8 +20,9 @@ from loopwright.cli._exits import EXIT_OK, EXIT_USAGE, CliError
 from loopwright.cli._following import follow_agent, follow_elsewhere, report_submitted
 from loopwright.cli._opening import lookup, runtime, sync
 from loopwright.cli._output import echo_json, report
-from loopwright.display import safe_text
-from loopwright.errors import InstanceLockedError, LoopwrightError
+from loopwright._types import approval_digest
+from loopwright.display import safe_json, safe_text
+from loopwright.errors import ApprovalDigestMismatchError, InstanceLockedError, LoopwrightError
 
 if TYPE_CHECKING:
     from loopwright.cli._settings import CliSettings
@@ -31,7 +32,7 @@ __all__ = ["approve", "cancel", "deny", "fork", "message", "rewind"]
 
 async def _decide(settings: CliSettings, instance_id: str, call_id: str | None, *, subtree: bool,  # noqa: C901 - each way to go on
                   decision: Literal["approved", "denied"], reason: str | None, stream: bool = False,
-                  detach: bool = False) -> int:
+                  detach: bool = False, digest: str | None = None) -> int:
     """Decide held calls of ``instance_id``'s tree, then follow it (see ``approve``; ``detach``: a worker goes on)."""
     async with runtime(settings) as rt:
         agent = await lookup(rt, instance_id)
@@ -45,11 +46,14 @@ async def _decide(settings: CliSettings, instance_id: str, call_id: str | None, 
         elsewhere = detach or not rt.engine.in_process
         try:
             if elsewhere:
-                decided = await rt.submit_decision(instance_id, call_id, decision, reason, subtree=subtree)
+                decided = await rt.submit_decision(instance_id, call_id, decision, reason, subtree=subtree,
+                                                   digest=digest)
             elif subtree:
                 decided = await rt.decide_subtree(agent, decision, reason)
             else:
-                decided = await rt.decide(agent, call_id, decision, reason)
+                decided = await rt.decide(agent, call_id, decision, reason, digest=digest)
+        except ApprovalDigestMismatchError as exc:
+            raise CliError(str(exc), EXIT_USAGE) from None
         except InstanceLockedError as exc:
             raise CliError(f"{exc}: its calls are being decided or run there, none waits here", EXIT_USAGE) from None
         except LoopwrightError as exc:
@@ -60,7 +64,9 @@ async def _decide(settings: CliSettings, instance_id: str, call_id: str | None, 
             for p in decided:
                 where = " > ".join(f"{safe_text(step.get('name'))} {safe_text(step.get('instanceId'))}"
                                    for step in p.path) or safe_text(p.instance_id or instance_id)
-                click.echo(f"{decision}: {safe_text(p.tool_call_id)} {safe_text(p.tool)} (in {where})", err=True)
+                # What was decided, exactly: the call, its arguments and its digest (issue 25).
+                click.echo(f"{decision}: {safe_text(p.tool_call_id)} {safe_text(p.tool)} {safe_json(dict(p.arguments))} "
+                           f"(in {where}; digest {approval_digest(p)})", err=True)
         if detach:
             return report_submitted(settings, await rt.store.read_header(instance_id),
                                     f"{decision}, for a worker to go on")
@@ -71,21 +77,22 @@ async def _decide(settings: CliSettings, instance_id: str, call_id: str | None, 
 
 @sync
 async def approve(settings: CliSettings, instance_id: str, call_id: str | None, subtree: bool = False,  # noqa: PLR0917 - click passes them in order
-                  stream: bool = False, detach: bool = False) -> int:
+                  stream: bool = False, detach: bool = False, digest: str | None = None) -> int:
     """``loopwright approve``: approve held calls (anywhere in its tree with ``--call``, ``--subtree``), then follow.
 
-    ``stream`` asks the provider to stream the answers that follow; ``detach`` only saves the decision.
+    ``stream`` asks the provider to stream the answers that follow; ``detach`` only saves the
+    decision; ``digest`` (with ``call_id``) approves only if the call is still the one shown.
     """
     return await _decide(settings, instance_id, call_id, subtree=subtree, decision="approved", reason=None,
-                         stream=stream, detach=detach)
+                         stream=stream, detach=detach, digest=digest)
 
 
 @sync
 async def deny(settings: CliSettings, instance_id: str, call_id: str | None, reason: str | None,  # noqa: PLR0917 - click passes them in order
-               subtree: bool = False, stream: bool = False, detach: bool = False) -> int:
+               subtree: bool = False, stream: bool = False, detach: bool = False, digest: str | None = None) -> int:
     """``loopwright deny``: deny held calls (the model sees ``denied: REASON``), then follow the instance."""
     return await _decide(settings, instance_id, call_id, subtree=subtree, decision="denied", reason=reason,
-                         stream=stream, detach=detach)
+                         stream=stream, detach=detach, digest=digest)
 
 
 @sync

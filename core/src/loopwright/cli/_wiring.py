@@ -101,6 +101,13 @@ def submit_command(settings: CliSettings, definition: str, prompt: str | None, i
     return _invoke("run", settings, definition, prompt, parse_inputs(inputs), stream, detach)
 
 
+def _one_call(call_id: str | None, subtree: bool, digest: str | None) -> None:
+    if subtree and call_id is not None:
+        raise click.UsageError("give --call or --subtree, not both")
+    if digest is not None and call_id is None:
+        raise click.UsageError("--digest names one call's digest: give its --call CALL_ID too")
+
+
 def _no_stream(stream: bool, detach: bool) -> None:
     if stream and detach:
         raise click.UsageError("--detach runs nothing here, so --stream does not apply: give one of them")
@@ -111,22 +118,24 @@ def _no_stream(stream: bool, detach: bool) -> None:
 @click.option("--call", "call_id", metavar="CALL_ID",
               help="Approve only this call, held by ID or by any agent below it (default: every call ID holds).")
 @click.option("--subtree", is_flag=True, help="Approve every call held in ID's tree, and print each.")
+@click.option("--digest", metavar="DIGEST",
+              help="With --call: approve only if the call is still the one with this digest (as shown, or in "
+                   "pendingApprovals of --json); another call is refused, exit 2, and nothing runs.")
 @click.option("--stream", is_flag=True, help="Ask the provider to stream its answers.")
 @click.option("--detach", is_flag=True,
               help="Write the work to the store for a worker (loopwright worker), print the id and exit 0 at once.")
 @pass_settings
 def approve_command(settings: CliSettings, instance_id: str, call_id: str | None, subtree: bool,  # noqa: PLR0917 - click
-                    stream: bool, detach: bool) -> int:
+                    digest: str | None, stream: bool, detach: bool) -> int:
     """Approve held tool calls of instance ID or its tree, then follow ID until it rests.
 
     The instance holding the call goes on, and so do the agents above it waiting for it. A
     call that is no longer waiting is an error (exit 2). With --detach, only the decision is
     saved: a worker continues the instance.
     """
-    if subtree and call_id is not None:
-        raise click.UsageError("give --call or --subtree, not both")
+    _one_call(call_id, subtree, digest)
     _no_stream(stream, detach)
-    return _invoke("approve", settings, instance_id, call_id, subtree, stream, detach)
+    return _invoke("approve", settings, instance_id, call_id, subtree, stream, detach, digest)
 
 
 @_command("deny")
@@ -134,18 +143,20 @@ def approve_command(settings: CliSettings, instance_id: str, call_id: str | None
 @click.option("--call", "call_id", metavar="CALL_ID",
               help="Deny only this call, held by ID or by any agent below it (default: every call ID holds).")
 @click.option("--subtree", is_flag=True, help="Deny every call held in ID's tree, and print each.")
+@click.option("--digest", metavar="DIGEST",
+              help="With --call: deny only if the call is still the one with this digest (as shown, or in "
+                   "pendingApprovals of --json); another call is refused, exit 2, and nothing runs.")
 @click.option("--reason", help="Why; the model reads it in the call's 'denied' result.")
 @click.option("--stream", is_flag=True, help="Ask the provider to stream its answers.")
 @click.option("--detach", is_flag=True,
               help="Write the work to the store for a worker (loopwright worker), print the id and exit 0 at once.")
 @pass_settings
 def deny_command(settings: CliSettings, instance_id: str, call_id: str | None, subtree: bool,  # noqa: PLR0917 - click
-                 reason: str | None, stream: bool, detach: bool) -> int:
+                 digest: str | None, reason: str | None, stream: bool, detach: bool) -> int:
     """Deny held tool calls of instance ID or its tree, then follow ID until it rests (--detach: a worker goes on)."""
-    if subtree and call_id is not None:
-        raise click.UsageError("give --call or --subtree, not both")
+    _one_call(call_id, subtree, digest)
     _no_stream(stream, detach)
-    return _invoke("deny", settings, instance_id, call_id, reason, subtree, stream, detach)
+    return _invoke("deny", settings, instance_id, call_id, reason, subtree, stream, detach, digest)
 
 
 @_command("message")

@@ -18,8 +18,10 @@ What maps to what (docs/protocols.md, "A2A"):
   ``error`` and the other stop reasons (limits) → failed. A start refused for bad inputs → rejected.
 - **Messages.** The text parts of the first message are the task prompt (``metadata.inputs``
   fills the definition's inputs). A follow-up's text is a message to the instance (the answer
-  to an ``ask_user``). A data part ``{"approve": CALL_ID}`` or ``{"deny": CALL_ID, "reason": ...}``
-  decides a held call, and needs the ``approve`` scope.
+  to an ``ask_user``). A data part ``{"approve": CALL_ID, "digest": DIGEST}`` or ``{"deny": CALL_ID,
+  "digest": DIGEST, "reason": ...}`` decides a held call, and needs the ``approve`` scope. DIGEST is
+  the one shown with the call in ``pendingApprovals``; a decision without it, or with another
+  call's, is an invalid-params error (its data names the current digest) and nothing runs.
 - **Streaming.** The instance's events become task updates: each answer is the ``answer``
   artifact (streamed pieces appended), tool calls and results are working status updates whose
   message holds a data part, and the segment's end is the final status.
@@ -68,8 +70,8 @@ from google.protobuf.json_format import MessageToDict, ParseDict
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from loopwright import HeaderFields, State, StopReason
-from loopwright.errors import ConfigError, LoopwrightError
+from loopwright import HeaderFields, State, StopReason, approval_digest
+from loopwright.errors import ApprovalDigestMismatchError, ConfigError, LoopwrightError
 from loopwright_serve._auth import Principal, Scope
 from loopwright_serve._problems import ProblemError
 from loopwright_serve._steer import GatedResponse, Session, new_id, segment_events, valid_id
@@ -110,27 +112,33 @@ _LIST_PAGE = 50
 _IDLE_RELEASE = 60.0
 
 
-def decisions_of(message: Message | None) -> list[tuple[str, str, str | None]]:
-    """Return the decisions a message carries: ``(decision, call_id, reason)``, in order.
+def decisions_of(message: Message | None) -> list[tuple[str, str, str, str | None]]:
+    """Return the decisions a message carries: ``(decision, call_id, digest, reason)``, in order.
 
-    A decision is a data part ``{"approve": CALL_ID}`` or ``{"deny": CALL_ID, "reason": TEXT}``.
+    A decision is a data part ``{"approve": CALL_ID, "digest": DIGEST}`` or ``{"deny": CALL_ID,
+    "digest": DIGEST, "reason": TEXT}``, where DIGEST is the one shown with the held call in
+    ``pendingApprovals``: the call is decided only if it is still exactly that call.
 
-    :raises InvalidParamsError: A decision part is malformed (a call id that is not a string).
+    :raises InvalidParamsError: A decision part is malformed (a call id that is not a string, or
+        no digest).
     """
     if message is None:
         return []
-    out: list[tuple[str, str, str | None]] = []
+    out: list[tuple[str, str, str, str | None]] = []
     for data in get_data_parts(message.parts):
         if not isinstance(data, Mapping):
             continue
         for key, decision in (("approve", "approved"), ("deny", "denied")):
             if key not in data:
                 continue
-            call_id = data[key]
+            call_id, digest = data[key], data.get("digest")
             if not isinstance(call_id, str) or not call_id:
                 raise InvalidParamsError(message=f'"{key}" names the held call to decide: give its call id as a string')
+            if not isinstance(digest, str) or not digest:
+                raise InvalidParamsError(message=f'a decision carries the digest of the call it decides: give "digest" '
+                                                 f'as shown with call {call_id!r} in pendingApprovals')
             reason = data.get("reason")
-            out.append((decision, call_id, reason if isinstance(reason, str) else None))
+            out.append((decision, call_id, digest, reason if isinstance(reason, str) else None))
     return out
 
 
@@ -168,8 +176,8 @@ def _undecided(header: HeaderFields) -> list[dict[str, Any]]:
 
 def _details(header: HeaderFields) -> dict[str, Any]:
     """Return the ``loopwright`` data of a status message: what a client needs to answer the task."""
-    pending = [{"toolCallId": p.get("toolCallId"), "tool": p.get("tool"), "arguments": p.get("arguments"),
-                "reason": p.get("reason")}
+    pending = [{"toolCallId": p.get("toolCallId"), "digest": approval_digest(p), "tool": p.get("tool"),
+                "arguments": p.get("arguments"), "reason": p.get("reason")}
                for p in _undecided(header)]
     data: dict[str, Any] = {"instanceId": header.instance_id, "state": header.state,
                             "stopReason": header.stop_reason}
@@ -187,9 +195,10 @@ def _details(header: HeaderFields) -> dict[str, Any]:
 def _status_text(header: HeaderFields) -> str:
     pending = _undecided(header)
     if header.state == State.WAITING_FOR_APPROVAL and pending:
-        calls = ", ".join(f"{p.get('tool')} ({p.get('toolCallId')})" for p in pending)
+        calls = ", ".join(f"{p.get('tool')} (call {p.get('toolCallId')}, digest {approval_digest(p)})"
+                          for p in pending)
         return (f"waiting for approval of {calls}: send a data part "
-                '{"approve": CALL_ID} or {"deny": CALL_ID, "reason": "..."}')
+                '{"approve": CALL_ID, "digest": DIGEST} or {"deny": CALL_ID, "digest": DIGEST, "reason": "..."}')
     if header.awaiting_answer:
         return str(header.awaiting_answer.get("question") or "")
     if header.state == State.ERROR:
@@ -472,11 +481,14 @@ class LoopwrightExecutor(AgentExecutor):
             before = HeaderFields(await rt.store.read_header(iid))
             try:
                 by = context.call_context.state.get(_BY_KEY)
-                for decision, call_id, reason in decisions_of(message):
+                for decision, call_id, digest, reason in decisions_of(message):
                     if decision == "approved":
-                        await run.approve(call_id, by=by)
+                        await run.approve(call_id, by=by, digest=digest)
                     else:
-                        await run.deny(call_id, reason, by=by)
+                        await run.deny(call_id, reason, by=by, digest=digest)
+            except ApprovalDigestMismatchError as exc:
+                raise InvalidParamsError(message=str(exc), data={
+                    "toolCallId": exc.tool_call_id, "currentDigest": exc.current_digest}) from exc
             except LoopwrightError as exc:
                 raise InvalidParamsError(message=str(exc)) from exc
             if text:
@@ -510,6 +522,7 @@ class LoopwrightExecutor(AgentExecutor):
                           {"toolResult": {"id": data.get("id"), "name": data.get("name"), "status": data.get("status"),
                                           "content": data.get("content")}} if event.kind == "tool_result" else \
                           {"approvalRequired": {"toolCallId": data.get("toolCallId"), "tool": data.get("tool"),
+                                                "arguments": data.get("arguments"), "digest": data.get("digest"),
                                                 "reason": data.get("reason")}}
                 await updater.update_status(TaskState.TASK_STATE_WORKING,
                                             message=updater.new_agent_message([new_data_part(_json_safe(payload))]))

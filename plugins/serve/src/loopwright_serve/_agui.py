@@ -16,11 +16,14 @@ What maps to what (docs/protocols.md, "AG-UI"):
   each tool call as ``TOOL_CALL_START``, ``TOOL_CALL_ARGS`` (the arguments as JSON),
   ``TOOL_CALL_END`` and its ``TOOL_CALL_RESULT``; then ``RUN_FINISHED`` or ``RUN_ERROR``.
 - **Interrupts.** A held call ends the run with ``RUN_FINISHED`` whose outcome is ``interrupt``:
-  one interrupt per held call (id = tool call id, reason ``approval``), or one for an ``ask_user``
-  question (id = its call id, reason ``question``). The next run on the thread answers them in
-  ``resume``: ``{"interruptId", "status": "resolved", "payload": {"approved": true}}`` approves,
-  ``{"approved": false, "reason": ...}`` or ``"status": "cancelled"`` denies, and
-  ``{"answer": TEXT}`` answers a question. Deciding needs the ``approve`` scope.
+  one interrupt per held call (id = tool call id, reason ``approval``, ``metadata``: the call's
+  tool, arguments and digest), or one for an ``ask_user`` question (id = its call id, reason
+  ``question``). The next run on the thread answers them in ``resume``: ``{"interruptId",
+  "status": "resolved", "payload": {"approved": true, "digest": DIGEST}}`` approves,
+  ``{"approved": false, "digest": DIGEST, "reason": ...}`` or ``"status": "cancelled"`` (with the
+  digest in payload or metadata) denies, and ``{"answer": TEXT}`` answers a question. Deciding
+  needs the ``approve`` scope; a decision without the digest is a 400, one with another call's a
+  409 naming the current digest, and nothing runs.
 - **Ends.** ``completed`` and ``waiting`` finish with outcome ``success`` (``result``: text and
   output); a cancelled instance with outcome ``cancelled``; ``error`` and limits with ``RUN_ERROR``
   (``code``: the stop reason).
@@ -59,8 +62,8 @@ from pydantic import ValidationError
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
-from loopwright import HeaderFields, State, StopReason
-from loopwright.errors import ConfigError, LoopwrightError
+from loopwright import HeaderFields, State, StopReason, approval_digest
+from loopwright.errors import ApprovalDigestMismatchError, ConfigError, LoopwrightError
 from loopwright_serve._auth import Scope
 from loopwright_serve._problems import ProblemError
 from loopwright_serve._steer import GatedResponse, Session, segment_events, valid_id
@@ -83,8 +86,15 @@ _log = logging.getLogger("loopwright.serve")
 
 #: The AG-UI protocol version this surface speaks.
 PROTOCOL_VERSION = "1.0"
-_APPROVAL_SCHEMA = {"type": "object", "required": ["approved"],
-                    "properties": {"approved": {"type": "boolean"}, "reason": {"type": "string"}}}
+
+
+def _approval_schema(digest: str) -> dict[str, Any]:
+    """The response an approval interrupt takes: ``approved``, and the digest of the call it shows."""
+    return {"type": "object", "required": ["approved", "digest"],
+            "properties": {"approved": {"type": "boolean"}, "digest": {"const": digest},
+                           "reason": {"type": "string"}}}
+
+
 _QUESTION_SCHEMA = {"type": "object", "required": ["answer"], "properties": {"answer": {"type": "string"}}}
 
 
@@ -96,7 +106,7 @@ def state_of(header: HeaderFields) -> dict[str, Any]:
     """Return the ``STATE_SNAPSHOT`` of an instance: what a UI shows of it."""
     state: dict[str, Any] = {
         "instanceId": header.instance_id, "state": header.state, "stopReason": header.stop_reason,
-        "pendingApprovals": [{"toolCallId": p.get("toolCallId"), "tool": p.get("tool"),
+        "pendingApprovals": [{"toolCallId": p.get("toolCallId"), "digest": approval_digest(p), "tool": p.get("tool"),
                               "arguments": p.get("arguments"), "reason": p.get("reason")} for p in _pending(header)],
         "usage": dict(header.usage or {}), "cost": header.cost,
     }
@@ -110,7 +120,10 @@ def interrupts_of(header: HeaderFields) -> list[Interrupt]:
     if header.state == State.WAITING_FOR_APPROVAL:
         return [Interrupt(id=str(p.get("toolCallId")), reason="approval", tool_call_id=str(p.get("toolCallId")),
                           message=f"approve the call of {p.get('tool')}? ({p.get('reason')})",
-                          response_schema=_APPROVAL_SCHEMA) for p in _pending(header)]
+                          response_schema=_approval_schema(approval_digest(p)),
+                          metadata={"digest": approval_digest(p), "tool": p.get("tool"),
+                                    "arguments": p.get("arguments")})
+                for p in _pending(header)]
     awaiting = header.awaiting_answer
     if awaiting and header.state == State.WAITING:
         call_id = str(header.asked_call_id)
@@ -248,11 +261,12 @@ class AguiAgent:
             for entry in entries:
                 payload = entry.payload if isinstance(entry.payload, dict) else {}
                 if entry.interrupt_id in held:
+                    digest = _digest_of(entry, payload)
                     if entry.status == "resolved" and payload.get("approved") is True:
-                        await run.approve(entry.interrupt_id, by=by)
+                        await run.approve(entry.interrupt_id, by=by, digest=digest)
                     else:
                         reason = payload.get("reason") if isinstance(payload.get("reason"), str) else None
-                        await run.deny(entry.interrupt_id, reason or "denied through AG-UI", by=by)
+                        await run.deny(entry.interrupt_id, reason or "denied through AG-UI", by=by, digest=digest)
                     decided.add(entry.interrupt_id)
                 else:
                     answer = payload.get("answer") if payload else entry.payload
@@ -260,6 +274,9 @@ class AguiAgent:
                         if entry.status == "resolved" else "(the user declined to answer)"
                     await run.message(text)
                     answered[entry.interrupt_id] = text
+        except ApprovalDigestMismatchError as exc:
+            raise ProblemError(409, "Not the pending call", str(exc), instanceId=exc.instance_id,
+                               toolCallId=exc.tool_call_id, currentDigest=exc.current_digest) from exc
         except LoopwrightError as exc:
             raise _problem(409, "cannot resume", str(exc)) from exc
         return decided, answered
@@ -375,6 +392,20 @@ class _Mapper:
             return []
         message_id, self.open_message = self.open_message, None
         return [TextMessageEndEvent(message_id=message_id)]
+
+
+def _digest_of(entry: ResumeEntry, payload: Mapping[str, Any]) -> str:
+    """Return the digest a decision carries (its payload's ``digest``, else its metadata's).
+
+    :raises ProblemError: 400: the entry carries none; a decision names the call it saw.
+    """
+    metadata = entry.metadata if isinstance(entry.metadata, dict) else {}
+    digest = payload.get("digest", metadata.get("digest"))
+    if not isinstance(digest, str) or not digest:
+        raise _problem(400, "No digest", f"the resume of interrupt {entry.interrupt_id} decides a held call: give "
+                                         "the digest of the call shown (the interrupt's metadata.digest) as "
+                                         "payload.digest")
+    return digest
 
 
 def _problem(status: int, title: str, detail: str) -> ProblemError:

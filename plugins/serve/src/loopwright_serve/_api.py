@@ -20,7 +20,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from loopwright import Definition, HeaderFields, PendingApproval, State
+from loopwright._types import approval_digest
 from loopwright.errors import (
+    ApprovalDigestMismatchError,
     CapabilityError,
     ConfigError,
     GrantsError,
@@ -77,6 +79,9 @@ class DecisionBody:
     """Approve or deny one held tool call, anywhere in the instance's tree."""
 
     decision: Literal["approve", "deny"] = body_field("What to do with the call.")
+    digest: str = body_field("The digest of the call as shown (its ``digest`` in pendingApprovals): the call is "
+                             "decided only if it is still exactly that call, else 409 naming the current digest.",
+                             pattern="^[0-9a-f]{64}$")
     reason: str | None = body_field("Why (a denial's reason reaches the model).", default=None, maxLength=10_000)
 
 
@@ -238,6 +243,9 @@ def _loopwright_errors(instance_id: str | None) -> Iterator[None]:
         raise ProblemError(404, "Unknown instance", f"no instance {instance_id!r} in the store", **extra) from None
     except InstanceLockedError as exc:
         raise ProblemError(409, "Running elsewhere", str(exc), **extra) from None
+    except ApprovalDigestMismatchError as exc:
+        raise ProblemError(409, "Not the pending call", str(exc), instanceId=exc.instance_id,
+                           toolCallId=exc.tool_call_id, currentDigest=exc.current_digest) from None
     except ConfigError as exc:
         errors = [{"path": p.path or "$", "message": p.message} for p in exc.problems] or \
             [{"path": "$", "message": str(exc)}]
@@ -269,7 +277,8 @@ def _flag(request: Request, name: str) -> bool:
 
 
 def _decision_json(p: PendingApproval) -> dict[str, Any]:
-    return {"toolCallId": p.tool_call_id, "tool": p.tool, "arguments": dict(p.arguments), "reason": p.reason,
+    return {"toolCallId": p.tool_call_id, "digest": approval_digest(p), "tool": p.tool,
+            "arguments": dict(p.arguments), "reason": p.reason,
             "decision": p.decision, "decisionReason": p.decision_reason, "decidedBy": p.decided_by,
             "instanceId": p.instance_id, "path": [dict(step) for step in p.path]}
 
@@ -371,9 +380,11 @@ class _Handlers:
         decision: Literal["approved", "denied"] = "approved" if body.decision == "approve" else "denied"
         if self.ctx.settings.run:
             run = await self.rt.get_agent(instance_id)
-            decided = await self.rt.decide(run, call_id, decision, body.reason, by=principal.source)
+            decided = await self.rt.decide(run, call_id, decision, body.reason, by=principal.source,
+                                           digest=body.digest)
         else:  # saved, and handed to the engine for a worker to continue
-            decided = await self.rt.submit_decision(instance_id, call_id, decision, body.reason, by=principal.source)
+            decided = await self.rt.submit_decision(instance_id, call_id, decision, body.reason,
+                                                    by=principal.source, digest=body.digest)
         return JSONResponse({"decided": [_decision_json(p) for p in decided],
                              "instance": await self.rt.summary(instance_id)})
 

@@ -35,7 +35,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.requests import Request
 from starlette.routing import BaseRoute, Route
 
-from loopwright import AgentResult, Runtime, State
+from loopwright import AgentResult, Runtime, State, approval_digest
 from loopwright.errors import ConfigError, LoopwrightError
 from loopwright_serve._auth import Scope
 from loopwright_serve._problems import ProblemError
@@ -65,7 +65,8 @@ OUTPUT_SCHEMA: dict[str, Any] = {
         "stopReason": {"type": ["string", "null"]},
         "text": {"type": ["string", "null"], "description": "The agent's answer."},
         "pendingApprovals": {"type": "array", "items": {"type": "object"},
-                             "description": "Calls held for approval: {toolCallId, tool, arguments}."},
+                             "description": "Calls held for approval: {toolCallId, digest, tool, arguments}; "
+                                            "a decision (serve API, CLI) carries the digest."},
         "question": {"type": ["string", "null"], "description": "What the agent asks (ask_user), if it waits on that."},
     },
     "required": ["instanceId", "state"],
@@ -165,8 +166,8 @@ async def _report(run: AgentRun, progress: Callable[..., Any]) -> None:
 
 def _result(result: AgentResult, question: str | None = None) -> types.CallToolResult:
     """Return the tool result of a resting instance (``question``: of the ``ask_user`` call it waits on)."""
-    pending = [{"toolCallId": p.tool_call_id, "tool": p.tool, "arguments": dict(p.arguments)}
-               for p in result.pending_approvals]
+    pending = [{"toolCallId": p.tool_call_id, "digest": approval_digest(p), "tool": p.tool,
+                "arguments": dict(p.arguments)} for p in result.pending_approvals if p.decision is None]
     structured = {"instanceId": result.instance_id, "state": result.state.value,
                   "stopReason": result.stop_reason.value if result.stop_reason else None,
                   "text": result.text, "pendingApprovals": pending, "question": question}
@@ -174,10 +175,11 @@ def _result(result: AgentResult, question: str | None = None) -> types.CallToolR
         why = "was cancelled" if result.cancelled else f"failed: {result.error}"
         return _error(f"the agent {why} (instance {result.instance_id})", structured)
     if result.state is State.WAITING_FOR_APPROVAL:
-        held = "; ".join(f"{p['tool']} {json.dumps(p['arguments'], sort_keys=True)} (call {p['toolCallId']})"
-                         for p in pending)
+        held = "; ".join(f"{p['tool']} {json.dumps(p['arguments'], sort_keys=True)} "
+                         f"(call {p['toolCallId']}, digest {p['digest']})" for p in pending)
         text = (f"The agent is waiting for approval before it goes on (instance {result.instance_id}). Held: "
-                f"{held}. Decide through the loopwright serve API or `loopwright approve {result.instance_id}`.")
+                f"{held}. Decide through the loopwright serve API (with the digest) or "
+                f"`loopwright approve {result.instance_id} --call CALL_ID --digest DIGEST`.")
     elif question:
         text = (f"The agent asks: {question} (instance {result.instance_id}; answer it with "
                 f"`loopwright message {result.instance_id} TEXT` or the serve API)")

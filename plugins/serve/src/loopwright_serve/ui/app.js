@@ -239,7 +239,8 @@ function pendingCalls() {
   for (const summary of state.summaries.values()) {
     for (const call of list(summary.pendingApprovals)) {
       if (call.decision) continue;
-      calls.push({ holder: summary, call, key: `${summary.instanceId}\u0000${call.toolCallId}` });
+      // The digest is part of the key: a call id whose call changed gets a new card, never the old one.
+      calls.push({ holder: summary, call, key: `${summary.instanceId}\u0000${call.toolCallId}\u0000${call.digest}` });
     }
   }
   calls.sort((a, b) => String(a.call.requestedAt ?? "").localeCompare(String(b.call.requestedAt ?? "")));
@@ -250,7 +251,8 @@ function renderInbox() {
   const inbox = $("inbox");
   const calls = pendingCalls();
   const wanted = new Set(calls.map((c) => c.key));
-  // Cards are kept while their call waits, so a reason being typed is not wiped by a refresh.
+  // Cards are kept while their call waits, so a reason being typed is not wiped by a refresh; a
+  // card whose call changed under the same id (a new digest) is removed and built anew.
   for (const card of [...inbox.children]) if (!wanted.has(card.dataset.key)) card.remove();
   const have = new Set([...inbox.children].map((card) => card.dataset.key));
   for (const item of calls) if (!have.has(item.key)) inbox.append(card(item));
@@ -264,6 +266,7 @@ function card({ holder, call, key }) {
   li.dataset.key = key;
   li.dataset.instanceId = holder.instanceId;
   li.dataset.toolCallId = call.toolCallId;
+  li.dataset.digest = call.digest ?? "";
   li.append(el("div", "tool", safeText(call.tool ?? "?")));
   const where = el("div", "where");
   const open = el("button", "", `${safeText(holder.name ?? "?")} ${shortId(safeText(holder.instanceId))}`);
@@ -278,6 +281,10 @@ function card({ holder, call, key }) {
   where.append("in ", above.length ? `${above.join(" › ")} › ` : "", open, ` · call ${safeText(call.toolCallId)}`);
   if (call.requestedAt) where.append(` · ${safeText(call.requestedAt)}`);
   li.append(where);
+  // What runs if approved, as a digest (name, canonical arguments, the entry): the decision sends it.
+  const digest = el("div", "digest", `digest ${safeText(String(call.digest ?? "")).slice(0, 16)}`);
+  digest.title = safeText(String(call.digest ?? ""));
+  li.append(digest);
   li.append(el("div", "label", "arguments"));
   li.append(el("pre", "args", safeJson(call.arguments ?? {})));
   if (call.reason) {
@@ -294,7 +301,10 @@ function card({ holder, call, key }) {
   const deny = el("button", "danger deny", "Deny");
   deny.type = "submit";
   decide.append(approve, reason, deny);
-  const send = async (body) => {
+  // The decision carries the digest of the call this card shows: the server refuses it (409) when
+  // the call pending under this id is another one, and nothing runs.
+  const send = async (decision) => {
+    const body = { ...decision, digest: call.digest };
     approve.disabled = true;
     deny.disabled = true;
     try {
@@ -306,7 +316,8 @@ function card({ holder, call, key }) {
       failed(error);
       approve.disabled = false;
       deny.disabled = false;
-      // A 409 (decided elsewhere, or no longer pending) means this list is out of date.
+      // A 409 (decided elsewhere, no longer pending, or another call under this id now) means
+      // this list is out of date: the refresh rebuilds the card from what is pending.
       if (error instanceof ProblemError && error.status === 409) refresh().catch(failed);
     }
   };
