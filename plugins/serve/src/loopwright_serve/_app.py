@@ -10,6 +10,7 @@ import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -72,7 +73,7 @@ def build_app(
             finally:
                 ctx.streams.closing.set()
 
-    middleware = [Middleware(BodyLimit, limit=ctx.settings.max_body_bytes)]
+    middleware = [Middleware(BodyLimit, limit=ctx.settings.max_body_bytes, timeout=ctx.settings.body_timeout)]
     if ctx.settings.cors_origins:
         middleware.append(Middleware(
             CORSMiddleware, allow_origins=list(ctx.settings.cors_origins), allow_credentials=False,
@@ -134,12 +135,16 @@ class BodyLimit:
     """ASGI middleware: refuse a request body larger than ``limit`` bytes with 413, before reading it whole.
 
     A declared ``Content-Length`` above the limit is refused at once; a body sent without one
-    (chunked) is counted as it arrives, and refused when it passes the limit.
+    (chunked) is counted as it arrives, and refused when it passes the limit. A body that takes
+    longer than ``timeout`` seconds to arrive, counted from the app's first read, is refused
+    with 408 (``server.bodyTimeout``); reads after the body's end (an event stream waiting for
+    the client to go away) are not bounded.
     """
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+    def __init__(self, app: ASGIApp, limit: int, timeout: float = 30.0) -> None:
         self.app = app
         self.limit = limit
+        self.timeout = timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -160,10 +165,21 @@ class BodyLimit:
         seen = 0
         kind = dict(scope.get("headers") or ()).get(b"content-type", b"").lower()
         depth = JSONDepth() if not kind or b"json" in kind else None
+        deadline: float | None = None
+        body_done = False
 
         async def bounded() -> Message:
-            nonlocal seen
-            message = await receive()
+            nonlocal seen, deadline, body_done
+            if body_done:
+                return await receive()
+            if deadline is None:
+                deadline = anyio.current_time() + self.timeout
+            with anyio.move_on_after(max(0.0, deadline - anyio.current_time())) as late:
+                message = await receive()
+            if late.cancelled_caught:
+                raise ProblemError(408, "Request Timeout", f"the request body did not arrive within "
+                                   f"{self.timeout:g} s (server.bodyTimeout)", limit=self.timeout)
+            body_done = message["type"] != "http.request" or not message.get("more_body", False)
             if message["type"] == "http.request":
                 chunk = message.get("body", b"")
                 seen += len(chunk)

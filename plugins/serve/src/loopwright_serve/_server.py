@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 
 from loopwright.errors import LoopwrightError
+from loopwright_serve._connections import bounded_protocol
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -90,6 +91,7 @@ def run_server(app: Starlette, host: str, port: int, *, announce: Callable[[str]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
     announce(f"http://{shown}:{bound_port}")
     config = uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False,
+                            http=bounded_protocol(app.state.ctx.settings),
                             timeout_graceful_shutdown=int(GRACE), timeout_keep_alive=KEEP_ALIVE)
     server = _Server(config, app.state.ctx.streams)
     try:

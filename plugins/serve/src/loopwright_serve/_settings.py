@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from loopwright import parse_duration
 from loopwright.errors import ConfigError
 from loopwright_serve._auth import Scope
 
@@ -51,6 +52,9 @@ class ServerSettings:
         cors_max_age: Seconds a preflight answer may be cached.
         max_body_bytes: The largest request body accepted (413 beyond, before it is read whole).
         max_event_streams: The most SSE connections open at once (503 beyond).
+        max_connections: The most connections open at once (one more is answered 503 and closed).
+        header_timeout: Seconds a client has to send a request's head (408 and closed beyond).
+        body_timeout: Seconds a client has to send a request's body once its head is in (408 beyond).
     """
 
     tokens: tuple[TokenSpec, ...] = ()
@@ -59,6 +63,9 @@ class ServerSettings:
     cors_max_age: int = 600
     max_body_bytes: int = 1024 * 1024
     max_event_streams: int = 256
+    max_connections: int = 1024
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
 
     @classmethod
     def from_runtime(cls, runtime: Runtime, environ: Mapping[str, str] | None = None) -> ServerSettings:
@@ -101,6 +108,9 @@ class ServerSettings:
             cors_max_age=int(cors.get("maxAge", 600)),
             max_body_bytes=int(data.get("maxBodyBytes", 1024 * 1024)),
             max_event_streams=int(data.get("maxEventStreams", 256)),
+            max_connections=int(data.get("maxConnections", 1024)),
+            header_timeout=parse_duration(data.get("headerTimeout", 10.0)),
+            body_timeout=parse_duration(data.get("bodyTimeout", 30.0)),
         )
 
     def check_host(self, host: str) -> None:
