@@ -475,7 +475,7 @@ async def test_append_cost_does_not_grow(store: FileStore) -> None:
 
 
 ATTACK_IDS = ["../x", "..", ".", "", "a/b", "/etc/passwd", "a\\b", "a\x00b", ".hidden", "a..b",
-              "x" * 129, "tab\t", "new\nline", "é", " lead", None, 7]
+              "x" * 129, "tab\t", "new\nline", "é", " lead", "-x", "-rf", "--help", None, 7]
 
 
 @pytest.mark.parametrize("bad_id", ATTACK_IDS, ids=repr)
@@ -495,7 +495,7 @@ async def test_path_traversal_ids_are_rejected(store: FileStore, tmp_path: Path,
     assert sorted(tmp_path.rglob("*")) == before
 
 
-@pytest.mark.parametrize("good_id", ["a", "A-1_b.c", "-x", "_", "9" * 128, "01HZX3K9Q8Z1Y2W3V4T5S6R7P8"])
+@pytest.mark.parametrize("good_id", ["a", "A-1_b.c", "x-", "_", "9" * 128, "01HZX3K9Q8Z1Y2W3V4T5S6R7P8"])
 async def test_valid_ids_are_accepted(store: FileStore, good_id: str) -> None:
     """Ordinary ids (letters, digits, ``_ . -``, up to 128) work end to end."""
     await store.create(good_id, {"id": good_id})

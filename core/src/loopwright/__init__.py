@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from loopwright._duration import parse_duration
     from loopwright._header import InstanceHeader
     from loopwright._header_fields import HeaderFields
+    from loopwright._ids import INSTANCE_ID_RULE, check_instance_id, is_instance_id
     from loopwright._plugins import PluginHost, hookimpl
     from loopwright._retry import parse_retry_after, retry_transient
     from loopwright._runtime import AgentRun, Runtime
@@ -72,6 +73,7 @@ if TYPE_CHECKING:
     from loopwright.errors import ToolError
 
 __all__ = [
+    "INSTANCE_ID_RULE",
     "AgentResult",
     "AgentRun",
     "Assembly",
@@ -123,8 +125,10 @@ __all__ = [
     "Usage",
     "approval_digest",
     "call_digest",
+    "check_instance_id",
     "hookimpl",
     "intersect",
+    "is_instance_id",
     "parse_duration",
     "parse_retry_after",
     "read_yaml",
@@ -190,6 +194,9 @@ _LAZY: dict[str, str] = {
     "hookimpl": "loopwright.hookspecs",
     "intersect": "loopwright._capabilities",
     "parse_duration": "loopwright._duration",
+    "INSTANCE_ID_RULE": "loopwright._ids",
+    "check_instance_id": "loopwright._ids",
+    "is_instance_id": "loopwright._ids",
     "parse_retry_after": "loopwright._retry",
     "read_yaml": "loopwright._config",
     "retry_transient": "loopwright._retry",

@@ -164,7 +164,10 @@ def _fast_message(data: Any) -> Message:
 
 
 def _tool_result(data: dict[str, Any]) -> Message | None:
-    """``{"role": "tool", "content", "toolCallId", "name", "status"[, "toolCallWireId"]}`` as loopwright writes a tool result."""
+    """Return the tool result loopwright wrote as ``data`` (``None`` if it is not one).
+
+    ``{"role": "tool", "content", "toolCallId", "name", "status"[, "toolCallWireId"]}``.
+    """
     content, call_id, name = data["content"], data["toolCallId"], data["name"]
     status = _STATUSES.get(data["status"]) if type(data["status"]) is str else None
     wire = data.get("toolCallWireId")

@@ -147,13 +147,7 @@ class Steering:
                     f"{', '.join(p.tool_call_id for p in undecided)}")
             chosen = [p for p in undecided if tool_call_id is None or p.tool_call_id == tool_call_id]
             if digest is not None:
-                for p in chosen:
-                    if (current := approval_digest(p)) != digest:
-                        raise ApprovalDigestMismatchError(
-                            f"instance {inst.id}: call {p.tool_call_id!r} pending now is {p.tool} "
-                            f"{short_json(p.arguments)} with digest {current}, not the digest {digest} decided on; "
-                            "nothing was decided", instance_id=str(inst.id), tool_call_id=p.tool_call_id,
-                            current_digest=current)
+                _check_digest(str(inst.id), chosen, digest)
             calls = {c.id: c for c in unanswered_calls(inst.transcript)[1]}
             for p in chosen:
                 held = calls.get(p.tool_call_id)
@@ -251,3 +245,16 @@ class Steering:
             await self._rt.loop.settle_cancelled(run)
             await self._rt.loop.set_state(run, State.STOPPED, StopReason.CANCELLED, cancelled=True)
         return True
+
+
+def _check_digest(instance_id: str, chosen: list[PendingApproval], digest: str) -> None:
+    """Refuse the decision unless every chosen call's :func:`~loopwright._types.approval_digest` is ``digest``.
+
+    :raises ApprovalDigestMismatchError: One is not; it names the call and its current digest.
+    """
+    for p in chosen:
+        if (current := approval_digest(p)) != digest:
+            raise ApprovalDigestMismatchError(
+                f"instance {instance_id}: call {p.tool_call_id!r} pending now is {p.tool} "
+                f"{short_json(p.arguments)} with digest {current}, not the digest {digest} decided on; "
+                "nothing was decided", instance_id=instance_id, tool_call_id=p.tool_call_id, current_digest=current)

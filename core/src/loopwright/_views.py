@@ -71,8 +71,11 @@ _RAW: Final = {"raw": True}
 
 
 def _digest(entry: Any) -> str:
-    """Return :func:`~loopwright._types.approval_digest` of ``entry`` (imported here: ``ls`` and ``show`` never load the types)."""
-    from loopwright._types import approval_digest
+    """Return :func:`~loopwright._types.approval_digest` of ``entry``.
+
+    Imported here: ``ls`` and ``show`` read views without loading the types.
+    """
+    from loopwright._types import approval_digest  # noqa: PLC0415 - kept off the CLI's read path
 
     return approval_digest(entry)
 

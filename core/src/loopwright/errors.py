@@ -13,7 +13,8 @@ The tree::
     │   ├── LeaseLostError           this runner's lease was taken over: its write was refused (.instance_id)
     │   ├── StoreUnavailableError    the store stayed unreachable past its outage tolerance (.instance_id)
     │   └── GrantsError              saved grants are malformed: fail closed (.instance_id)
-    ├── ApprovalDigestMismatchError  a decision named a held call other than the one pending (.instance_id, .tool_call_id, .current_digest)
+    ├── ApprovalDigestMismatchError  a decision's digest is not the pending call's
+    │                                (.instance_id, .tool_call_id, .current_digest)
     ├── CapabilityError              a grant would widen, or the store lies in an agent's reach
     ├── RunError                     a run ended in the ``error`` state (.result)
     │   └── HookBlockedError         a before_inference hook blocked the model call (.hook, .reason)

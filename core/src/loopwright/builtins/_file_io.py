@@ -13,12 +13,12 @@ import itertools
 import json
 import logging
 import os
-import re
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
+from loopwright._ids import check_instance_id
 from loopwright.errors import StoreError
 
 __all__ = [
@@ -26,7 +26,6 @@ __all__ = [
     "DEFAULT_PATH",
     "ENTRIES_FILE",
     "HEADER_FILE",
-    "ID_RE",
     "O_CLOEXEC",
     "POSTS_FILE",
     "RECORDS_FILE",
@@ -59,7 +58,6 @@ RECORDS_FILE: Final = "records.jsonl"
 POSTS_FILE: Final = "posts.jsonl"
 CHECKPOINT_FILE: Final = "checkpoint.json"
 
-ID_RE: Final = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}")
 O_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
 TAIL_CHUNK: Final = 64 * 1024
 #: Numbers for temporary files, unique in the process (with its pid in the name).
@@ -93,13 +91,8 @@ def encode_item(item: Mapping[str, Any]) -> str:
 
 
 def check_id(instance_id: object) -> str:
-    """Return ``instance_id`` if it is safe as a folder name; raise StoreError otherwise."""
-    if not isinstance(instance_id, str) or not ID_RE.fullmatch(instance_id) or ".." in instance_id:
-        raise StoreError(
-            f"invalid instance id {instance_id!r}: use 1 to 128 of A-Z a-z 0-9 _ . -, "
-            "not starting with '.' and without '..'",
-        )
-    return instance_id
+    """Return ``instance_id`` if it follows the instance id rule (:func:`loopwright.check_instance_id`)."""
+    return check_instance_id(instance_id)
 
 
 def fsync_dir(path: Path) -> None:

@@ -100,6 +100,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from loopwright._header_fields import HeaderFields
+from loopwright._ids import is_instance_id
 from loopwright.abc import Store, StoreSettings
 from loopwright.builtins._file_checkpoint import Checkpoints
 from loopwright.builtins._file_create import Creating
@@ -109,7 +110,6 @@ from loopwright.builtins._file_io import (
     DEFAULT_PATH,
     ENTRIES_FILE,
     HEADER_FILE,
-    ID_RE,
     O_CLOEXEC,
     POSTS_FILE,
     RECORDS_FILE,
@@ -281,7 +281,7 @@ class FileStore(Creating, Headers, Checkpoints, Mailbox, Locking, Store):
             raise StoreError(f"cannot list {self.root}: {exc}") from exc
         found: list[tuple[str, str, dict[str, Any]]] = []
         for name in names:
-            if not ID_RE.fullmatch(name) or ".." in name:
+            if not is_instance_id(name):
                 continue
             try:
                 header = await self.read_header(name)

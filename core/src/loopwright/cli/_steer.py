@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Literal
 import click
 
 from loopwright._states import State
+from loopwright._types import approval_digest
 from loopwright._views import summary
 from loopwright.cli._exits import EXIT_OK, EXIT_USAGE, CliError
 from loopwright.cli._following import follow_agent, follow_elsewhere, report_submitted
 from loopwright.cli._opening import lookup, runtime, sync
 from loopwright.cli._output import echo_json, report
-from loopwright._types import approval_digest
 from loopwright.display import safe_json, safe_text
 from loopwright.errors import ApprovalDigestMismatchError, InstanceLockedError, LoopwrightError
 
@@ -65,8 +65,8 @@ async def _decide(settings: CliSettings, instance_id: str, call_id: str | None, 
                 where = " > ".join(f"{safe_text(step.get('name'))} {safe_text(step.get('instanceId'))}"
                                    for step in p.path) or safe_text(p.instance_id or instance_id)
                 # What was decided, exactly: the call, its arguments and its digest (issue 25).
-                click.echo(f"{decision}: {safe_text(p.tool_call_id)} {safe_text(p.tool)} {safe_json(dict(p.arguments))} "
-                           f"(in {where}; digest {approval_digest(p)})", err=True)
+                shown = f"{safe_text(p.tool_call_id)} {safe_text(p.tool)} {safe_json(dict(p.arguments))}"
+                click.echo(f"{decision}: {shown} (in {where}; digest {approval_digest(p)})", err=True)
         if detach:
             return report_submitted(settings, await rt.store.read_header(instance_id),
                                     f"{decision}, for a worker to go on")

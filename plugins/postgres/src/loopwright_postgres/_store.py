@@ -52,7 +52,7 @@ import psycopg.conninfo
 import psycopg.errors
 from psycopg import sql
 
-from loopwright import HeaderFields, State
+from loopwright import HeaderFields, State, check_instance_id
 from loopwright.abc import Lease as BaseLease
 from loopwright.abc import Store, StoreSettings
 from loopwright.errors import (
@@ -79,7 +79,6 @@ DEFAULT_SCHEMA: Final = "loopwright"
 
 _OPTIONS: Final = ("connectTimeout", "dsn", "dsnEnv", "leaseTtl", "outageTolerance", "poolSize", "schema")
 # The file store's rule, so that an id is valid in every store.
-_ID_RE: Final = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}")
 # Lower case only: the name then needs no quoting in psql or anywhere else.
 _SCHEMA_RE: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _TABLES: Final = ("instances", "entries", "records", "posts", "leases")
@@ -131,13 +130,8 @@ _encode: Final = json.JSONEncoder(
 
 
 def _check_id(instance_id: object) -> str:
-    """Return ``instance_id`` if it follows the id rule every store shares; raise StoreError otherwise."""
-    if not isinstance(instance_id, str) or not _ID_RE.fullmatch(instance_id) or ".." in instance_id:
-        raise StoreError(
-            f"invalid instance id {instance_id!r}: use 1 to 128 of A-Z a-z 0-9 _ . -, "
-            "not starting with '.' and without '..'",
-        )
-    return instance_id
+    """Return ``instance_id`` if it follows the id rule every store shares (:func:`loopwright.check_instance_id`)."""
+    return check_instance_id(instance_id)
 
 
 def _encode_items(instance_id: str, what: str, items: Sequence[Mapping[str, Any]]) -> list[str]:

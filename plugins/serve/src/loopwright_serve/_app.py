@@ -233,12 +233,12 @@ class JSONDepth:
                 continue
             byte = chunk[at]
             if in_string:
-                if byte == 0x5C:  # a backslash escapes the byte after it
+                if byte == _BACKSLASH:  # it escapes the byte after it
                     skip = at + 1
                     self._escaped = skip == len(chunk)
-                elif byte == 0x22:
+                elif byte == _QUOTE:
                     in_string = False
-            elif byte == 0x22:
+            elif byte == _QUOTE:
                 in_string = True
             elif byte in (0x5B, 0x7B):  # [ {
                 depth += 1
@@ -250,4 +250,5 @@ class JSONDepth:
         return True
 
 
+_BACKSLASH, _QUOTE = 0x5C, 0x22
 _JSON_SPECIAL = re.compile(rb'["\\\[\]{}]')

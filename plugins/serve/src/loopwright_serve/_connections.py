@@ -10,14 +10,14 @@ both bounds; the time to send a body is bounded in the app (:class:`~loopwright_
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 if TYPE_CHECKING:
     from loopwright_serve._settings import ServerSettings
 
-__all__ = ["bounded_protocol"]
+__all__ = ["BoundedH11Protocol", "bounded_protocol"]
 
 _BUSY_BODY = (b'{"type":"about:blank","title":"Service Unavailable","status":503,'
               b'"detail":"too many open connections (server.maxConnections); retry later"}')
@@ -29,8 +29,53 @@ BUSY = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/problem+
 SLOW = (b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n")
 
 
+class BoundedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with :attr:`limit` connections at most and :attr:`head_timeout` per head."""
+
+    limit: int = 1024
+    head_timeout: float = 10.0
+    _head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.limit:
+            transport.write(BUSY)
+            transport.close()
+            return
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        if self._head_timer is None and self._between_requests():
+            self._arm()  # the first byte of a head starts its clock; later bytes never reset it
+        super().data_received(data)
+        if not self._between_requests():
+            self._disarm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _between_requests(self) -> bool:
+        return self.cycle is None or self.cycle.response_complete
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._head_timer = self.loop.call_later(self.head_timeout, self._head_late)
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_late(self) -> None:
+        self._head_timer = None
+        if self._between_requests() and not self.transport.is_closing():
+            self.transport.write(SLOW)
+            self.transport.close()
+
+
 def bounded_protocol(settings: ServerSettings) -> type[H11Protocol]:
-    """Return uvicorn's h11 protocol bounded by ``settings``.
+    """Return uvicorn's h11 protocol bounded by ``settings`` (a :class:`BoundedH11Protocol`).
 
     - At most ``max_connections`` connections are open at once: one more is answered 503 (with
       ``Retry-After``) and closed as soon as it is accepted, before anything is read from it.
@@ -39,46 +84,5 @@ def bounded_protocol(settings: ServerSettings) -> type[H11Protocol]:
       byte of the next request: a connection still without a whole head then is answered 408
       and closed. A connection idle between requests is uvicorn's ``timeout_keep_alive``'s.
     """
-    limit, head_timeout = settings.max_connections, settings.header_timeout
-
-    class BoundedH11Protocol(H11Protocol):
-        _head_timer: asyncio.TimerHandle | None = None
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            if len(self.connections) > limit:
-                transport.write(BUSY)
-                transport.close()
-                return
-            self._arm()
-
-        def data_received(self, data: bytes) -> None:
-            if self._head_timer is None and self._between_requests():
-                self._arm()
-            super().data_received(data)
-            if not self._between_requests():
-                self._disarm()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
-            super().connection_lost(exc)
-
-        def _between_requests(self) -> bool:
-            return self.cycle is None or self.cycle.response_complete
-
-        def _arm(self) -> None:
-            self._disarm()
-            self._head_timer = self.loop.call_later(head_timeout, self._head_late)
-
-        def _disarm(self) -> None:
-            if self._head_timer is not None:
-                self._head_timer.cancel()
-                self._head_timer = None
-
-        def _head_late(self, *_: Any) -> None:
-            self._head_timer = None
-            if self._between_requests() and not self.transport.is_closing():
-                self.transport.write(SLOW)
-                self.transport.close()
-
-    return BoundedH11Protocol
+    return type("BoundedH11Protocol", (BoundedH11Protocol,),
+                {"limit": settings.max_connections, "head_timeout": settings.header_timeout})

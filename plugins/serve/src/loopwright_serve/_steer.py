@@ -6,12 +6,11 @@ is the instance id. Only top-level instances of the surface's own definition can
 
 from __future__ import annotations
 
-import re
 import secrets
 import time
 from typing import TYPE_CHECKING, Any
 
-from loopwright import HeaderFields, State
+from loopwright import HeaderFields, State, is_instance_id
 from loopwright.errors import InstanceNotFoundError
 
 if TYPE_CHECKING:
@@ -25,13 +24,9 @@ if TYPE_CHECKING:
 
 __all__ = ["GatedResponse", "Session", "new_id", "segment_events", "valid_id"]
 
-#: Ids a client may give (the file store's rule for instance ids).
-_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
-
-
 def valid_id(value: str) -> bool:
-    """Whether ``value`` may be used as an instance id (1 to 128 of ``A-Z a-z 0-9 _ . -``, no ``..``)."""
-    return bool(_ID.fullmatch(value)) and ".." not in value
+    """Whether ``value`` may be used as an instance id: :func:`loopwright.is_instance_id`, every store's rule."""
+    return is_instance_id(value)
 
 
 def new_id() -> str:

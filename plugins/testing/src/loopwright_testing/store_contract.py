@@ -59,14 +59,15 @@ from loopwright.errors import InstanceLockedError, InstanceNotFoundError, StoreE
 
 __all__ = ["StoreContract"]
 
-#: Ids every store must refuse: they could name a path outside a store folder, or confuse one.
+#: Ids every store must refuse (:data:`loopwright.INSTANCE_ID_RULE`): they could name a path
+#: outside a store folder, or confuse one, or read as an option on a command line (``-rf``).
 INVALID_IDS: tuple[object, ...] = (
     "../x", "..", ".", "", "a/b", "/etc/passwd", "a\\b", "a\x00b", ".hidden", "a..b",
-    "x" * 129, "tab\t", "new\nline", "é", " lead", None, 7,
+    "x" * 129, "tab\t", "new\nline", "é", " lead", "-x", "-rf", "--help", None, 7,
 )
 
 #: Ids every store must accept (the runtime makes ids like the last one).
-VALID_IDS: tuple[str, ...] = ("a", "A-1_b.c", "-x", "_", "9" * 128, "20261130-003036-ffc119ad")
+VALID_IDS: tuple[str, ...] = ("a", "A-1_b.c", "x-", "_", "_-x", "9" * 128, "20261130-003036-ffc119ad")
 
 
 async def _made(value: Store | Awaitable[Store | None] | None) -> Store | None:
