@@ -92,7 +92,10 @@ def test_approvals(tmp_path: Path) -> None:
     out = run_readme("approvals", folder).stdout
     assert "is waiting for approval of 1 call" in out
     assert "run exited 3" in out
-    assert "pending approval  test_1_1 publish" in out  # show, between the two processes
+    # The held call is named by the runtime's own id (lw-TURN-INDEX-HEX6), the same in run's
+    # listing and in show, between the two processes.
+    [held] = re.findall(r"^  (lw-1-0-[0-9a-f]{6})  publish ", out, re.MULTILINE)
+    assert f"pending approval  {held} publish" in out
     assert "test answer: publish -> published 'a'\napprove exited 0" in out
     assert (folder / "published.txt").read_text() == "a\n"
     [instance] = lw_json(folder, "ls")

@@ -209,7 +209,7 @@ async def test_a_message_gives_a_child_no_fresh_budget(tmp_path: Path) -> None:
         async def loopwright_before_tool_call(self, call: ToolCall) -> None:
             # The root's elapsed limit (1 s) runs out before its message wakes the child. (A model
             # call can no longer outlast the limit: it runs under the elapsed deadline.)
-            if call.id == "wake":
+            if call.provider_id == "wake":  # the model's id (call.id is the runtime's)
                 await anyio.sleep(1.5)
 
     assembly = write_assembly(tmp_path, agents="{spawn: true, maxDepth: 1}", limits="{elapsed: 1s}",

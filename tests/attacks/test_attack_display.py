@@ -244,7 +244,7 @@ def _probes(label: str, target: str, name: str) -> list[dict[str, Any]]:
 
 
 def _tool_results(project: Path, instance_id: str) -> dict[str, tuple[str, str]]:
-    """Read the instance's transcript: call id -> (status, content) of each tool result."""
+    """Read the instance's transcript: the model's call id -> (status, content) of each tool result."""
     import anyio  # noqa: PLC0415 - only this test reads a store in-process
 
     from loopwright import Runtime  # noqa: PLC0415
@@ -252,7 +252,7 @@ def _tool_results(project: Path, instance_id: str) -> dict[str, tuple[str, str]]
     async def read() -> dict[str, tuple[str, str]]:
         async with Runtime.from_file(project / "loopwright.yaml") as rt:
             run = await rt.get_agent(instance_id)
-            return {str(m.tool_call_id): (str(m.status.value if m.status else None), str(m.content))
+            return {str(m.provider_call_id): (str(m.status.value if m.status else None), str(m.content))
                     for m in run.inst.transcript if m.role == "tool"}
 
     return anyio.run(read)

@@ -14,6 +14,7 @@ give ``invalid_arguments``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
@@ -69,6 +70,8 @@ def pick(choice: Literal["a", "b"], tags: list[str], meta: dict[str, int] | None
 
 
 TOOLS = ("add", "greet", "pick", "todowrite")
+RUNTIME_ID = re.compile(r"^lw-\d+-\d+-[0-9a-f]{6}$")
+"""The shape of the runtime's own id for a tool call: ``lw-TURN-INDEX-RANDOM6HEX``."""
 
 
 class _Plugin:
@@ -95,18 +98,23 @@ class Host:
         self.definition = loopwright.Definition(name="fz", model="fz:m", tools=TOOLS)
         self.schemas = {s.name: s.parameters for s in rt.tool_specs(self.definition)}
 
-    def call(self, call: ToolCall) -> tuple[str, list[loopwright.Message]]:
-        """Run one agent whose model makes ``call`` and then answers; return its state and tool results."""
+    def call(self, call: ToolCall) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]]]:
+        """Run one agent whose model makes ``call`` and then answers.
+
+        Return its state, its saved tool results and the saved calls of its model's messages.
+        """
         self.provider.clear()
         self.provider.enqueue(reply(None, call), "done")
 
-        async def run() -> tuple[str, list[loopwright.Message]]:
+        async def run() -> tuple[str, list[dict[str, Any]], list[dict[str, Any]]]:
             agent = await self.rt.start_agent(self.definition, prompt="go")
             with anyio.fail_after(HANG_GUARD):
                 result = await agent.wait()
             entries = await self.rt.store.read_entries(agent.instance_id)
-            tools = [e["m"] for e in entries if e.get("t") == "msg" and e["m"].get("role") == "tool"]
-            return str(result.state), tools
+            messages = [e["m"] for e in entries if e.get("t") == "msg"]
+            tools = [m for m in messages if m.get("role") == "tool"]
+            calls = [c for m in messages if m.get("role") == "assistant" for c in m.get("toolCalls") or ()]
+            return str(result.state), tools, calls
 
         return self.portal.call(run)
 
@@ -145,11 +153,16 @@ def _nested(depth: int, leaf: Any) -> Any:
 
 
 def _check(host: Host, call: ToolCall) -> None:
-    state, results = host.call(call)
+    state, results, calls = host.call(call)
     assert state == "waiting", (state, results)
     assert len(results) == 1, results
     (result,) = results
-    assert result["toolCallId"] == call.id
+    # The result answers the call the model made: under the runtime's own id, with the model's id
+    # kept as the wire id.
+    (made,) = calls
+    assert RUNTIME_ID.match(made["id"]), made
+    assert (made.get("wireId"), made["name"]) == (call.id, call.name)
+    assert (result["toolCallId"], result.get("toolCallWireId")) == (made["id"], call.id)
     status = ToolStatus(result["status"])
     assert isinstance(result.get("content"), str)
     if call.name not in TOOLS:

@@ -450,7 +450,7 @@ def approval_digest(p: PendingApproval | Mapping[str, Any]) -> str:
     import json  # noqa: PLC0415
 
     if isinstance(p, PendingApproval):
-        fields = {"arguments": p.arguments, "name": p.tool, "requestedAt": p.requested_at,
+        fields: dict[str, Any] = {"arguments": p.arguments, "name": p.tool, "requestedAt": p.requested_at,
                   "toolCallId": p.tool_call_id}
     else:
         fields = {"arguments": p.get("arguments"), "name": p.get("tool"), "requestedAt": p.get("requestedAt"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -110,9 +111,25 @@ async def run_to_rest(rt: loopwright.Runtime, defn: loopwright.Definition, promp
 
 
 def result_of(messages: Sequence[Message], call_id: str) -> Message:
-    """Return the tool message answering ``call_id``."""
-    found = [m for m in messages if m.role == "tool" and m.tool_call_id == call_id]
+    """Return the tool message answering the call the model named ``call_id``.
+
+    The runtime gives every call its own id; the model's id is kept as the result's
+    ``provider_call_id``.
+    """
+    found = [m for m in messages if m.role == "tool" and m.provider_call_id == call_id]
     assert len(found) == 1, f"{len(found)} results for {call_id}"
+    return found[0]
+
+
+RUNTIME_ID = re.compile(r"^lw-\d+-\d+-[0-9a-f]{6}$")
+"""The shape of the runtime's own id for a tool call: ``lw-TURN-INDEX-RANDOM6HEX``."""
+
+
+def runtime_id(messages: Sequence[Message], call_id: str) -> str:
+    """Return the runtime's id of the call the model named ``call_id`` (exactly one must exist)."""
+    found = [c.id for m in messages if m.role == "assistant" for c in m.tool_calls if c.provider_id == call_id]
+    assert len(found) == 1, f"{len(found)} calls named {call_id}"
+    assert RUNTIME_ID.match(found[0]), found[0]
     return found[0]
 
 

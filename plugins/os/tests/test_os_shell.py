@@ -6,7 +6,18 @@ from pathlib import Path
 
 import anyio
 import pytest
-from _os_testlib import Script, call, definition, gone, grants, reply, result_of, run_to_rest, runtime
+from _os_testlib import (
+    Script,
+    call,
+    definition,
+    gone,
+    grants,
+    reply,
+    result_of,
+    run_to_rest,
+    runtime,
+    runtime_id,
+)
 
 import loopwright_os._shell as shell_module
 from loopwright import Limits, State, StopReason, ToolStatus
@@ -101,7 +112,7 @@ async def test_loop_approval_holds_and_runs_after_approve_in_another_runtime(tmp
         instance_id = run.instance_id
     assert result.stop_reason is StopReason.WAITING_FOR_APPROVAL
     [pending] = result.pending_approvals
-    assert (pending.tool_call_id, pending.tool) == (c.id, SHELL)
+    assert (pending.tool_call_id, pending.tool) == (runtime_id(run.inst.transcript, c.id), SHELL)
     assert pending.reason == f"run shell command: {c.arguments['command']}"
     assert not (tmp_path / "ran").exists()
 

@@ -29,7 +29,7 @@ from a2a.types.a2a_pb2 import (
     Task,
     TaskState,
 )
-from a2a.utils.errors import A2AError
+from a2a.utils.errors import A2AError, InvalidParamsError
 
 pytestmark = pytest.mark.anyio
 
@@ -171,7 +171,10 @@ async def test_a_streamed_task_asks_for_approval_and_input_then_completes(assemb
             (pending,) = held["pendingApprovals"]
             assert (pending["tool"], pending["arguments"]) == ("delete", {"path": "old/notes.txt"})
             call = pending["toolCallId"]
-            assert re.fullmatch(r"lw-1-0-[0-9a-f]{6}", call)
+            assert re.fullmatch(r"lw-1-0-[0-9a-f]{6}", call)  # the runtime's id (the model named it call_del)
+            with server.client(READ) as http:  # the digest the serve API shows for the same held call
+                assert [p["digest"] for p in http.get(f"/v1/instances/{task_id}").json()["pendingApprovals"]] == [
+                    pending["digest"]]
             # The streamed approvalRequired update names the call, its arguments and its digest too.
             streamed = [d["approvalRequired"] for r in first if r.HasField("status_update")
                         and r.status_update.status.HasField("message")
@@ -227,8 +230,16 @@ async def test_a_task_goes_on_after_the_server_restarts(assembly: Path) -> None:
             assert pending["tool"] == "delete"
             call = pending["toolCallId"]
             blind = {"deny": call, "reason": "keep it"}
-            with pytest.raises(A2AClientError, match="digest"):  # a decision names the call it saw
+            with pytest.raises(InvalidParamsError, match="digest"):  # a decision names the call it saw
                 await agent.send(new_data_part(blind), task_id=task_id)
+            # A digest that is not the pending call's is refused too, naming the current one; nothing is decided.
+            with pytest.raises(InvalidParamsError) as stale:
+                await agent.send(new_data_part({**blind, "digest": "0" * 64}), task_id=task_id)
+            assert pending["digest"] in stale.value.message
+            assert stale.value.data == {"toolCallId": call, "currentDigest": pending["digest"]}
+            still = await agent.get(task_id)
+            assert still.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
+            assert loopwright_data(still.status.message)["pendingApprovals"] == [pending]
             denied = await agent.send(new_data_part({**blind, "digest": pending["digest"]}), task_id=task_id)
             _, state, message = final_task_state(denied)
             assert state == TaskState.TASK_STATE_INPUT_REQUIRED
@@ -265,10 +276,15 @@ async def test_a_call_approved_through_the_serve_api_goes_on_as_the_task(assembl
 async def test_deciding_needs_the_approve_scope_reading_the_read_scope_and_cancel_the_run_scope(assembly: Path) -> None:
     with serving(assembly, env=TOKENS) as server:
         async with Agent(server, RUN, streaming=False) as agent:
-            task_id, state, _ = final_task_state(await agent.send(new_text_part("delete the old notes")))
+            task_id, state, message = final_task_state(await agent.send(new_text_part("delete the old notes")))
             assert state == TaskState.TASK_STATE_INPUT_REQUIRED
+            (pending,) = loopwright_data(message)["pendingApprovals"]
+            # The held call exactly as shown, its digest and all: still a 403 without the approve scope.
             with pytest.raises(A2AClientError, match="403"):
-                await agent.send(new_data_part({"approve": "call_del", "digest": "0" * 64}), task_id=task_id)
+                await agent.send(new_data_part({"approve": pending["toolCallId"], "digest": pending["digest"]}),
+                                 task_id=task_id)
+            with pytest.raises(A2AClientError, match="403"):  # and so is a decision without its digest
+                await agent.send(new_data_part({"approve": pending["toolCallId"]}), task_id=task_id)
             task = await agent.get(task_id)
             assert loopwright_data(task.status.message)["state"] == "waiting_for_approval"
         async with Agent(server, READ, streaming=False) as reader:

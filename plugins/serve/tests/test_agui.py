@@ -9,6 +9,7 @@ in test_a2a.py: ``delete`` (held for approval), ``ask_user``, ``task_complete``.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from pathlib import Path
 from typing import Any
@@ -112,18 +113,30 @@ def test_a_run_with_a_tool_call_and_an_approval_interrupt_resumes_on_the_same_th
         assert first[0].thread_id == thread
         assert [e.delta for e in first if isinstance(e, TextMessageContentEvent)] == ["I will delete it"]
         start = next(e for e in first if isinstance(e, ToolCallStartEvent))
-        assert (start.tool_call_id, start.tool_call_name) == ("call_del", "delete")
+        call = start.tool_call_id  # the runtime's own id (the model named it call_del)
+        assert re.fullmatch(r"lw-1-0-[0-9a-f]{6}", call), call
+        assert start.tool_call_name == "delete"
         assert json.loads(next(e for e in first if isinstance(e, ToolCallArgsEvent)).delta) == {"path": "old/notes.txt"}
         snapshot = [e for e in first if isinstance(e, StateSnapshotEvent)][-1].snapshot
         assert snapshot["instanceId"] == thread
         assert snapshot["state"] == "waiting_for_approval"
+        (held,) = snapshot["pendingApprovals"]
+        assert (held["toolCallId"], held["tool"], held["arguments"]) == (call, "delete", {"path": "old/notes.txt"})
+        digest = held["digest"]
+        assert re.fullmatch(r"[0-9a-f]{64}", digest)
         finished = first[-1]
         assert isinstance(finished, RunFinishedEvent)
         assert finished.outcome.type == "interrupt"
-        assert [(i.id, i.reason, i.tool_call_id) for i in finished.outcome.interrupts] == [
-            ("call_del", "approval", "call_del")]
+        assert [(i.id, i.reason, i.tool_call_id) for i in finished.outcome.interrupts] == [(call, "approval", call)]
+        (interrupt,) = finished.outcome.interrupts
+        # The interrupt shows the call with its digest, and the response it takes must carry that digest.
+        assert interrupt.metadata == {"digest": digest, "tool": "delete", "arguments": {"path": "old/notes.txt"}}
+        assert interrupt.response_schema["properties"]["digest"] == {"const": digest}
+        assert "digest" in interrupt.response_schema["required"]
+        with server.client(APPROVE) as http:  # the same digest as the serve API's
+            assert [p["digest"] for p in http.get(f"/v1/instances/{thread}").json()["pendingApprovals"]] == [digest]
 
-        approved = ResumeEntry(interrupt_id="call_del", status="resolved", payload={"approved": True})
+        approved = ResumeEntry(interrupt_id=call, status="resolved", payload={"approved": True, "digest": digest})
         second = events_of(post(server, APPROVE, run_input(thread, resume=[approved])))
         assert kinds(second) == [
             "RUN_STARTED", "STATE_SNAPSHOT",
@@ -131,12 +144,14 @@ def test_a_run_with_a_tool_call_and_an_approval_interrupt_resumes_on_the_same_th
             "TOOL_CALL_START", "TOOL_CALL_ARGS", "TOOL_CALL_END",
             "STATE_SNAPSHOT", "RUN_FINISHED"]
         result = next(e for e in second if isinstance(e, ToolCallResultEvent))
-        assert (result.tool_call_id, result.content) == ("call_del", "deleted old/notes.txt")
+        assert (result.tool_call_id, result.content) == (call, "deleted old/notes.txt")
         asked = second[-1].outcome
         assert asked.type == "interrupt"
-        assert [(i.id, i.reason, i.message) for i in asked.interrupts] == [("call_ask", "question", "Which colour?")]
+        (question,) = asked.interrupts
+        assert re.fullmatch(r"lw-2-0-[0-9a-f]{6}", question.id), question.id  # the model named it call_ask
+        assert (question.reason, question.message) == ("question", "Which colour?")
 
-        answer = ResumeEntry(interrupt_id="call_ask", status="resolved", payload={"answer": "blue"})
+        answer = ResumeEntry(interrupt_id=question.id, status="resolved", payload={"answer": "blue"})
         third = events_of(post(server, RUN, run_input(thread, resume=[answer])))
         assert kinds(third) == [
             "RUN_STARTED", "STATE_SNAPSHOT",
@@ -158,18 +173,34 @@ def test_resuming_an_approval_needs_the_approve_scope(assembly: Path) -> None:
     with serving(assembly, env=TOKENS) as server:
         first = events_of(post(server, RUN, run_input(thread, "delete the old notes")))
         assert first[-1].outcome.type == "interrupt"
-        approved = ResumeEntry(interrupt_id="call_del", status="resolved", payload={"approved": True})
+        (interrupt,) = first[-1].outcome.interrupts
+        call, digest = interrupt.id, interrupt.metadata["digest"]
+        approved = ResumeEntry(interrupt_id=call, status="resolved", payload={"approved": True, "digest": digest})
         refused = post(server, RUN, run_input(thread, resume=[approved]))
         assert refused.status_code == 403, refused.text
         assert "approve" in refused.json()["detail"]
         unknown = post(server, APPROVE, run_input(thread, resume=[ResumeEntry(
-            interrupt_id="call_nope", status="resolved", payload={"approved": True})]))
+            interrupt_id="lw-1-9-000000", status="resolved", payload={"approved": True, "digest": digest})]))
         assert unknown.status_code == 409, unknown.text
-        with server.client(RUN) as http:
+        # A decision must carry the digest of the call it was made on: without one, a 400.
+        blind = post(server, APPROVE, run_input(thread, resume=[ResumeEntry(
+            interrupt_id=call, status="resolved", payload={"approved": True})]))
+        assert blind.status_code == 400, blind.text
+        assert "digest" in blind.json()["detail"]
+        # With a digest that is not the pending call's, a 409 naming the current one.
+        stale = post(server, APPROVE, run_input(thread, resume=[ResumeEntry(
+            interrupt_id=call, status="resolved", payload={"approved": True, "digest": "0" * 64})]))
+        assert stale.status_code == 409, stale.text
+        assert stale.headers["content-type"] == "application/problem+json"
+        assert (stale.json()["toolCallId"], stale.json()["currentDigest"]) == (call, digest)
+        with server.client(RUN) as http:  # nothing was decided, nothing ran
             instance = next(i for i in http.get("/v1/instances").json() if i["instanceId"] == thread)
+            approvals = http.get(f"/v1/instances/{thread}/records", params={"kind": "approval"}).json()
         assert instance["state"] == "waiting_for_approval"
-        assert [p["decision"] for p in instance["pendingApprovals"]] == [None]
-        cancelled = ResumeEntry(interrupt_id="call_del", status="cancelled")
+        assert [(p["toolCallId"], p["digest"], p["decision"]) for p in instance["pendingApprovals"]] == [
+            (call, digest, None)]
+        assert [r for r in approvals if r["data"].get("decision")] == []
+        cancelled = ResumeEntry(interrupt_id=call, status="cancelled", metadata={"digest": digest})
         denied = events_of(post(server, APPROVE, run_input(thread, resume=[cancelled])))
         assert next(e.content for e in denied if isinstance(e, ToolCallResultEvent)).startswith("denied")
         assert denied[-1].outcome.interrupts[0].reason == "question"

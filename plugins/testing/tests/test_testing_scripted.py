@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from lwtesting_tools import ToolsPlugin
 
@@ -223,10 +225,15 @@ async def test_yaml_script_drives_a_real_run(tmp_path):
     assert (result.usage.input_tokens, result.usage.output_tokens, result.usage.requests) == (220, 15, 2)
     assert result.cost.amount == 0
     assert tools.calls == ["add"]
+    # The runtime gives the call its own id; the script's id is kept as the wire id.
+    [made] = [c for m in run.inst.transcript if m.role == "assistant" for c in m.tool_calls]
+    assert made.provider_id == "call_1_1"
+    assert re.fullmatch(r"lw-1-0-[0-9a-f]{6}", made.id), made.id
     [call] = [r["data"] for r in records if r["kind"] == "tool_call"]
-    assert (call["toolCallId"], call["status"]) == ("call_1_1", "success")
+    assert (call["toolCallId"], call["status"]) == (made.id, "success")
     tool_message = provider.history[1].messages[-1]
     assert (tool_message.role, tool_message.content) == ("tool", "42")
+    assert (tool_message.tool_call_id, tool_message.provider_call_id) == (made.id, "call_1_1")
 
 
 async def test_error_reply_fails_the_run(tmp_path):

@@ -200,10 +200,10 @@ class LaxIds(FileStore):
             iid = "e-acute"
         await super().create(iid, header)
 
-class StrictIds(FileStore):
+class StrictIds(FileStore):  # stricter than the rule: refuses a valid id ending in a dash ("x-")
     async def create(self, iid, header):
-        if iid.startswith("-"):
-            raise StoreError("no leading dash", instance_id=iid)
+        if iid.endswith("-"):
+            raise StoreError("no trailing dash", instance_id=iid)
         await super().create(iid, header)
 
 class NeverCloses(FileStore):

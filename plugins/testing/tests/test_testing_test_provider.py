@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import jsonschema
 import pytest
@@ -195,7 +196,11 @@ async def test_full_run_calls_a_tool_and_waits_with_a_summary(tmp_path):
     assert tools.calls == ["add"]
     [call_record] = [r for r in records if r["kind"] == "tool_call"]
     assert call_record["data"]["status"] == "success"
-    assert call_record["data"]["toolCallId"] == "test_1_1"
+    # The runtime gives the call its own id; the test provider's id is kept as the wire id.
+    [made] = [c for m in run.inst.transcript if m.role == "assistant" for c in m.tool_calls]
+    assert made.provider_id == "test_1_1"
+    assert re.fullmatch(r"lw-1-0-[0-9a-f]{6}", made.id), made.id
+    assert call_record["data"]["toolCallId"] == made.id
     assert (tmp_path / "store").is_dir()
 
 

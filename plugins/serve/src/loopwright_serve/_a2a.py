@@ -70,7 +70,7 @@ from google.protobuf.json_format import MessageToDict, ParseDict
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from loopwright import HeaderFields, State, StopReason, approval_digest
+from loopwright import INSTANCE_ID_RULE, HeaderFields, State, StopReason, approval_digest
 from loopwright.errors import ApprovalDigestMismatchError, ConfigError, LoopwrightError
 from loopwright_serve._auth import Principal, Scope
 from loopwright_serve._problems import ProblemError
@@ -140,6 +140,12 @@ def decisions_of(message: Message | None) -> list[tuple[str, str, str, str | Non
             reason = data.get("reason")
             out.append((decision, call_id, digest, reason if isinstance(reason, str) else None))
     return out
+
+
+def _asks_decision(message: Message | None) -> bool:
+    """Whether ``message`` has a decision part (well formed or not): it needs the ``approve`` scope."""
+    return message is not None and any(isinstance(d, Mapping) and ("approve" in d or "deny" in d)
+                                       for d in get_data_parts(message.parts))
 
 
 def _other_data(message: Message) -> list[Any]:
@@ -341,7 +347,7 @@ class A2AAgent:
         if method in ("SendMessage", "SendStreamingMessage") and isinstance(body.get("params"), dict):
             try:
                 params = ParseDict(body["params"], SendMessageRequest(), ignore_unknown_fields=True)
-                if decisions_of(params.message):
+                if _asks_decision(params.message):
                     needed.append(Scope.APPROVE)
             except Exception:  # noqa: BLE001 - the dispatcher answers a malformed request itself
                 _log.debug("A2A request params do not parse; the dispatcher will say so")
@@ -387,14 +393,13 @@ class _ContextBuilder(SimpleRequestContextBuilder):
         iid = tid or cid
         if iid is not None:
             if not valid_id(iid):
-                raise InvalidParamsError(message=f"invalid task or context id {iid!r}: use 1 to 128 of "
-                                                 "A-Z a-z 0-9 _ . -")
+                raise InvalidParamsError(message=f"invalid task or context id {iid!r}: use {INSTANCE_ID_RULE}")
             header = await self.agent.session.header(iid)
             if header is not None and not self.agent.owns(header):
                 raise InvalidParamsError(message=f"{iid} is not a task of the agent {self.agent.key}")
         else:
             iid = new_id()
-        if decisions_of(message) and Scope.APPROVE.value not in context.state.get(_SCOPES_KEY, ()):
+        if _asks_decision(message) and Scope.APPROVE.value not in context.state.get(_SCOPES_KEY, ()):
             raise InvalidRequestError(message="deciding a held call needs a token with the approve scope")
         return await super().build(context, params, iid, iid, task)
 
@@ -479,9 +484,19 @@ class LoopwrightExecutor(AgentExecutor):
         else:
             run = await rt.get_agent(iid)
             before = HeaderFields(await rt.store.read_header(iid))
+            decisions = decisions_of(message)
+            # Every decision is checked against the calls held now before any is made: a message
+            # with one stale decision decides (and runs) nothing.
+            shown = {str(p.get("toolCallId")): approval_digest(p) for p in _undecided(before)}
+            for _decision, call_id, digest, _reason in decisions:
+                if call_id in shown and digest != shown[call_id]:
+                    raise InvalidParamsError(
+                        message=f"task {iid}: the call pending as {call_id} has digest {shown[call_id]}, not the "
+                                f"digest {digest} decided on; nothing was decided",
+                        data={"toolCallId": call_id, "currentDigest": shown[call_id]})
             try:
                 by = context.call_context.state.get(_BY_KEY)
-                for decision, call_id, digest, reason in decisions_of(message):
+                for decision, call_id, digest, reason in decisions:
                     if decision == "approved":
                         await run.approve(call_id, by=by, digest=digest)
                     else:

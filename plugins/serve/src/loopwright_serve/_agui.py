@@ -62,7 +62,7 @@ from pydantic import ValidationError
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
-from loopwright import HeaderFields, State, StopReason, approval_digest
+from loopwright import INSTANCE_ID_RULE, HeaderFields, State, StopReason, approval_digest
 from loopwright.errors import ApprovalDigestMismatchError, ConfigError, LoopwrightError
 from loopwright_serve._auth import Scope
 from loopwright_serve._problems import ProblemError
@@ -89,7 +89,7 @@ PROTOCOL_VERSION = "1.0"
 
 
 def _approval_schema(digest: str) -> dict[str, Any]:
-    """The response an approval interrupt takes: ``approved``, and the digest of the call it shows."""
+    """Return the response schema of an approval interrupt: ``approved``, and the digest of the call shown."""
     return {"type": "object", "required": ["approved", "digest"],
             "properties": {"approved": {"type": "boolean"}, "digest": {"const": digest},
                            "reason": {"type": "string"}}}
@@ -209,8 +209,8 @@ class AguiAgent:
         """Start or steer the thread's instance; return the response that streams the run."""
         thread = body.thread_id
         if not valid_id(thread):
-            raise _problem(400, "invalid threadId", f"threadId {thread!r} is used as the instance id: use 1 to 128 "
-                                                    "of A-Z a-z 0-9 _ . -")
+            raise _problem(400, "invalid threadId", f"threadId {thread!r} is used as the instance id: use "
+                                                    f"{INSTANCE_ID_RULE}")
         header = await self.session.header(thread)
         if header is not None and not self.session.owns(header):
             raise _problem(409, "thread belongs to another agent",
@@ -255,13 +255,24 @@ class AguiAgent:
         by = None
         if any(e.interrupt_id in held for e in entries):
             by = (await self.ctx.authorize(request, Scope.APPROVE)).source
+        # Every decision's digest is read, and checked against the calls held now, before any
+        # entry is applied: a resume with one blind or stale decision decides (and runs) nothing.
+        digests = {e.interrupt_id: _digest_of(e, e.payload if isinstance(e.payload, dict) else {})
+                   for e in entries if e.interrupt_id in held}
+        shown = {str(p.get("toolCallId")): approval_digest(p) for p in _pending(header)}
+        for call_id, digest in digests.items():
+            if digest != shown[call_id]:
+                raise ProblemError(409, "Not the pending call",
+                                   f"thread {run.instance_id}: the call pending as {call_id} has digest "
+                                   f"{shown[call_id]}, not the digest {digest} decided on; nothing was decided",
+                                   instanceId=run.instance_id, toolCallId=call_id, currentDigest=shown[call_id])
         decided: set[str] = set()
         answered: dict[str, str] = {}
         try:
             for entry in entries:
                 payload = entry.payload if isinstance(entry.payload, dict) else {}
                 if entry.interrupt_id in held:
-                    digest = _digest_of(entry, payload)
+                    digest = digests[entry.interrupt_id]
                     if entry.status == "resolved" and payload.get("approved") is True:
                         await run.approve(entry.interrupt_id, by=by, digest=digest)
                     else:

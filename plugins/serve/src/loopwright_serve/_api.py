@@ -19,7 +19,7 @@ import attrs
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from loopwright import Definition, HeaderFields, PendingApproval, State
+from loopwright import INSTANCE_ID_RULE, Definition, HeaderFields, PendingApproval, State, is_instance_id
 from loopwright._types import approval_digest
 from loopwright.errors import (
     ApprovalDigestMismatchError,
@@ -44,8 +44,6 @@ if TYPE_CHECKING:
 
 __all__ = ["ENDPOINTS", "ApiSurface", "DecisionBody", "Endpoint", "MessageBody", "StartBody", "openapi"]
 
-#: An instance id as stores accept it (the file store's own rule): anything else is no instance.
-_INSTANCE_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}")
 #: A tool call id: printable, bounded (providers make them; nothing is read by it but the header).
 _CALL_ID = re.compile(r"[\x21-\x7e]{1,256}")
 _STATES = tuple(s.value for s in State)
@@ -214,9 +212,8 @@ def _endpoint(ctx: ServeContext, ep: Endpoint, handler: _Handler) -> Callable[[R
     async def endpoint(request: Request) -> Response:
         principal = await ctx.authorize(request, ep.scope) if ep.scope is not None else None
         instance_id = request.path_params.get("instance_id")
-        if instance_id is not None and (not _INSTANCE_ID.fullmatch(instance_id) or ".." in instance_id):
-            raise ProblemError(404, "Unknown instance", "that is not an instance id: ids are 1 to 128 of "
-                               "A-Z a-z 0-9 _ . - (not starting with '.', without '..')")
+        if instance_id is not None and not is_instance_id(instance_id):
+            raise ProblemError(404, "Unknown instance", f"that is not an instance id: ids are {INSTANCE_ID_RULE}")
         call_id = request.path_params.get("call_id")
         if call_id is not None and not _CALL_ID.fullmatch(call_id):
             raise ProblemError(404, "Unknown call", "that is not a tool call id")

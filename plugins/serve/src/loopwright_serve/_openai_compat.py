@@ -30,7 +30,7 @@ import attrs
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Mount, Route
 
-from loopwright import AgentResult, Message, State, StopReason, Usage
+from loopwright import AgentResult, Message, State, StopReason, Usage, approval_digest
 from loopwright.errors import ConfigError, InstanceNotFoundError
 from loopwright_serve._auth import Scope
 from loopwright_serve._problems import ProblemError
@@ -40,7 +40,7 @@ from loopwright_serve._surface import null_lifespan
 if TYPE_CHECKING:
     from starlette.requests import Request
 
-    from loopwright import AgentRun
+    from loopwright import AgentRun, PendingApproval
     from loopwright_serve._context import ServeContext
 
 __all__ = ["OpenAICompatSurface"]
@@ -248,7 +248,8 @@ async def _continue(ctx: ServeContext, chat: ChatRequest, instance_id: str) -> A
                         param=INSTANCE_HEADER, code="instance_mismatch")
     state = found.get("state")
     if state in (State.RUNNING.value, State.WAITING_FOR_APPROVAL.value):
-        held = ", ".join(str(p.get("toolCallId")) for p in found.get("pendingApprovals") or [])
+        held = ", ".join(f"{p.get('toolCallId')} (digest {p.get('digest')})"
+                         for p in found.get("pendingApprovals") or [] if p.get("decision") is None)
         why = f"waits for approval of {held}: decide it first" if held else "is running: wait until it rests"
         raise ChatError(409, f"instance {instance_id} {why}", param=INSTANCE_HEADER, code="instance_busy",
                         instance_id=instance_id)
@@ -391,21 +392,32 @@ def answer_of(result: AgentResult, question: str | None = None) -> tuple[str, st
     return result.text or "", finish
 
 
+def _undecided(result: AgentResult) -> list[PendingApproval]:
+    return [p for p in result.pending_approvals if p.decision is None]
+
+
 def approval_message(result: AgentResult) -> str:
-    """Return the assistant message of a run that rests holding calls for approval."""
-    held = "; ".join(f"{p.tool} {json.dumps(dict(p.arguments), sort_keys=True)} (call {p.tool_call_id})"
-                     for p in result.pending_approvals) or "a tool call"
+    """Return the assistant message of a run that rests holding calls for approval.
+
+    Each held call is named with its digest, which a decision on it must carry.
+    """
+    held = "; ".join(f"{p.tool} {json.dumps(dict(p.arguments), sort_keys=True)} (call {p.tool_call_id}, "
+                     f"digest {approval_digest(p)})" for p in _undecided(result)) or "a tool call"
     return (f"The agent is waiting for approval before it goes on. Held: {held}. Approve or deny it through "
-            f"the loopwright serve API or `loopwright approve {result.instance_id} --call CALL_ID` (instance "
-            f"{result.instance_id}); the instance then continues.")
+            f"the loopwright serve API (with the digest) or `loopwright approve {result.instance_id} --call "
+            f"CALL_ID --digest DIGEST` (instance {result.instance_id}); the instance then continues.")
 
 
 def metadata_of(result: AgentResult) -> dict[str, str]:
-    """Return the response's ``metadata``: the instance, its state and stop reason (strings, as OpenAI's)."""
+    """Return the response's ``metadata``: the instance, its state and stop reason (strings, as OpenAI's).
+
+    With calls held: ``pending_tool_call_ids`` and ``pending_digests``, comma-separated, in the same order.
+    """
     data = {"instance_id": result.instance_id, "state": result.state.value,
             "stop_reason": result.stop_reason.value if result.stop_reason else ""}
-    if result.pending_approvals:
-        data["pending_tool_call_ids"] = ",".join(p.tool_call_id for p in result.pending_approvals)
+    if held := _undecided(result):
+        data["pending_tool_call_ids"] = ",".join(p.tool_call_id for p in held)
+        data["pending_digests"] = ",".join(approval_digest(p) for p in held)
     return data
 
 
