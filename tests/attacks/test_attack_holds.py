@@ -101,9 +101,20 @@ class Project:
                 out.append(entry["m"])
         return out
 
+    def tool_result(self, instance_id: str, model_id: str) -> dict[str, Any]:
+        """Return the saved tool result answering the call the model named ``model_id`` (exactly one)."""
+        (found,) = [r for r in self.tool_results(instance_id) if model_call_id(r) == model_id]
+        return found
+
     def saw_canary(self) -> list[str]:
         """Return every saved file (transcripts, records) and CLI output that holds the canary."""
         return [str(p) for p in (self.root / "store").rglob("*") if p.is_file() and self.canary in p.read_text()]
+
+
+def model_call_id(result: dict[str, Any]) -> str:
+    """The model's id of the call a saved tool result answers (``toolCallId`` is the runtime's own id;
+    the model's is saved as ``toolCallWireId`` when it differs)."""
+    return str(result.get("toolCallWireId", result["toolCallId"]))
 
 
 def cli_env() -> dict[str, str]:
@@ -447,7 +458,7 @@ async def _reach(project: Project, tool: str, arguments: Callable[[str], dict[st
                 await anyio.sleep(0.05)
         assert seen == [ids[victim]]
         attacker = next(h for h in await rt.list_instances() if h.get("name") == "attacker")
-    (result,) = [r for r in project.tool_results(attacker["instanceId"]) if r["toolCallId"] == "atk"]
+    result = project.tool_result(attacker["instanceId"], "atk")
     return {**result, "victims": {ids["stranger"], ids.get("sibling")}}
 
 
@@ -542,7 +553,7 @@ async def test_a_start_that_asks_for_the_store_or_links_to_it_gets_nothing_of_it
         header = project.header(run.instance_id)
     assert header["capabilities"]["files"] == {"read": [work], "write": [work]}  # the store asked for is dropped
     results = project.tool_results(run.instance_id)
-    assert sorted(r["toolCallId"] for r in results) == ["s0", "s1", "s2", "s3"]
+    assert sorted(model_call_id(r) for r in results) == ["s0", "s1", "s2", "s3"]
     assert {r["status"] for r in results} == {"tool_error"}, results
     assert not (project.root / "store" / "planted.txt").exists()
 

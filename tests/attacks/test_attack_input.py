@@ -42,7 +42,7 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "core" / "tests"))
 
-from helpers import Harness, call, defn, make_runtime, reply, run_to_rest
+from helpers import Harness, call, defn, make_runtime, reply, result_for, run_to_rest
 
 import loopwright
 from loopwright import ToolCall
@@ -112,10 +112,14 @@ def script(project: Path, replies: list[Any]) -> None:
 
 
 def tool_results(project: Path, instance_id: str) -> dict[str, dict[str, Any]]:
-    """The tool results of an instance, by call id, as the file store saved them."""
+    """The tool results of an instance, by the model's call id, as the file store saved them.
+
+    ``toolCallId`` is the runtime's own id; the model's is saved as ``toolCallWireId`` when it differs.
+    """
     entries = (project / "store" / instance_id / "entries.jsonl").read_text().splitlines()
     messages = [json.loads(line) for line in entries if line.strip()]
-    return {m["toolCallId"]: m for m in (e.get("m") or {} for e in messages) if m.get("role") == "tool"}
+    return {m.get("toolCallWireId", m["toolCallId"]): m
+            for m in (e.get("m") or {} for e in messages) if m.get("role") == "tool"}
 
 
 def refused(done: subprocess.CompletedProcess[str], rss: int, file: str, line: int, words: str, *,
@@ -256,7 +260,7 @@ _HOST = textwrap.dedent(f"""
     sys.path.insert(0, {str(Path(__file__).resolve().parents[2] / "core" / "tests")!r})
     from pathlib import Path
     import anyio
-    from helpers import Harness, call, defn, make_runtime, reply, run_to_rest
+    from helpers import Harness, call, defn, make_runtime, reply, result_for, run_to_rest
     from loopwright import Tool
 
     def echo(word: str, other: str = "") -> str:
@@ -342,7 +346,7 @@ async def test_monitor_agent_refuses_non_finite_elapsed(tmp_path: Path, elapsed:
         _calls_on_child(lambda child: call("monitor_agent", "mon", agentId=child, elapsed=elapsed)),
         reply("parent done"), provider="p")
     run = await _parent_and_child(tmp_path, parent, ("run_agent_async", "monitor_agent"))
-    answer = next(m for m in run.inst.transcript if m.role == "tool" and m.tool_call_id == "mon")
+    answer = result_for(run.inst.transcript, "mon")
     assert answer.status.value in {"tool_error", "invalid_arguments"}, answer
 
 
@@ -357,7 +361,7 @@ async def test_await_monitor_refuses_non_finite_timeout(tmp_path: Path, raw: str
         lambda _request: reply(None, wire_call("await_monitor", raw, "wait")),
         reply("parent done"), provider="p")
     run = await _parent_and_child(tmp_path, parent, ("run_agent_async", "monitor_agent", "await_monitor"))
-    answer = next(m for m in run.inst.transcript if m.role == "tool" and m.tool_call_id == "wait")
+    answer = result_for(run.inst.transcript, "wait")
     assert answer.status.value in {"tool_error", "invalid_arguments"}, answer
 
 
@@ -370,7 +374,7 @@ async def test_monitor_agent_refuses_non_finite_context_at(tmp_path: Path, conte
         _calls_on_child(lambda child: call("monitor_agent", "mon", agentId=child, contextAt=context_at)),
         reply("parent done"), provider="p")
     run = await _parent_and_child(tmp_path, parent, ("run_agent_async", "monitor_agent"))
-    answer = next(m for m in run.inst.transcript if m.role == "tool" and m.tool_call_id == "mon")
+    answer = result_for(run.inst.transcript, "mon")
     assert answer.status.value in {"tool_error", "invalid_arguments"}, answer
 
 
@@ -443,7 +447,7 @@ async def test_arguments_nested_100000_deep_are_invalid_arguments_and_the_instan
         run, result = await run_to_rest(rt, defn(tools=("todowrite",)), timeout=60)
         assert result.state.value == "waiting", result  # at rest after its answer, not in error
         assert result.text == "still here"
-        statuses = {m.tool_call_id: m.status.value for m in run.inst.transcript if m.role == "tool"}
+        statuses = {m.provider_call_id: m.status.value for m in run.inst.transcript if m.role == "tool"}
         assert statuses == {"text": "invalid_arguments", "data": "invalid_arguments", "fine": "success"}
         instance_id = run.instance_id
     async with make_runtime(tmp_path, Harness(reply("again"))) as rt:  # a later re-read of the saved transcript

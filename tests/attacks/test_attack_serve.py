@@ -183,6 +183,27 @@ def raw(url: str, request: bytes) -> tuple[int, dict[str, str], bytes]:
     return int(lines[0].split()[1]), headers, body
 
 
+#: The runtime's own id for a tool call (the model's id is kept as the call's wire id).
+RUNTIME_ID = re.compile(r"^lw-\d+-\d+-[0-9a-f]{6}$")
+
+
+def runtime_call_id(root: Path, instance_id: str, model_id: str) -> str:
+    """The runtime's id of the call the model named ``model_id``, read from the instance's saved transcript."""
+    lines = (root / "store" / instance_id / "entries.jsonl").read_text().splitlines()
+    found = [c["id"] for entry in map(json.loads, lines) if entry.get("t") == "msg"
+             for c in entry["m"].get("toolCalls") or () if c.get("wireId", c["id"]) == model_id]
+    assert len(found) == 1, (model_id, found)
+    assert RUNTIME_ID.match(found[0]), found[0]
+    return str(found[0])
+
+
+def held_call(root: Path, shown: dict, model_id: str) -> dict:
+    """The one undecided pending approval of ``shown``: the call the model named ``model_id``."""
+    (pending,) = [p for p in shown["pendingApprovals"] if p["decision"] is None]
+    assert pending["toolCallId"] == runtime_call_id(root, shown["instanceId"], model_id), pending
+    return dict(pending)
+
+
 def stored(root: Path) -> list[str]:
     """The instances in the project's store (none before the first one is created)."""
     store = root / "store"
@@ -205,15 +226,15 @@ def tokened(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Pat
         yield url, root
 
 
-def _calls(instance_id: str) -> list[tuple[str, str, dict | None]]:
-    """Every scoped operation, with real ids in its path and a valid body."""
+def _calls(instance_id: str, held: dict) -> list[tuple[str, str, dict | None]]:
+    """Every scoped operation, with real ids in its path and a valid body (``held``: the pending approval)."""
     bodies = {"start_instance": {"definition": "chat"}, "message": {"text": "hi"},
-              "decide": {"decision": "approve"}, "cancel": {}}
+              "decide": {"decision": "approve", "digest": held["digest"]}, "cancel": {}}
     out = []
     for ep in ENDPOINTS:
         if ep.scope is None:
             continue
-        path = ep.path.replace("{instance_id}", instance_id).replace("{call_id}", "call_del")
+        path = ep.path.replace("{instance_id}", instance_id).replace("{call_id}", held["toolCallId"])
         out.append((ep.method, path, bodies.get(ep.key) if ep.method == "POST" else None))
     return out
 
@@ -221,12 +242,12 @@ def _calls(instance_id: str) -> list[tuple[str, str, dict | None]]:
 def test_a_missing_or_wrong_token_gets_401_on_every_endpoint(tokened: tuple[str, Path]) -> None:
     url, root = tokened
     instance_id = start(url, "held")
-    wait_state(url, instance_id, "waiting_for_approval")
+    held = held_call(root, wait_state(url, instance_id, "waiting_for_approval"), "call_del")
     before = stored(root)
     right = TOKENS["ADMIN_TOKEN"]
     wrong = [None, "", "Bearer", f"Bearer {right[:-1]}", f"Bearer {right}x", f"Bearer {right.upper()}",
              f"Basic {right}", f"Bearer {right[:8]}", "Bearer admin", f"Token {right}"]
-    for method, path, body in _calls(instance_id):
+    for method, path, body in _calls(instance_id, held):
         for header in wrong:
             headers = {"Authorization": header} if header is not None else {}
             response = httpx.request(method, f"{url}{path}", json=body, headers=headers, timeout=GUARD)
@@ -236,13 +257,13 @@ def test_a_missing_or_wrong_token_gets_401_on_every_endpoint(tokened: tuple[str,
     # Nothing was started, decided or cancelled.
     assert stored(root) == before
     shown = wait_state(url, instance_id, "waiting_for_approval")
-    assert [p["toolCallId"] for p in shown["pendingApprovals"] if p["decision"] is None] == ["call_del"]
+    assert held_call(root, shown, "call_del") == held
 
 
 def test_a_token_without_the_scope_gets_403(tokened: tuple[str, Path]) -> None:
     url, root = tokened
     instance_id = start(url, "held2", token="RUNNER_TOKEN")
-    wait_state(url, instance_id, "waiting_for_approval", token="READER_TOKEN")
+    held = held_call(root, wait_state(url, instance_id, "waiting_for_approval", token="READER_TOKEN"), "call_del")
     denied = {
         "READER_TOKEN": {"start_instance", "message", "decide", "cancel"},
         "RUNNER_TOKEN": {"decide"},
@@ -251,7 +272,7 @@ def test_a_token_without_the_scope_gets_403(tokened: tuple[str, Path]) -> None:
     keys = [ep.key for ep in ENDPOINTS if ep.scope is not None]
     before = stored(root)
     for token, refused in denied.items():
-        for key, (method, path, body) in zip(keys, _calls(instance_id), strict=True):
+        for key, (method, path, body) in zip(keys, _calls(instance_id, held), strict=True):
             if key not in refused:
                 continue
             response = httpx.request(method, f"{url}{path}", json=body, headers=bearer(token), timeout=GUARD)
@@ -259,10 +280,11 @@ def test_a_token_without_the_scope_gets_403(tokened: tuple[str, Path]) -> None:
             assert "scope" in response.json()["detail"]
     assert stored(root) == before
     shown = wait_state(url, instance_id, "waiting_for_approval", token="READER_TOKEN")
-    assert shown["pendingApprovals"][0]["decision"] is None
+    assert held_call(root, shown, "call_del") == held
     # Reading is what the reader may do; the approver's decision records its token.
     assert httpx.get(f"{url}/v1/instances", headers=bearer("READER_TOKEN"), timeout=GUARD).status_code == 200
-    decided = httpx.post(f"{url}/v1/instances/{instance_id}/approvals/call_del", json={"decision": "deny"},
+    decided = httpx.post(f"{url}/v1/instances/{instance_id}/approvals/{held['toolCallId']}",
+                         json={"decision": "deny", "digest": held["digest"]},
                          headers=bearer("APPROVER_TOKEN"), timeout=GUARD)
     assert decided.status_code == 200, decided.text
     assert decided.json()["decided"][0]["decidedBy"] == "token:approver"
@@ -439,15 +461,16 @@ def test_a_url_naming_another_root_decides_nothing(tokened: tuple[str, Path]) ->
     mine = start(url, "chat")
     wait_state(url, mine, "waiting")
     theirs = start(url, "victim")
-    wait_state(url, theirs, "waiting_for_approval")
-    for decision in ("approve", "deny"):
-        response = httpx.post(f"{url}/v1/instances/{mine}/approvals/call_victim", json={"decision": decision},
+    victim = held_call(_root, wait_state(url, theirs, "waiting_for_approval"), "call_victim")
+    for decision in ("approve", "deny"):  # the right id and the right digest, on the wrong root's URL
+        response = httpx.post(f"{url}/v1/instances/{mine}/approvals/{victim['toolCallId']}",
+                              json={"decision": decision, "digest": victim["digest"]},
                               headers=bearer("ADMIN_TOKEN"), timeout=GUARD)
         assert response.status_code in {404, 409}, response.text
         assert response.headers["content-type"] == "application/problem+json"
     shown = wait_state(url, theirs, "waiting_for_approval")
     (held,) = shown["pendingApprovals"]
-    assert held["toolCallId"] == "call_victim"
+    assert held == victim
     assert held["decision"] is None
     header = json.loads((_root / "store" / theirs / "instance.json").read_text())
     assert [p.get("decision") for p in header["pendingApprovals"]] == [None]

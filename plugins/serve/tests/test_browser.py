@@ -616,7 +616,9 @@ def test_deciding_a_call_another_client_decided_shows_the_conflict(page: Page) -
     page.sign_in()
     card = page.card(instance_id)
     page.expect(card).to_have_count(1)
-    status, body = page.server.api("POST", f"/v1/instances/{instance_id}/approvals/call_r", {"decision": "approve"})
+    held = page.server.show(instance_id)["pendingApprovals"][0]  # another client decides it first
+    status, body = page.server.api("POST", f"/v1/instances/{instance_id}/approvals/{held['toolCallId']}",
+                                   {"decision": "approve", "digest": held["digest"]})
     assert status in {200, 202}, body
     card.locator(".approve").click()
     page.expect(page.page.locator("#error")).to_contain_text("409")
