@@ -351,11 +351,12 @@ def _replies_so_far(messages: Any) -> int:
     """Return how many scripted replies the transcript holds, a compacted part included.
 
     Without compaction it is the number of assistant messages. A ``compact`` summary replaces
-    some of them with a message saying ``replies so far: K``; call ids ``cN_k`` show reply N.
+    some of them with a message saying ``replies so far: K``; the model's call ids ``cN_k`` (the
+    calls' ``provider_id``: their ``id`` is the runtime's own) show reply N.
     """
     count = sum(1 for m in messages if m.role == "assistant")
     for m in messages:
-        texts = [m.content or "", *(c.id for c in m.tool_calls)]
+        texts = [m.content or "", *(c.provider_id for c in m.tool_calls)]
         for text in texts:
             for call, summary in _REPLIES.findall(text):
                 count = max(count, int(call) + 1 if call else int(summary))

@@ -1545,6 +1545,29 @@ def check_transcript(seen: Seen, prompt: str = PROMPT) -> list[Violation]:
             i += 1
         if sorted(got) != sorted(wanted):
             out.append(Violation("transcript", f"calls {wanted} got results {got}"))
+    out += check_call_ids(seen)
+    return out
+
+
+#: The runtime's own id for a tool call, ``lw-TURN-INDEX-HEX6`` (the model's id is the call's ``wireId``).
+RUNTIME_ID = re.compile(r"^lw-\d+-\d+-[0-9a-f]{6}$")
+
+
+def check_call_ids(seen: Seen) -> list[Violation]:
+    """Each call has a runtime id of its turn and keeps the model's id; each result names both as its call does."""
+    out = []
+    for m in seen.history:
+        if m.get("role") == "tool":
+            call = seen.calls.get(str(m.get("toolCallId")))
+            if call is not None and m.get("toolCallWireId") != call.get("wireId"):
+                out.append(Violation("ids", f"result {m.get('toolCallId')} names the model's id "
+                                            f"{m.get('toolCallWireId')!r}, its call {call.get('wireId')!r}"))
+            continue
+        for k, c in enumerate(m.get("toolCalls") or ()):
+            if not RUNTIME_ID.match(str(c["id"])) or c["id"].split("-")[2] != str(k):
+                out.append(Violation("ids", f"call {c['id']} ({c.get('wireId')}) is not a runtime id of place {k}"))
+            elif not c.get("wireId"):
+                out.append(Violation("ids", f"call {c['id']} lost the model's id"))
     return out
 
 
@@ -1797,8 +1820,9 @@ def _reply(reply: Any, index: int, child: str | None = None) -> Any:
 
 
 def _reply_of(message: dict[str, Any]) -> Any:
+    """A saved answer as the script wrote it: its calls under the model's ids (``wireId``; ``id`` is the runtime's)."""
     if message.get("toolCalls"):
-        return [(c["id"], c["name"], c.get("arguments", {})) for c in message["toolCalls"]]
+        return [(c.get("wireId", c["id"]), c["name"], c.get("arguments", {})) for c in message["toolCalls"]]
     return message.get("content")
 
 

@@ -51,7 +51,8 @@ def test_every_kill_resumes_to_a_rest_with_every_invariant(tmp_path: Path, capsy
 
 
 def test_the_checks_catch_broken_invariants(tmp_path: Path) -> None:
-    """A double execution, a lost result, a wrong total or a corrupt line in a clean run's files is reported."""
+    """A double execution, a lost result, a result naming another model id, a wrong total or a corrupt
+    line in a clean run's files is reported."""
     outcome = kill_matrix.run_scenario(tmp_path, Scenario(0, "mixed", (Stage("plain"),)))
     assert outcome.violations == []
     iid = outcome.instance_id
@@ -73,7 +74,16 @@ def test_the_checks_catch_broken_invariants(tmp_path: Path) -> None:
     def result_lost(_copy: Path, inst_copy: Path) -> None:
         entries = inst_copy / "entries.jsonl"
         lines = entries.read_text().splitlines(keepends=True)
-        entries.write_text("".join(ln for ln in lines if '"toolCallId":"c2_1"' not in ln))
+        # The model named the call c2_1 (its toolCallId is the runtime's own id).
+        kept = [ln for ln in lines if '"toolCallWireId":"c2_1"' not in ln]
+        assert len(kept) == len(lines) - 1
+        entries.write_text("".join(kept))
+
+    def wire_id_lost(_copy: Path, inst_copy: Path) -> None:
+        entries = inst_copy / "entries.jsonl"
+        text = entries.read_text()
+        assert text.count('"toolCallWireId":"c2_1"') == 1
+        entries.write_text(text.replace('"toolCallWireId":"c2_1"', '"toolCallWireId":"c9_9"'))
 
     def wrong_total(_copy: Path, inst_copy: Path) -> None:
         header = json.loads((inst_copy / "instance.json").read_text())
@@ -91,6 +101,7 @@ def test_the_checks_catch_broken_invariants(tmp_path: Path) -> None:
 
     assert "ledger" in broken(ran_twice)
     assert {"transcript", "ledger"} <= set(broken(result_lost))
+    assert "ids" in broken(wire_id_lost)
     assert "turns" in broken(wrong_total)
     assert "cost" in broken(wrong_cost)
     assert {"log lines", "load"} <= set(broken(garbage_line))

@@ -190,12 +190,16 @@ async def _check(project: Path, ids: list[str], steps: int) -> dict[str, str]:
             msgs = list(run.inst.transcript)
             task = next(m.content for m in msgs if m.role == "user")
             assert msgs[-1].content == f"done {task}", (iid, msgs[-3:])
-            calls = [(c.id, c.arguments["tag"]) for m in msgs for c in m.tool_calls]
+            # The model's ids (``provider_id``); ``id`` is the runtime's own, one per call.
+            calls = [(c.provider_id, c.arguments["tag"]) for m in msgs for c in m.tool_calls]
             assert [c for c, _tag in calls] == [f"call_{k}" for k in range(1, steps + 1)], (iid, calls)
+            runtime_ids = [c.id for m in msgs for c in m.tool_calls]
+            assert len(set(runtime_ids)) == len(runtime_ids), (iid, runtime_ids)
             for k, m in enumerate(msgs):
                 if m.tool_calls:  # its one result comes right after it: no other runner wrote in between
                     answer = msgs[k + 1]
-                    assert (answer.role, answer.tool_call_id) == ("tool", m.tool_calls[0].id), (iid, msgs[k:k + 3])
+                    assert (answer.role, answer.tool_call_id, answer.provider_call_id) == (
+                        "tool", m.tool_calls[0].id, m.tool_calls[0].provider_id), (iid, msgs[k:k + 3])
             results = [m for m in msgs if m.role == "tool"]
             assert len(results) == steps, (iid, results)
             for (_call, tag), result in zip(calls, results, strict=True):

@@ -24,6 +24,7 @@ import textwrap
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,6 +41,9 @@ CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]
+#: The runtime's own id of a tool call (``lw-TURN-INDEX-RANDOM``), and an approval digest.
+RUNTIME_ID = re.compile(r"lw-\d+-\d+-[0-9a-f]{6}")
+DIGEST = re.compile(r"[0-9a-f]{64}")
 #: Hang guards only (seconds): a step that works takes a fraction of these.
 START_GUARD = 60
 STEP_GUARD_MS = 30_000
@@ -133,6 +137,14 @@ PROVIDERS: dict[str, Any] = {
         {"toolCalls": [{"name": "delete", "arguments": {"path": "x"}, "id": "call_x"}]},
         "ok",
     ]),
+    # The model names two calls, in two turns, by one id: a harmless one, then (once it is denied) a dangerous one.
+    **_script("reused", [
+        {"text": "I will clear the cache", "toolCalls": [{"name": "delete", "arguments": {"path": "tmp/cache.txt"},
+                                                          "id": "call_same"}]},
+        {"text": "then I will delete everything", "toolCalls": [{"name": "delete", "arguments": {"path": "/"},
+                                                                 "id": "call_same"}]},
+        "all right, nothing deleted",
+    ]),
 }
 AGENTS = {
     "approver": ("m_approve", ["delete"]),
@@ -143,6 +155,7 @@ AGENTS = {
     "sleeper": ("m_slow", []),
     "attacker": ("m_attack", ["publish"]),
     "refused": ("m_refused", ["delete"]),
+    "reuser": ("m_reused", ["delete"]),
     "raced": ("m_raced", ["delete"]),
     "lead": ("m_lead", ["run_agent_async"]),
     "helper": ("m_helper", ["delete"]),
@@ -347,6 +360,12 @@ class Page:
     def card(self, instance_id: str) -> Any:
         return self.page.locator(f'.card[data-instance-id="{instance_id}"]')
 
+    def decisions(self, instance_id: str) -> list[tuple[str, Any]]:
+        """The decisions the page sent for ``instance_id``: each one's call id (from its path) and JSON body."""
+        marker = f"/v1/instances/{instance_id}/approvals/"
+        return [(urllib.parse.unquote(r.url.split(marker, 1)[1]), r.post_data_json)
+                for r in self.requests if r.method == "POST" and marker in r.url]
+
     def select(self, instance_id: str) -> None:
         self.page.locator(f'.node[data-id="{instance_id}"]').click()
         self.expect(self.page.locator("#detail-title")).to_contain_text(instance_id)
@@ -420,10 +439,19 @@ def test_the_page_is_served_with_a_strict_policy(server: Server) -> None:
 
 def test_sign_in_approve_by_clicking_and_watch_the_transcript_finish(page: Page) -> None:
     instance_id = page.server.start("approver")
-    page.server.wait_for(instance_id, "waiting_for_approval")
+    (pending,) = page.server.wait_for(instance_id, "waiting_for_approval")["pendingApprovals"]
+    assert RUNTIME_ID.fullmatch(pending["toolCallId"]), pending  # the model named it call_del
+    assert DIGEST.fullmatch(pending["digest"]), pending
     page.sign_in()
     page.select(instance_id)
     card = page.card(instance_id)
+    # The card is the call as the API shows it: its runtime id and its digest.
+    page.expect(card).to_have_attribute("data-tool-call-id", pending["toolCallId"])
+    page.expect(card).to_have_attribute("data-digest", pending["digest"])
+    page.expect(card.locator(".digest")).to_have_text(f"digest {pending['digest'][:16]}")
+    page.expect(card.locator(".digest")).to_have_attribute("title", pending["digest"])
+    page.expect(card.locator(".where")).to_contain_text(f"call {pending['toolCallId']}")
+    page.expect(page.transcript().locator(".item.approval")).to_contain_text(f"digest {pending['digest'][:16]}")
     page.expect(card.locator(".tool")).to_have_text("delete")
     page.expect(card.locator("pre")).to_contain_text('"path": "old/notes.txt"')
     page.expect(card.locator(".reason")).to_have_text("tool 'delete' requires approval")
@@ -432,6 +460,9 @@ def test_sign_in_approve_by_clicking_and_watch_the_transcript_finish(page: Page)
 
     card.locator(".approve").click()
     page.expect(card).to_have_count(0)
+    # The decision named the call and carried the digest the card showed.
+    assert page.decisions(instance_id) == [(pending["toolCallId"], {"decision": "approve",
+                                                                    "digest": pending["digest"]})]
     page.expect(page.transcript()).to_contain_text("deleted old/notes.txt")
     page.expect(page.transcript()).to_contain_text("all done: the notes are gone")
     page.expect(page.fact("state")).to_contain_text("waiting")
@@ -617,14 +648,105 @@ def test_deciding_a_call_another_client_decided_shows_the_conflict(page: Page) -
     card = page.card(instance_id)
     page.expect(card).to_have_count(1)
     held = page.server.show(instance_id)["pendingApprovals"][0]  # another client decides it first
+    page.expect(card).to_have_attribute("data-digest", held["digest"])
     status, body = page.server.api("POST", f"/v1/instances/{instance_id}/approvals/{held['toolCallId']}",
                                    {"decision": "approve", "digest": held["digest"]})
     assert status in {200, 202}, body
     card.locator(".approve").click()
     page.expect(page.page.locator("#error")).to_contain_text("409")
+    # The page sent the very call and digest it showed; the server refused it, as decided already.
+    assert page.decisions(instance_id) == [(held["toolCallId"], {"decision": "approve", "digest": held["digest"]})]
     page.shot("08-conflict")
     # The page then reloads the list: the call decided elsewhere leaves the inbox.
     page.expect(card).to_have_count(0)
+
+
+def _pending_other_than(server: Server, instance_id: str, call_id: str) -> dict[str, Any]:
+    """The one call ``instance_id`` holds once it holds one other than ``call_id`` (a hang guard)."""
+    deadline = time.monotonic() + START_GUARD
+    while time.monotonic() < deadline:
+        summary = server.show(instance_id)
+        held = [p for p in summary["pendingApprovals"] if p["decision"] is None]
+        if summary["state"] == "waiting_for_approval" and held and held[0]["toolCallId"] != call_id:
+            (only,) = held
+            return dict(only)
+        time.sleep(0.1)
+    pytest.fail(f"{instance_id} held no call after {call_id}; server output:\n" + "".join(server.output[-40:]))
+
+
+def _expect_card_of(page: Page, card: Any, pending: dict[str, Any], arguments: str) -> None:
+    """``card`` is the one card of its instance, and shows ``pending``: its id, digest and ``arguments``."""
+    page.expect(card).to_have_count(1)
+    page.expect(card).to_have_attribute("data-tool-call-id", pending["toolCallId"])
+    page.expect(card).to_have_attribute("data-digest", pending["digest"])
+    page.expect(card.locator("pre")).to_contain_text(arguments)
+    page.expect(card.locator(".digest")).to_have_text(f"digest {pending['digest'][:16]}")
+    page.expect(card.locator(".where")).to_contain_text(f"call {pending['toolCallId']}")
+
+
+def test_a_call_id_the_model_reuses_is_a_new_card_and_the_old_digest_decides_nothing(page: Page) -> None:
+    """The model names a harmless call and, once it is denied, a dangerous one by the same id.
+
+    The page must show the dangerous call as what it is: a card rebuilt with its arguments, its
+    own runtime id and digest; and a decision made on the harmless call's digest runs nothing.
+    """
+    instance_id = page.server.start("reuser")
+    (harmless,) = page.server.wait_for(instance_id, "waiting_for_approval")["pendingApprovals"]
+    assert harmless["arguments"] == {"path": "tmp/cache.txt"}
+    page.sign_in()
+    page.select(instance_id)
+    card = page.card(instance_id)
+    _expect_card_of(page, card, harmless, '"path": "tmp/cache.txt"')
+    card.evaluate("node => { node.dataset.seen = 'harmless'; }")
+    card.locator(".deny-reason").fill("not the cache")
+    card.locator(".deny").click()
+
+    dangerous = _pending_other_than(page.server, instance_id, harmless["toolCallId"])
+    assert dangerous["arguments"] == {"path": "/"}
+    # The same model id (call_same) got a new runtime id, and the new call a new digest.
+    assert RUNTIME_ID.fullmatch(harmless["toolCallId"]), harmless
+    assert RUNTIME_ID.fullmatch(dangerous["toolCallId"]), dangerous
+    assert harmless["toolCallId"].startswith("lw-1-0-"), harmless  # turn 1's call
+    assert dangerous["toolCallId"].startswith("lw-2-0-"), dangerous  # turn 2's, under the same model id
+    assert dangerous["digest"] != harmless["digest"]
+    # One card, built anew for the dangerous call: its arguments, id and digest, nothing of the harmless one.
+    _expect_card_of(page, card, dangerous, '"path": "/"')
+    page.expect(card.locator("pre")).not_to_contain_text("tmp/cache.txt")
+    page.expect(card).not_to_have_attribute("data-seen", "harmless")
+    # The transcript shows the harmless call denied, and the dangerous one waiting, with its digest.
+    page.expect(page.transcript().locator(".item.denied")).to_contain_text(harmless["toolCallId"])
+    waiting = page.transcript().locator(".item.approval")
+    page.expect(waiting).to_have_count(1)
+    page.expect(waiting).to_contain_text(f"(call {dangerous['toolCallId']}) · digest {dangerous['digest'][:16]}")
+    page.expect(card.locator(".deny-reason")).to_have_value("")
+    page.shot("10-reused-call-id-rebuilt")
+
+    # An approval made on what the person saw before (the harmless call's digest) is refused; nothing runs.
+    base = f"/v1/instances/{instance_id}/approvals"
+    status, problem = page.server.api("POST", f"{base}/{dangerous['toolCallId']}",
+                                      {"decision": "approve", "digest": harmless["digest"]})
+    assert status == 409, problem
+    assert (problem["toolCallId"], problem["currentDigest"]) == (dangerous["toolCallId"], dangerous["digest"])
+    status, problem = page.server.api("POST", f"{base}/{harmless['toolCallId']}",
+                                      {"decision": "approve", "digest": harmless["digest"]})
+    assert status == 409, problem  # the harmless call itself was decided: nothing waits under its id
+    summary = page.server.show(instance_id)
+    assert summary["state"] == "waiting_for_approval"
+    assert [(p["toolCallId"], p["decision"]) for p in summary["pendingApprovals"]] == [
+        (dangerous["toolCallId"], None)]
+    page.expect(card).to_have_attribute("data-digest", dangerous["digest"])
+
+    # The person denies the dangerous call too: the page sends the digest of the card it shows now.
+    card.locator(".deny").click()
+    page.expect(card).to_have_count(0)
+    assert page.decisions(instance_id) == [
+        (harmless["toolCallId"], {"decision": "deny", "reason": "not the cache", "digest": harmless["digest"]}),
+        (dangerous["toolCallId"], {"decision": "deny", "digest": dangerous["digest"]})]
+    page.expect(page.transcript()).to_contain_text("all right, nothing deleted")
+    assert page.server.wait_for(instance_id, "waiting")["pendingApprovals"] == []
+    status, records = page.server.api("GET", f"/v1/instances/{instance_id}/records?kind=tool_call")
+    assert status == 200
+    assert [r["data"].get("status") for r in records if r["data"].get("status")] == ["denied", "denied"], records
 
 
 def test_without_tokens_the_page_asks_for_none(tmp_path: Path, browser_context: Any, artifacts: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -17,6 +18,8 @@ from _serve_testlib import Server, clean_env, serving
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
+
+from loopwright import approval_digest
 
 pytestmark = pytest.mark.anyio
 
@@ -100,18 +103,26 @@ async def test_a_call_answers_with_the_agents_text_and_reports_progress(server: 
     assert any("calling echo" in (message or "") for _v, _t, message in progress)
 
 
-async def test_a_call_held_for_approval_is_a_result_that_says_so(server: Server) -> None:
-    """A held call is no error: the text says the agent waits, and the structured content lists the call."""
+async def test_a_call_held_for_approval_is_a_result_that_says_so(server: Server, project: Path) -> None:
+    """A held call is no error: the text says the agent waits, and the structured content lists the call.
+
+    The call is named by the runtime's own id and shown with the digest a decision on it must carry.
+    """
     async with _http_client(server) as client:
         result = await client.call_tool("mcp_approve", {"prompt": "delete m.txt"})
     assert not result.is_error
     structured = result.structured_content or {}
     assert structured["state"] == "waiting_for_approval"
+    header = json.loads((project.parent / "store" / structured["instanceId"] / "instance.json").read_text())
+    (saved,) = header["pendingApprovals"]
+    call = saved["toolCallId"]
+    assert re.fullmatch(r"lw-1-0-[0-9a-f]{6}", call), call  # the model named it call_m
     assert structured["pendingApprovals"] == [
-        {"toolCallId": "call_m", "tool": "delete", "arguments": {"path": "m.txt"}}]
+        {"toolCallId": call, "digest": approval_digest(saved), "tool": "delete", "arguments": {"path": "m.txt"}}]
     text = result.content[0].text  # type: ignore[union-attr]
     assert "waiting for approval" in text
     assert structured["instanceId"] in text
+    assert f"call {call}, digest {approval_digest(saved)}" in text
 
 
 async def test_an_agent_asking_the_user_answers_with_its_question(server: Server) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +12,8 @@ import openai
 import pytest
 from _protocols_testlib import TOKEN_ENV, TOKENS, make_project, transcript, working
 from _serve_testlib import Server, clean_env, serving
+
+from loopwright import approval_digest
 
 AGENTS = {
     "oa_plain": ["the answer is 42"],
@@ -46,6 +49,15 @@ def server(project: Path) -> Iterator[Server]:
 
 def _client(server: Server, token: str = TOKENS["runner"]) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server.url}/openai/v1", api_key=token, max_retries=0, timeout=60)
+
+
+def _held(project: Path, instance_id: str) -> tuple[str, str]:
+    """The runtime's id of the one call ``instance_id`` holds, and its digest (from the saved header)."""
+    header = json.loads((project.parent / "store" / instance_id / "instance.json").read_text())
+    (saved,) = header["pendingApprovals"]
+    call = str(saved["toolCallId"])
+    assert re.fullmatch(r"lw-1-0-[0-9a-f]{6}", call), call
+    return call, approval_digest(saved)
 
 
 def test_models_list_the_registered_definitions(server: Server) -> None:
@@ -116,28 +128,35 @@ def test_a_streamed_completion_decodes_with_the_sdk_and_ends_with_usage(server: 
     assert {c.id for c in chunks} == {f"chatcmpl-{instance_id}"}
 
 
-def test_a_run_held_for_approval_says_so(server: Server, tmp_path: Path) -> None:
-    """A held call: a clear assistant message, finish ``waiting_for_approval``, the call and the instance named."""
+def test_a_run_held_for_approval_says_so(server: Server, project: Path) -> None:
+    """A held call: a clear assistant message, finish ``waiting_for_approval``, the call and the instance named.
+
+    The call is named by the runtime's own id (the model named it call_del), with its digest.
+    """
     raw = _client(server).chat.completions.with_raw_response.create(
         model="loopwright/oa_approve", messages=[{"role": "user", "content": "delete old.txt"}])
     completion = raw.parse()
     instance_id = raw.headers["x-loopwright-instance"]
+    call, digest = _held(project, instance_id)
     choice = completion.choices[0]
     assert choice.finish_reason == "waiting_for_approval"
     assert "waiting for approval" in (choice.message.content or "")
     assert instance_id in (choice.message.content or "")
-    assert "call_del" in (choice.message.content or "")
+    assert f"(call {call}, digest {digest})" in (choice.message.content or "")
+    assert "call_del" not in (choice.message.content or "")
     assert completion.metadata == {"instance_id": instance_id, "state": "waiting_for_approval",
-                                   "stop_reason": "waiting_for_approval", "pending_tool_call_ids": "call_del"}
+                                   "stop_reason": "waiting_for_approval", "pending_tool_call_ids": call,
+                                   "pending_digests": digest}
 
 
-def test_a_streamed_run_held_for_approval_says_so(server: Server) -> None:
+def test_a_streamed_run_held_for_approval_says_so(server: Server, project: Path) -> None:
     """The same rest, streamed: the message, then the finish reason ``waiting_for_approval``."""
     chunks = list(_client(server).chat.completions.create(
         model="loopwright/oa_approve_stream", messages=[{"role": "user", "content": "delete b.txt"}], stream=True))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    call, digest = _held(project, chunks[0].model_extra["metadata"]["instance_id"])
     assert "waiting for approval" in text
-    assert "call_b" in text
+    assert f"(call {call}, digest {digest})" in text
     assert chunks[-1].choices[0].finish_reason == "waiting_for_approval"
 
 
@@ -218,16 +237,17 @@ def test_a_request_naming_an_instance_continues_it(server: Server, project: Path
                     ("assistant", "second answer")]
 
 
-def test_continuing_an_instance_held_for_approval_or_unknown_is_refused(server: Server) -> None:
+def test_continuing_an_instance_held_for_approval_or_unknown_is_refused(server: Server, project: Path) -> None:
     """A held instance is a 409 naming the held call (nothing is queued); an unknown one a 404; never retried."""
     client = _client(server)
     held = client.chat.completions.with_raw_response.create(
         model="loopwright/oa_busy", messages=[{"role": "user", "content": "delete c.txt"}])
     instance_id = held.headers["x-loopwright-instance"]
+    call, digest = _held(project, instance_id)
     with pytest.raises(openai.ConflictError) as caught:
         client.chat.completions.create(model="loopwright/oa_busy", messages=[{"role": "user", "content": "go on"}],
                                        extra_headers={"x-loopwright-instance": instance_id})
-    assert "call_c" in caught.value.message
+    assert f"{call} (digest {digest})" in caught.value.message
     assert caught.value.response.headers["x-should-retry"] == "false"
     for unknown in ("20990101-000000-00000000", "../oa_busy"):
         with pytest.raises((openai.NotFoundError, openai.BadRequestError)):

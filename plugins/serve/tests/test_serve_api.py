@@ -140,6 +140,39 @@ def test_approve_through_the_api_records_the_decider(client: httpx.Client) -> No
     assert again.headers["content-type"] == "application/problem+json"
 
 
+def test_a_decision_on_another_digest_is_refused_and_nothing_runs(client: httpx.Client) -> None:
+    """A digest that is not the pending call's: 409 naming the current digest; the call stays held, undecided."""
+    iid = start(client, "approve")["instanceId"]
+    (pending,) = wait_rest(client, iid, "waiting_for_approval")["pendingApprovals"]
+    call = pending["toolCallId"]
+    for decision in ("approve", "deny"):
+        refused = client.post(f"/v1/instances/{iid}/approvals/{call}", json={"decision": decision,
+                                                                              "digest": "f" * 64})
+        assert refused.status_code == 409, refused.text
+        assert refused.headers["content-type"] == "application/problem+json"
+        problem = refused.json()
+        assert (problem["instanceId"], problem["toolCallId"], problem["currentDigest"]) == (
+            iid, call, pending["digest"])
+        assert pending["digest"] in problem["detail"]
+    # Without one at all, a 422 naming the field; with a digest that is no sha256, a 422 too.
+    for body in ({"decision": "approve"}, {"decision": "approve", "digest": pending["digest"][:16]}):
+        blind = client.post(f"/v1/instances/{iid}/approvals/{call}", json=body)
+        assert blind.status_code == 422, blind.text
+        assert "digest" in json.dumps(blind.json()["errors"])
+    shown = client.get(f"/v1/instances/{iid}").json()
+    assert shown["state"] == "waiting_for_approval"
+    assert [(p["toolCallId"], p["digest"], p["decision"]) for p in shown["pendingApprovals"]] == [
+        (call, pending["digest"], None)]
+    records = client.get(f"/v1/instances/{iid}/records").json()
+    assert [r for r in records if r["kind"] == "approval" and r["data"].get("decision")] == []
+    assert [r["data"]["status"] for r in records if r["kind"] == "tool_call" and r["data"].get("status")] == []
+    # The digest shown is what runs: with it, the call is decided.
+    decided = client.post(f"/v1/instances/{iid}/approvals/{call}", json={"decision": "deny",
+                                                                          "digest": pending["digest"]})
+    assert decided.status_code == 200, decided.text
+    assert decided.json()["decided"][0]["digest"] == pending["digest"]
+
+
 def test_deny_with_a_reason(client: httpx.Client) -> None:
     iid = start(client, "approve")["instanceId"]
     (pending,) = wait_rest(client, iid, "waiting_for_approval")["pendingApprovals"]
@@ -298,6 +331,12 @@ def test_run_false_only_writes_the_work_and_workers_run_it(tmp_path: Path) -> No
         shown = client.get(f"/v1/instances/{iid}").json()
         assert shown["state"] == "waiting_for_approval"
         (pending,) = shown["pendingApprovals"]
+        # A stale digest is refused here too, before anything is saved for a worker.
+        stale = client.post(f"/v1/instances/{iid}/approvals/{pending['toolCallId']}",
+                            json={"decision": "approve", "digest": "f" * 64})
+        assert stale.status_code == 409, stale.text
+        assert stale.json()["currentDigest"] == pending["digest"]
+        assert client.get(f"/v1/instances/{iid}").json()["pendingApprovals"][0]["decision"] is None
         decided = client.post(f"/v1/instances/{iid}/approvals/{pending['toolCallId']}",
                               json={"decision": "approve", "digest": pending["digest"]})
         assert decided.status_code == 200, decided.text

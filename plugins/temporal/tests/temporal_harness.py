@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -29,6 +30,8 @@ HERE = Path(__file__).parent
 #: Generous hang guards (seconds), never timing bounds.
 START_GUARD = 60.0
 WAIT_GUARD = 120.0
+#: The runtime's own id for a tool call, ``lw-TURN-INDEX-HEX6`` (the model's id is kept as its wire id).
+RUNTIME_ID = re.compile(r"^lw-\d+-\d+-[0-9a-f]{6}$")
 
 
 def temporal_cli() -> str | None:
@@ -134,6 +137,32 @@ class Deployment:
 
     def header(self, instance_id: str) -> dict[str, Any]:
         return json.loads((self.folder / "store" / instance_id / "instance.json").read_text())
+
+    def call_id(self, instance_id: str, model_id: str) -> str | None:
+        """The runtime's id of the call the model named ``model_id`` (None: not saved yet).
+
+        A call's ``id`` is the runtime's own (``lw-TURN-INDEX-HEX6``): the test tools' effect lines
+        and markers name it; the model's id is the saved call's ``wireId``.
+        """
+        path = self.folder / "store" / instance_id / "entries.jsonl"
+        lines = path.read_text().splitlines() if path.exists() else []
+        found = set()
+        for line in lines:
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:  # a line being written
+                continue
+            if entry.get("t") == "msg":
+                found.update(c["id"] for c in entry["m"].get("toolCalls") or () if c.get("wireId") == model_id)
+        assert len(found) <= 1, (model_id, found)
+        return found.pop() if found else None
+
+    def runtime_id(self, instance_id: str, model_id: str) -> str:
+        """:meth:`call_id`, which must be saved already, checked to be a runtime id."""
+        found = self.call_id(instance_id, model_id)
+        assert found is not None, f"{instance_id} has no call the model named {model_id}"
+        assert RUNTIME_ID.match(found), found
+        return found
 
     def wait_for(self, what: str, predicate: Any, guard: float = WAIT_GUARD) -> float:
         """Wait until ``predicate()`` is true (a hang guard, not a bound); return the seconds it took."""

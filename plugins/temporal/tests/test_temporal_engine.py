@@ -92,13 +92,14 @@ def test_a_run_with_an_approval_and_a_message_from_other_processes(deployment: D
     result = _json(held)
     iid = result["instanceId"]
     assert result["state"] == "waiting_for_approval"
-    assert [p["toolCallId"] for p in result["pendingApprovals"]] == ["call_del"]
+    held_id = dep.runtime_id(iid, "call_del")
+    assert [p["toolCallId"] for p in result["pendingApprovals"]] == [held_id]
     assert dep.effect_lines() == []
 
     approved = dep.cli("approve", "--json", iid)
     assert approved.returncode == 0, approved.stderr
     assert _json(approved)["text"] == "result: deleted old/notes.txt"
-    assert _no_effect_twice(dep) == {f"{iid} call_del delete": 1}
+    assert _no_effect_twice(dep) == {f"{iid} {held_id} delete": 1}
 
     chat = dep.cli("run", "--json", dep.agent("chat"), "-i", "tag=e2e-chat", "-p", "hi")
     assert chat.returncode == 0, chat.stderr
@@ -135,7 +136,8 @@ def test_sigkill_mid_model_call_another_worker_takes_over(deployment: Deployment
     dep.wait_for("the instance to rest", lambda: _state(dep, iid) in RESTING)
     assert dep.header(iid)["stopReason"] == "waiting"
     counts = _no_effect_twice(dep)
-    assert counts == {f"{iid} call_a effect": 1, f"{iid} call_b effect": 1}
+    assert counts == {f"{iid} {dep.runtime_id(iid, 'call_a')} effect": 1,
+                      f"{iid} {dep.runtime_id(iid, 'call_b')} effect": 1}
 
 
 def test_sigkill_mid_tool_call_the_call_is_not_run_twice(deployment: Deployment) -> None:
@@ -144,7 +146,9 @@ def test_sigkill_mid_tool_call_the_call_is_not_run_twice(deployment: Deployment)
     dep.start_worker()
     dep.start_worker()
     iid = _submit(dep, "tool-kill", "tk")
-    started = dep.folder / "effects.started.call_slow"
+    dep.wait_for("the slow tool call to be asked for", lambda: dep.call_id(iid, "call_slow") is not None)
+    slow = dep.runtime_id(iid, "call_slow")
+    started = dep.folder / f"effects.started.{slow}"
     dep.wait_for("the slow tool call to start", started.exists)
     victim = _worker_of(dep, started)
     victim.send_signal(signal.SIGKILL)
@@ -156,8 +160,9 @@ def test_sigkill_mid_tool_call_the_call_is_not_run_twice(deployment: Deployment)
     dep.wait_for("the instance to rest", lambda: _state(dep, iid) in RESTING)
     assert int(after.read_text()) != victim.pid
     counts = _no_effect_twice(dep)
-    assert counts == {f"{iid} call_a effect": 1, f"{iid} call_c effect": 1}
-    assert _tool_statuses(dep, iid).get("call_slow") == "unknown_outcome"
+    assert counts == {f"{iid} {dep.runtime_id(iid, 'call_a')} effect": 1,
+                      f"{iid} {dep.runtime_id(iid, 'call_c')} effect": 1}
+    assert _tool_statuses(dep, iid).get(slow) == "unknown_outcome"
 
 
 def test_sigterm_drains_the_worker(deployment: Deployment) -> None:
@@ -171,7 +176,7 @@ def test_sigterm_drains_the_worker(deployment: Deployment) -> None:
     assert worker.wait(60) == 0, worker.log.read_text()  # type: ignore[attr-defined]
     header = dep.header(iid)
     assert header["state"] == "waiting", header
-    assert _no_effect_twice(dep) == {f"{iid} call_a effect": 1}
+    assert _no_effect_twice(dep) == {f"{iid} {dep.runtime_id(iid, 'call_a')} effect": 1}
 
 
 def test_the_temporal_server_stops_and_starts_again(tmp_path: Path, temporal_server: TemporalServer) -> None:
@@ -194,7 +199,7 @@ def test_the_temporal_server_stops_and_starts_again(tmp_path: Path, temporal_ser
         answered = dep.cli("message", "--json", iid, "again")
         assert answered.returncode == 0, answered.stderr + dep.workers[0].log.read_text()  # type: ignore[attr-defined]
         assert _json(answered)["text"] == "done: again"
-        assert _no_effect_twice(dep) == {f"{iid} call_a effect": 1}
+        assert _no_effect_twice(dep) == {f"{iid} {dep.runtime_id(iid, 'call_a')} effect": 1}
     finally:
         dep.stop_workers()
         server.stop()
@@ -321,7 +326,8 @@ def test_cancel_from_another_process_stops_a_running_instance(deployment: Deploy
     dep = deployment
     dep.start_worker()
     iid = _submit(dep, "tool-kill", "cx")
-    started = dep.folder / "effects.started.call_slow"
+    dep.wait_for("the slow tool call to be asked for", lambda: dep.call_id(iid, "call_slow") is not None)
+    started = dep.folder / f"effects.started.{dep.runtime_id(iid, 'call_slow')}"
     dep.wait_for("the slow tool call to start", started.exists)
     cancelled = dep.cli("cancel", "--json", iid)
     assert cancelled.returncode == 0, cancelled.stderr
@@ -329,4 +335,4 @@ def test_cancel_from_another_process_stops_a_running_instance(deployment: Deploy
     assert (header["state"], header["stopReason"], header["cancelled"]) == ("stopped", "cancelled", True)
     engine = _engine(dep)
     dep.wait_for("the workflow to complete", lambda: anyio.run(engine.describe, iid)["status"] == "COMPLETED")
-    assert _no_effect_twice(dep) == {f"{iid} call_a effect": 1}
+    assert _no_effect_twice(dep) == {f"{iid} {dep.runtime_id(iid, 'call_a')} effect": 1}

@@ -10,7 +10,8 @@ the end the last reply repeats. ``{last}`` in ``text`` becomes the last message'
 Set ``LW_TEST_DELAY`` (seconds) to give every reply that delay (the benchmark's model latency).
 
 Tools (each appends one line ``<instance> <call id> <tool>`` to ``$LW_EFFECTS`` when it
-*completes*, so a completed call that ran twice shows as a repeated line):
+*completes*, so a completed call that ran twice shows as a repeated line; the call id is the
+runtime's own, ``lw-TURN-INDEX-HEX6``: ``Deployment.runtime_id`` maps the script's id to it):
 
 - ``effect(note)``: completes at once.
 - ``slow_effect(note, seconds)``: touches ``$LW_EFFECTS.started.<call id>``, sleeps, completes.

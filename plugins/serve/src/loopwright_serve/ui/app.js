@@ -507,7 +507,9 @@ function renderRecord(stream, record) {
     case "approval": {
       const call = `${safeText(data.tool ?? "?")} (call ${safeText(data.toolCallId ?? "?")})`;
       if (!data.decision) {
-        const held = item("approval", "waits for approval", `${call}${data.reason ? `: ${safeText(data.reason, { multiline: true })}` : ""}`);
+        // The digest a decision on it must carry (the inbox card shows it too, and sends it).
+        const digest = typeof data.digest === "string" ? ` · digest ${safeText(data.digest).slice(0, 16)}` : "";
+        const held = item("approval", "waits for approval", `${call}${digest}${data.reason ? `: ${safeText(data.reason, { multiline: true })}` : ""}`);
         stream.held.set(data.toolCallId, held);
         addItem(held);
         return;
