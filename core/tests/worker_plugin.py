@@ -41,6 +41,9 @@ SCRIPTS: dict[str, list[dict[str, Any]]] = {
     "long": [{"text": "ready"},
              {"calls": [{"name": "nap", "arguments": {"seconds": 60, "marker": "long.started"}}]},
              {"text": "after long: {last}"}],
+    # A call the definition gates (``requiresApproval: [nap]``), which writes gate.ran when it runs.
+    "gate": [{"calls": [{"name": "nap", "arguments": {"seconds": 0, "marker": "gate.ran"}}]},
+             {"text": "after gate: {last}"}],
     # Rests at once; the first message starts a short tool call (so workers overlap).
     "brief": [{"text": "ready"},
               {"calls": [{"name": "nap", "arguments": {"seconds": 0.2}}]},

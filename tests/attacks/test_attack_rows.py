@@ -227,3 +227,189 @@ def test_resuming_a_tampered_row_by_hand_names_the_instance(tmp_path: Path, requ
     assert resumed.returncode != 0
     assert f"instance {iid}" in resumed.stderr and "capabilitiesRecorded" in resumed.stderr, resumed.stderr
     assert rows.header(iid)["state"] == "running"  # the CLI refuses it; only a worker quarantines
+
+
+# -- point 8: rows that carry grants and gates, signed (integrity.keyEnv) -------------------------------
+
+KEY = "k" * 16 + "-row-integrity-key-for-tests"  # 44 characters
+GATED = "name: gated\nmodel: script:gate\ntools: [nap]\nrequiresApproval: [nap]\n"
+
+
+def _signed_project(tmp_path: Path, store: str, request: pytest.FixtureRequest, *,
+                    key: str | None = KEY) -> tuple[Path, dict[str, str], Rows]:
+    """A project whose assembly signs rows with ``$LW_ROW_KEY`` (set to ``key``; unset when None)."""
+    project, env, rows = _project(tmp_path, store, request)
+    assembly = project / "loopwright.yaml"
+    assembly.write_text(assembly.read_text() + "agentDefinitions: {gated: gated.yaml}\n"
+                        "integrity: {keyEnv: LW_ROW_KEY}\n")
+    (project / "gated.yaml").write_text(GATED)
+    if key is not None:
+        env["LW_ROW_KEY"] = key
+    return project, env, rows
+
+
+def _drop_gate(h: dict[str, Any]) -> None:
+    h["definition"].pop("requiresApproval")
+
+
+def _drop_gate_and_name(h: dict[str, Any]) -> None:
+    h.pop("registeredDefinition")
+    h["definition"].pop("requiresApproval")
+
+
+def _widen_with_marker(h: dict[str, Any]) -> None:
+    h["capabilities"]["shell"] = "allow"
+    h["capabilities"]["files"] = {"read": ["/"], "write": ["/"]}
+
+
+def _unsigned(h: dict[str, Any]) -> None:
+    h.pop("rowSignature")
+
+
+def _no_grant_keys(h: dict[str, Any]) -> None:
+    h.pop("capabilities")
+    h.pop("capabilitiesRecorded")
+
+
+SIGNED_DAMAGE: dict[str, Callable[[dict[str, Any]], None]] = {
+    "dropGate": _drop_gate, "dropGateAndName": _drop_gate_and_name, "widenWithMarker": _widen_with_marker,
+    "unsigned": _unsigned, "noGrantKeys": _no_grant_keys,
+}
+
+
+def _work(project: Path, env: dict[str, str]) -> list[dict[str, Any]]:
+    """Run one ``loopwright worker --once`` and return its events."""
+    done = _lw(project, env, "worker", "--once", "--poll", "50ms", "--json")
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("store", ["file", "sqlite", "postgres"])
+def test_signed_rows_refuse_a_dropped_gate_widened_grants_and_a_copied_signature(
+        tmp_path: Path, store: str, request: pytest.FixtureRequest) -> None:
+    """With an integrity key, every tampered row of grants, gates or definition is quarantined; nothing of it runs.
+
+    The attacks: the gate removed from the saved definition (with and without the registered
+    name that makes the runtime read the assembly's), grants widened with the marker kept, the
+    signature removed, both grant keys removed (the old rule would give the runtime's grants), and
+    a signature copied from another row. The good rows beside them are signed and intact, and
+    rest held for approval, their gated call not run.
+    """
+    project, env, rows = _signed_project(tmp_path, store, request)
+    good = [_submit(project, env, f"good {n}") for n in range(2)]
+    for iid in good:
+        assert str(rows.header(iid)["rowSignature"]).startswith("hmac-sha256:v1:"), rows.header(iid)
+    bad: dict[str, str] = {}
+    for kind, damage in SIGNED_DAMAGE.items():
+        done = _lw(project, env, "run", "--detach", "--json", "gated", "-p", kind)
+        assert done.returncode == 0, done.stderr
+        iid = str(json.loads(done.stdout)["instanceId"])
+        assert rows.header(iid)["registeredDefinition"] == "gated"
+        rows.edit_header(iid, damage)
+        bad[iid] = kind
+    other = _submit(project, env, "copied")  # a brief row, with a signature of its own, given to a gated one
+    done = _lw(project, env, "run", "--detach", "--json", "gated", "-p", "copy")
+    copied = str(json.loads(done.stdout)["instanceId"])
+    signature = rows.header(other)["rowSignature"]
+    rows.edit_header(copied, lambda h: (_drop_gate_and_name(h), h.update(rowSignature=signature)))
+    bad[copied] = "copiedSignature"
+
+    events = _work(project, env)
+    quarantined = {e["instanceId"]: e for e in events if e["event"] == "quarantined"}
+    assert set(quarantined) == set(bad), (events, bad)
+    assert not (project / "gate.ran").exists()  # no gated call ran, in any row
+    shown = _shown(project, env)
+    for iid, kind in bad.items():
+        header = rows.header(iid)
+        assert (header["state"], header["stopReason"]) == ("error", "error"), kind
+        assert shown[iid]["usage"].get("requests", 0) == 0, kind  # its model was never called
+        reason = str(header["error"])
+        if kind == "unsigned":
+            assert "is not signed" in reason and "LW_ROW_KEY" in reason, reason
+        elif kind == "noGrantKeys":
+            assert "records no grants" in reason or "does not verify" in reason, reason
+        else:
+            assert "signature does not verify" in reason, (kind, reason)
+    for iid in [*good, other]:
+        assert shown[iid]["state"] == "waiting", shown[iid]  # brief rows rest at once, intact
+
+
+def test_without_a_key_a_registered_definition_is_read_from_the_assembly_not_the_row(
+        tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """No integrity key: removing the gate from a registered definition's snapshot drops nothing.
+
+    The row names its registered definition; the runtime reads that from the assembly whenever it
+    loads the instance, so the gate holds the call. (Removing the name as well is what only a
+    key refuses: the next test shows it, and docs/security.md states the limit.)
+    """
+    project, env, rows = _project(tmp_path, "file", request)
+    assembly = project / "loopwright.yaml"
+    assembly.write_text(assembly.read_text() + "agentDefinitions: {gated: gated.yaml}\n")
+    (project / "gated.yaml").write_text(GATED)
+    done = _lw(project, env, "run", "--detach", "--json", "gated", "-p", "go")
+    assert done.returncode == 0, done.stderr
+    iid = str(json.loads(done.stdout)["instanceId"])
+    header = rows.header(iid)
+    assert header["registeredDefinition"] == "gated"
+    assert "rowSignature" not in header  # no key: rows are not signed
+    rows.edit_header(iid, _drop_gate)
+    events = _work(project, env)
+    assert [e["event"] for e in events if e["instanceId"] == iid][:1] == ["pickedUp"], events
+    assert rows.header(iid)["state"] == "waiting_for_approval"
+    assert not (project / "gate.ran").exists()
+    # The assembly no longer registers it: the row fails closed (its snapshot is never a fallback).
+    assembly.write_text(assembly.read_text().replace("agentDefinitions: {gated: gated.yaml}\n",
+                                                     "agentDefinitions: {}\n"))
+    refused = _lw(project, env, "approve", iid)
+    assert refused.returncode != 0
+    assert "registered definition 'gated'" in refused.stderr and iid in refused.stderr, refused.stderr
+    assert not (project / "gate.ran").exists()
+
+
+def test_without_a_key_the_row_is_trusted_as_saved(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """The documented limit, shown: without a key, a row whose gate and registered name are removed runs ungated.
+
+    With the key (the test above), the same row is quarantined.
+    """
+    project, env, rows = _project(tmp_path, "file", request)
+    (project / "gated.yaml").write_text(GATED)
+    done = _lw(project, env, "run", "--detach", "--json", "gated.yaml", "-p", "go")
+    assert done.returncode == 0, done.stderr
+    iid = str(json.loads(done.stdout)["instanceId"])
+    rows.edit_header(iid, _drop_gate)
+    _work(project, env)
+    assert (project / "gate.ran").exists()  # the limit: whoever writes the store dropped the gate
+
+
+def test_rows_saved_before_the_key_or_with_another_key_fail_closed(tmp_path: Path,
+                                                                  request: pytest.FixtureRequest) -> None:
+    """Setting a key refuses the rows saved without one; a process with another key refuses the rows of the first."""
+    project, env, rows = _project(tmp_path, "file", request)
+    (project / "gated.yaml").write_text(GATED)
+    before = _submit(project, env, "before the key")
+    assembly = project / "loopwright.yaml"
+    assembly.write_text(assembly.read_text() + "integrity: {keyEnv: LW_ROW_KEY}\n")
+    signed = _submit(project, {**env, "LW_ROW_KEY": KEY}, "signed")
+    other_key = {**env, "LW_ROW_KEY": "x" * 40}
+    resumed = _lw(project, other_key, "resume", signed)
+    assert resumed.returncode != 0
+    assert f"instance {signed}" in resumed.stderr and "another key than LW_ROW_KEY" in resumed.stderr, resumed.stderr
+    assert KEY not in resumed.stderr + resumed.stdout and "x" * 40 not in resumed.stderr
+    events = _work(project, {**env, "LW_ROW_KEY": KEY})
+    assert [(e["instanceId"], e["event"]) for e in events if e["event"] in {"quarantined", "pickedUp"}] == [
+        (before, "quarantined"), (signed, "pickedUp")], events
+    assert "is not signed" in str(rows.header(before)["error"])
+    assert rows.header(signed)["state"] == "waiting"
+
+
+@pytest.mark.parametrize(("key", "said"), [(None, "is not set"), ("short", "holds 5 characters")])
+def test_a_missing_or_short_key_is_a_config_error_at_its_line(tmp_path: Path, request: pytest.FixtureRequest,
+                                                              key: str | None, said: str) -> None:
+    """Exit 2, the assembly's file, line and column named, the key's value never; nothing is created."""
+    project, env, _rows = _signed_project(tmp_path, "file", request, key=key)
+    done = _lw(project, env, "run", "--detach", "--json", "gated", "-p", "go")
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert said in done.stderr and "LW_ROW_KEY" in done.stderr, done.stderr
+    assert "loopwright.yaml:4:" in done.stderr, done.stderr  # the line of integrity.keyEnv
+    assert not (project / "store").exists() or list((project / "store").iterdir()) == []

@@ -130,7 +130,7 @@ class Agents:
         try:
             await rt.write_header(caller)
             run = await rt.create_run(defn, None, prompt, grants=grants, instance_id=child, links=links,
-                                      spawner=caller)
+                                      spawner=caller, registered=rt.registered_name(swarm_uri))
         except ConfigError as exc:  # raised before the child is created: it leaves the list again
             _count_agent(lineage, -1)
             listed.remove(child)

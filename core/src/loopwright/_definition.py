@@ -23,6 +23,7 @@ __all__ = [
     "InitialPrompt",
     "InitialToolCall",
     "InputSpec",
+    "Integrity",
     "Limits",
     "PluginSpec",
     "ProviderConfig",
@@ -334,6 +335,18 @@ class AgentRetry:
 
 
 @attrs.frozen(kw_only=True)
+class Integrity:
+    """Row integrity (``integrity:``): the runtime signs what it saves of grants, gates and definitions.
+
+    Attributes:
+        key_env: The environment variable holding the key (at least 32 characters), read when the
+            runtime opens; the key is never saved. Every process sharing the store must have it.
+    """
+
+    key_env: str
+
+
+@attrs.frozen(kw_only=True)
 class Assembly:
     """A runtime, as ``loopwright.yaml`` describes it.
 
@@ -356,6 +369,7 @@ class Assembly:
             receive the whole mapping as ``settings``.
         server: The settings of ``loopwright serve`` (``tokens``, ``run``, ``cors`` ...), as
             data: the ``loopwright-serve`` package reads them (docs/serve.md).
+        integrity: Whether rows are signed, and with which key (``None``: rows are trusted as saved).
         path: The file it was read from, if any.
     """
 
@@ -374,6 +388,7 @@ class Assembly:
     agent_retry: AgentRetry = attrs.field(factory=AgentRetry)
     plugin_settings: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
     server: Mapping[str, Any] = attrs.field(factory=dict)
+    integrity: Integrity | None = None
     path: Path | None = None
 
     @property

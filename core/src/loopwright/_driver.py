@@ -69,19 +69,23 @@ class Driver:
     async def create_run(
         self, defn: Definition, inputs: Mapping[str, Any] | None, prompt: str | None, *, grants: Capabilities,
         stream: bool = False, instance_id: str | None = None, links: ChildLinks | None = None,
-        spawner: Instance | None = None, history: Sequence[Message] = (),
+        spawner: Instance | None = None, history: Sequence[Message] = (), registered: str | None = None,
     ) -> AgentRun:
         """Create an instance of ``defn`` with exactly ``grants`` and start it (see :meth:`start_agent`).
 
         :param grants: The instance's grants, already narrowed by the caller (never widened here).
         :param links: What a child's header says of its spawner.
         :param spawner: The live instance that started it: it draws from that instance's tree budget.
+        :param registered: The name in the assembly's ``agentDefinitions`` ``defn`` was read from:
+            whenever the instance is loaded again, its definition is read from the assembly again.
         """
         self._rt.loop  # noqa: B018 - raises if the runtime is not open
-        header = self.new_header(defn, inputs, prompt, grants=grants, instance_id=instance_id, history=history)
+        header = self.new_header(defn, inputs, prompt, grants=grants, instance_id=instance_id, history=history,
+                                 registered=registered)
         iid = header.instance_id
         if links:
             links.write(header)
+        self.sign(header)
         # Created with its lease held: a worker polling the store never takes it for a dead runner's.
         async with holding(await self._rt.store.create_leased(iid, header.json, self._rt.owner), iid) as held:
             inst = Instance(id=iid, definition=defn, header=header, grants=grants, task_given=not prompt,
@@ -106,10 +110,13 @@ class Driver:
 
     def new_header(self, defn: Definition, inputs: Mapping[str, Any] | None, prompt: str | None, *,
                     grants: Capabilities, instance_id: str | None,
-                    history: Sequence[Message] = ()) -> HeaderFields:
+                    history: Sequence[Message] = (), registered: str | None = None) -> HeaderFields:
         """Check ``defn`` and ``inputs`` and return a new instance's header (``running``, run by this runtime).
 
-        Every configuration error is raised here, before anything is created.
+        Every configuration error is raised here, before anything is created. The header is not
+        signed yet (:meth:`sign`, once everything it says of its definition and grants is in it).
+
+        :param registered: See :meth:`create_run`.
 
         :raises ConfigError: The definition or inputs are invalid, or it names unknown tools.
         """
@@ -117,11 +124,19 @@ class Driver:
         values = resolve_inputs(defn, inputs or {})
         check_templates(defn, values)
         task_history = _history_json(defn, history)
-        return HeaderFields.new(
+        header = HeaderFields.new(
             instance_id=instance_id or new_id(), name=defn.name,
             definition_path=str(defn.source) if defn.source else None, definition=plan.header_snapshot(),
             inputs=dict(values), capabilities=capabilities_to_dict(grants), created_at=now_iso(),
             model=plan.model_ref, runner=self._rt.owner, task_prompt=prompt, task_history=task_history)
+        if registered is not None:
+            header.registered_definition = registered
+        return header
+
+    def sign(self, header: HeaderFields) -> None:
+        """Sign a new row's definition, grants and gates, when the assembly names an integrity key (``_integrity``)."""
+        if self._rt.signer is not None:
+            self._rt.signer.sign(header.json)
 
     async def begin(self, run: AgentRun, *, resume: bool = False) -> None:  # noqa: C901 - the set-up, in order
         """First segment of a new instance: system prompt, initial prompts and injected calls, task prompt.

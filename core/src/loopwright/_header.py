@@ -84,6 +84,8 @@ class InstanceHeader:
     children: tuple[str, ...] = ()
     inherited_gates: Any = None
     agent_swarm_uri: str | None = None
+    registered_definition: str | None = None
+    row_signature: str | None = None
     text: str | None = None
     output: Any = None
     usage: JSONObject | None = None

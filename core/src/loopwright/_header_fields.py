@@ -282,6 +282,8 @@ class HeaderFields:
     budget = _Key[JSONObject | None](None)
     inherited_gates = _Key[Any](None)
     agent_swarm_uri = _Key[str | None](None)
+    registered_definition = _Key[str | None](None)
+    row_signature = _Key[str | None](None)
     # -- its totals (for listings that do not replay the log) --------------------------------
     usage = _Key[JSONObject | None](None)
     cost = _Key[float | None](None)

@@ -122,6 +122,7 @@ class History:
         if children:
             messages.append(Message(role="user", source="runtime", content=_fork_note(instance_id, at, children,
                                                                                         later)))
+        self._rt.driver.sign(header)  # the original's signature names its id: the fork gets its own
         await self._rt.store.create(iid, header.json)
         await self._rt.store.append_entries(iid, [
             {"t": "fork", "from": instance_id, "turn": at, "messages": [message_to_json(m) for m in messages]}])

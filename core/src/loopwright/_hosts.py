@@ -52,8 +52,12 @@ class AgentHost(Protocol):
 
     async def create_run(self, defn: Definition, inputs: Mapping[str, Any] | None, prompt: str | None, *,
                          grants: Capabilities, instance_id: str | None = None,
-                         links: ChildLinks | None = None, spawner: Instance | None = None) -> AgentRun:
+                         links: ChildLinks | None = None, spawner: Instance | None = None,
+                         registered: str | None = None) -> AgentRun:
         """Create an instance with exactly ``grants`` (and the id ``instance_id``, if given) and start it."""
+
+    def registered_name(self, definition: object) -> str | None:
+        """Return ``definition`` if it names a definition registered in the assembly."""
 
     def load_definition(self, definition: str | os.PathLike[str]) -> Definition:
         """Load a registered or file definition."""

@@ -1,8 +1,10 @@
 """Loading instances from the store, and keeping the copies in memory current: :class:`Loader`.
 
-A saved instance runs only as saved: its definition from the header's snapshot (or its file),
-under the gates its caller passed down (``inheritedGates``), with its saved grants narrowed to
-this runtime's. Anything malformed refuses to run it (fails closed), always with an
+A saved instance runs only as saved: its definition from the header's snapshot (or its file; a
+definition registered in the assembly is read from the assembly again, never from the row), under
+the gates its caller passed down (``inheritedGates``), with its saved grants narrowed to this
+runtime's. Under an assembly with an integrity key, a row whose signature does not verify is
+refused first (:mod:`loopwright._integrity`). Anything malformed refuses to run it (fails closed), always with an
 :class:`~loopwright.errors.UnloadableInstanceError` naming the instance, so a worker can tell a
 bad row (which it quarantines) from a store that is out of reach (which it retries). A copy in
 memory is read again whenever another process saved the instance since.
@@ -61,6 +63,7 @@ class Loader:
             rt.live.add(run)
             return run
         header = await rt.store.read_header(instance_id)
+        self.check_signature(instance_id, header)
         try:
             defn = self.definition_from_header(instance_id, header)
             grants = self.saved_grants(instance_id, header)
@@ -81,6 +84,7 @@ class Loader:
         if HeaderFields(header).updated_at == run.inst.header.updated_at and not run.stale:
             return
         inst = run.inst
+        self.check_signature(run.instance_id, header)
         await self._restore(inst)  # replaces nothing if the log cannot be read
         inst.header = HeaderFields(header)
         inst.grants = self.saved_grants(run.instance_id, header)
@@ -102,15 +106,29 @@ class Loader:
             raise UnloadableInstanceError(f"its entry log cannot be replayed ({reason}); refusing to run it",
                                           instance_id=inst.id) from exc
 
-    def definition_from_header(self, instance_id: str, header: dict[str, Any]) -> Definition:
-        """Return the definition a saved header runs (its snapshot, else its file), under its inherited gates.
+    def check_signature(self, instance_id: str, header: Mapping[str, Any]) -> None:
+        """Check the row's signature, when this runtime's assembly names an integrity key.
 
-        :raises UnloadableInstanceError: The header holds no valid definition.
+        :raises RowIntegrityError: The row is not signed, or its signature does not verify.
+        """
+        if self._rt.signer is not None:
+            self._rt.signer.check(instance_id, header)
+
+    def definition_from_header(self, instance_id: str, header: dict[str, Any]) -> Definition:
+        """Return the definition a saved header runs, under its inherited gates.
+
+        That is the assembly's definition of its ``registeredDefinition`` name, read again now;
+        else its snapshot; else its file.
+
+        :raises UnloadableInstanceError: The header holds no valid definition, or names a
+            registered definition this assembly does not register (or cannot read).
         :raises GrantsError: Its inherited gates are missing or malformed (fails closed).
         """
         saved = InstanceHeader.from_json(header, lenient=True)  # as saved: the checks below judge it
         snapshot = saved.definition
-        if isinstance(snapshot, Mapping):
+        if saved.registered_definition is not None:
+            defn = self._registered(instance_id, saved.registered_definition)
+        elif isinstance(snapshot, Mapping):
             from loopwright._config import definition_from_dict  # noqa: PLC0415 - the loader only to resume a saved definition
 
             try:
@@ -138,6 +156,20 @@ class Loader:
             raise GrantsError(f"saved inheritedGates are malformed ({exc}); refusing to run it",
                               instance_id=instance_id) from exc
 
+    def _registered(self, instance_id: str, name: object) -> Definition:
+        """Return the definition the assembly registers as ``name``, read again (never the row's snapshot)."""
+        registered = self._rt.assembly.agent_definitions
+        if not isinstance(name, str) or name not in registered:
+            known = ", ".join(sorted(registered)) or "none"
+            raise UnloadableInstanceError(
+                f"it was started from the registered definition {name!r}, which this assembly does not "
+                f"register (agentDefinitions: {known}); refusing to run it", instance_id=instance_id)
+        try:
+            return self._rt.load_definition(name)
+        except ConfigError as exc:
+            raise UnloadableInstanceError(f"its registered definition {name!r} cannot be loaded: {exc}",
+                                          instance_id=instance_id) from exc
+
     def saved_grants(self, instance_id: str, header: dict[str, Any]) -> Capabilities:
         """Return the saved grants intersected with this runtime's; fail closed on a bad marker."""
         recorded = InstanceHeader.from_json(header, lenient=True)  # as saved: the checks below judge it
@@ -151,4 +183,8 @@ class Loader:
         if HeaderFields(header).has("capabilities"):  # present at all (always written: only the saved JSON tells)
             raise GrantsError("saved grants have no capabilitiesRecorded marker; refusing to run it",
                               instance_id=instance_id)
+        if self._rt.signer is not None:  # signed rows always record their grants: the old rule is not for them
+            raise GrantsError("its row records no grants, and this assembly signs rows (integrity.keyEnv): "
+                              "the rule that gives such a row the runtime's grants does not apply; "
+                              "refusing to run it", instance_id=instance_id)
         return self._rt.assembly.capabilities

@@ -35,6 +35,7 @@ from loopwright._driver import Driver
 from loopwright._engine import EngineDeps, Loop
 from loopwright._history import History
 from loopwright._hooks import notify
+from loopwright._integrity import RowSigner, row_signer_from_env
 from loopwright._loading import Loader
 from loopwright._plans import Plans, all_todos_done
 from loopwright._plugins import PluginHost
@@ -161,6 +162,8 @@ class Runtime:
         self._tg: TaskGroup | None = None
         self._tg_cm: Any = None
         self._loop: Loop | None = None
+        #: Signs new rows and checks saved ones (the assembly's ``integrity:``), set when the runtime opens.
+        self.signer: RowSigner | None = None
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str] | None = None, **kwargs: Any) -> Self:
@@ -195,6 +198,12 @@ class Runtime:
             raise
 
     async def _open(self) -> Self:
+        integrity = self.assembly.integrity
+        if integrity is not None:
+            try:
+                self.signer = row_signer_from_env(integrity.key_env, os.environ)
+            except ValueError as exc:
+                raise self.assembly_error(str(exc), ("integrity", "keyEnv")) from exc
         self.load_plugins()
         if self.store is None:
             cfg = self.assembly.store
@@ -362,7 +371,14 @@ class Runtime:
         defn = self.load_definition(definition)
         grants = self.driver.requested_grants(capabilities)
         return await self.driver.create_run(defn, inputs, prompt, grants=grants, stream=stream,
-                                            instance_id=instance_id, history=history)
+                                            instance_id=instance_id, history=history,
+                                            registered=self.registered_name(definition))
+
+    def registered_name(self, definition: object) -> str | None:
+        """Return ``definition`` if it is a name in the assembly's ``agentDefinitions`` (as :meth:`load_definition` reads it)."""
+        if isinstance(definition, str) and definition in self.assembly.agent_definitions:
+            return definition
+        return None
 
     async def wait_idle(self) -> None:
         """Wait until no segment runs in this runtime, those of agents started by agents included."""

@@ -188,8 +188,9 @@ class Work:
         defn = self._rt.load_definition(definition)
         grants = self._rt.driver.requested_grants(capabilities)
         header = self._rt.driver.new_header(defn, inputs, prompt, grants=grants, instance_id=instance_id,
-                                            history=history)
+                                            history=history, registered=self._rt.registered_name(definition))
         header.runner, header.queued, header.submitted_by = None, True, self._rt.owner
+        self._rt.driver.sign(header)
         iid = header.instance_id
         await self._rt.store.create(iid, header.json)
         await self._rt.engine.submit(iid)

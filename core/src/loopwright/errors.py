@@ -51,6 +51,7 @@ __all__ = [
     "PluginError",
     "ProviderError",
     "RegistrationError",
+    "RowIntegrityError",
     "RunCancelledError",
     "RunError",
     "StoreError",
@@ -254,6 +255,15 @@ class UnloadableInstanceError(StoreError):
 
 class GrantsError(UnloadableInstanceError):
     """Saved grants are marked as recorded but are missing or malformed; the instance fails closed."""
+
+
+class RowIntegrityError(UnloadableInstanceError):
+    """A saved row's signature is missing or does not verify, under an assembly with ``integrity.keyEnv``.
+
+    What the runtime saves of an instance's definition, grants and gates is signed when the
+    assembly names an integrity key (docs/security.md); a row whose signature does not verify
+    was changed since, or signed with another key, and fails closed: nothing of it runs.
+    """
 
 
 class ApprovalDigestMismatchError(LoopwrightError):

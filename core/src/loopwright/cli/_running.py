@@ -40,12 +40,14 @@ async def run(settings: CliSettings, definition: str, prompt: str | None, inputs
             raise CliError(f"no definition file {definition!r}{known}", EXIT_USAGE)
         defn = rt.load_definition(definition)
         values = resolve_inputs(defn, inputs, from_strings=True)
+        # A registered name is passed as the name: the instance is then read from the assembly whenever it loads.
+        target = definition if rt.registered_name(definition) else defn
         if detach or not rt.engine.in_process:
-            instance_id = await rt.submit(defn, values, prompt)
+            instance_id = await rt.submit(target, values, prompt)
             if detach:
                 return report_submitted(settings, await rt.store.read_header(instance_id), "queued")
             return await follow_elsewhere(settings, rt, instance_id)
-        agent = await rt.start_agent(defn, values, prompt, stream=stream)
+        agent = await rt.start_agent(target, values, prompt, stream=stream)
         return await follow_agent(settings, agent)
 
 
