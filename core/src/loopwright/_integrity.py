@@ -48,7 +48,7 @@ _SCHEME = "hmac-sha256:v1:"
 
 
 def _signed_bytes(header: Mapping[str, Any]) -> bytes:
-    """The canonical JSON of the sealed keys ``header`` holds (an absent key is absent, a null is null)."""
+    """Return the canonical JSON of the sealed keys ``header`` holds (an absent key is absent, a null is null)."""
     sealed = {key: header[key] for key in SEALED_KEYS if key in header}
     return json.dumps(sealed, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                       allow_nan=False).encode("utf-8")

@@ -375,7 +375,7 @@ class Runtime:
                                             registered=self.registered_name(definition))
 
     def registered_name(self, definition: object) -> str | None:
-        """Return ``definition`` if it is a name in the assembly's ``agentDefinitions`` (as :meth:`load_definition` reads it)."""
+        """Return ``definition`` if it names one of the assembly's ``agentDefinitions`` (:meth:`load_definition`)."""
         if isinstance(definition, str) and definition in self.assembly.agent_definitions:
             return definition
         return None

@@ -217,7 +217,7 @@ def report(result: AgentResult, settings: CliSettings, *, turns: int | None,  # 
 
 
 #: The rows of ``show`` that hold prose: their line breaks are kept.
-_PROSE_ROWS = frozenset({"delegation prompt", "error", "pending in tree", "text", "tree"})
+_PROSE_ROWS = frozenset({"delegation prompt", "error", "pending approval", "pending in tree", "text", "tree"})
 
 
 def _instance_rows(summary: Mapping[str, Any], header: InstanceHeader) -> list[tuple[str, str]]:
@@ -257,12 +257,11 @@ def _raw_rows(summary: Mapping[str, Any], header: InstanceHeader) -> list[tuple[
         rows.append(("error", str(summary["error"])))
     for p in summary.get("pendingApprovals") or []:
         if p.get("decision") is None:
-            call = f"{p.get('toolCallId')} {p.get('tool')} {_arguments(p.get('arguments') or {})}"
-            rows.append(("pending approval", call))
+            rows.append(("pending approval", f"{_held_call(p)}\ndigest {safe_text(p.get('digest'))}"))
     for p in summary.get("treePendingApprovals") or []:
         if p.get("instanceId") not in {None, summary.get("instanceId")}:
-            call = f"{safe_text(p.get('toolCallId'))} {safe_text(p.get('tool'))} {_arguments(p.get('arguments') or {})}"
-            rows.append(("pending in tree", f"{call}\nin {_path(p.get('path') or [])}"))
+            where = f"digest {safe_text(p.get('digest'))}\nin {_path(p.get('path') or [])}"
+            rows.append(("pending in tree", f"{_held_call(p)}\n{where}"))
     forked = header.forked_from
     if isinstance(forked, Mapping):
         rows.append(("forked from", f"{forked.get('instanceId')} at turn {forked.get('turn')}"))
@@ -274,6 +273,11 @@ def _raw_rows(summary: Mapping[str, Any], header: InstanceHeader) -> list[tuple[
     if header.text:
         rows.append(("text", str(header.text)))
     return rows
+
+
+def _held_call(p: Mapping[str, Any]) -> str:
+    """``CALL_ID TOOL {arguments}`` of a summary's pending approval, on one line, each part made safe to show."""
+    return f"{safe_text(p.get('toolCallId'))} {safe_text(p.get('tool'))} {_arguments(p.get('arguments') or {})}"
 
 
 def _tree_lines(node: Mapping[str, Any], prefix: str = "", last: bool = True, *, top: bool = True) -> list[str]:

@@ -225,18 +225,17 @@ class Worker:
 
     async def _pick_up(self, iid: str) -> tuple[AgentRun, str] | None:
         """Pick up ``iid`` (:meth:`Runtime.pick_up`); ``None`` when there is nothing to do or it failed (reported)."""
+        picked: tuple[AgentRun, str] | None = None
         try:
-            picked: tuple[AgentRun, str] | None = await self.rt.pick_up(iid)
-            return picked
+            picked = await self.rt.pick_up(iid)
         except (InstanceNotFoundError, InstanceLockedError):
-            return None
+            pass
         except UnloadableInstanceError as exc:  # a bad row: quarantined, never retried by the fleet
             self._quarantined(iid, exc)
-            return None
         except Exception as exc:  # noqa: BLE001 - one broken instance must not stop the worker
             self._error(iid, exc)
             self._backoff[iid] = time.monotonic() + max(_BACKOFF, self.poll)
-            return None
+        return picked
 
     def _quarantined(self, instance_id: str, exc: UnloadableInstanceError) -> None:
         """Report a row that cannot be loaded (quarantined, or not when it could not be saved) and leave it alone."""
