@@ -143,6 +143,41 @@ def test_validate_reports_a_store_or_sink_inside_a_granted_root(project: Path, w
     assert "lies within the granted file root" in out.stdout, out.stdout
 
 
+@pytest.mark.parametrize(("mistake", "said"), [
+    ("store", "lies within the granted file root"),
+    ("option", "unknown option 'colour' of the sqlite store"),
+])
+def test_validate_of_the_assembly_itself_checks_what_run_checks(project: Path, mistake: str, said: str) -> None:
+    """Issue 31, point 1: ``validate loopwright.yaml`` (no ``-c``) opens the runtime ``run`` would open.
+
+    A store inside a granted root, or an unknown store option, made the assembly "valid" before.
+    Nothing is left behind: no store folder, no database file.
+    """
+    text = (ASSEMBLY.replace("path: ./store", "path: ./work/store") + "capabilities: {files: {write: [./work]}}\n"
+            if mistake == "store" else ASSEMBLY.replace("{kind: file, path: ./store}",
+                                                        "{kind: sqlite, path: ./lw.db, colour: red}"))
+    write(project, "loopwright.yaml", text)
+    out = lw(project, "validate", "loopwright.yaml")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert said in out.stdout, out.stdout
+    assert "valid assembly" not in out.stdout
+    assert sorted(p.name for p in project.iterdir()) == ["loopwright.yaml"]
+
+
+def test_validate_of_a_definition_uses_the_assembly_in_the_folder(project: Path) -> None:
+    """Issue 31, point 1: with ``./loopwright.yaml`` beside it (no ``-c``), an unregistered tool is found, as run finds it."""
+    write(project, "agent.yaml", "name: a\ntools: [no_such_tool]\n")
+    out = lw(project, "validate", "agent.yaml")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert re.search(r"agent\.yaml:2:\d+: definition 'a' names the tool 'no_such_tool'", out.stdout), out.stdout
+    assert lw(project, "run", "agent.yaml", "-p", "hi").returncode == 2
+    # Without any assembly, the schema alone judges it (there is no runtime to resolve its tools against).
+    alone = project / "alone"
+    write(alone, "agent.yaml", "name: a\ntools: [no_such_tool]\n")
+    out = lw(alone, "validate", "agent.yaml")
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
 def test_validate_passes_what_run_accepts(project: Path) -> None:
     """A definition ``run`` accepts is valid under ``-c`` too (no model is called)."""
     write(project, "agent.yaml", "name: a\nmodel: local:m\ntools: [task_complete]\nfallbackModels: [test:any]\n")

@@ -73,15 +73,16 @@ def plugins(settings: CliSettings) -> int:
 def validate(settings: CliSettings, files: Sequence[str], kind: str | None) -> int:
     """``loopwright validate``: every problem of every file; exit 0 if all are valid, else 2.
 
-    With an assembly (``-c``, or ``./loopwright.yaml``), files that are valid on their own are
-    also checked as ``run`` checks them, calling no model: an assembly opens a runtime (plugins,
-    store and record sinks, each outside every granted root), and a definition's tools, models,
-    context strategy, verifier and hooks resolve against the ``-c`` assembly's runtime.
+    Files that are valid on their own are also checked as ``run`` checks them, calling no model:
+    an assembly (given as the file) opens a runtime (plugins, store and its options, record sinks,
+    each outside every granted root); a definition's tools, models, context strategy, verifier
+    and hooks resolve against the runtime of the assembly ``run`` would use (``-c``, else
+    ``./loopwright.yaml``). Without any assembly, a definition is checked against its schema only.
     """
     from loopwright._config import detect_kind, load_yaml, validate_file  # noqa: PLC0415 - the loader only for validate
 
     results: list[dict[str, Any]] = []
-    checker = _RunChecks(settings.assembly_path()) if settings.config is not None else None
+    checker = _RunChecks(settings.assembly_path())
     for file in files:
         problems = validate_file(file, kind)  # type: ignore[arg-type]
         found = kind
@@ -90,8 +91,8 @@ def validate(settings: CliSettings, files: Sequence[str], kind: str | None) -> i
                 found = detect_kind(file, None if file.endswith(".jsonl") else load_yaml(file)[0])
             except ConfigError:
                 found = None
-        if checker is not None and not problems and found in {"definition", "assembly"}:
-            problems = checker.problems(file, found)
+        if not problems and checker.applies(found):
+            problems = checker.problems(file, str(found))
         results.append({
             "file": file, "kind": found, "valid": not problems,
             "problems": [{"file": p.file, "line": p.line, "column": p.column, "path": p.path,
@@ -114,10 +115,15 @@ def validate(settings: CliSettings, files: Sequence[str], kind: str | None) -> i
 
 
 class _RunChecks:
-    """What ``run`` checks beyond the schemas, for ``validate -c``: one runtime per assembly, no model called."""
+    """What ``run`` checks beyond the schemas, for ``validate``: one runtime per assembly, no model called."""
 
     def __init__(self, assembly: Path | None) -> None:
+        """Check definitions against ``assembly`` (``None``: there is none; they get the schema checks only)."""
         self._assembly = assembly
+
+    def applies(self, kind: str | None) -> bool:
+        """Whether a file of ``kind`` gets these checks: an assembly always, a definition when there is an assembly."""
+        return kind == "assembly" or (kind == "definition" and self._assembly is not None)
 
     def problems(self, file: str, kind: str) -> list[Any]:
         """Return the problems ``run`` would refuse ``file`` (a ``definition`` or an ``assembly``) for."""
