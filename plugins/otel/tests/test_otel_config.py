@@ -27,7 +27,7 @@ from loopwright_testing import FakeProvider, reply, tool_call
 
 @pytest.mark.parametrize(("options", "message"), [
     ({"servicename": "x"}, "unknown option 'servicename'"),
-    ({"console": "yes"}, "console must be true or false"),
+    ({"console": "yes"}, "console must be true"),
     ({"endpoint": 4318}, "endpoint must be a string"),
     ({"headers": {"a": 1}}, "headers must map names to strings"),
 ])
@@ -42,7 +42,8 @@ def test_bad_options_are_config_errors(options: dict[str, Any], message: str) ->
 async def test_without_a_host_provider_it_builds_one_with_the_service_name(
         capsys: pytest.CaptureFixture[str], anyio_backend: str) -> None:
     """useGlobal: false (as when no host configured a provider) builds an SDK provider named serviceName;
-    console: true prints each span; aclose shuts the provider down.
+    console: true prints each span, on standard error (never mixed into an answer on stdout);
+    aclose shuts the provider down.
     """
     sink = OtelSink({"useGlobal": False, "console": True, "serviceName": "triage"})
     await sink.write(Record(kind="state", instance_id="i1", at="2026-01-01T00:00:00.000Z",
@@ -53,7 +54,9 @@ async def test_without_a_host_provider_it_builds_one_with_the_service_name(
     await sink.write(Record(kind="state", instance_id="i1", at="2026-01-01T00:00:02.000Z",
                             data={"from": "running", "to": "waiting", "stopReason": "waiting"}))
     await sink.aclose()
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert captured.out == ""  # issue 31, point 4: `run > answer.txt` gets the answer only
+    out = captured.err
     decoder = json.JSONDecoder()
     printed, i = [], 0
     while True:

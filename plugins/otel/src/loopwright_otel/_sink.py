@@ -41,6 +41,8 @@ log = logging.getLogger("loopwright.otel")
 _SCOPE = "loopwright-otel"
 _VERSION = "0.1.0"
 _OPTIONS = frozenset({"serviceName", "endpoint", "headers", "console", "metrics", "useGlobal"})
+#: What ``console`` may name besides true and false.
+_CONSOLE_STREAMS = ("stderr", "stdout")
 #: Resting states: the state record that names one ends the segment's span.
 _RESTING = frozenset({"waiting", "waiting_for_approval", "stopped", "error"})
 #: Tool-result statuses that mean the call failed (span status ERROR). ``denied``, ``blocked`` and
@@ -171,9 +173,13 @@ class OtelSink(RecordSink):
         for key in ("serviceName", "endpoint"):
             if key in options and not isinstance(options[key], str):
                 raise ConfigError(f"record sink otel: {key} must be a string")
-        for key in ("console", "metrics", "useGlobal"):
+        for key in ("metrics", "useGlobal"):
             if key in options and not isinstance(options[key], bool):
                 raise ConfigError(f"record sink otel: {key} must be true or false")
+        if "console" in options and not (isinstance(options["console"], bool)
+                                         or options["console"] in _CONSOLE_STREAMS):
+            raise ConfigError("record sink otel: console must be true (standard error), false, "
+                              "'stderr' or 'stdout'")
         headers = options.get("headers")
         if headers is not None and not (isinstance(headers, dict) and all(
                 isinstance(k, str) and isinstance(v, str) for k, v in headers.items())):
@@ -231,8 +237,10 @@ class OtelSink(RecordSink):
                 meter_provider = SdkMeterProvider(resource=resource, metric_readers=[reader])
                 self._owned.append(meter_provider)
         if options.get("console"):
-            # sys.stdout as it is now: the exporter's default is the one at its import.
-            provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(out=sys.stdout)))
+            # Standard error unless asked: spans never mix into an answer piped from stdout
+            # (``run > answer.txt``). The stream as it is now: the exporter's default is the one at its import.
+            out = sys.stdout if options["console"] == "stdout" else sys.stderr
+            provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(out=out)))
         if endpoint is None and not options.get("console"):
             log.warning("record sink otel: no TracerProvider configured by the host, and neither "
                         "endpoint nor console given: spans go nowhere")
