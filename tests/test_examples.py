@@ -44,9 +44,20 @@ def env(**extra: str) -> dict[str, str]:
     return {**base, "PATH": f"{BIN}{os.pathsep}{base.get('PATH', '')}", **extra}
 
 
+def tracked(example: str) -> list[str]:
+    """The files of ``examples/EXAMPLE`` git tracks (what a clone has; never what a run of it left)."""
+    done = subprocess.run(["git", "ls-files", "-z", "--", f"examples/{example}"], cwd=ROOT, capture_output=True,
+                          check=True)
+    return [name for name in done.stdout.decode().split("\0") if name]
+
+
 def copy(example: str, tmp_path: Path) -> Path:
+    """Copy the tracked files of ``example`` to a fresh folder (issue 31, point 5: not what earlier runs left)."""
     folder = tmp_path / example
-    shutil.copytree(EXAMPLES / example, folder, ignore=shutil.ignore_patterns(".loopwright", "__pycache__"))
+    for name in tracked(example):
+        target = folder / Path(name).relative_to(f"examples/{example}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, target)
     return folder
 
 
@@ -97,7 +108,7 @@ def test_approvals(tmp_path: Path) -> None:
     [held] = re.findall(r"^  (lw-1-0-[0-9a-f]{6})  publish ", out, re.MULTILINE)
     assert f"pending approval  {held} publish" in out
     assert "test answer: publish -> published 'a'\napprove exited 0" in out
-    assert (folder / "published.txt").read_text() == "a\n"
+    assert (folder / ".loopwright" / "published.txt").read_text() == "a\n"
     [instance] = lw_json(folder, "ls")
     assert (instance["state"], instance["pendingApprovals"]) == ("waiting", [])
     [call] = records(folder, instance["instanceId"], "tool_call")

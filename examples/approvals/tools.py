@@ -8,12 +8,15 @@ import loopwright
 
 @loopwright.tool(requires_approval=True, parallel_safe=False)
 def publish(title: str) -> str:
-    """Publish a post: appends its title to published.txt. A person approves each call first.
+    """Publish a post: appends its title to .loopwright/published.txt. A person approves each call first.
 
     Args:
         title: The title of the post.
     """
-    with Path("published.txt").open("a", encoding="utf-8") as f:
+    # Under .loopwright/, beside the store: the one folder an example writes to (git-ignored).
+    out = Path(".loopwright")
+    out.mkdir(exist_ok=True)
+    with (out / "published.txt").open("a", encoding="utf-8") as f:
         f.write(title + "\n")
     return f"published {title!r}"
 
