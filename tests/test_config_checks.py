@@ -102,7 +102,8 @@ def test_a_kind_typo_names_the_kind_and_the_registered_kinds(project: Path) -> N
     write(project, "agent.yaml", "name: a\nmodel: local:m\n")
     out = lw(project, "-c", "loopwright.yaml", "validate", "agent.yaml")
     assert out.returncode == 2, out.stdout + out.stderr
-    assert re.search(r"loopwright\.yaml:4:11: provider 'local': unknown provider kind 'opnai'; "
+    assert re.search(r"loopwright\.yaml:4:11: provider 'local': unknown provider kind 'opnai' "
+                     r"\(did you mean 'openai'\?\); "
                      r"registered provider kinds: .*openai", out.stdout), out.stdout
     assert "unknown provider 'local'" not in out.stdout
 
@@ -176,6 +177,24 @@ def test_validate_of_a_definition_uses_the_assembly_in_the_folder(project: Path)
     write(alone, "agent.yaml", "name: a\ntools: [no_such_tool]\n")
     out = lw(alone, "validate", "agent.yaml")
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_a_mistyped_tool_provider_or_store_kind_gets_a_suggestion(project: Path) -> None:
+    """Issue 31, point 6: a near miss is answered with the registered name it is near."""
+    write(project, "agent.yaml", "name: a\nmodel: tset:any\ntools: [task_complet]\n")
+    out = lw(project, "validate", "agent.yaml")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "names the tool 'task_complet', which no plugin registers (did you mean 'task_complete'?)" in out.stdout
+    assert "unknown provider 'tset' (did you mean 'test'?)" in out.stdout, out.stdout
+    write(project, "loopwright.yaml", ASSEMBLY.replace("kind: file", "kind: fiel"))
+    out = lw(project, "validate", "loopwright.yaml")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "unknown store kind 'fiel' (did you mean 'file'?)" in out.stdout, out.stdout
+    # Nothing near: no suggestion, only the list.
+    write(project, "loopwright.yaml", ASSEMBLY)
+    write(project, "agent.yaml", "name: a\ntools: [zzzzzz]\n")
+    out = lw(project, "validate", "agent.yaml")
+    assert "did you mean" not in out.stdout and "registered tools: " in out.stdout, out.stdout
 
 
 def test_validate_passes_what_run_accepts(project: Path) -> None:

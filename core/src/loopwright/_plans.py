@@ -20,6 +20,7 @@ from loopwright._definition import DEFAULT_LIMITS, Assembly, Capabilities, Defin
 from loopwright._engine import parse_output
 from loopwright._patterns import schema_validator
 from loopwright._plugins import HookSet, checked_guardrail, checked_verifier, hook_set
+from loopwright._suggest import did_you_mean
 from loopwright._template import TemplateError, render, render_value, resolve_inputs
 from loopwright.errors import ConfigError, ConfigProblem
 from loopwright.hookspecs import hookimpl
@@ -157,7 +158,8 @@ class Plans:
         for n, name in enumerate(definition.tool_names):
             if name not in self.plugins.tools:
                 problem(ConfigError(
-                    f"definition {definition.name!r} names the tool {name!r}, which no plugin registers; "
+                    f"definition {definition.name!r} names the tool {name!r}, which no plugin registers"
+                    f"{did_you_mean(name, self.plugins.tools.names())}; "
                     f"registered tools: {', '.join(self.plugins.tools.names())}"), ("tools", n))
             else:
                 tools[name] = self.plugins.tools.get(name)
@@ -168,7 +170,8 @@ class Plans:
         if definition.context_strategy is not None:
             spec = definition.context_strategy
             if spec.kind not in self.plugins.context_strategies:
-                problem(ConfigError(f"unknown context strategy {spec.kind!r}; registered: "
+                problem(ConfigError(f"unknown context strategy {spec.kind!r}"
+                                    f"{did_you_mean(spec.kind, self.plugins.context_strategies.names())}; registered: "
                                     f"{', '.join(self.plugins.context_strategies.names())}"),
                         ("contextStrategy", "kind"))
             else:

@@ -13,6 +13,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from loopwright._pricing import PriceTable
+from loopwright._suggest import did_you_mean
 from loopwright.abc import ProviderSettings
 from loopwright.errors import ConfigError
 
@@ -71,7 +72,8 @@ class Providers:
         cfg = self.assembly.providers.get(name)
         if cfg is None and name not in self.plugins.providers:
             entries = ", ".join(sorted(self.assembly.providers)) or "none"
-            raise ConfigError(f"unknown provider {name!r}: the assembly's providers are {entries}, and no "
+            near = did_you_mean(name, [*self.assembly.providers, *self.plugins.providers.names()])
+            raise ConfigError(f"unknown provider {name!r}{near}: the assembly's providers are {entries}, and no "
                               f"provider kind {name!r} is registered (kinds: "
                               f"{', '.join(self.plugins.providers.names()) or 'none'})")
         at = ("providers", name)
@@ -134,7 +136,8 @@ def build_component(
 
     if kind not in registry:
         raise assembly_error(
-            assembly, f"{what}: unknown {registry.kind} kind {kind!r}; registered {registry.kind} kinds: "
+            assembly, f"{what}: unknown {registry.kind} kind {kind!r}{did_you_mean(kind, registry.names())}; "
+            f"registered {registry.kind} kinds: "
             f"{', '.join(registry.names()) or 'none'}", (*at, "kind"))
     declared = registry.options_of(kind)
     file = assembly.path
