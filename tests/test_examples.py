@@ -140,7 +140,7 @@ def test_hook_plugin(tmp_path: Path) -> None:
     folder = copy("hook-plugin", tmp_path)
     out = run_readme("hook-plugin", folder).stdout
     assert "run exited 0" in out
-    assert "test answer: read_note -> Buy milk.; delete_note -> [blocked]" in out
+    assert "test answer: read_note -> Buy milk.; delete_note -> blocked: " in out
     assert "policy: only notes named tmp-* may be deleted, not 'a'" in out
     assert (folder / "notes" / "a").is_file(), "the blocked tool ran"
     [instance] = lw_json(folder, "ls")

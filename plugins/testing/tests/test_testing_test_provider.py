@@ -109,6 +109,19 @@ async def test_error_statuses_show_in_the_summary():
     assert response.message.content == "test answer: add -> [invalid_arguments] bad arguments"
 
 
+async def test_a_result_that_says_its_status_does_not_repeat_it():
+    """Issue 31, point 6: ``denied: not now`` is shown as it is, never ``[denied] denied: not now``."""
+    calls = (ToolCall(id="c1", name="add", arguments={}), ToolCall(id="c2", name="add", arguments={}))
+    messages = [
+        _user(),
+        Message(role="assistant", tool_calls=calls),
+        Message(role="tool", tool_call_id="c1", content="denied: not now", status=loopwright.ToolStatus.DENIED),
+        Message(role="tool", tool_call_id="c2", content="blocked: policy", status=loopwright.ToolStatus.BLOCKED),
+    ]
+    response = await TestProvider().complete(_request(*messages, tools=(add.spec,)))
+    assert response.message.content == "test answer: add -> denied: not now; add -> blocked: policy"
+
+
 async def test_task_complete_follows_the_results_when_offered():
     """After the other tools' results, an offered task_complete is called with the summary."""
     messages = _after_results(("add", "3"))

@@ -168,8 +168,11 @@ def _named(message: Message, names: Mapping[str, str]) -> Message:
 
 
 def _describe(result: Message) -> str:
-    status = f"[{result.status}] " if result.status not in (None, "success") else ""
-    return f"{result.name or result.tool_call_id} -> {status}{_clip(result.content or '', _RESULT_CHARS)}"
+    """``NAME -> CONTENT``, the status in front when the content does not already say it (``denied: ...``)."""
+    content = result.content or ""
+    said = result.status in (None, "success") or content.startswith(f"{result.status}:")
+    status = "" if said else f"[{result.status}] "
+    return f"{result.name or result.tool_call_id} -> {status}{_clip(content, _RESULT_CHARS)}"
 
 
 def _clip(text: str, limit: int) -> str:
