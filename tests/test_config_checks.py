@@ -197,6 +197,17 @@ def test_a_mistyped_tool_provider_or_store_kind_gets_a_suggestion(project: Path)
     assert "did you mean" not in out.stdout and "registered tools: " in out.stdout, out.stdout
 
 
+def test_an_unset_key_exits_as_the_quickstart_says(project: Path) -> None:
+    """Issue 31, point 6: the quickstart's exit code for an unset key is the one ``run`` returns (2, no instance)."""
+    write(project, "agent.yaml", "name: a\nmodel: keyed:m\n")
+    done = lw(project, "run", "agent.yaml", "-p", "hi")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "LOOPWRIGHT_TEST_UNSET_KEY" in done.stderr
+    assert instances(project) == []
+    quickstart = " ".join((DOCS / "quickstart.md").read_text(encoding="utf-8").split())
+    assert "is a configuration error: `run` names the variable and the assembly's line, exits 2" in quickstart
+
+
 def test_validate_passes_what_run_accepts(project: Path) -> None:
     """A definition ``run`` accepts is valid under ``-c`` too (no model is called)."""
     write(project, "agent.yaml", "name: a\nmodel: local:m\ntools: [task_complete]\nfallbackModels: [test:any]\n")
