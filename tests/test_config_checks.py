@@ -208,6 +208,21 @@ def test_an_unset_key_exits_as_the_quickstart_says(project: Path) -> None:
     assert "is a configuration error: `run` names the variable and the assembly's line, exits 2" in quickstart
 
 
+@pytest.mark.parametrize(("source", "said"), [
+    ("def f(:\n    pass\n", r"plugin 'bad\.py': cannot import .*bad\.py:1:7: SyntaxError: invalid syntax\n\s+def f\(:"),
+    ("x = 1\nraise RuntimeError('no config here')\n", r"cannot import .*bad\.py:2: RuntimeError: no config here"),
+])
+def test_a_broken_plugin_file_is_named_at_its_line(project: Path, source: str, said: str) -> None:
+    """Issue 31, point 6: a plugin's SyntaxError (or any error at import) is file:line and the message, not a repr."""
+    write(project, "loopwright.yaml", ASSEMBLY + "plugins: [bad.py]\n")
+    write(project, "bad.py", source)
+    write(project, "agent.yaml", "name: a\n")
+    done = lw(project, "run", "agent.yaml", "-p", "hi")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert re.search(said, done.stderr), done.stderr
+    assert "SyntaxError(" not in done.stderr and "RuntimeError(" not in done.stderr
+
+
 def test_validate_passes_what_run_accepts(project: Path) -> None:
     """A definition ``run`` accepts is valid under ``-c`` too (no model is called)."""
     write(project, "agent.yaml", "name: a\nmodel: local:m\ntools: [task_complete]\nfallbackModels: [test:any]\n")

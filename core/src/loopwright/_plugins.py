@@ -37,6 +37,7 @@ import importlib.util
 import inspect
 import os
 import sys
+import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -493,6 +494,21 @@ def _likeness(entry_point: str, wanted: str | None) -> tuple[int, str]:
     return (1 if a.startswith(b) or b.startswith(a) else 2), entry_point
 
 
+def _import_failure(path: Path, exc: BaseException) -> str:
+    """Say where and why importing the plugin file ``path`` failed, never as a repr.
+
+    ``FILE:LINE:COLUMN: SyntaxError: message`` and the line, for a syntax error; else
+    ``FILE:LINE: Type: message`` at the plugin file's last line the exception passed.
+    """
+    if isinstance(exc, SyntaxError):
+        where = ":".join(str(part) for part in (exc.filename or path, exc.lineno, exc.offset) if part)
+        text = f"\n    {exc.text.rstrip()}" if exc.text else ""
+        return f"{where}: {type(exc).__name__}: {exc.msg}{text}"
+    lines = [frame.lineno for frame in traceback.extract_tb(exc.__traceback__) if frame.filename == str(path)]
+    where = f"{path}:{lines[-1]}" if lines else str(path)
+    return f"{where}: {type(exc).__name__}: {exc}"
+
+
 def _resolve_reference(
     ref: str, base_dir: Path | None,
 ) -> tuple[object, str]:
@@ -513,7 +529,7 @@ def _resolve_reference(
             spec.loader.exec_module(module)
         except Exception as exc:
             del sys.modules[modname]
-            raise PluginError(f"importing {path} failed: {exc!r}", plugin_name=ref) from exc
+            raise PluginError(f"cannot import {_import_failure(path, exc)}", plugin_name=ref) from exc
         return module, ref
     ep = _entry_points().get(ref)
     if ep is not None:
