@@ -97,7 +97,7 @@ async def test_started_spawned_and_forked_rows_are_signed_and_a_changed_child_fa
     agents = tmp_path / "agents"
     agents.mkdir()
     (agents / "helper.yaml").write_text("name: helper\nmodel: c:m\ntools: [task_complete]\n")
-    parent = Harness(reply(None, call("run_agent_async", agentSwarmUri="helper", prompt="help")),
+    parent = Harness(reply(None, call("run_agent_async", definition="helper", prompt="help")),
                      reply("started it"), provider="p")
     child = Harness(reply(None, call("task_complete", result="4", summary="done")), provider="c")
     grants = Capabilities(agents_spawn=True, files=FileGrants(read=(str(agents),)))

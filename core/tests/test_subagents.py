@@ -54,6 +54,34 @@ def parent_tools(*names: str) -> tuple[str, ...]:
     return names or ("run_agent_async", "await_agent")
 
 
+async def test_definition_names_the_agent_and_the_older_agent_swarm_uri_still_works(tmp_path: Path) -> None:
+    """Issue 31, point 6: ``definition`` is the plain name; ``agentSwarmUri`` (seed 000's) is still accepted.
+
+    Both at once must agree; neither (and no agentId) is a result the model sees.
+    """
+    parent = Harness(
+        reply(None, call("run_agent_async", definition="helper", prompt="one"),
+              call("run_agent_async", agentSwarmUri="helper", prompt="two"),
+              call("run_agent_async", definition="helper", agentSwarmUri="other", prompt="three"),
+              call("run_agent_async", prompt="four")),
+        reply("done"), provider="p")
+    child = Harness(reply(None, call("task_complete", result="ok", summary="ok")), provider="c")
+    path = helper_file(tmp_path / "agents")
+    grants = Capabilities(agents_spawn=True, files=FileGrants(read=(str(tmp_path / "agents"),)))
+    async with make_runtime(tmp_path, parent, child, capabilities=grants,
+                            agent_definitions={"helper": str(path)}) as rt:
+        run, _result = await run_to_rest(rt, defn(model="p:m", tools=parent_tools()))
+        await rt.wait_idle()
+        results = [m for m in parent.requests[1].messages if m.role == "tool"]
+        assert [m.status for m in results] == ["success", "success", "tool_error", "tool_error"], results
+        assert [json.loads(m.content or "")["name"] for m in results[:2]] == ["helper", "helper"]
+        assert "give one of them" in str(results[2].content)
+        assert "exactly one of definition" in str(results[3].content)
+        children = [await rt.store.read_header(c) for c in run.inst.header.children]
+        assert sorted((h["agentSwarmUri"], h["delegationPrompt"]) for h in children) == [
+            ("helper", "one"), ("helper", "two")]
+
+
 async def test_a_child_runs_and_its_result_comes_back(tmp_path: Path) -> None:
     """run_agent_async starts a linked child with the caller's grants; await_agent reports its result;
     the child's cost rolls up into the caller's subtree cost (result, show, ls).
@@ -283,7 +311,7 @@ def test_the_agent_tools_are_registered_with_seed_names() -> None:
 
     props = {t.name: set(t.parameters["properties"]) for t in AGENT_TOOLS}
     assert props == {
-        "run_agent_async": {"agentSwarmUri", "agentId", "prompt"},
+        "run_agent_async": {"definition", "agentSwarmUri", "agentId", "prompt"},
         "await_agent": {"ids", "all"},
         "message_agent": {"agentId", "prompt"},
         "list_agent_instances": {"name", "state", "swarm"},

@@ -53,7 +53,7 @@ class PlannerProvider(Provider):
             topics = [line.strip() for line in task.splitlines() if line.strip()]
             calls = tuple(
                 loopwright.ToolCall(id=f"start_{k}", name="run_agent_async",
-                                    arguments={"agentSwarmUri": "researcher", "prompt": topic})
+                                    arguments={"definition": "researcher", "prompt": topic})
                 for k, topic in enumerate(topics))
         return loopwright.ModelResponse(
             message=loopwright.Message(role="assistant", content=text, tool_calls=calls),

@@ -1,8 +1,9 @@
 """Built-in plugin: the agent tools, with the names and input properties of seed 000.
 
-* ``run_agent_async {agentSwarmUri, prompt} | {agentId, prompt}`` starts an agent (a name from
+* ``run_agent_async {definition, prompt} | {agentId, prompt}`` starts an agent (a name from
   the assembly's ``agentDefinitions``, or a definition file under the caller's file roots) or
-  messages one it started, and returns its instance id at once.
+  messages one it started, and returns its instance id at once. ``agentSwarmUri``, seed 000's
+  name for ``definition``, is still accepted.
 * ``await_agent {ids, all?}`` waits for one (or all) of them to rest and reports on each: state,
   stop reason, text, output, cost, subtree cost and context use. A message for the caller ends
   the wait early.
@@ -49,24 +50,29 @@ def _agents(ctx: ToolContext) -> Any:
 
 
 async def _run_agent_async(  # noqa: D417 - ctx is filled in by the loop, not by the model
-    ctx: ToolContext, prompt: str, agentSwarmUri: str | None = None, agentId: str | None = None,  # noqa: N803
+    ctx: ToolContext, prompt: str, definition: str | None = None, agentId: str | None = None,  # noqa: N803
+    agentSwarmUri: str | None = None,  # noqa: N803
 ) -> dict[str, Any]:
     """Start an agent on a task, or send a message to one you started; returns its instance id at once.
 
-    Give either agentSwarmUri (to start a new agent) or agentId (to message one you started).
+    Give either definition (to start a new agent) or agentId (to message one you started).
     Use await_agent to wait for its result.
 
     Args:
         prompt: The task for a new agent, or the message for an existing one.
-        agentSwarmUri: The agent to start: a registered agent name, or the path of a definition file.
+        definition: The agent to start: a registered agent name, or the path of a definition file.
         agentId: The instance id of an agent you started, to message instead of starting one.
+        agentSwarmUri: The older name of definition (seed 000's), still accepted.
     """
     agents = _agents(ctx)
-    if (agentSwarmUri is None) == (agentId is None):
-        raise ToolError("give exactly one of agentSwarmUri (to start an agent) and agentId (to message one)")
+    if definition is not None and agentSwarmUri is not None and definition != agentSwarmUri:
+        raise ToolError("definition and agentSwarmUri name the same thing: give one of them")
+    definition = definition if definition is not None else agentSwarmUri
+    if (definition is None) == (agentId is None):
+        raise ToolError("give exactly one of definition (to start an agent) and agentId (to message one)")
     if agentId is not None:
         return await agents.message(agentId, prompt)  # type: ignore[no-any-return]
-    return await agents.start(agentSwarmUri, prompt)  # type: ignore[no-any-return]
+    return await agents.start(definition, prompt)  # type: ignore[no-any-return]
 
 
 run_agent_async: Tool = tool(name="run_agent_async")(_run_agent_async)
@@ -98,7 +104,7 @@ async def _message_agent(ctx: ToolContext, agentId: str | None = None, prompt: s
     """
     if agentId is None and prompt is None:
         raise ToolError("message_agent needs agentId and prompt; to start an agent, use run_agent_async "
-                        "with agentSwarmUri and prompt")
+                        "with definition and prompt")
     if agentId is None or not prompt:
         raise ToolError("message_agent needs both agentId and prompt")
     return await _agents(ctx).message(agentId, prompt)  # type: ignore[no-any-return]
@@ -115,7 +121,7 @@ async def _list_agent_instances(  # noqa: D417
     Args:
         name: Only agents of this definition name.
         state: Only agents in this state (running, waiting, waiting_for_approval, stopped, error).
-        swarm: Only agents started from this agentSwarmUri.
+        swarm: Only agents started from this definition (as run_agent_async named it).
     """
     return await _agents(ctx).list(name=name, state=state, swarm=swarm)  # type: ignore[no-any-return]
 
