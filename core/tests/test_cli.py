@@ -383,7 +383,7 @@ def test_deny_with_a_reason_gives_the_model_a_denied_result(early: dict[str, Fut
 def test_approve_with_a_wrong_digest_runs_nothing_and_the_right_one_runs_the_call(
         early: dict[str, Future[Done]], project: Path) -> None:
     """`approve ID --call CALL --digest WRONG` exits 2 naming the current digest and decides and runs nothing;
-    `--digest` with the digest shown runs the call and follows the instance to rest."""
+    `show` prints the digest; `--digest` with the digest shown runs the call and follows the instance to rest."""
     held = first(early, "approve-digest")
     assert held.code == 3, held.err
     iid = held.json()["instanceId"]
@@ -400,6 +400,11 @@ def test_approve_with_a_wrong_digest_runs_nothing_and_the_right_one_runs_the_cal
     assert shown["state"] == "waiting_for_approval"
     assert [(p["toolCallId"], p["decision"], p["digest"]) for p in shown["pendingApprovals"]] == [
         (call, None, digest)]
+    # `show` as text prints the digest under the held call, as `run` did: what `--digest` takes.
+    text = lw(project, "show", iid)
+    assert text.code == 0, text.err
+    assert re.search(rf'^pending approval +{call} delete {{"path": "old/notes.txt"}}\n +digest {digest}$',
+                     text.out, re.MULTILINE), text.out
     assert lw(project, "records", iid, "--kind", "tool_call", "--json").out == ""  # the call never ran
     done = lw(project, "approve", iid, "--call", call, "--digest", digest)
     assert done.code == 0, done.err

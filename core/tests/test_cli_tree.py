@@ -463,6 +463,12 @@ def test_show_draws_the_tree_and_ls_tree_draws_every_tree(project: Project) -> N
     grand = project.header("grand")["instanceId"]
     assert f"grand {grand}, waiting_for_approval, 1 turn, 1 pending approval, subtree cost" in shown.stdout
     assert "waiting on 1 below" in shown.stdout
+    # Every call held below is shown with the digest a decision on it carries (--digest, or over HTTP).
+    held = project.cli_json("show", root)["treePendingApprovals"]
+    assert held
+    for p in held:
+        assert f"{p['toolCallId']} {p['tool']} " in shown.stdout
+        assert f"digest {p['digest']}\n" in shown.stdout
     listed = project.cli("ls", "--tree")
     assert listed.returncode == 0, listed.stderr
     lines = listed.stdout.splitlines()

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import pytest
 from _serve_testlib import Server, cli, project, read_events, rests_in, serving
 
+from loopwright import INSTANCE_ID_RULE
 from loopwright_serve._api import ENDPOINTS, StartBody
 from loopwright_serve._schema import json_schema
 
@@ -199,6 +200,18 @@ def test_unknown_call_and_unknown_instance(client: httpx.Client) -> None:
         assert missing.json()["status"] == 404
     gone = client.post("/v1/instances/20990101-000000-deadbeef/messages", json={"text": "hi"})
     assert gone.status_code == 404
+    # An id that cannot be one is a 400 stating the rule, on every path under /v1/instances/ (never looked up);
+    # "a%2Fb" is the id "a/b", and "ID%2Fevents" not the events of ID.
+    for path in ("/v1/instances/-rf", "/v1/instances/.hidden/records", "/v1/instances/%2E/events",
+                 "/v1/instances/a%2Fb", f"/v1/instances/{iid}%2Fevents", "/v1/instances/--help/nothing"):
+        refused = client.get(path)
+        assert refused.status_code == 400, path
+        assert refused.headers["content-type"] == "application/problem+json"
+        assert (refused.json()["title"], refused.json()["status"]) == ("Invalid instance id", 400)
+        assert INSTANCE_ID_RULE in refused.json()["detail"]
+    # A valid id is left to the router: an unknown route, a method the route lacks.
+    assert client.get(f"/v1/instances/{iid}/nothing").status_code == 404
+    assert client.post(f"/v1/instances/{iid}", json={}).status_code == 405
 
 
 def test_message_starts_the_next_segment(client: httpx.Client) -> None:

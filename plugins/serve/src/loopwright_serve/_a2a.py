@@ -74,6 +74,7 @@ from loopwright import INSTANCE_ID_RULE, HeaderFields, State, StopReason, approv
 from loopwright.errors import ApprovalDigestMismatchError, ConfigError, LoopwrightError
 from loopwright_serve._auth import Principal, Scope
 from loopwright_serve._problems import ProblemError
+from loopwright_serve._schema import unpaired_surrogate
 from loopwright_serve._steer import GatedResponse, Session, new_id, segment_events, valid_id
 
 if TYPE_CHECKING:
@@ -313,7 +314,10 @@ class A2AAgent:
 
     async def serve_rpc(self, request: Request) -> Response:
         """``POST /a2a/<name>``: check the token's scopes for the method, then hand over to a2a-sdk."""
-        scopes, method, principal = await self._authorize(request)
+        scopes, method, principal, unreadable = await self._authorize(request)
+        if unreadable:  # a2a-sdk would answer it as its own failure (-32603, or a 500 echoing the id)
+            error = {"code": -32700, "message": f"the request body is not JSON: {unreadable}"}  # parse error
+            return JSONResponse({"error": error, "id": None, "jsonrpc": "2.0"})
         if not self.ctx.settings.run and method in _STEERING:
             raise ProblemError(501, "Not implemented", "server.run false (workers run the instances) is not "
                                                        "available to A2A yet")
@@ -330,18 +334,26 @@ class A2AAgent:
             raise
         return GatedResponse(response, gate)  # type: ignore[return-value] - an ASGI response
 
-    async def _authorize(self, request: Request) -> tuple[set[str], str | None, Principal]:
-        """Authorize the scopes the request needs; return them, the method and who asks.
+    async def _authorize(self, request: Request) -> tuple[set[str], str | None, Principal, str]:
+        """Authorize the scopes the request needs; return them, the method, who asks, and why the body is no text.
 
         Raises the serve context's :class:`~loopwright_serve.ProblemError` (401, 403) if refused.
 
         The body is parsed as the dispatcher parses it, so the decisions checked here are the
-        ones the executor will apply.
+        ones the executor will apply. The last value is empty, or says why the body is JSON
+        that holds no text: bytes that do not decode in the encoding :func:`json.loads` picks
+        (UTF-8, -16 or -32), or a string with an unpaired surrogate (which no answer can echo).
         """
+        unreadable = ""
         try:
             body = json.loads(await request.body())
+        except UnicodeDecodeError as exc:
+            body, unreadable = None, f"its bytes are no text ({exc})"
         except ValueError:
             body = None
+        else:
+            if found := unpaired_surrogate(body):
+                unreadable = f"a string holds the unpaired surrogate U+{ord(found):04X}, which is not text"
         method = body.get("method") if isinstance(body, dict) else None
         needed = [_METHOD_SCOPES.get(method, Scope.RUN) if isinstance(method, str) else Scope.RUN]
         if method in ("SendMessage", "SendStreamingMessage") and isinstance(body.get("params"), dict):
@@ -352,7 +364,7 @@ class A2AAgent:
             except Exception:  # noqa: BLE001 - the dispatcher answers a malformed request itself
                 _log.debug("A2A request params do not parse; the dispatcher will say so")
         principals = [await self.ctx.authorize(request, scope) for scope in needed]
-        return {s.value for s in needed}, method if isinstance(method, str) else None, principals[0]
+        return {s.value for s in needed}, method if isinstance(method, str) else None, principals[0], unreadable
 
     async def aclose(self) -> None:
         """Drain the request handler's background tasks."""

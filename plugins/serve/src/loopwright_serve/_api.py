@@ -14,10 +14,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import unquote
 
 import attrs
 from starlette.responses import JSONResponse, Response
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute, Match, NoMatchFound, Route
 
 from loopwright import INSTANCE_ID_RULE, Definition, HeaderFields, PendingApproval, State, is_instance_id
 from loopwright._types import approval_digest
@@ -39,6 +40,8 @@ from loopwright_serve._schema import body_field, json_schema, read_model
 
 if TYPE_CHECKING:
     from starlette.requests import Request
+    from starlette.types import Receive, Send
+    from starlette.types import Scope as AsgiScope
 
     from loopwright_serve._context import ServeContext
 
@@ -142,7 +145,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              errors=(400, *_AUTH_ERRORS, 413, 415, 422)),
     Endpoint(key="show_instance", method="GET", path="/v1/instances/{instance_id}",
              summary="One instance's summary (as show --json): its tree and the tree's pending approvals.",
-             scope=Scope.READ, responses={200: "The summary."}, errors=(*_AUTH_ERRORS, 404)),
+             scope=Scope.READ, responses={200: "The summary."}, errors=(400, *_AUTH_ERRORS, 404)),
     Endpoint(key="events", method="GET", path="/v1/instances/{instance_id}/events",
              summary="Server-Sent Events: the instance's transcript and records as they are written.",
              scope=Scope.READ, query={
@@ -156,7 +159,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              summary="The instance's record log.", scope=Scope.READ, query={
                  "kind": ({"type": "string"}, "Only records of this kind."),
                  "after": ({"type": "integer", "minimum": 0}, "Only records after the first AFTER."),
-             }, responses={200: "The records, oldest first."}, errors=(*_AUTH_ERRORS, 404, 422)),
+             }, responses={200: "The records, oldest first."}, errors=(400, *_AUTH_ERRORS, 404, 422)),
     Endpoint(key="message", method="POST", path="/v1/instances/{instance_id}/messages",
              summary="Send a message to the instance.", scope=Scope.RUN, body=MessageBody,
              responses={202: "Delivered: {instanceId, delivered, state}."},
@@ -167,7 +170,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              errors=(400, *_AUTH_ERRORS, 404, 409, 413, 415, 422)),
     Endpoint(key="cancel", method="POST", path="/v1/instances/{instance_id}/cancel",
              summary="Cancel the instance: it becomes stopped, with cancelled true.", scope=Scope.RUN, body=EmptyBody,
-             responses={200: "Cancelled: its summary."}, errors=(*_AUTH_ERRORS, 404, 409, 413, 415)),
+             responses={200: "Cancelled: its summary."}, errors=(400, *_AUTH_ERRORS, 404, 409, 413, 415)),
 )
 
 
@@ -185,10 +188,12 @@ class ApiSurface:
         self.wakeups = Wakeups()
 
     def routes(self, ctx: ServeContext) -> list[BaseRoute]:
-        """Return one route per row of :data:`ENDPOINTS`, bound to ``ctx``."""
+        """Return one route per row of :data:`ENDPOINTS`, bound to ``ctx``, then :class:`_RefusedInstanceId`."""
         handlers = _Handlers(ctx, self.wakeups)
-        return [Route(ep.path, _endpoint(ctx, ep, getattr(handlers, ep.key)), methods=[ep.method], name=ep.key)
-                for ep in ENDPOINTS]
+        routes: list[BaseRoute] = [
+            Route(ep.path, _endpoint(ctx, ep, getattr(handlers, ep.key)), methods=[ep.method], name=ep.key)
+            for ep in ENDPOINTS]
+        return [*routes, _RefusedInstanceId()]
 
     def lifespan(self, ctx: ServeContext) -> contextlib.AbstractAsyncContextManager[None]:
         """Register the event streams' wake-ups on the runtime while the server runs."""
@@ -203,17 +208,77 @@ class ApiSurface:
             ctx.runtime.unregister_plugin(name)
 
 
+#: Where the instance id is in every ``/v1/instances/{instance_id}...`` path.
+_INSTANCES_PATH = "/v1/instances/"
+
+
+def _path_instance_id(scope: AsgiScope) -> str | None:
+    """Return the instance id a ``/v1/instances/ID...`` request names, as its client wrote it; else ``None``.
+
+    The id is the path segment after ``/v1/instances/``, percent-decoded from the raw path (the
+    ASGI ``raw_path``): so ``a%2Fb`` is the id ``a/b``, not the id ``a`` and a route ``b``. A
+    server without ``raw_path`` gives the decoded path's segment. ``None`` for any other path, and
+    for ``/v1/instances/`` itself (an empty segment: the list, with a slash too many).
+    """
+    raw = scope.get("raw_path")
+    path = raw.decode("latin-1") if raw else scope["path"]
+    root = scope.get("root_path", "")
+    if root and not path.startswith(_INSTANCES_PATH) and path.startswith(root):
+        path = path[len(root):]
+    if not path.startswith(_INSTANCES_PATH):
+        return None
+    segment = path[len(_INSTANCES_PATH):].partition("/")[0]
+    return unquote(segment) if segment else None
+
+
+def _refused_instance_id(value: str) -> ProblemError:
+    """Return the 400 problem for an id in the path that breaks the instance id rule, stating the rule."""
+    shown = value if len(value) <= 80 else value[:80] + "..."  # noqa: PLR2004 - enough to recognise it
+    return ProblemError(400, "Invalid instance id", f"{shown!r} is not an instance id: ids are {INSTANCE_ID_RULE}")
+
+
+class _RefusedInstanceId(BaseRoute):
+    """The route after every endpoint's: a ``/v1/instances/ID...`` path whose ID breaks the rule is a 400.
+
+    An endpoint's route checks the id itself (after the token); this one answers the paths no
+    endpoint matches, like ``/v1/instances/..%2Fx`` or ``/v1/instances/-rf/nothing``, with the
+    same problem instead of an unknown route's 404. A path whose id follows the rule is left to
+    the router (a 404 unknown route, a 405, a redirect of a trailing slash).
+    """
+
+    def matches(self, scope: AsgiScope) -> tuple[Match, AsgiScope]:
+        """Match (fully) an HTTP request whose path names an id that breaks the rule."""
+        if scope["type"] != "http":
+            return Match.NONE, {}
+        named = _path_instance_id(scope)
+        return (Match.FULL, {}) if named is not None and not is_instance_id(named) else (Match.NONE, {})
+
+    async def handle(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
+        """Answer the 400 problem document stating the rule."""
+        await _refused_instance_id(_path_instance_id(scope) or "").response()(scope, receive, send)
+
+    def url_path_for(self, name: str, /, **path_params: Any) -> Any:
+        """Never: this route has no name."""
+        raise NoMatchFound(name, path_params)
+
+
 _Handler = Callable[["Request", "Principal | None", Any], Awaitable[Response]]
 
 
 def _endpoint(ctx: ServeContext, ep: Endpoint, handler: _Handler) -> Callable[[Request], Awaitable[Response]]:
-    """Wrap ``handler``: authorize, check the ids in the path, read the body, map loopwright's errors."""
+    """Wrap ``handler``: authorize, check the ids in the path, read the body, map loopwright's errors.
+
+    An instance id that breaks the rule (:data:`loopwright.INSTANCE_ID_RULE`) is a 400 stating the
+    rule, never looked up; one that follows it but names no instance is a 404.
+    """
 
     async def endpoint(request: Request) -> Response:
         principal = await ctx.authorize(request, ep.scope) if ep.scope is not None else None
         instance_id = request.path_params.get("instance_id")
-        if instance_id is not None and not is_instance_id(instance_id):
-            raise ProblemError(404, "Unknown instance", f"that is not an instance id: ids are {INSTANCE_ID_RULE}")
+        if instance_id is not None:
+            named = _path_instance_id(request.scope) or instance_id  # "a%2Fb" names "a/b", not "a"
+            if not is_instance_id(named):
+                raise _refused_instance_id(named)
         call_id = request.path_params.get("call_id")
         if call_id is not None and not _CALL_ID.fullmatch(call_id):
             raise ProblemError(404, "Unknown call", "that is not a tool call id")
@@ -252,8 +317,8 @@ def _loopwright_errors(instance_id: str | None) -> Iterator[None]:
     except GrantsError as exc:
         raise ProblemError(409, "Cannot run", str(exc), **extra) from None
     except StoreError as exc:
-        if "invalid instance id" in str(exc):
-            raise ProblemError(404, "Unknown instance", str(exc), **extra) from None
+        if "invalid instance id" in str(exc):  # the store's own check (check_instance_id)
+            raise ProblemError(400, "Invalid instance id", str(exc), **extra) from None
         raise
     except LoopwrightError as exc:
         if type(exc) is not LoopwrightError:

@@ -163,8 +163,9 @@ class BodyLimit:
                 await self._too_large(size)(scope, receive, send)
                 return
         seen = 0
-        kind = dict(scope.get("headers") or ()).get(b"content-type", b"").lower()
-        depth = JSONDepth() if not kind or b"json" in kind else None
+        # Whatever its Content-Type says: the surfaces read every body as JSON (the OpenAI-compatible
+        # and A2A ones a text/plain body too, which nested 10,000 deep was a 500 before).
+        depth = JSONDepth()
         deadline: float | None = None
         body_done = False
 
@@ -185,7 +186,7 @@ class BodyLimit:
                 seen += len(chunk)
                 if seen > self.limit:
                     raise ProblemError(413, "Content Too Large", self._detail(), limit=self.limit)
-                if depth is not None and not depth.feed(chunk):
+                if not depth.feed(chunk):
                     raise ProblemError(400, "Malformed JSON", f"the request body nests objects and arrays more "
                                        f"than {MAX_BODY_DEPTH} deep", limit=MAX_BODY_DEPTH)
             return message

@@ -35,6 +35,7 @@ from loopwright.errors import ConfigError, InstanceNotFoundError
 from loopwright_serve._auth import Scope
 from loopwright_serve._problems import ProblemError
 from loopwright_serve._resting import Started, question_of, start
+from loopwright_serve._schema import load_json
 from loopwright_serve._surface import null_lifespan
 
 if TYPE_CHECKING:
@@ -184,7 +185,7 @@ async def _models(ctx: ServeContext, _request: Request) -> Response:
 async def _completions(ctx: ServeContext, request: Request) -> Response:
     """``POST /chat/completions``: start the instance, then answer once it rests, at once or as a stream."""
     try:
-        body = await request.json()
+        body = load_json(await request.body())
     except ValueError as exc:
         raise ChatError(400, f"the request body is not JSON: {exc}") from exc
     chat = parse_request(body, ctx.runtime.assembly.agent_definitions)

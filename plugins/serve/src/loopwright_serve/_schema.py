@@ -20,7 +20,7 @@ import attrs
 
 from loopwright_serve._problems import ProblemError
 
-__all__ = ["body_field", "camel", "json_schema", "read_model"]
+__all__ = ["body_field", "camel", "json_schema", "load_json", "read_model", "unpaired_surrogate"]
 
 T = TypeVar("T")
 
@@ -99,6 +99,40 @@ def _where(error: Any) -> str:
     return path
 
 
+def load_json(raw: bytes) -> Any:
+    """Parse a request body as JSON: no ``NaN`` or ``Infinity``, and only Unicode text in its strings.
+
+    :raises ValueError: It is not JSON (a :class:`json.JSONDecodeError` has the position), or
+        a string or key holds an unpaired surrogate (see :func:`unpaired_surrogate`).
+    """
+    data = json.loads(raw, parse_constant=_refuse_constant)
+    if found := unpaired_surrogate(data):
+        raise ValueError(f"a string holds the unpaired surrogate U+{ord(found):04X}, which is not text")
+    return data
+
+
+def unpaired_surrogate(value: Any) -> str:
+    r"""Return the first unpaired surrogate in the strings and keys of decoded JSON, or ``""``.
+
+    :func:`json.loads` turns ``"\ud800"`` (and the bytes ``ED A0 80``) into one: such a string
+    is no text, and nothing can write it as UTF-8 (a store, an answer that echoes it: a 500).
+    """
+    todo = [value]
+    while todo:  # no recursion: a body's depth is bounded, its width is not
+        node = todo.pop()
+        if isinstance(node, dict):
+            todo.extend(node)
+            todo.extend(node.values())
+        elif isinstance(node, list):
+            todo.extend(node)
+        elif isinstance(node, str) and (found := _SURROGATE.search(node)):
+            return found.group()
+    return ""
+
+
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
 def read_model(raw: bytes, cls: type[T], *, empty_ok: bool = False) -> T:
     """Parse ``raw`` as JSON and check it against ``cls``'s schema; return the instance.
 
@@ -110,7 +144,7 @@ def read_model(raw: bytes, cls: type[T], *, empty_ok: bool = False) -> T:
         data: Any = {}
     else:
         try:
-            data = json.loads(raw, parse_constant=_refuse_constant)
+            data = load_json(raw)
         except (ValueError, RecursionError) as exc:
             where = f" at line {exc.lineno}, column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
             detail = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc) or type(exc).__name__
