@@ -174,6 +174,28 @@ def test_a_decision_on_another_digest_is_refused_and_nothing_runs(client: httpx.
     assert decided.json()["decided"][0]["digest"] == pending["digest"]
 
 
+def test_a_row_damaged_in_the_store_is_a_409_that_says_so_never_a_500(client: httpx.Client, assembly: Path) -> None:
+    """An instance held in the store (not live in the server) whose entry log another writer broke.
+
+    Deciding it loads it, which fails closed: a 409 "Cannot run" naming the instance, nothing decided.
+    """
+    held = cli(assembly, "--json", "run", "approve", "-p", "delete it")
+    assert held.returncode == 3, held.stderr
+    iid = json.loads(held.stdout)["instanceId"]
+    (pending,) = client.get(f"/v1/instances/{iid}").json()["pendingApprovals"]
+    log = assembly.parent / "store" / iid / "entries.jsonl"
+    lines = log.read_text().splitlines(keepends=True)
+    log.write_text("".join([lines[0], "not json {\n", *lines[1:]]))  # inside the log: no torn last write
+    refused = client.post(f"/v1/instances/{iid}/approvals/{pending['toolCallId']}",
+                          json={"decision": "approve", "digest": pending["digest"]})
+    assert refused.status_code == 409, refused.text
+    assert refused.headers["content-type"] == "application/problem+json"
+    problem = refused.json()
+    assert (problem["title"], problem["instanceId"]) == ("Cannot run", iid)
+    assert "entry log cannot be replayed" in problem["detail"], problem
+    assert client.get(f"/v1/instances/{iid}").json()["pendingApprovals"][0]["decision"] is None
+
+
 def test_deny_with_a_reason(client: httpx.Client) -> None:
     iid = start(client, "approve")["instanceId"]
     (pending,) = wait_rest(client, iid, "waiting_for_approval")["pendingApprovals"]

@@ -26,11 +26,11 @@ from loopwright.errors import (
     ApprovalDigestMismatchError,
     CapabilityError,
     ConfigError,
-    GrantsError,
     InstanceLockedError,
     InstanceNotFoundError,
     LoopwrightError,
     StoreError,
+    UnloadableInstanceError,
 )
 from loopwright_serve._auth import Principal, Scope
 from loopwright_serve._events import event_stream, parse_event_id
@@ -295,6 +295,15 @@ def _endpoint(ctx: ServeContext, ep: Endpoint, handler: _Handler) -> Callable[[R
     return endpoint
 
 
+#: Runtime errors that are the request's answer as they are: their status and title (first match wins).
+_PLAIN_PROBLEMS: tuple[tuple[type[Exception], int, str], ...] = (
+    (InstanceLockedError, 409, "Running elsewhere"),
+    (CapabilityError, 422, "Not allowed here"),
+    # A row that cannot run as saved (malformed, tampered with, or failing its integrity check).
+    (UnloadableInstanceError, 409, "Cannot run"),
+)
+
+
 @contextlib.contextmanager
 def _loopwright_errors(instance_id: str | None) -> Iterator[None]:
     """Turn the runtime's errors into problem documents, with the instance they concern."""
@@ -303,8 +312,6 @@ def _loopwright_errors(instance_id: str | None) -> Iterator[None]:
         yield
     except InstanceNotFoundError:
         raise ProblemError(404, "Unknown instance", f"no instance {instance_id!r} in the store", **extra) from None
-    except InstanceLockedError as exc:
-        raise ProblemError(409, "Running elsewhere", str(exc), **extra) from None
     except ApprovalDigestMismatchError as exc:
         raise ProblemError(409, "Not the pending call", str(exc), instanceId=exc.instance_id,
                            toolCallId=exc.tool_call_id, currentDigest=exc.current_digest) from None
@@ -312,19 +319,21 @@ def _loopwright_errors(instance_id: str | None) -> Iterator[None]:
         errors = [{"path": p.path or "$", "message": p.message} for p in exc.problems] or \
             [{"path": "$", "message": str(exc)}]
         raise ProblemError(422, "Invalid request", str(exc).split("\n", 1)[0], errors=errors, **extra) from None
-    except CapabilityError as exc:
-        raise ProblemError(422, "Not allowed here", str(exc), **extra) from None
-    except GrantsError as exc:
-        raise ProblemError(409, "Cannot run", str(exc), **extra) from None
-    except StoreError as exc:
-        if "invalid instance id" in str(exc):  # the store's own check (check_instance_id)
-            raise ProblemError(400, "Invalid instance id", str(exc), **extra) from None
-        raise
     except LoopwrightError as exc:
-        if type(exc) is not LoopwrightError:
-            raise
+        raise _problem_of(exc, extra) from None
+
+
+def _problem_of(exc: LoopwrightError, extra: dict[str, Any]) -> Exception:
+    """Return the problem a runtime error answers with, or ``exc`` itself (a 500) when it is no answer."""
+    for kind, status, title in _PLAIN_PROBLEMS:
+        if isinstance(exc, kind):
+            return ProblemError(status, title, str(exc), **extra)
+    if isinstance(exc, StoreError) and "invalid instance id" in str(exc):  # the store's own check_instance_id
+        return ProblemError(400, "Invalid instance id", str(exc), **extra)
+    if type(exc) is LoopwrightError:
         # A decision on a call that does not wait (any more), an instance busy in another process.
-        raise ProblemError(409, "Conflict", str(exc), **extra) from None
+        return ProblemError(409, "Conflict", str(exc), **extra)
+    return exc
 
 
 def _flag(request: Request, name: str) -> bool:

@@ -150,18 +150,10 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = dict(scope.get("headers") or ()).get(b"content-length")
-        if declared is not None:
-            try:
-                size = int(declared)
-            except ValueError:
-                size = -1
-            if size < 0:
-                await problem(400, "Bad Request", "Content-Length is not a number")(scope, receive, send)
-                return
-            if size > self.limit:
-                await self._too_large(size)(scope, receive, send)
-                return
+        refused = self._refused_length(scope)
+        if refused is not None:
+            await refused(scope, receive, send)
+            return
         seen = 0
         # Whatever its Content-Type says: the surfaces read every body as JSON (the OpenAI-compatible
         # and A2A ones a text/plain body too, which nested 10,000 deep was a 500 before).
@@ -192,6 +184,19 @@ class BodyLimit:
             return message
 
         await self.app(scope, bounded, send)
+
+    def _refused_length(self, scope: Scope) -> Response | None:
+        """Return the answer to a declared ``Content-Length`` that is no number or over the limit, else None."""
+        declared = dict(scope.get("headers") or ()).get(b"content-length")
+        if declared is None:
+            return None
+        try:
+            size = int(declared)
+        except ValueError:
+            size = -1
+        if size < 0:
+            return problem(400, "Bad Request", "Content-Length is not a number")
+        return self._too_large(size) if size > self.limit else None
 
     def _detail(self, size: Any = None) -> str:
         told = f"of {size} bytes " if size is not None else ""
