@@ -137,6 +137,7 @@ def test_validate_reports_a_store_or_sink_inside_a_granted_root(project: Path, w
     text = ASSEMBLY + "capabilities: {files: {write: [./work]}}\n"
     text = (text.replace("path: ./store", "path: ./work/store") if where == "store"
             else text + "records: [{kind: jsonl, path: ./work/records.jsonl}]\n")
+    (project / "work").mkdir()  # the granted root exists, as the store's folder must
     write(project, "loopwright.yaml", text)
     write(project, "agent.yaml", "name: a\n")
     out = lw(project, "-c", "loopwright.yaml", "validate", "agent.yaml")
@@ -157,12 +158,15 @@ def test_validate_of_the_assembly_itself_checks_what_run_checks(project: Path, m
     text = (ASSEMBLY.replace("path: ./store", "path: ./work/store") + "capabilities: {files: {write: [./work]}}\n"
             if mistake == "store" else ASSEMBLY.replace("{kind: file, path: ./store}",
                                                         "{kind: sqlite, path: ./lw.db, colour: red}"))
+    if mistake == "store":
+        (project / "work").mkdir()  # the granted root exists, as the store's folder must
     write(project, "loopwright.yaml", text)
     out = lw(project, "validate", "loopwright.yaml")
     assert out.returncode == 2, out.stdout + out.stderr
     assert said in out.stdout, out.stdout
     assert "valid assembly" not in out.stdout
-    assert sorted(p.name for p in project.iterdir()) == ["loopwright.yaml"]
+    assert sorted(str(p.relative_to(project)) for p in project.rglob("*")) == (
+        ["loopwright.yaml", "work"] if mistake == "store" else ["loopwright.yaml"])
 
 
 def test_validate_of_a_definition_uses_the_assembly_in_the_folder(project: Path) -> None:

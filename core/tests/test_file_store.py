@@ -75,6 +75,7 @@ def test_default_path_is_resolved_under_base_dir(tmp_path: Path) -> None:
 
 def test_path_option_relative_and_absolute(tmp_path: Path) -> None:
     """A relative ``path`` is resolved against base_dir; an absolute one is kept."""
+    (tmp_path / "data").mkdir()
     assert make_store(tmp_path, path="data/store").root == (tmp_path / "data" / "store").resolve()
     assert make_store(tmp_path / "elsewhere", path=str(tmp_path / "abs")).root == (tmp_path / "abs").resolve()
 
@@ -84,12 +85,38 @@ def test_path_option_relative_and_absolute(tmp_path: Path) -> None:
     ({"path": 3}, "$.store.path"),
     ({"path": ""}, "$.store.path"),
     ({"pth": "x"}, "$.store.pth"),
+    ({"createParents": "yes"}, "$.store.createParents"),
 ])
 def test_bad_options_raise_config_error(tmp_path: Path, options: dict[str, object], where: str) -> None:
     """Unknown option keys and wrongly typed values raise ConfigError with the option's JSON path."""
     with pytest.raises(ConfigError) as info:
         make_store(tmp_path, **options)
     assert [p.path for p in info.value.problems] == [where]
+
+
+async def test_a_path_whose_parent_folder_is_missing_is_refused_unless_create_parents(tmp_path: Path) -> None:
+    """Issue 31, point 2: a mistyped folder above ``path`` is a ConfigError at ``$.store.path``, not a new store.
+
+    ``createParents: true`` creates the folders on the first instance instead; so does the
+    runtime's own folder, ``.loopwright`` in base_dir, where the default lives.
+    """
+    with pytest.raises(ConfigError) as info:
+        make_store(tmp_path, path="no/such/store")
+    assert [p.path for p in info.value.problems] == ["$.store.path"]
+    assert f"the folder {tmp_path.resolve() / 'no' / 'such'} does not exist" in info.value.problems[0].message
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(ConfigError, match="is a file, not a folder"):
+        make_store(tmp_path, path="a-file/store", createParents=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # nothing was created
+    for options in ({"path": "no/such/store", "createParents": True}, {"path": ".loopwright/other"}):
+        s = make_store(tmp_path, **options)
+        assert s.create_parents is True
+        await s.create("inst-1", {"state": "running"})
+        assert (s.root / "inst-1" / "instance.json").is_file()
+        await s.aclose()
+    plain = make_store(tmp_path, path="store")
+    assert plain.create_parents is False
+    await plain.aclose()
 
 
 # -- headers --------------------------------------------------------------------------------------

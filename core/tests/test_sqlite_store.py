@@ -101,6 +101,7 @@ def test_default_path_mirrors_the_file_store(tmp_path: Path) -> None:
     assert s.synchronous == "normal"
     assert s.locations() == (db, db.with_name("loopwright.db-wal"), db.with_name("loopwright.db-shm"),
                              db.with_name("loopwright.db.locks"))
+    (tmp_path / "data").mkdir()
     assert make_store(tmp_path, path="data/x.db").path == (tmp_path / "data" / "x.db").resolve()
     assert make_store(tmp_path / "elsewhere", path=str(tmp_path / "abs.db")).path == (tmp_path / "abs.db").resolve()
     assert make_store(tmp_path, synchronous="full").synchronous == "full"
@@ -113,12 +114,23 @@ def test_default_path_mirrors_the_file_store(tmp_path: Path) -> None:
     ({"path": ""}, ["$.store.path"]),
     ({"fsync": True}, ["$.store.fsync"]),
     ({"pth": "x", "synchronous": "FULL"}, ["$.store.pth", "$.store.synchronous"]),
+    ({"createParents": 1}, ["$.store.createParents"]),
+    ({"path": "no/such/x.db"}, ["$.store.path"]),
 ])
 def test_bad_options_raise_config_error(tmp_path: Path, options: dict[str, object], where: list[str]) -> None:
     """Unknown option keys and wrong values raise ConfigError with each option's JSON path."""
     with pytest.raises(ConfigError) as info:
         make_store(tmp_path, **options)
     assert [p.path for p in info.value.problems] == where
+
+
+async def test_create_parents_makes_the_missing_folders_on_the_first_instance(tmp_path: Path) -> None:
+    """Issue 31, point 2: with ``createParents: true`` a database in missing folders is made by the first create()."""
+    s = make_store(tmp_path, path="no/such/x.db", createParents=True)
+    assert not (tmp_path / "no").exists()
+    await s.create("inst-1", {"state": "running"})
+    assert (tmp_path / "no" / "such" / "x.db").is_file()
+    await s.aclose()
 
 
 async def test_nothing_is_created_until_the_first_instance(store: SqliteStore) -> None:
@@ -331,6 +343,7 @@ def test_cli_over_a_sqlite_assembly(tmp_path: Path) -> None:
     """run, approve, message, ls, show and records work across processes on a sqlite assembly."""
     project = tmp_path / "project"
     shutil.copytree(FIXTURES, project)
+    (project / "state").mkdir()  # a store's folder must exist (or the assembly says createParents: true)
     (project / "loopwright.yaml").write_text(
         "store: {kind: sqlite, path: ./state/lw.db}\nplugins: [replay_plugin.py]\n", encoding="utf-8")
     held = lw(project, "run", "--json", "agents/approve.yaml")

@@ -44,4 +44,5 @@ class TestSqliteStoreFullContract(StoreContract):
 
     async def make_store(self, tmp_path: Path) -> SqliteStore:
         return SqliteStore(StoreSettings(kind="sqlite", base_dir=tmp_path,
-                                         options={"synchronous": "full", "path": "db/store.sqlite"}))
+                                         options={"synchronous": "full", "path": "db/store.sqlite",
+                                                  "createParents": True}))

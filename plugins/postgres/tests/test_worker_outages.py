@@ -201,7 +201,10 @@ async def _check(project: Path, ids: list[str], steps: int) -> dict[str, str]:
                     assert (answer.role, answer.tool_call_id, answer.provider_call_id) == (
                         "tool", m.tool_calls[0].id, m.tool_calls[0].provider_id), (iid, msgs[k:k + 3])
             results = [m for m in msgs if m.role == "tool"]
-            assert len(results) == steps, (iid, results)
+            # On a failure, the whole transcript in short: which call got an extra result, and what it said.
+            assert len(results) == steps, (iid, [(m.role, m.tool_call_id or [c.id for c in m.tool_calls],
+                                                  m.provider_call_id, str(m.status), (m.content or "")[:60])
+                                                 for m in msgs])
             for (_call, tag), result in zip(calls, results, strict=True):
                 status = result.status.value if result.status else "?"
                 statuses[tag] = status

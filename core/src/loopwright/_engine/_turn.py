@@ -13,6 +13,7 @@ import secrets
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 import attrs
 
@@ -177,8 +178,34 @@ class Turns:
         try:
             return await self.gateway.call(run, (ref, *run.inst.definition.fallback_models), request_for)
         except ProviderError as failure:
-            raise SegmentEnd(State.ERROR, StopReason.ERROR, error=str(failure),
+            raise SegmentEnd(State.ERROR, StopReason.ERROR, error=_failure_text(failure),
                              failure=RunError(f"model call failed: {failure}", cause=failure)) from None
+
+
+def _failure_text(failure: ProviderError) -> str:
+    """Return the ``error`` an instance is left with when its model call failed for good.
+
+    The failure's message, followed by the request it made (``(request: POST URL)``) when it
+    has one, so that a wrong ``baseUrl`` or model shows where it was sent. The URL is shown
+    without its query, fragment or user info (a key may travel there).
+    """
+    text = str(failure)
+    request = failure.request
+    url = getattr(request, "url", None)
+    if url is None:
+        return text
+    try:
+        parts = urlsplit(str(url))
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port is not None else ""
+    except ValueError:  # a port out of range: the URL is not worth showing
+        return text
+    if not parts.scheme or not host:
+        return text
+    host = f"[{host}]" if ":" in host else host
+    method = getattr(request, "method", None)
+    shown = f"{parts.scheme}://{host}{port}{parts.path}"
+    return f"{text} (request: {method + ' ' if isinstance(method, str) and method else ''}{shown})"
 
 
 def _blocked(block: Block, plugin: str | None) -> SegmentEnd:

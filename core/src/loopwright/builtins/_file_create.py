@@ -67,6 +67,7 @@ class Creating:
     """The file store's instance creation (a part of :class:`~loopwright.builtins.file_store.FileStore`)."""
 
     root: Path
+    create_parents: bool
     fsync: bool
     _root_s: str
     _root_ready: bool
@@ -108,11 +109,15 @@ class Creating:
     # -- internals -----------------------------------------------------------------------------
 
     def _ensure_root(self, instance_id: str) -> None:
-        """Create the store folder, once per store (before its first instance)."""
+        """Create the store folder, once per store (before its first instance).
+
+        The folders above it too only with :attr:`create_parents`: otherwise a parent that has
+        disappeared since the store was built is a :class:`~loopwright.errors.StoreError`.
+        """
         if self._root_ready:
             return
         try:
-            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self.root.mkdir(parents=self.create_parents, exist_ok=True, mode=0o700)
         except OSError as exc:
             raise StoreError(f"cannot create {self.root}: {exc}", instance_id=instance_id) from exc
         self._root_ready = True

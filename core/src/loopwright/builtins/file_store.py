@@ -6,6 +6,11 @@ Assembly::
       kind: file
       path: .loopwright/instances   # default; relative to the assembly's folder
       fsync: false                  # default; true also survives power loss, at a cost per append
+      createParents: false          # default; true creates the folders above path too
+
+The folder above ``path`` must exist when the store is built (a mistyped path is a
+:class:`~loopwright.errors.ConfigError` at ``store.path``, not a new empty store), unless
+``createParents: true`` or it is ``.loopwright`` in the assembly's folder, where the default lives.
 
 On-disk layout, one folder per instance (folders and files are created owner-only, 0o700/0o600)::
 
@@ -123,6 +128,7 @@ from loopwright.builtins._file_io import (
 )
 from loopwright.builtins._file_lease import Lease, Locking
 from loopwright.builtins._file_mailbox import Mailbox
+from loopwright.builtins._store_path import store_path
 from loopwright.errors import (
     ConfigError,
     ConfigProblem,
@@ -146,7 +152,7 @@ __all__ = [
     "loopwright_register_stores",
 ]
 
-_OPTIONS: Final = frozenset({"path", "fsync"})
+_OPTIONS: Final = frozenset({"path", "fsync", "createParents"})
 # A module global, so that the kill matrix (tests/crash/crash_plugin.py) can wrap it: every write of a
 # log goes through it (a new instance's header: _file_create._write_all; rewrites: _file_header._write_all).
 _write_all = write_all
@@ -167,12 +173,17 @@ class FileStore(Creating, Headers, Checkpoints, Mailbox, Locking, Store):
     """Instances as folders of JSON files: the embedded default store (see the module docstring).
 
     :param settings: ``settings.options`` may hold ``path`` (the store folder, default
-        ``.loopwright/instances``, relative to ``settings.base_dir``; ``~`` is expanded) and
-        ``fsync`` (bool, default ``False``: fsync every append too). Any other key, or a value
-        of the wrong type, raises :class:`~loopwright.errors.ConfigError`.
+        ``.loopwright/instances``, relative to ``settings.base_dir``; ``~`` is expanded),
+        ``fsync`` (bool, default ``False``: fsync every append too) and ``createParents`` (bool,
+        default ``False``: create the missing folders above ``path`` too). Any other key, a value
+        of the wrong type, or a ``path`` whose parent folder does not exist (unless
+        ``createParents``, or the parent is ``.loopwright`` in ``settings.base_dir``, the
+        runtime's own folder) raises :class:`~loopwright.errors.ConfigError` at ``$.store.KEY``;
+        nothing is created then.
 
     Attributes:
         root: The store folder, absolute. Created on the first :meth:`create`.
+        create_parents: Whether that first :meth:`create` also creates the folders above ``root``.
         fsync: Whether every append is fsynced.
         max_open_logs: How many log files stay open for appending (least recently used closed
             first): a third of the soft ``RLIMIT_NOFILE`` (64 to 65,536), leaving the rest to the
@@ -188,23 +199,19 @@ class FileStore(Creating, Headers, Checkpoints, Mailbox, Locking, Store):
         """Check the options and resolve the store folder; nothing is created yet."""
         options = settings.options
         problems = [
-            ConfigProblem(f"unknown option {key!r} of the file store (known: fsync, path)",
+            ConfigProblem(f"unknown option {key!r} of the file store (known: {', '.join(sorted(_OPTIONS))})",
                           path=f"$.store.{key}")
             for key in options if key not in _OPTIONS
         ]
-        raw_path = options.get("path", DEFAULT_PATH)
-        if not isinstance(raw_path, (str, os.PathLike)) or not os.fspath(raw_path):
-            problems.append(ConfigProblem("must be a non-empty path", path="$.store.path"))
-            raw_path = DEFAULT_PATH
+        where = store_path(options, settings.base_dir, DEFAULT_PATH, "the file store")
+        problems += where.problems
         fsync = options.get("fsync", False)
         if not isinstance(fsync, bool):
             problems.append(ConfigProblem("must be true or false", path="$.store.fsync"))
         if problems:
             raise ConfigError("invalid options for the file store", problems=problems)
-        path = Path(raw_path).expanduser()
-        if not path.is_absolute():
-            path = Path(settings.base_dir) / path
-        self.root: Path = path.resolve()
+        self.root: Path = where.path
+        self.create_parents: bool = where.create_parents
         self.fsync: bool = fsync
         self._root_s = os.fspath(self.root)
         self.max_open_logs = open_logs_limit()

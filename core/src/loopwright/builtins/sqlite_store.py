@@ -6,6 +6,11 @@ Assembly::
       kind: sqlite
       path: .loopwright/loopwright.db   # default; relative to the assembly's folder
       synchronous: normal               # default; full also survives power loss, at a disk flush per write
+      createParents: false              # default; true creates the folders above path too
+
+The folder of ``path`` must exist when the store is built (a mistyped path is a
+:class:`~loopwright.errors.ConfigError` at ``store.path``, not a new empty database), unless
+``createParents: true`` or it is ``.loopwright`` in the assembly's folder, where the default lives.
 
 Schema (``PRAGMA user_version = 1``)::
 
@@ -50,7 +55,8 @@ Choices:
 
 Instance ids follow the file store's rule (``[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}`` without
 ``..``), so an id is valid in both and can name a lock file. The database file and its folder
-are created owner-only (0o600/0o700) by the first :meth:`~SqliteStore.create`; until then
+are created owner-only (0o600/0o700) by the first :meth:`~SqliteStore.create` (the folder only
+with ``createParents`` or in ``.loopwright``); until then
 reads find nothing and create nothing.
 
 **The database must never lie inside a file root granted to an agent**: :meth:`SqliteStore.locations`
@@ -78,6 +84,7 @@ from loopwright.builtins._file_io import check_id as _check_id
 from loopwright.builtins._file_io import encode_line as _encode_line
 from loopwright.builtins._file_lease import Lease
 from loopwright.builtins._sqlite_lease import Locks, dead_runner
+from loopwright.builtins._store_path import store_path
 from loopwright.errors import (
     ConfigError,
     ConfigProblem,
@@ -113,7 +120,7 @@ _SCHEMA: Final = (
     )),
     f"PRAGMA user_version = {SCHEMA_VERSION}",
 )
-_OPTIONS: Final = frozenset({"path", "synchronous"})
+_OPTIONS: Final = frozenset({"path", "synchronous", "createParents"})
 _SYNCHRONOUS: Final = ("normal", "full")
 _O_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
 
@@ -145,12 +152,16 @@ class SqliteStore(Store):
     """Instances as rows of one SQLite database (see the module docstring).
 
     :param settings: ``settings.options`` may hold ``path`` (the database file, default
-        ``.loopwright/loopwright.db``, relative to ``settings.base_dir``; ``~`` is expanded) and
-        ``synchronous`` (``normal``, the default, or ``full``). Any other key, or a value of the
-        wrong type, raises :class:`~loopwright.errors.ConfigError`.
+        ``.loopwright/loopwright.db``, relative to ``settings.base_dir``; ``~`` is expanded),
+        ``synchronous`` (``normal``, the default, or ``full``) and ``createParents`` (bool,
+        default ``False``: create the missing folders above ``path`` too). Any other key, a value
+        of the wrong type, or a ``path`` whose folder does not exist (unless ``createParents``,
+        or the folder is ``.loopwright`` in ``settings.base_dir``, the runtime's own folder)
+        raises :class:`~loopwright.errors.ConfigError` at ``$.store.KEY``; nothing is created then.
 
     Attributes:
         path: The database file, absolute. Created by the first :meth:`create`.
+        create_parents: Whether that first :meth:`create` also creates the folders above ``path``.
         lock_dir: The folder of the lease lock files (``<path>.locks``).
         synchronous: ``"normal"`` or ``"full"``.
     """
@@ -159,23 +170,19 @@ class SqliteStore(Store):
         """Check the options and resolve the database's path; nothing is opened or created yet."""
         options = settings.options
         problems = [
-            ConfigProblem(f"unknown option {key!r} of the sqlite store (known: path, synchronous)",
+            ConfigProblem(f"unknown option {key!r} of the sqlite store (known: {', '.join(sorted(_OPTIONS))})",
                           path=f"$.store.{key}")
             for key in options if key not in _OPTIONS
         ]
-        raw_path = options.get("path", DEFAULT_PATH)
-        if not isinstance(raw_path, (str, os.PathLike)) or not os.fspath(raw_path):
-            problems.append(ConfigProblem("must be a non-empty path", path="$.store.path"))
-            raw_path = DEFAULT_PATH
+        where = store_path(options, settings.base_dir, DEFAULT_PATH, "the sqlite store")
+        problems += where.problems
         synchronous = options.get("synchronous", "normal")
         if synchronous not in _SYNCHRONOUS:
             problems.append(ConfigProblem("must be normal or full", path="$.store.synchronous"))
         if problems:
             raise ConfigError("invalid options for the sqlite store", problems=problems)
-        path = Path(raw_path).expanduser()
-        if not path.is_absolute():
-            path = Path(settings.base_dir) / path
-        self.path: Path = path.resolve()
+        self.path: Path = where.path
+        self.create_parents: bool = where.create_parents
         self.lock_dir: Path = self.path.with_name(self.path.name + ".locks")
         self.synchronous: str = synchronous
         self._conn: sqlite3.Connection | None = None
@@ -214,7 +221,8 @@ class SqliteStore(Store):
             if not create:
                 return None
             try:
-                self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                if self.create_parents:
+                    self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
                 # Created owner-only before SQLite opens it; its -wal and -shm files take its mode.
                 os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o600))
             except OSError as exc:

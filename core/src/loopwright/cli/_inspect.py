@@ -9,6 +9,7 @@ exits 2 for an unknown instance.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -19,9 +20,10 @@ from loopwright._views import header_of
 from loopwright.cli._exits import EXIT_OK
 from loopwright.cli._opening import assembly, read_header, runtime, sync
 from loopwright.cli._output import echo_json, print_instance, print_instances, print_tree
-from loopwright.display import safe_json
+from loopwright.display import safe_json, safe_text
 
 if TYPE_CHECKING:
+    from loopwright._definition import Assembly
     from loopwright.abc import Store
     from loopwright.cli._settings import CliSettings
 
@@ -43,14 +45,21 @@ def show(settings: CliSettings, instance_id: str) -> int:
 
 
 def ls(settings: CliSettings, state: str | None, tree: bool = False) -> int:
-    """``loopwright ls``: every instance's summary, optionally only those in ``state``; or every tree."""
+    """``loopwright ls``: every instance's summary, optionally only those in ``state``; or every tree.
+
+    With none to list, the text output says so on stderr and names the store it looked in
+    (``no instances in the file store at /abs/path``), so that a mistyped store path shows;
+    ``--json`` prints ``[]``.
+    """
+    loaded = assembly(settings)
+
     async def query(store: Store) -> int:
         if tree:
             trees = await _reading.trees(store)
             if settings.json:
                 echo_json(trees)
             elif not trees:
-                click.echo("no instances", err=True)
+                click.echo(_none_in(store, loaded.store.kind, None), err=True)
             else:
                 for node in trees:
                     print_tree(node)
@@ -58,16 +67,37 @@ def ls(settings: CliSettings, state: str | None, tree: bool = False) -> int:
         summaries = await _reading.list_instances(store, state)
         if settings.json:
             echo_json(summaries)
+        elif not summaries:
+            click.echo(_none_in(store, loaded.store.kind, state), err=True)
         else:
             print_instances(summaries)
         return EXIT_OK
 
-    return _read(settings, query)
+    return _read(settings, query, loaded)
 
 
-def _read(settings: CliSettings, query: Callable[[Store], Awaitable[int]]) -> int:
-    """Run ``query`` on the assembly's store: a bare store when one serves it, else an opened runtime's."""
-    loaded = assembly(settings)
+def _none_in(store: Store, kind: str, state: str | None) -> str:
+    """Return the line ``ls`` prints when it finds nothing: which instances, and the store it looked in.
+
+    The store is named by its kind and its first location (:meth:`Store.locations
+    <loopwright.abc.Store.locations>`: the file store's folder, the sqlite database), with a note
+    when nothing exists there yet; a store without locations (``postgres``) by its kind alone.
+    """
+    which = f"no instances in state {state!r}" if state else "no instances"
+    where = next(iter(store.locations()), None)
+    if where is None:
+        return safe_text(f"{which} in the {kind} store")
+    note = "" if os.path.exists(where) else " (nothing is there yet)"  # noqa: PTH110 - never raises
+    return safe_text(f"{which} in the {kind} store at {where}{note}")
+
+
+def _read(settings: CliSettings, query: Callable[[Store], Awaitable[int]], loaded: Assembly | None = None) -> int:
+    """Run ``query`` on the assembly's store: a bare store when one serves it, else an opened runtime's.
+
+    ``loaded`` is the assembly the options name, when the caller has loaded it already.
+    """
+    if loaded is None:
+        loaded = assembly(settings)
     bare = _reading.bare_store(loaded)
     if bare is not None:
         return bare.run(query)

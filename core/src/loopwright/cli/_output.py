@@ -177,7 +177,8 @@ def report(result: AgentResult, settings: CliSettings, *, turns: int | None,  # 
     With ``--json``: :func:`~loopwright._runtime.result_to_json` on stdout. Without: the final
     text (or the structured output, or the calls waiting for approval) on stdout and a
     :func:`status_line` on stderr. In both modes an error state prints ``error: ...`` on stderr
-    and a cancelled run says how to continue it.
+    (with, for an instance that failed before its first turn, a line saying that it is kept and
+    how to retry it), and a cancelled run says how to continue it.
 
     :param cancel_command: For ``cancel``: no hint, and exit 0 (the command did what it was asked).
     """
@@ -204,11 +205,21 @@ def report(result: AgentResult, settings: CliSettings, *, turns: int | None,  # 
         reason = result.error or _state_text(result.state.value, result.stop_reason.value
                                              if result.stop_reason else None)
         click.echo(f"error: {safe_text(reason, multiline=True)}", err=True)
+        if result.state is State.ERROR and turns == 0 and not cancel_command:
+            click.echo(_before_first_turn(result.instance_id), err=True)
     if cancel_command:
         return EXIT_OK
     if code == EXIT_CANCELLED:
         click.echo(f"cancelled; resume with: loopwright message {result.instance_id} TEXT", err=True)
     return code
+
+
+def _before_first_turn(instance_id: str) -> str:
+    """Return what ``report`` adds for an instance that failed before its first turn: it is kept, and how to go on."""
+    iid = safe_text(instance_id)
+    return (f"the instance {iid} is saved in the error state, with its prompt and no turn: once the cause is "
+            f"fixed, retry it with 'loopwright message {iid} TEXT', or start anew with 'loopwright run' "
+            "(there is no delete command; 'loopwright ls --state error' lists such instances)")
 
 
 # ---------------------------------------------------------------------------------------------
