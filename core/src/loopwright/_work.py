@@ -133,6 +133,10 @@ class Work:
         async with held_lease(self._rt.store, instance_id, self._rt.owner, if_free=True) as lease:
             if lease is None:
                 return None
+            # Read again under the lease, the entry log too: the last runner may have appended a
+            # result after this copy was read and before its lease lapsed, without a header write
+            # (a result repaired from a stale copy would be a second one).
+            run.stale = True
             await self._rt.loader.refresh(run)
             inst = run.inst
             try:  # what its segment would refuse only once it runs (a hook set or tool this runtime lacks)
