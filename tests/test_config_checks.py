@@ -170,7 +170,7 @@ def test_validate_of_the_assembly_itself_checks_what_run_checks(project: Path, m
 
 
 def test_validate_of_a_definition_uses_the_assembly_in_the_folder(project: Path) -> None:
-    """Issue 31, point 1: with ``./loopwright.yaml`` beside it (no ``-c``), an unregistered tool is found, as run finds it."""
+    """Issue 31, point 1: with ``./loopwright.yaml`` beside it (no ``-c``), an unregistered tool is found, as by run."""
     write(project, "agent.yaml", "name: a\ntools: [no_such_tool]\n")
     out = lw(project, "validate", "agent.yaml")
     assert out.returncode == 2, out.stdout + out.stderr
@@ -198,7 +198,8 @@ def test_a_mistyped_tool_provider_or_store_kind_gets_a_suggestion(project: Path)
     write(project, "loopwright.yaml", ASSEMBLY)
     write(project, "agent.yaml", "name: a\ntools: [zzzzzz]\n")
     out = lw(project, "validate", "agent.yaml")
-    assert "did you mean" not in out.stdout and "registered tools: " in out.stdout, out.stdout
+    assert "did you mean" not in out.stdout, out.stdout
+    assert "registered tools: " in out.stdout, out.stdout
 
 
 def test_an_unset_key_exits_as_the_quickstart_says(project: Path) -> None:
@@ -224,7 +225,8 @@ def test_a_broken_plugin_file_is_named_at_its_line(project: Path, source: str, s
     done = lw(project, "run", "agent.yaml", "-p", "hi")
     assert done.returncode == 2, done.stdout + done.stderr
     assert re.search(said, done.stderr), done.stderr
-    assert "SyntaxError(" not in done.stderr and "RuntimeError(" not in done.stderr
+    assert "SyntaxError(" not in done.stderr
+    assert "RuntimeError(" not in done.stderr
 
 
 def test_validate_passes_what_run_accepts(project: Path) -> None:

@@ -53,7 +53,8 @@ async def test_a_result_saved_after_this_copy_was_read_is_not_answered_twice(tmp
         with (folder / "entries.jsonl").open("a") as log:  # ... then the dying runner's result lands
             log.write(lines[result])
         picked = await rt.pick_up(iid)
-        assert picked is not None and picked[1] == "resume", picked
+        assert picked is not None, picked
+        assert picked[1] == "resume", picked
         with anyio.fail_after(10):
             await picked[0].wait()
         tools = [m for m in picked[0].inst.transcript if m.role == "tool"]

@@ -225,7 +225,8 @@ def test_resuming_a_tampered_row_by_hand_names_the_instance(tmp_path: Path, requ
     rows.edit_header(iid, _widened_no_marker)
     resumed = _lw(project, env, "resume", iid)
     assert resumed.returncode != 0
-    assert f"instance {iid}" in resumed.stderr and "capabilitiesRecorded" in resumed.stderr, resumed.stderr
+    assert f"instance {iid}" in resumed.stderr, resumed.stderr
+    assert "capabilitiesRecorded" in resumed.stderr, resumed.stderr
     assert rows.header(iid)["state"] == "running"  # the CLI refuses it; only a worker quarantines
 
 
@@ -326,7 +327,8 @@ def test_signed_rows_refuse_a_dropped_gate_widened_grants_and_a_copied_signature
         assert shown[iid]["usage"].get("requests", 0) == 0, kind  # its model was never called
         reason = str(header["error"])
         if kind == "unsigned":
-            assert "is not signed" in reason and "LW_ROW_KEY" in reason, reason
+            assert "is not signed" in reason, reason
+            assert "LW_ROW_KEY" in reason, reason
         elif kind == "noGrantKeys":
             assert "records no grants" in reason or "does not verify" in reason, reason
         else:
@@ -363,7 +365,8 @@ def test_without_a_key_a_registered_definition_is_read_from_the_assembly_not_the
                                                      "agentDefinitions: {}\n"))
     refused = _lw(project, env, "approve", iid)
     assert refused.returncode != 0
-    assert "registered definition 'gated'" in refused.stderr and iid in refused.stderr, refused.stderr
+    assert "registered definition 'gated'" in refused.stderr, refused.stderr
+    assert iid in refused.stderr, refused.stderr
     assert not (project / "gate.ran").exists()
 
 
@@ -394,8 +397,10 @@ def test_rows_saved_before_the_key_or_with_another_key_fail_closed(tmp_path: Pat
     other_key = {**env, "LW_ROW_KEY": "x" * 40}
     resumed = _lw(project, other_key, "resume", signed)
     assert resumed.returncode != 0
-    assert f"instance {signed}" in resumed.stderr and "another key than LW_ROW_KEY" in resumed.stderr, resumed.stderr
-    assert KEY not in resumed.stderr + resumed.stdout and "x" * 40 not in resumed.stderr
+    assert f"instance {signed}" in resumed.stderr, resumed.stderr
+    assert "another key than LW_ROW_KEY" in resumed.stderr, resumed.stderr
+    assert KEY not in resumed.stderr + resumed.stdout
+    assert "x" * 40 not in resumed.stderr
     events = _work(project, {**env, "LW_ROW_KEY": KEY})
     assert [(e["instanceId"], e["event"]) for e in events if e["event"] in {"quarantined", "pickedUp"}] == [
         (before, "quarantined"), (signed, "pickedUp")], events
@@ -410,6 +415,7 @@ def test_a_missing_or_short_key_is_a_config_error_at_its_line(tmp_path: Path, re
     project, env, _rows = _signed_project(tmp_path, "file", request, key=key)
     done = _lw(project, env, "run", "--detach", "--json", "gated", "-p", "go")
     assert done.returncode == 2, (done.stdout, done.stderr)
-    assert said in done.stderr and "LW_ROW_KEY" in done.stderr, done.stderr
+    assert said in done.stderr, done.stderr
+    assert "LW_ROW_KEY" in done.stderr, done.stderr
     assert "loopwright.yaml:4:" in done.stderr, done.stderr  # the line of integrity.keyEnv
     assert not (project / "store").exists() or list((project / "store").iterdir()) == []
