@@ -830,3 +830,42 @@ def test_a_broken_event_stream_resumes_where_it_left_off(tmp_path: Path, browser
         if second is not None:
             second.stop()
     assert not tab.errors
+
+
+def test_serve_prints_the_ui_and_how_to_sign_in_and_a_browser_finds_it_at_the_root(page: Page) -> None:
+    """The lines ``serve`` prints name the page and the tokens' variables (never a token); ``/`` leads there."""
+    printed = "".join(page.server.output)
+    assert f"the control plane is at {page.server.url}/ui/" in printed
+    assert "operator: $LW_TEST_OPERATOR (approve, read, run)" in printed
+    assert "viewer: $LW_TEST_VIEWER (read)" in printed
+    assert OPERATOR_TOKEN not in printed
+    assert VIEWER_TOKEN not in printed
+    # An API client asking for JSON at / keeps a JSON answer.
+    status, body = page.server.api("GET", "/")
+    assert status == 404
+    assert "/ui/" in body["detail"]
+    # A browser opening the bare address lands on the sign-in of the page.
+    page.page.goto(page.server.url + "/")
+    assert page.page.url == page.server.url + "/ui/"
+    page.expect(page.page.locator("#sign-in")).to_be_visible()
+
+
+def test_the_page_works_in_a_narrow_window(page: Page) -> None:
+    """At 400 px wide nothing is cut off sideways: the panels stack and the controls stay in reach."""
+    instance_id = page.server.start("approver")
+    page.server.wait_for(instance_id, "waiting_for_approval")
+    page.page.set_viewport_size({"width": 400, "height": 800})
+    page.sign_in()
+    page.select(instance_id)
+    card = page.card(instance_id)
+    page.expect(card.locator(".approve")).to_be_visible()
+    width = page.page.evaluate("document.documentElement.scrollWidth")
+    assert width <= 400, f"the page is {width} px wide in a 400 px window"
+    for selector in ("#start-form button[type=submit]", "#sign-out", "#message-form button[type=submit]"):
+        box = page.page.locator(selector).bounding_box()
+        assert box is not None, selector
+        assert box["x"] >= 0, selector
+        assert box["x"] + box["width"] <= 400, selector
+    page.shot("11-narrow-window")
+    card.locator(".approve").click()
+    page.expect(card).to_have_count(0)

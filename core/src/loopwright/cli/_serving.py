@@ -48,6 +48,7 @@ def server(settings: CliSettings, host: str, port: int) -> int:
         # The server, Starlette and uvicorn only for this command: the CLI's start-up stays cheap,
         # and the core does not depend on them.
         import loopwright_serve  # noqa: PLC0415
+        from loopwright_serve._server import ui_lines  # noqa: PLC0415
     except ImportError as exc:
         raise CliError(f'loopwright serve needs the loopwright-serve package: pip install "loopwright[serve]" '
                        f"({exc})", EXIT_USAGE) from None
@@ -58,6 +59,8 @@ def server(settings: CliSettings, host: str, port: int) -> int:
 
     def announce(url: str) -> None:
         click.echo(f"loopwright serve: listening on {url}")
+        for line in ui_lines(url, server_settings):
+            click.echo(line)
         sys.stdout.flush()
         if not server_settings.tokens:
             click.echo("loopwright serve: no tokens in the assembly's server: key, so it answers loopback only, "

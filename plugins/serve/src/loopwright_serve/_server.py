@@ -18,8 +18,9 @@ if TYPE_CHECKING:
     from starlette.applications import Starlette
 
     from loopwright_serve._context import StreamGate
+    from loopwright_serve._settings import ServerSettings
 
-__all__ = ["bind", "run_server"]
+__all__ = ["bind", "run_server", "ui_lines"]
 
 #: Seconds open requests may take to finish after SIGTERM or Ctrl-C (event streams end at once).
 GRACE = 10.0
@@ -55,6 +56,22 @@ class _Server(uvicorn.Server):
         finally:
             for sig, handler in original.items():
                 signal.signal(sig, handler)
+
+
+def ui_lines(url: str, settings: ServerSettings) -> list[str]:
+    """Return the lines ``serve`` prints after its URL: where the control plane is, and how to sign in.
+
+    The token values are never printed: only the names of the tokens and the environment
+    variables that hold them, and the scopes each one has.
+    """
+    lines = [f"loopwright serve: the control plane is at {url}/ui/ (open it in a browser)"]
+    if not settings.tokens:
+        lines.append("loopwright serve: no sign-in needed: the server has no tokens and answers loopback only")
+        return lines
+    lines.append("loopwright serve: sign in with the value of one of the assembly's server.tokens:")
+    lines.extend(f"  {spec.name}: ${spec.token_env} ({', '.join(sorted(s.value for s in spec.scopes))})"
+                 for spec in settings.tokens)
+    return lines
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -134,6 +134,18 @@ async def _to_index(request: Request) -> Response:
     return RedirectResponse("ui/", status_code=308, headers=_HEADERS)
 
 
+async def _root(request: Request) -> Response:
+    """``GET /``: a browser (``Accept`` names ``text/html``) is sent to the control plane; others get a 404 problem.
+
+    An API client asking for JSON keeps a JSON answer, so ``/`` never turns into a page for programs.
+    """
+    accepts = request.headers.get("accept", "")
+    if "text/html" in accepts.lower():
+        return RedirectResponse("ui/", status_code=303, headers=_HEADERS)
+    return problem(404, "Not Found", "nothing is served at /: the API is under /v1 (GET /openapi.json "
+                   "describes it), the control plane at /ui/")
+
+
 class UiSurface:
     """The ``ui`` surface: the control plane page under ``/ui``.
 
@@ -143,10 +155,11 @@ class UiSurface:
     name = "ui"
 
     def routes(self, ctx: ServeContext) -> list[BaseRoute]:
-        """Return the routes of ``/ui``, ``/ui/`` and ``/ui/{name}``, over the files shipped in ``ui/``."""
+        """Return the routes of ``/`` (browsers: to ``ui/``), ``/ui``, ``/ui/`` and ``/ui/{name}`` over ``ui/``."""
         del ctx
         files = _Files(assets=_load_assets())
         return [
+            Route("/", _root, methods=["GET"]),
             Route("/ui", _to_index, methods=["GET"]),
             Route("/ui/", files.index, methods=["GET"]),
             Route("/ui/{name}", files.asset, methods=["GET"]),
