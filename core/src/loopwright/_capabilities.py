@@ -9,6 +9,11 @@ left anywhere else lies within nothing, and a saved grant with one is malformed.
 
 from __future__ import annotations
 
+import functools
+import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,17 +24,30 @@ from loopwright._definition import Capabilities, FileGrants
 from loopwright.errors import CapabilityError
 
 __all__ = [
+    "BWRAP_ENV",
     "NO_GRANTS",
+    "SANDBOX_MODES",
     "capabilities_from_dict",
     "capabilities_to_dict",
     "check_store_outside",
     "intersect",
     "is_within",
+    "narrow_shell",
     "resolve_roots",
+    "sandbox_problem",
 ]
 
-_SHELL_ORDER = {"none": 0, "loopApproval": 1, "approval": 2, "allow": 3}
-_SHELL_BY_RANK = {v: k for k, v in _SHELL_ORDER.items()}
+#: Each shell mode as (who must say yes, sandboxed): 0 nobody, 1 the host's approver, 2 the
+#: loop's approval gate. ``none`` is below every mode. Narrowing takes the stricter of each part.
+_SHELL_PARTS = {"allow": (0, False), "approval": (1, False), "loopApproval": (2, False),
+                "sandbox": (0, True), "sandboxLoopApproval": (2, True)}
+_SHELL_BY_PARTS = {v: k for k, v in _SHELL_PARTS.items()}
+_SHELL_MODES = ("none", *_SHELL_PARTS)
+#: The modes whose commands run in the sandbox (``loopwright_os``): a runtime refuses them where it cannot start.
+SANDBOX_MODES = frozenset(mode for mode, (_, sandboxed) in _SHELL_PARTS.items() if sandboxed)
+
+#: The environment variable naming the bubblewrap binary the sandbox runs (default: ``bwrap`` on ``PATH``).
+BWRAP_ENV = "LOOPWRIGHT_BWRAP"
 
 #: Grants that allow nothing; what a malformed saved grant fails closed to.
 NO_GRANTS = Capabilities(agents_max_depth=0, agents_max_agents=0)
@@ -77,13 +95,32 @@ def _narrow(requested: Iterable[str], allowed: Sequence[str]) -> tuple[str, ...]
     return tuple(out)
 
 
+def narrow_shell(parent: str, requested: str) -> str:
+    """Return the stricter of two shell modes: the child's mode under a parent's.
+
+    ``none`` wins over everything. Otherwise the approval is the stricter one (nobody <
+    the host's approver < the loop's gate) and the result is sandboxed when either side is, so
+    a child of a ``sandbox`` parent is always sandboxed (never ``allow``). A sandboxed mode
+    asked for with the host's approver (``approval`` with ``sandbox``) becomes
+    ``sandboxLoopApproval``: there is no sandboxed mode with the host's approver.
+    """
+    if parent == "none" or requested == "none":
+        return "none"
+    (pa, ps), (ra, rs) = _SHELL_PARTS[parent], _SHELL_PARTS[requested]
+    asks, sandboxed = max(pa, ra), ps or rs
+    if sandboxed and asks == 1:
+        asks = 2
+    return _SHELL_BY_PARTS[asks, sandboxed]
+
+
 def intersect(parent: Capabilities, requested: Capabilities | None) -> Capabilities:
     """Return what ``requested`` asks for, narrowed to what ``parent`` holds.
 
     A requested file root survives only if it lies within one of the parent's roots (read roots
     may lie within read or write roots; write roots only within write roots); a relative root,
     on either side, grants nothing (see :func:`resolve_roots`). Shell access
-    takes the stricter mode (``none`` < ``loopApproval`` < ``approval`` < ``allow``), network
+    takes the stricter mode (:func:`narrow_shell`: ``none`` < ``loopApproval`` < ``approval`` <
+    ``allow``, and sandboxed when either side is), network
     and spawning need both, and the depth and the number of agents (``maxAgents``) are the
     smaller. ``requested=None`` means "all the
     parent holds".
@@ -95,7 +132,7 @@ def intersect(parent: Capabilities, requested: Capabilities | None) -> Capabilit
         read=_narrow(requested.files.read, readable),
         write=_narrow(requested.files.write, parent.files.write),
     )
-    shell = _SHELL_BY_RANK[min(_SHELL_ORDER[parent.shell], _SHELL_ORDER[requested.shell])]
+    shell = narrow_shell(parent.shell, requested.shell)
     return Capabilities(
         files=files,
         shell=shell,  # type: ignore[arg-type]
@@ -146,7 +183,7 @@ def capabilities_from_dict(data: Any, *, saved: bool = True) -> Capabilities:
     if relative and saved:
         raise ValueError(f"file root {relative[0]!r} is not absolute (saved roots are resolved when granted)")
     shell = data.get("shell", "none")
-    if shell not in _SHELL_ORDER:
+    if shell not in _SHELL_MODES:
         raise ValueError(f"unknown shell mode {shell!r}")
     network, spawn = data.get("network", False), agents.get("spawn", False)
     if set(agents) - {"spawn", "maxDepth", "maxAgents"}:
@@ -179,3 +216,45 @@ def check_store_outside(store_locations: Iterable[Path], caps: Capabilities, *, 
                 raise CapabilityError(
                     f"{what} at {store} lies within the granted file root {r} (or contains it); "
                     f"agents must never reach {what}: move it or narrow the grant")
+
+
+def sandbox_problem() -> str | None:
+    """Return why the sandboxed shell cannot start on this machine, or ``None`` when it can.
+
+    The check runs a command the way ``loopwright_os`` runs one (bubblewrap, every namespace
+    new, a user namespace without capabilities, no network), so "it can" means it just did. The
+    binary is :data:`BWRAP_ENV` when set (used as given, never looked up elsewhere), else ``bwrap``
+    on ``PATH``. A runtime whose grants name a sandboxed mode refuses to open with this reason:
+    a command is never run unsandboxed instead. The answer is kept for the process's lifetime,
+    per binary.
+    """
+    if not sys.platform.startswith("linux"):
+        return f"the sandbox needs Linux (bubblewrap and namespaces); this is {sys.platform}"
+    given = os.environ.get(BWRAP_ENV)
+    path = given or shutil.which("bwrap")
+    if not path:
+        return ("bubblewrap is not installed (no `bwrap` on PATH): install Debian's `bubblewrap` package, "
+                f"or set {BWRAP_ENV} to its path")
+    return _probe(path, given is not None)
+
+
+@functools.cache
+def _probe(path: str, given: bool) -> str | None:
+    where = f"{path} (from {BWRAP_ENV})" if given else path
+    if not Path(path).is_file() or not os.access(path, os.X_OK):
+        return f"bubblewrap {where} is not an executable file"
+    if shutil.which("prlimit", path="/usr/bin:/bin") is None:
+        return "the sandbox sets its limits with util-linux's `prlimit`, which is not in /usr/bin or /bin"
+    argv = [path, "--unshare-all", "--unshare-user", "--disable-userns", "--uid", "1000", "--gid", "1000",
+            "--cap-drop", "ALL", "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev",
+            "--tmpfs", "/tmp",  # noqa: S108 - the sandbox's own tmpfs, not the host's
+            "--clearenv", "--", "/bin/sh", "-c", "exit 0"]
+    try:
+        done = subprocess.run(argv, capture_output=True, timeout=20, check=False, stdin=subprocess.DEVNULL)  # noqa: S603 - a fixed argv
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bubblewrap {where} could not run: {exc}"
+    if done.returncode != 0:
+        why = done.stderr.decode("utf-8", errors="replace").strip() or f"exit code {done.returncode}"
+        return (f"bubblewrap {where} cannot start a sandbox here ({why}); it needs unprivileged user namespaces "
+                "(sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0) and network namespaces")
+    return None

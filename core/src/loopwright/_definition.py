@@ -263,7 +263,9 @@ class Capabilities:
 
     Attributes:
         files: File roots.
-        shell: ``none``, ``allow``, ``approval`` or ``loopApproval``.
+        shell: ``none``, ``allow``, ``approval``, ``loopApproval``, ``sandbox`` (commands run
+            under bubblewrap, confined by the kernel to these grants) or ``sandboxLoopApproval``
+            (held for approval, then sandboxed).
         network: Whether tools may reach the network.
         agents_spawn: Whether it may start agents.
         agents_max_depth: How deep agents it starts may nest.
@@ -271,7 +273,7 @@ class Capabilities:
     """
 
     files: FileGrants = attrs.field(factory=FileGrants)
-    shell: Literal["none", "allow", "approval", "loopApproval"] = "none"
+    shell: Literal["none", "allow", "approval", "loopApproval", "sandbox", "sandboxLoopApproval"] = "none"
     network: bool = False
     agents_spawn: bool = False
     agents_max_depth: int = 8

@@ -56,7 +56,7 @@ from loopwright._hook_sets import (
     hook_set,
     refuse_wrappers,
 )
-from loopwright.errors import PluginError, RegistrationError
+from loopwright.errors import PluginError, RegistrationError, shown_path
 
 if TYPE_CHECKING:
     from importlib.metadata import EntryPoint
@@ -501,11 +501,11 @@ def _import_failure(path: Path, exc: BaseException) -> str:
     ``FILE:LINE: Type: message`` at the plugin file's last line the exception passed.
     """
     if isinstance(exc, SyntaxError):
-        where = ":".join(str(part) for part in (exc.filename or path, exc.lineno, exc.offset) if part)
+        where = ":".join(str(part) for part in (shown_path(exc.filename or path), exc.lineno, exc.offset) if part)
         text = f"\n    {exc.text.rstrip()}" if exc.text else ""
         return f"{where}: {type(exc).__name__}: {exc.msg}{text}"
     lines = [frame.lineno for frame in traceback.extract_tb(exc.__traceback__) if frame.filename == str(path)]
-    where = f"{path}:{lines[-1]}" if lines else str(path)
+    where = f"{shown_path(path)}:{lines[-1]}" if lines else shown_path(path)
     return f"{where}: {type(exc).__name__}: {exc}"
 
 
@@ -518,11 +518,11 @@ def _resolve_reference(
         if not path.is_absolute():
             path = (base_dir or Path.cwd()) / path
         if not path.is_file():
-            raise PluginError(f"no such plugin file: {path}", plugin_name=ref)
+            raise PluginError(f"no such plugin file: {shown_path(path)}", plugin_name=ref)
         modname = f"loopwright_plugin_file_{abs(hash(str(path.resolve()))):x}"
         spec = importlib.util.spec_from_file_location(modname, path)
         if spec is None or spec.loader is None:
-            raise PluginError(f"cannot import {path}", plugin_name=ref)
+            raise PluginError(f"cannot import {shown_path(path)}", plugin_name=ref)
         module = importlib.util.module_from_spec(spec)
         sys.modules[modname] = module
         try:

@@ -29,7 +29,7 @@ import attrs
 
 from loopwright import _reading
 from loopwright._agents import Agents, Monitors
-from loopwright._capabilities import resolve_roots
+from loopwright._capabilities import SANDBOX_MODES, resolve_roots, sandbox_problem
 from loopwright._definition import Assembly, Capabilities, Definition
 from loopwright._driver import Driver
 from loopwright._engine import EngineDeps, Loop
@@ -216,6 +216,7 @@ class Runtime:
                 self.assembly, self.plugins.record_sinks, spec.kind, spec.options, ("records", n),
                 what=f"the record sink {spec.kind!r}", make=_called_with(dict(spec.options))))
         self.driver.check_out_of_reach(self.assembly.capabilities)
+        self._check_sandbox()
         engine = self.assembly.engine
         self.engine = build_component(self.assembly, self.plugins.engines, engine.kind, engine.options, ("engine",),
                                       what="the engine", make=lambda factory: factory(dict(engine.options), self))
@@ -227,6 +228,15 @@ class Runtime:
         self.monitors = Monitors(self)
         self._tg.start_soon(self.monitors.watch)
         return self
+
+    def _check_sandbox(self) -> None:
+        """Refuse a sandboxed shell mode where the sandbox cannot start (fail closed, never unsandboxed)."""
+        mode = self.assembly.capabilities.shell
+        if mode in SANDBOX_MODES:
+            problem = sandbox_problem()
+            if problem is not None:
+                raise self.assembly_error(f"capabilities.shell is {mode!r}, but the sandbox cannot start on this "
+                                          f"machine: {problem}", ("capabilities", "shell"))
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None,
@@ -271,6 +281,7 @@ class Runtime:
             tool_for=plans.tool_for, tool_names=plans.tool_names, tool_specs=plans.tool_specs,
             limits_of=plans.limits_of, limits_for=plans.limits_for, base_dir=lambda: self.assembly.base_dir,
             shell_approver=self.shell_approver,
+            sink_locations=lambda: tuple(Path(loc) for sink in self._sinks for loc in sink.locations()),
             agents=lambda caller, call_id, timeout: Agents(self, caller, call_id, timeout),
             begin=driver.begin, still_beginning=driver.still_beginning,
             defer_task=driver.defer_task, hold_changed=driver.hold_changed)

@@ -51,6 +51,7 @@ class ToolContext:
         grants: The instance's grants (already narrowed to the runtime's).
         base_dir: The folder relative file roots in ``grants`` are resolved against.
         store_locations: Where the runtime's store keeps data; no tool should touch them.
+        sink_locations: Where the runtime's record sinks write; no tool should touch them either.
         timeout: Seconds the loop waits for this call before giving up on it.
         shell_approver: The host's approver for ``shell: approval`` (``Runtime(shell_approver=...)``),
             called as ``approver(command, context)`` (sync or async); it returns True to run the
@@ -64,6 +65,7 @@ class ToolContext:
     grants: Capabilities
     base_dir: Path
     store_locations: tuple[Path, ...] = ()
+    sink_locations: tuple[Path, ...] = ()
     timeout: float = 60.0
     shell_approver: Callable[..., Any] | None = None
     agents: Any = None

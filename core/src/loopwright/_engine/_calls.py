@@ -223,7 +223,8 @@ class Calls:
         timeout = timeout or tool.timeout or deps.limits_for(inst.definition).tool_timeout or 60.0
         return ToolContext(
             instance_id=inst.id, tool_call_id=call.id, grants=inst.grants, base_dir=deps.base_dir(),
-            store_locations=tuple(deps.store.locations()), shell_approver=deps.shell_approver,
+            store_locations=tuple(deps.store.locations()), sink_locations=deps.sink_locations(),
+            shell_approver=deps.shell_approver,
             timeout=timeout, agents=deps.agents(inst, call.id, timeout))
 
     async def execute(self, run: SegmentRun, item: Call, turn: int) -> None:  # noqa: C901 - one exit per outcome

@@ -91,6 +91,7 @@ class EngineDeps:
         base_dir: ``()``: the assembly's base directory now (``ToolContext.base_dir``; the working
             directory of an assembly without a file).
         shell_approver: The host's approver for ``shell: approval``.
+        sink_locations: ``()``: where the record sinks write (``ToolContext.sink_locations``).
         agents: ``(caller, tool_call_id, timeout)``: what the agent tools of a call use (``ToolContext.agents``).
 
     The runtime's parts of the segment kinds (see :mod:`loopwright._engine._segments`):
@@ -128,3 +129,4 @@ class EngineDeps:
     still_beginning: Callable[[Instance], bool]
     defer_task: Callable[[Instance], None]
     hold_changed: Callable[[Instance], bool]
+    sink_locations: Callable[[], tuple[Path, ...]] = tuple

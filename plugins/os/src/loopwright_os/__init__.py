@@ -8,7 +8,8 @@ names the tools it wants, by name or by path (a path resolves by its last segmen
 * ``execute_terminal_command {command, timeout?}`` runs ``/bin/sh -c COMMAND`` under the
   ``shell`` grant: not offered with ``none``; runs with ``allow``; asks the host's
   ``Runtime(shell_approver=...)`` with ``approval`` (the loop's approval gate when the runtime
-  has no approver); is held for ``approve``/``deny`` with ``loopApproval``.
+  has no approver); is held for ``approve``/``deny`` with ``loopApproval``; runs in a bubblewrap
+  sandbox confined to the grants with ``sandbox`` (held first with ``sandboxLoopApproval``).
 * ``read-file {path, offset?}``, ``write-file {path, content}`` and ``list-directory {path?}``
   work under the ``files`` grants, with every path checked after symlinks are resolved. The
   assembly's ``pluginSettings: {os: {allowHardLinks: true}}`` lets ``read-file`` read files that
@@ -23,18 +24,26 @@ from typing import TYPE_CHECKING, Any
 
 from loopwright import hookimpl
 from loopwright_os._files import list_directory, read_file, read_file_tool, write_file
-from loopwright_os._shell import execute_terminal_command
+from loopwright_os._shell import execute_terminal_command, shell_tool
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
-__all__ = ["execute_terminal_command", "list_directory", "loopwright_register_tools", "read_file", "write_file"]
+__all__ = [
+    "execute_terminal_command",
+    "list_directory",
+    "loopwright_register_tools",
+    "read_file",
+    "shell_tool",
+    "write_file",
+]
 
 
 @hookimpl
 def loopwright_register_tools(register: Callable[..., None], settings: Mapping[str, Any]) -> None:
     """Register ``execute_terminal_command``, ``read-file``, ``write-file`` and ``list-directory``.
 
-    ``read-file`` follows the ``os`` entry of the assembly's ``pluginSettings`` (``allowHardLinks``).
+    ``read-file`` follows the ``os`` entry of the assembly's ``pluginSettings`` (``allowHardLinks``),
+    and ``execute_terminal_command`` its ``sandbox`` entry (the limits of ``shell: sandbox``).
     """
-    register(execute_terminal_command, read_file_tool(settings.get("os")), write_file, list_directory)
+    register(shell_tool(settings.get("os")), read_file_tool(settings.get("os")), write_file, list_directory)

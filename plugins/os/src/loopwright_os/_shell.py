@@ -13,6 +13,13 @@ The grant decides who says yes (seed 000, "Approvals"):
 ``loopApproval``
     Every call is held with a pending approval that shows the command, and runs after ``approve``
     (in any process, after a restart too).
+``sandbox``
+    The command runs in a bubblewrap sandbox built from the instance's grants
+    (:mod:`loopwright_os._sandbox`): only its file roots, no network unless granted, a cleared
+    environment, limits on CPU, memory, processes, output and time. Where the sandbox cannot
+    start the call fails (``tool_error``) and nothing runs: never unsandboxed.
+``sandboxLoopApproval``
+    Held as under ``loopApproval``, then run as under ``sandbox``.
 
 The command runs as ``/bin/sh -c COMMAND`` in a new session, so it leads its own process group.
 When it exits or runs out of time, the whole group is stopped (SIGTERM, then SIGKILL after
@@ -37,13 +44,14 @@ import anyio
 
 from loopwright import ToolContext, tool
 from loopwright.errors import ToolCallDenied, ToolError
+from loopwright_os._sandbox import SANDBOX_MODES, SandboxPlan, SandboxSettings, plan_sandbox, sandbox_settings
 
 if TYPE_CHECKING:
-    from anyio.abc import ByteReceiveStream
+    from anyio.abc import ByteReceiveStream, Process
 
-    from loopwright import Capabilities
+    from loopwright import Capabilities, Tool
 
-__all__ = ["DEFAULT_TIMEOUT", "KILL_GRACE", "OUTPUT_HEAD", "OUTPUT_TAIL", "execute_terminal_command"]
+__all__ = ["DEFAULT_TIMEOUT", "KILL_GRACE", "OUTPUT_HEAD", "OUTPUT_TAIL", "execute_terminal_command", "shell_tool"]
 
 #: Seconds a command may run when the call gives no ``timeout``.
 DEFAULT_TIMEOUT = 60.0
@@ -57,6 +65,8 @@ OUTPUT_TAIL = 16 * 1024
 #: Seconds kept back from the loop's tool timeout, so that the tool itself stops the command and
 #: reports its output before the loop gives up on the call.
 _RESERVE = 3 * KILL_GRACE
+#: Seconds between two counts of a sandbox's processes.
+_WATCH_EVERY = 0.01
 
 
 def _offered(grants: Capabilities) -> bool:
@@ -66,32 +76,53 @@ def _offered(grants: Capabilities) -> bool:
 def _hold(arguments: Mapping[str, Any], context: ToolContext) -> str | None:
     """Hold the call at the loop's gate under ``loopApproval``, and under ``approval`` without an approver."""
     mode = context.grants.shell
-    if mode == "loopApproval" or (mode == "approval" and context.shell_approver is None):
+    if mode in ("loopApproval", "sandboxLoopApproval") or (mode == "approval" and context.shell_approver is None):
         return f"run shell command: {arguments.get('command')}"
     return None
 
 
-@tool(name="execute_terminal_command", parallel_safe=False, available=_offered, hold=_hold)
-async def execute_terminal_command(
-    command: str, timeout: float | None = None, *, context: ToolContext,  # noqa: ASYNC109 - the tool's argument
-) -> str:
-    """Run a shell command (/bin/sh -c) and return its exit code, stdout and stderr.
+def shell_tool(settings: Mapping[str, Any] | None = None) -> Tool:
+    """Return ``execute_terminal_command`` as the assembly's ``pluginSettings.os`` configure it.
 
-    Args:
-        command: The command line. It runs in the working folder: the first writable file root,
-            else a fresh temporary folder.
-        timeout: Seconds before the command and every process it started are stopped (default 60).
-        context: The calling instance's grants and the host's approver, filled in by the loop.
+    :param settings: The ``os`` entry of ``pluginSettings``; its ``sandbox`` entry sets the
+        limits and the environment of sandboxed commands (:func:`~loopwright_os._sandbox.sandbox_settings`).
+    :raises ValueError: The ``sandbox`` entry is malformed (or passes on a secret).
     """
+    sandbox = sandbox_settings(settings)
+
+    @tool(name="execute_terminal_command", parallel_safe=False, available=_offered, hold=_hold)
+    async def execute_terminal_command(
+        command: str, timeout: float | None = None, *, context: ToolContext,  # noqa: ASYNC109 - the tool's argument
+    ) -> str:
+        """Run a shell command (/bin/sh -c) and return its exit code, stdout and stderr.
+
+        Args:
+            command: The command line. It runs in the working folder: the first writable file root,
+                else a fresh temporary folder.
+            timeout: Seconds before the command and every process it started are stopped (default 60).
+            context: The calling instance's grants and the host's approver, filled in by the loop.
+        """
+        return await _execute(command, timeout, context, sandbox)
+
+    return execute_terminal_command
+
+
+async def _execute(command: str, wanted: float | None, context: ToolContext, sandbox: SandboxSettings) -> str:
+    """Run the call: ``wanted`` is the call's ``timeout`` argument."""
     mode = context.grants.shell
     if mode == "none":
         raise ToolError("shell access is not granted to this agent")
-    if timeout is not None and timeout <= 0:
+    if wanted is not None and wanted <= 0:
         raise ToolError("timeout must be a positive number of seconds")
     if mode == "approval" and context.shell_approver is not None:
         await _ask(context.shell_approver, command, context)
     budget = context.timeout - _RESERVE if context.timeout > 2 * _RESERVE else context.timeout / 2
-    limit = min(timeout or DEFAULT_TIMEOUT, budget)
+    limit = min(wanted or DEFAULT_TIMEOUT, budget)
+    if mode in SANDBOX_MODES:
+        private = [*(("the store", p) for p in context.store_locations),
+                   *(("a record sink", p) for p in context.sink_locations)]
+        plan = plan_sandbox(command, context.grants, base=context.base_dir, private=private, settings=sandbox)
+        return await _run(command, Path("/"), limit, plan=plan)
     workdir = _workdir(context)
     scratch = None
     if workdir is None:
@@ -101,6 +132,10 @@ async def execute_terminal_command(
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+#: The tool with the default settings (what the plugin registers is built by :func:`shell_tool`).
+execute_terminal_command = shell_tool()
 
 
 async def _ask(approver: Any, command: str, context: ToolContext) -> None:
@@ -159,27 +194,148 @@ class _Capture:
         return out + tail.decode("utf-8", errors="replace")
 
 
-async def _drain(stream: ByteReceiveStream | None, capture: _Capture) -> None:
+class _Guard:
+    """What stops a sandboxed command early: its output bound and its process bound.
+
+    Attributes:
+        output_bytes: Bytes of stdout plus stderr allowed (``None``: no bound, only the capture's cut).
+        tripped: Why the command was stopped early, once it was.
+        sandbox_init: The pid (on the host) of the sandbox's first process, once found; killing
+            it makes the kernel kill every process of the sandbox's pid namespace.
+    """
+
+    def __init__(self, output_bytes: int | None, process: Process) -> None:
+        self.output_bytes = output_bytes
+        self.process = process
+        self.group = self.bwrap = process.pid
+        self.tripped: str | None = None
+        self.sandbox_init: int | None = None
+
+    def trip(self, why: str) -> None:
+        """Stop the whole command now (SIGKILL): the sandbox's namespace, and the process group.
+
+        Only while bubblewrap has not been reaped: its pid and its child's cannot have been reused.
+        """
+        if self.tripped is None:
+            self.tripped = why
+        if self.process.returncode is not None:
+            return
+        if self.sandbox_init is None:
+            self.sandbox_init = _sandbox_init(self.bwrap)
+        if self.sandbox_init is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(self.sandbox_init, signal.SIGKILL)
+        _signal(self.group, signal.SIGKILL)
+
+
+async def _drain(stream: ByteReceiveStream | None, capture: _Capture, guard: _Guard | None = None,
+                 other: _Capture | None = None) -> None:
     if stream is None:
         return
     with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
         async for chunk in stream:
             capture.add(chunk)
+            if guard is not None and guard.output_bytes is not None and other is not None \
+                    and capture.total + other.total > guard.output_bytes:
+                guard.trip(f"its output passed the limit of {guard.output_bytes:,} bytes")
+                return
 
 
-async def _run(command: str, workdir: Path, limit: float) -> str:
-    """Run ``command``; return the report, or raise ToolError (with the output) when it timed out."""
-    process = await anyio.open_process(command, cwd=workdir, stdin=subprocess.DEVNULL, start_new_session=True)
+async def _watch(guard: _Guard, processes: int) -> None:
+    """Count the sandbox's processes every :data:`_WATCH_EVERY` seconds; past ``processes``, stop it all.
+
+    RLIMIT_NPROC is not enforced for uid 0, so as root this is what bounds a fork bomb: the
+    kernel kills every process of a pid namespace when its first one dies.
+    """
+    own = _pid_namespace(os.getpid())
+    namespace = None
+    while guard.tripped is None:
+        if namespace is None:
+            guard.sandbox_init = guard.sandbox_init or _sandbox_init(guard.bwrap)
+            if guard.sandbox_init is not None:
+                found = _pid_namespace(guard.sandbox_init)
+                namespace = found if found != own else None
+        # The sandbox's own first process (bubblewrap's reaper) is not one of the command's.
+        if namespace is not None and _count_in(namespace) > processes + 1:
+            guard.trip(f"it ran more than {processes} processes at once (the sandbox's limit)")
+            return
+        await anyio.sleep(_WATCH_EVERY)
+
+
+def _sandbox_init(bwrap: int) -> int | None:
+    """Return the pid of bubblewrap's child (the first process of the sandbox's pid namespace), if it has one yet."""
+    for name in _proc_names():
+        stat = _stat(name)
+        if stat is not None and len(stat) > 1 and int(stat[1]) == bwrap:
+            return int(name)
+    return None
+
+
+def _pid_namespace(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")  # noqa: PTH115 - a string to compare, no Path needed
+    except OSError:
+        return None
+
+
+def _count_in(namespace: str) -> int:
+    """Return how many live processes are in the pid namespace ``namespace`` (``pid:[inode]``)."""
+    count = 0
+    for name in _proc_names():
+        try:
+            if os.readlink(f"/proc/{name}/ns/pid") == namespace:  # noqa: PTH115 - hundreds of reads
+                count += 1
+        except OSError:
+            continue
+    return count
+
+
+def _proc_names() -> list[str]:
+    try:
+        return [n for n in os.listdir("/proc") if n.isdigit()]  # noqa: PTH208 - hundreds of names
+    except OSError:
+        return []
+
+
+def _stat(name: str) -> list[bytes] | None:
+    """Return the fields of ``/proc/NAME/stat`` after the command name (state, ppid, pgrp, ...)."""
+    try:
+        with open(f"/proc/{name}/stat", "rb") as f:  # noqa: PTH123 - many tiny reads
+            stat = f.read()
+    except OSError:
+        return None
+    return stat[stat.rfind(b")") + 2:].split()
+
+
+async def _run(command: str, workdir: Path, limit: float, *, plan: SandboxPlan | None = None) -> str:
+    """Run ``command`` (in ``plan``'s sandbox when given); return the report, or raise ToolError.
+
+    Raises ToolError, with the output so far, when the command timed out or (sandboxed) passed
+    its output or process bound.
+    """
+    if plan is None:
+        process = await anyio.open_process(command, cwd=workdir, stdin=subprocess.DEVNULL, start_new_session=True)
+    else:
+        process = await anyio.open_process(list(plan.argv), cwd=workdir, env=dict(plan.env),
+                                           stdin=subprocess.DEVNULL, start_new_session=True)
     group = process.pid  # the session leader's pid is its process group id
+    guard = _Guard(plan.settings.output_bytes if plan is not None else None, process)
     out, err = _Capture(), _Capture()
     timed_out = stopped = False
     try:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(_drain, process.stdout, out)
-            tg.start_soon(_drain, process.stderr, err)
+            tg.start_soon(_drain, process.stdout, out, guard, err)
+            tg.start_soon(_drain, process.stderr, err, guard, out)
+            if plan is not None:
+                watch = anyio.CancelScope()
+                tg.start_soon(_watched, watch, guard, plan.settings.processes)
             with anyio.move_on_after(limit) as scope:
                 await process.wait()
             timed_out = scope.cancelled_caught
+            if plan is not None:
+                watch.cancel()
+                if timed_out:
+                    guard.trip("timed out")
             await _stop_group(group)
             stopped = True
             await process.wait()
@@ -187,6 +343,8 @@ async def _run(command: str, workdir: Path, limit: float) -> str:
             tg.cancel_scope.deadline = anyio.current_time() + KILL_GRACE
     finally:
         with anyio.CancelScope(shield=True):  # also when the run is cancelled or the loop timed out
+            if plan is not None and process.returncode is None:
+                guard.trip("stopped")
             if not stopped:
                 await _stop_group(group)
             await process.aclose()
@@ -194,7 +352,15 @@ async def _run(command: str, workdir: Path, limit: float) -> str:
     if timed_out:
         raise ToolError(f"timed out after {limit:g} s: the command and every process it started were "
                         f"stopped\n{report}")
+    if guard.tripped is not None and guard.tripped != "stopped":
+        raise ToolError(f"stopped: {guard.tripped}; the command and every process it started were "
+                        f"stopped\n{report}")
     return report
+
+
+async def _watched(scope: anyio.CancelScope, guard: _Guard, processes: int) -> None:
+    with scope:
+        await _watch(guard, processes)
 
 
 def _report(returncode: int | None, out: _Capture, err: _Capture) -> str:
