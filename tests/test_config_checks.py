@@ -170,17 +170,24 @@ def test_validate_of_the_assembly_itself_checks_what_run_checks(project: Path, m
 
 
 def test_validate_of_a_definition_uses_the_assembly_in_the_folder(project: Path) -> None:
-    """Issue 31, point 1: with ``./loopwright.yaml`` beside it (no ``-c``), an unregistered tool is found, as by run."""
+    """Issue 31, point 1: with ``./loopwright.yaml`` beside it (no ``-c``) or none, an unregistered tool is found, as by run."""
     write(project, "agent.yaml", "name: a\ntools: [no_such_tool]\n")
     out = lw(project, "validate", "agent.yaml")
     assert out.returncode == 2, out.stdout + out.stderr
     assert re.search(r"agent\.yaml:2:\d+: definition 'a' names the tool 'no_such_tool'", out.stdout), out.stdout
     assert lw(project, "run", "agent.yaml", "-p", "hi").returncode == 2
-    # Without any assembly, the schema alone judges it (there is no runtime to resolve its tools against).
+    # Without any assembly, the defaults run would use judge it, and nothing is left behind.
     alone = project / "alone"
-    write(alone, "agent.yaml", "name: a\ntools: [no_such_tool]\n")
+    write(alone, "agent.yaml", "name: a\nmodel: test:any\ntools: [no_such_tool]\n")
+    out = lw(alone, "validate", "agent.yaml")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert re.search(r"agent\.yaml:3:\d+: definition 'a' names the tool 'no_such_tool'", out.stdout), out.stdout
+    assert sorted(p.name for p in alone.iterdir()) == ["agent.yaml"]
+    assert lw(alone, "run", "agent.yaml", "-p", "hi").returncode == 2
+    write(alone, "agent.yaml", "name: a\nmodel: test:any\ntools: [task_complete]\n")
     out = lw(alone, "validate", "agent.yaml")
     assert out.returncode == 0, out.stdout + out.stderr
+    assert sorted(p.name for p in alone.iterdir()) == ["agent.yaml"]
 
 
 def test_a_mistyped_tool_provider_or_store_kind_gets_a_suggestion(project: Path) -> None:

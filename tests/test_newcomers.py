@@ -171,3 +171,58 @@ def test_a_run_that_fails_before_its_first_turn_says_where_and_what_is_left(
     assert out.returncode == 1
     assert json.loads(out.stdout)["error"].endswith(f"(request: POST {base}/chat/completions)")
     assert f"{base}/chat/completions" in lw(project, "show", iid).stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# point 6: one form of path in error messages
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("given", ["agents/a.yaml", "./agents/a.yaml", "agents/../agents/a.yaml", "ABSOLUTE"])
+@pytest.mark.parametrize("command", ["validate", "run"])
+def test_every_error_names_a_file_the_same_way_however_it_was_given(
+        project: Path, given: str, command: str) -> None:
+    """A definition's problem, a YAML error and a store refusal each name the file one way.
+
+    Before, ``validate agents/a.yaml`` named the definition by its absolute path, a YAML error by
+    the path as typed (``./agents/b.yaml`` or ``/abs/...``), and the store refusal by the absolute
+    folder. Now a file beneath the working directory is always named relative to it, whether it
+    was given relative, with ``./``, with ``..`` or absolute.
+    """
+    (project / "agents").mkdir()
+    (project / "agents" / "a.yaml").write_text("name: a\nmodel: test:any\ntools: [nope]\n", encoding="utf-8")
+    (project / "agents" / "b.yaml").write_text("name: [\n", encoding="utf-8")
+    (project / "loopwright.yaml").write_text("store:\n  kind: sqlite\n  path: data/x.db\n", encoding="utf-8")
+    spelled = str(project / "agents" / "a.yaml") if given == "ABSOLUTE" else given
+    extra = ["-p", "hi"] if command == "run" else []
+    out = lw(project, command, spelled, *extra)
+    assert out.returncode == 2, out.stdout + out.stderr
+    text = out.stdout + out.stderr
+    # The store refusal comes first (the assembly is checked before the definition).
+    assert "the folder data does not exist" in text, text
+    assert str(project) not in text, text
+
+    (project / "loopwright.yaml").write_text("store:\n  kind: sqlite\n  path: x.db\n", encoding="utf-8")
+    out = lw(project, command, spelled, *extra)
+    assert out.returncode == 2, out.stdout + out.stderr
+    text = out.stdout + out.stderr
+    assert re.search(r"(?m)^\s*agents/a\.yaml:3:9: definition 'a' names the tool 'nope'", text), text
+    assert str(project) not in text, text
+
+    bad = spelled.replace("a.yaml", "b.yaml")
+    out = lw(project, command, bad, *extra)
+    assert out.returncode == 2, out.stdout + out.stderr
+    text = out.stdout + out.stderr
+    assert "agents/b.yaml:2:1: invalid YAML" in text, text
+    assert str(project) not in text, text
+    assert "./agents" not in text, text
+
+
+def test_a_file_outside_the_working_directory_is_named_by_its_absolute_path(project: Path) -> None:
+    """From a sub-folder, ``../agents/a.yaml`` is named ``/abs/.../agents/a.yaml``: never ``../`` chains."""
+    (project / "agents").mkdir()
+    (project / "agents" / "a.yaml").write_text("name: a\nmodel: test:any\ntools: [nope]\n", encoding="utf-8")
+    (project / "sub").mkdir()
+    out = lw(project / "sub", "validate", "../agents/a.yaml")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert f"{project / 'agents' / 'a.yaml'}:3:9: definition 'a'" in out.stdout + out.stderr

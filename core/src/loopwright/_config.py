@@ -75,7 +75,7 @@ from loopwright._yaml import (
     plain_data,
     read_yaml,
 )
-from loopwright.errors import ConfigError, ConfigProblem
+from loopwright.errors import ConfigError, ConfigProblem, shown_path
 
 __all__ = [
     "ASSEMBLY_FILE_NAMES",
@@ -353,7 +353,7 @@ def _load(kind: Kind, source: str | Path | Mapping[str, Any], base_dir: str | Pa
           cls: type[Any]) -> tuple[Any, list[ConfigProblem], Path | None, str]:
     data, positions, path = _read(source, base_dir)
     data = _empty_assembly(kind, data)
-    label = str(positions.file) if positions.file else f"the {kind}"
+    label = shown_path(positions.file) if positions.file else f"the {kind}"
     problems = validate_data(kind, data, positions=positions)
     if problems:
         return None, problems, path, label
@@ -396,7 +396,7 @@ def assembly_from_file(path: str | os.PathLike[str] | None = None) -> Assembly |
         default = Path("loopwright.yaml")
         return load_assembly(default) if default.is_file() else None
     if not Path(path).is_file():
-        raise ConfigError(f"no assembly file at {path}", path=str(path))
+        raise ConfigError(f"no assembly file at {shown_path(path)}", path=str(path))
     return load_assembly(Path(path))
 
 

@@ -26,7 +26,7 @@ from ruamel.yaml.events import AliasEvent
 from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
 from ruamel.yaml.scalarbool import ScalarBoolean
 
-from loopwright.errors import ConfigError, ConfigProblem
+from loopwright.errors import ConfigError, ConfigProblem, shown_path
 
 __all__ = [
     "MAX_YAML_BYTES",
@@ -241,11 +241,11 @@ def load_yaml(path: str | Path) -> tuple[Any, Positions]:
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         problem = ConfigProblem(f"cannot read the file: {reason}", file=file)
-        raise ConfigError(f"cannot read {file}: {reason}", path=file, problems=[problem]) from exc
+        raise ConfigError(f"cannot read {shown_path(file)}: {reason}", path=file, problems=[problem]) from exc
     if len(data) > MAX_YAML_BYTES:
         message = f"the file is larger than {MAX_YAML_BYTES:,} bytes, the most loopwright reads"
         problem = ConfigProblem(message, file=file, line=1, column=1)
-        raise ConfigError(f"{file}:1:1: {message}", path=file, problems=[problem])
+        raise ConfigError(f"{shown_path(file)}:1:1: {message}", path=file, problems=[problem])
     return parse_yaml(text, file)
 
 
@@ -283,14 +283,14 @@ def parse_yaml(text: str, file: str | None, *, line_offset: int = 0) -> tuple[An
             what = f"{exc.problem} ({exc.context}{at})"
         language = "JSON" if file and file.endswith((".json", ".jsonl")) else "YAML"
         problem = ConfigProblem(f"invalid {language}: {what}", file=file, line=line, column=column)
-        raise ConfigError(f"{file or '<text>'}:{line}:{column}: invalid {language}: {what}",
+        raise ConfigError(f"{shown_path(file) if file else '<text>'}:{line}:{column}: invalid {language}: {what}",
                           path=file, problems=[problem]) from None
     except YAMLError as exc:
         problem = ConfigProblem(f"invalid YAML: {exc}", file=file, line=1, column=1)
-        raise ConfigError(f"{file}: invalid YAML: {exc}", path=file, problems=[problem]) from None
+        raise ConfigError(f"{shown_path(file or '<text>')}: invalid YAML: {exc}", path=file, problems=[problem]) from None
     except (ValueError, TypeError, OverflowError) as exc:  # a value its tag cannot make (``!!float 0x1F``)
         problem = ConfigProblem(f"invalid YAML: a value its tag cannot make ({exc})", file=file, line=1, column=1)
-        raise ConfigError(f"{file}: invalid YAML: a value its tag cannot make ({exc})", path=file,
+        raise ConfigError(f"{shown_path(file or '<text>')}: invalid YAML: a value its tag cannot make ({exc})", path=file,
                           problems=[problem]) from None
     if isinstance(node, (CommentedMap, CommentedSeq)):
         positions.record((), (node.lc.line + 1 + line_offset, node.lc.col + 1),

@@ -29,6 +29,7 @@ exception from a tool gives ``tool_failed``. Neither ends the run.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -59,7 +60,29 @@ __all__ = [
     "ToolCallDenied",
     "ToolError",
     "UnloadableInstanceError",
+    "shown_path",
 ]
+
+
+def shown_path(path: str | os.PathLike[str]) -> str:
+    """Return how every loopwright message names a file: the one form of path in errors.
+
+    A file beneath the working directory is named relative to it (``agents/a.yaml``, never
+    ``./agents/a.yaml`` or ``/home/me/project/agents/a.yaml``); any other file by its absolute
+    path. The path is made absolute without resolving symlinks (the name the user wrote, not
+    where it points); text that names no file (``<data>``, ``<text>``) is returned unchanged.
+    """
+    text = os.fspath(path)
+    if not text or text.startswith("<"):
+        return text
+    absolute = os.path.abspath(text)
+    try:
+        here = os.getcwd()
+    except OSError:  # the working directory was removed
+        return absolute
+    if absolute == here or absolute.startswith(here.rstrip(os.sep) + os.sep):
+        return os.path.relpath(absolute, here)
+    return absolute
 
 
 class LoopwrightError(Exception):
@@ -70,7 +93,8 @@ class ConfigProblem:
     """One problem found in a configuration file.
 
     Attributes:
-        file: The file's path as given, or ``None`` for data that came from Python.
+        file: The file's path as given, or ``None`` for data that came from Python; the message
+            names it by :func:`shown_path`.
         line: 1-based line, or ``None`` when the position is unknown.
         column: 1-based column, or ``None`` when the position is unknown.
         path: A JSON path such as ``$.providers.default.baseUrl``.
@@ -90,7 +114,7 @@ class ConfigProblem:
         self.path = path
 
     def __str__(self) -> str:
-        where = self.file or "<data>"
+        where = shown_path(self.file) if self.file else "<data>"
         if self.line is not None:
             where += f":{self.line}:{self.column or 1}"
         return f"{where}: {self.message} @ {self.path}"

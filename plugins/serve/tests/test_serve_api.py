@@ -391,3 +391,83 @@ def test_run_false_only_writes_the_work_and_workers_run_it(tmp_path: Path) -> No
         transcript = read_events(client, iid, lambda e: e.event == "transcript"
                                  and e.data["message"].get("content") == "result: more")
         assert transcript[-1].data["message"]["role"] == "assistant"
+
+
+def test_definitions_list_each_registered_agent_with_its_inputs_schema(client: httpx.Client) -> None:
+    listed = {d["name"]: d for d in client.get("/v1/definitions").json()}
+    assert "inputs" in listed
+    assert "chat" in listed
+    schema = listed["inputs"]["inputs"]
+    assert schema["type"] == "object"
+    assert schema["additionalProperties"] is False
+    assert schema["properties"]["count"] == {"type": "integer"}
+    assert schema["properties"]["flag"] == {"type": "boolean"}
+    assert sorted(schema["required"]) == ["count", "flag", "name", "notes"]
+    assert listed["approve"]["tools"] == ["delete"]
+    assert listed["chat"]["inputs"] == {"type": "object", "properties": {}, "required": [],
+                                        "additionalProperties": False}
+
+
+def test_the_list_filters_by_text_and_pages_with_a_total(client: httpx.Client) -> None:
+    ids = [start(client, "done", prompt=f"page-marker-{k}")["instanceId"] for k in range(3)]
+    for iid in ids:
+        wait_rest(client, iid)
+    found = client.get("/v1/instances", params={"q": "PAGE-MARKER"})
+    assert found.status_code == 200
+    assert [s["instanceId"] for s in found.json()] == ids  # the task prompt matches, in any case
+    assert found.headers["x-total-count"] == "3"
+    second = client.get("/v1/instances", params={"q": "page-marker", "limit": 2, "offset": 2})
+    assert [s["instanceId"] for s in second.json()] == ids[2:]
+    assert second.headers["x-total-count"] == "3"
+    assert client.get("/v1/instances", params={"q": ids[1][-8:]}).json()[0]["instanceId"] == ids[1]
+    trees = client.get("/v1/instances", params={"q": "page-marker-1", "tree": "true"}).json()
+    assert [n["instanceId"] for n in trees] == [ids[1]]
+    for bad in ({"limit": "0"}, {"limit": "501"}, {"offset": "-1"}, {"q": "x" * 201}):
+        assert client.get("/v1/instances", params=bad).status_code == 422, bad
+    # Without live=true the summaries stay ls --json's; with it they carry the live counters.
+    assert "live" not in found.json()[0]
+    dressed = client.get("/v1/instances", params={"q": ids[0], "live": "true"}).json()[0]
+    assert dressed["live"]["turns"] == 1
+    assert dressed["live"]["usage"]["totalTokens"] == dressed["usage"]["totalTokens"]
+    assert dressed["question"] is None
+
+
+def test_live_numbers_count_the_turns_a_running_instance_wrote(client: httpx.Client) -> None:
+    """The header's counters are written at rest: while the slow tool runs, live counts the model's answer."""
+    iid = start(client, "slow")["instanceId"]
+    (*_, answer) = read_events(client, iid, lambda e: e.event == "transcript" and "turn" in e.data)
+    turn = answer.data["turn"]
+    shown = client.get(f"/v1/instances/{iid}", params={"live": "true"}).json()
+    assert shown["state"] == "running"
+    assert shown["usage"]["totalTokens"] == 0  # the header's, as of its last rest
+    assert shown["live"]["turns"] == 1
+    assert shown["live"]["usage"]["totalTokens"] == turn["usage"]["totalTokens"] > 0
+    assert shown["live"]["cost"] == turn["cost"]
+    assert shown["live"]["runningSince"]
+    node = next(n for n in client.get("/v1/instances", params={"tree": "true", "live": "true"}).json()
+                if n["instanceId"] == iid)
+    assert node["live"] == shown["live"]
+    assert client.post(f"/v1/instances/{iid}/cancel").status_code == 200
+
+
+def test_fork_and_rewind_at_a_turn(client: httpx.Client) -> None:
+    iid = start(client, "chat", prompt="hello")["instanceId"]
+    wait_rest(client, iid, "waiting")
+    response = client.post(f"/v1/instances/{iid}/fork", json={"turn": 1})
+    assert response.status_code == 201, response.text
+    fork = response.json()
+    assert response.headers["location"] == f"/v1/instances/{fork['instanceId']}"
+    assert fork["state"] == "waiting"
+    shown = client.get(f"/v1/instances/{fork['instanceId']}", params={"live": "true"}).json()
+    assert shown["forkedFrom"] == {"instanceId": iid, "turn": 1}
+    marks = client.get(f"/v1/instances/{iid}/records", params={"kind": "fork"}).json()
+    assert [m["data"]["to"] for m in marks] == [fork["instanceId"]]
+    rewound = client.post(f"/v1/instances/{iid}/rewind", json={"turn": 0})
+    assert rewound.status_code == 200, rewound.text
+    assert [r["data"]["to"] for r in client.get(f"/v1/instances/{iid}/records",
+                                                params={"kind": "rewind"}).json()] == [0]
+    beyond = client.post(f"/v1/instances/{iid}/rewind", json={"turn": 99})
+    assert beyond.status_code == 409
+    assert "not in its history" in beyond.json()["detail"]
+    assert client.post(f"/v1/instances/{iid}/fork", json={"turn": -1}).status_code == 422
+    assert client.post(f"/v1/instances/{iid}/rewind", json={}).status_code == 422

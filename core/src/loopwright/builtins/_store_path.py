@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from loopwright.errors import ConfigProblem
+from loopwright.errors import ConfigProblem, shown_path
 
 __all__ = ["RUNTIME_FOLDER", "StorePath", "store_path"]
 
@@ -72,11 +72,11 @@ def store_path(options: Mapping[str, Any], base_dir: Path | str, default: str, w
     own = parent == (Path(base_dir) / RUNTIME_FOLDER).resolve()
     is_dir = os.path.isdir(parent)  # noqa: PTH112 - never raises (an unreadable folder counts as missing)
     if not is_dir and os.path.exists(parent):  # noqa: PTH110 - as isdir
-        problems.append(ConfigProblem(f"{parent} is a file, not a folder: correct the path of {what} "
+        problems.append(ConfigProblem(f"{shown_path(parent)} is a file, not a folder: correct the path of {what} "
                                       "(nothing was created)", path="$.store.path"))
     elif not (create or own or is_dir):
         problems.append(ConfigProblem(
-            f"the folder {parent} does not exist: create it, correct the path, or set createParents: true "
+            f"the folder {shown_path(parent)} does not exist: create it, correct the path, or set createParents: true "
             f"to have {what} create it (nothing was created)",
             path="$.store.path"))
     return StorePath(path, create_parents=create or own, problems=problems)

@@ -77,7 +77,7 @@ def validate(settings: CliSettings, files: Sequence[str], kind: str | None) -> i
     an assembly (given as the file) opens a runtime (plugins, store and its options, record sinks,
     each outside every granted root); a definition's tools, models, context strategy, verifier
     and hooks resolve against the runtime of the assembly ``run`` would use (``-c``, else
-    ``./loopwright.yaml``). Without any assembly, a definition is checked against its schema only.
+    ``./loopwright.yaml``), or against the defaults ``run`` uses when there is no assembly.
     """
     from loopwright._config import detect_kind, load_yaml, validate_file  # noqa: PLC0415 - the loader only for validate
 
@@ -118,12 +118,12 @@ class _RunChecks:
     """What ``run`` checks beyond the schemas, for ``validate``: one runtime per assembly, no model called."""
 
     def __init__(self, assembly: Path | None) -> None:
-        """Check definitions against ``assembly`` (``None``: there is none; they get the schema checks only)."""
+        """Check definitions against ``assembly`` (``None``: there is none; the defaults ``run`` would use)."""
         self._assembly = assembly
 
     def applies(self, kind: str | None) -> bool:
-        """Whether a file of ``kind`` gets these checks: an assembly always, a definition when there is an assembly."""
-        return kind == "assembly" or (kind == "definition" and self._assembly is not None)
+        """Whether a file of ``kind`` gets these checks: an assembly or a definition (``run`` takes no other)."""
+        return kind in {"assembly", "definition"}
 
     def problems(self, file: str, kind: str) -> list[Any]:
         """Return the problems ``run`` would refuse ``file`` (a ``definition`` or an ``assembly``) for."""

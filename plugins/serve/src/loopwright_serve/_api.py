@@ -36,6 +36,7 @@ from loopwright_serve._auth import Principal, Scope
 from loopwright_serve._events import event_stream, parse_event_id
 from loopwright_serve._notify import Wakeups
 from loopwright_serve._problems import PROBLEM_MEDIA_TYPE, ProblemError
+from loopwright_serve._progress import inputs_schema, live_numbers
 from loopwright_serve._schema import body_field, json_schema, read_model
 
 if TYPE_CHECKING:
@@ -45,7 +46,10 @@ if TYPE_CHECKING:
 
     from loopwright_serve._context import ServeContext
 
-__all__ = ["ENDPOINTS", "ApiSurface", "DecisionBody", "Endpoint", "MessageBody", "StartBody", "openapi"]
+__all__ = [
+    "ENDPOINTS", "ApiSurface", "DecisionBody", "Endpoint", "ForkBody", "MessageBody", "RewindBody", "StartBody",
+    "openapi",
+]
 
 #: A tool call id: printable, bounded (providers make them; nothing is read by it but the header).
 _CALL_ID = re.compile(r"[\x21-\x7e]{1,256}")
@@ -84,6 +88,21 @@ class DecisionBody:
                              "decided only if it is still exactly that call, else 409 naming the current digest.",
                              pattern="^[0-9a-f]{64}$")
     reason: str | None = body_field("Why (a denial's reason reaches the model).", default=None, maxLength=10_000)
+
+
+@attrs.frozen
+class ForkBody:
+    """Fork an instance: a new instance whose history is the original's up to the end of a turn."""
+
+    turn: int | None = body_field("The turn whose end the fork starts from (default: the history as it stands).",
+                                  default=None, minimum=0)
+
+
+@attrs.frozen
+class RewindBody:
+    """Rewind a resting instance to the end of a turn (what came after stays in its logs)."""
+
+    turn: int = body_field("The turn to go back to the end of.", minimum=0)
 
 
 @attrs.frozen
@@ -126,6 +145,11 @@ class Endpoint:
 
 
 _AUTH_ERRORS = (401, 403)
+_LIVE_HELP = ("Add to each summary (and tree node) live: {turns, usage, cost, runningSince}, the counters as "
+              "the instance writes them while it runs; question: the ask_user question it waits on, or null; "
+              "and forkedFrom.")
+#: The most summaries (or trees) one page of GET /v1/instances holds.
+_MAX_PAGE = 500
 ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint(key="healthz", method="GET", path="/healthz",
              summary="Whether the server is up, its version, and how many event streams are open.", scope=None,
@@ -133,19 +157,34 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint(key="openapi", method="GET", path="/openapi.json", summary="This document.", scope=None,
              responses={200: "The OpenAPI 3.1 document of the API."}),
     Endpoint(key="list_instances", method="GET", path="/v1/instances",
-             summary="Every instance's summary (as ls --json), oldest first; or every tree (tree=true).",
+             summary="Every instance's summary (as ls --json, with live and question), oldest first; or every "
+                     "tree (tree=true).",
              scope=Scope.READ, query={
                  "state": ({"enum": list(_STATES)}, "Only instances in this state."),
                  "name": ({"type": "string"}, "Only instances of this definition name."),
+                 "q": ({"type": "string", "maxLength": 200},
+                       ("Only instances whose id, name, task prompt, error or question contains this text "
+                        "(case-insensitive); with tree=true, the trees with such an instance.")),
                  "tree": ({"type": "boolean"}, "Every tree in the store as nested nodes (as ls --tree --json)."),
+                 "live": ({"type": "boolean"}, _LIVE_HELP),
+                 "offset": ({"type": "integer", "minimum": 0}, "Skip this many (summaries, or trees) first."),
+                 "limit": ({"type": "integer", "minimum": 1, "maximum": _MAX_PAGE},
+                           (f"At most this many (default: all; at most {_MAX_PAGE}). X-Total-Count says how "
+                            "many matched.")),
              }, responses={200: "The summaries (or the trees' root nodes)."}, errors=(*_AUTH_ERRORS, 422)),
+    Endpoint(key="list_definitions", method="GET", path="/v1/definitions",
+             summary="The definitions the assembly registers (agentDefinitions), each with its inputs as a JSON "
+                     "Schema: what POST /v1/instances may start.", scope=Scope.READ,
+             responses={200: "[{name, description, model, tools, inputs}] by name; one that cannot be read has "
+                             "error instead."}, errors=_AUTH_ERRORS),
     Endpoint(key="start_instance", method="POST", path="/v1/instances",
              summary="Start an instance of a registered definition.", scope=Scope.RUN, body=StartBody,
              responses={201: "Started (or, with server.run false, written for a worker): its summary."},
              errors=(400, *_AUTH_ERRORS, 413, 415, 422)),
     Endpoint(key="show_instance", method="GET", path="/v1/instances/{instance_id}",
              summary="One instance's summary (as show --json): its tree and the tree's pending approvals.",
-             scope=Scope.READ, responses={200: "The summary."}, errors=(400, *_AUTH_ERRORS, 404)),
+             scope=Scope.READ, query={"live": ({"type": "boolean"}, _LIVE_HELP)}, responses={200: "The summary."},
+             errors=(400, *_AUTH_ERRORS, 404)),
     Endpoint(key="events", method="GET", path="/v1/instances/{instance_id}/events",
              summary="Server-Sent Events: the instance's transcript and records as they are written.",
              scope=Scope.READ, query={
@@ -168,6 +207,15 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              summary="Approve or deny a call held anywhere in the instance's tree.", scope=Scope.APPROVE,
              body=DecisionBody, responses={200: "Decided: {decided: [...], instance: summary}."},
              errors=(400, *_AUTH_ERRORS, 404, 409, 413, 415, 422)),
+    Endpoint(key="fork", method="POST", path="/v1/instances/{instance_id}/fork",
+             summary="Fork the instance at the end of a turn: a new instance, resting waiting, with forkedFrom; "
+                     "the original is not changed.", scope=Scope.RUN, body=ForkBody,
+             responses={201: "Forked: the new instance's summary."},
+             errors=(400, *_AUTH_ERRORS, 404, 409, 413, 415, 422)),
+    Endpoint(key="rewind", method="POST", path="/v1/instances/{instance_id}/rewind",
+             summary="Rewind the resting instance to the end of a turn: it rests waiting, ready for a message; what "
+                     "came after stays in its logs.", scope=Scope.RUN, body=RewindBody,
+             responses={200: "Rewound: its summary."}, errors=(400, *_AUTH_ERRORS, 404, 409, 413, 415, 422)),
     Endpoint(key="cancel", method="POST", path="/v1/instances/{instance_id}/cancel",
              summary="Cancel the instance: it becomes stopped, with cancelled true.", scope=Scope.RUN, body=EmptyBody,
              responses={200: "Cancelled: its summary."}, errors=(400, *_AUTH_ERRORS, 404, 409, 413, 415)),
@@ -347,6 +395,47 @@ def _flag(request: Request, name: str) -> bool:
     raise ProblemError(422, "Invalid query", f"{name} must be true or false, not {value!r}")
 
 
+#: The longest text filter (``q``) of GET /v1/instances.
+_MAX_QUERY = 200
+
+
+def _whole(request: Request, name: str, default: int | None, most: int | None) -> Any:
+    """Return the query parameter ``name`` as a whole number (``default`` when absent); 422 otherwise."""
+    text = request.query_params.get(name)
+    if text is None:
+        return default
+    if not text.isdigit() or (most is not None and not 1 <= int(text) <= most):
+        bound = f" from 1 to {most}" if most is not None else ""
+        raise ProblemError(422, "Invalid query", f"{name} must be a whole number{bound}, not {text[:40]!r}")
+    return int(text)
+
+
+def _node_ids(node: Mapping[str, Any]) -> Iterator[str]:
+    """Yield the ids of a tree node and of every node below it."""
+    yield str(node.get("instanceId"))
+    for child in node.get("children") or ():
+        if isinstance(child, Mapping):
+            yield from _node_ids(child)
+
+
+def _matches(header: HeaderFields | None, text: str) -> bool:
+    """Whether the instance's id, name, task prompt, error or open question contains ``text`` (lower case)."""
+    if header is None:
+        return False
+    question = _question(header)
+    fields = (header.instance_id, header.name, header.json.get("taskPrompt"), header.error,
+              question and question.get("question"))
+    return any(isinstance(f, str) and text in f.lower() for f in fields)
+
+
+def _question(header: HeaderFields) -> dict[str, Any] | None:
+    """Return the ``ask_user`` question the instance waits for an answer to (a message answers it), or ``None``."""
+    awaiting = header.awaiting_answer
+    if not awaiting or str(getattr(header.state, "value", header.state)) not in {"waiting", "stopped"}:
+        return None
+    return {"toolCallId": awaiting.get("toolCallId"), "question": awaiting.get("question")}
+
+
 def _decision_json(p: PendingApproval) -> dict[str, Any]:
     return {"toolCallId": p.tool_call_id, "digest": approval_digest(p), "tool": p.tool,
             "arguments": dict(p.arguments), "reason": p.reason,
@@ -372,14 +461,61 @@ class _Handlers:
 
     async def list_instances(self, request: Request, _principal: Principal | None, _body: None) -> Response:
         state, name = request.query_params.get("state"), request.query_params.get("name")
+        text = (request.query_params.get("q") or "").strip().lower()
         if state is not None and state not in _STATES:
             raise ProblemError(422, "Invalid query", f"state must be one of {', '.join(_STATES)}, not {state!r}")
+        if len(text) > _MAX_QUERY:
+            raise ProblemError(422, "Invalid query", f"q is longer than {_MAX_QUERY} characters")
+        offset = _whole(request, "offset", 0, None)
+        limit = _whole(request, "limit", None, _MAX_PAGE)
+        live = _flag(request, "live")
+        headers: dict[Any, HeaderFields] = {}
+        if live or text:  # the headers again: what the summaries leave out
+            headers = {h.get("instanceId"): HeaderFields(h) for h in await self.rt.store.list_headers()}
         if _flag(request, "tree"):
             nodes = [n for n in await self.rt.trees()
-                     if (state is None or n.get("state") == state) and (name is None or n.get("name") == name)]
-            return JSONResponse(nodes)
-        found = [s for s in await self.rt.list_instances(state) if name is None or s.get("name") == name]
-        return JSONResponse(found)
+                     if (state is None or n.get("state") == state) and (name is None or n.get("name") == name)
+                     and (not text or any(_matches(headers.get(i), text) for i in _node_ids(n)))]
+            page = nodes[offset:None if limit is None else offset + limit]
+            for node in page if live else ():
+                await self._dress_node(node, headers)
+            return JSONResponse(page, headers={"X-Total-Count": str(len(nodes))})
+        found = [s for s in await self.rt.list_instances(state) if (name is None or s.get("name") == name)
+                 and (not text or _matches(headers.get(s.get("instanceId")), text))]
+        page = found[offset:None if limit is None else offset + limit]
+        for summary in page if live else ():
+            await self._dress(summary, headers.get(summary.get("instanceId")))
+        return JSONResponse(page, headers={"X-Total-Count": str(len(found))})
+
+    async def _dress(self, summary: dict[str, Any], header: HeaderFields | None) -> None:
+        """Add ``live`` (the counters as the instance writes them) and ``question`` (an open ask_user) to a summary."""
+        if header is None:
+            return
+        summary["live"] = await live_numbers(self.rt.store, header)
+        summary["question"] = _question(header)
+        summary["forkedFrom"] = header.forked_from
+
+    async def _dress_node(self, node: dict[str, Any], headers: Mapping[Any, HeaderFields]) -> None:
+        """Add ``live`` and ``question`` to a tree node and every node below it."""
+        header = headers.get(node.get("instanceId"))
+        if header is not None:
+            node["live"] = await live_numbers(self.rt.store, header)
+            node["question"] = _question(header)
+        for child in node.get("children") or ():
+            if isinstance(child, dict):
+                await self._dress_node(child, headers)
+
+    async def list_definitions(self, _request: Request, _principal: Principal | None, _body: None) -> Response:
+        out: list[dict[str, Any]] = []
+        for name, path in sorted(self.rt.assembly.agent_definitions.items()):
+            try:
+                defn = self._definition(name, path)
+            except LoopwrightError as exc:
+                out.append({"name": name, "error": str(exc).split("\n", 1)[0]})
+                continue
+            out.append({"name": name, "agentName": defn.name, "description": defn.description, "model": defn.model,
+                        "tools": list(defn.tool_names), "inputs": inputs_schema(defn)})
+        return JSONResponse(out)
 
     async def start_instance(self, _request: Request, _principal: Principal | None, body: StartBody) -> Response:
         registered = self.rt.assembly.agent_definitions
@@ -419,7 +555,22 @@ class _Handlers:
         return defn
 
     async def show_instance(self, request: Request, _principal: Principal | None, _body: None) -> Response:
-        return JSONResponse(await self.rt.summary(request.path_params["instance_id"]))
+        instance_id = request.path_params["instance_id"]
+        summary = await self.rt.summary(instance_id)
+        if _flag(request, "live"):
+            await self._dress(summary, HeaderFields(await self.rt.store.read_header(instance_id)))
+        return JSONResponse(summary)
+
+    async def fork(self, request: Request, _principal: Principal | None, body: ForkBody) -> Response:
+        instance_id = request.path_params["instance_id"]
+        forked = await self.rt.fork(instance_id, body.turn)
+        summary = await self.rt.summary(forked.instance_id)
+        return JSONResponse(summary, status_code=201, headers={"Location": f"/v1/instances/{forked.instance_id}"})
+
+    async def rewind(self, request: Request, _principal: Principal | None, body: RewindBody) -> Response:
+        instance_id = request.path_params["instance_id"]
+        await self.rt.rewind(instance_id, body.turn)
+        return JSONResponse(await self.rt.summary(instance_id))
 
     async def events(self, request: Request, _principal: Principal | None, _body: None) -> Response:
         instance_id = request.path_params["instance_id"]
