@@ -170,7 +170,10 @@ def test_validate_of_the_assembly_itself_checks_what_run_checks(project: Path, m
 
 
 def test_validate_of_a_definition_uses_the_assembly_in_the_folder(project: Path) -> None:
-    """Issue 31, point 1: with ``./loopwright.yaml`` beside it (no ``-c``) or none, an unregistered tool is found, as by run."""
+    """Issue 31, point 1: with ``./loopwright.yaml`` beside it (no ``-c``), or none, an unregistered tool is found.
+
+    As ``run`` finds it.
+    """
     write(project, "agent.yaml", "name: a\ntools: [no_such_tool]\n")
     out = lw(project, "validate", "agent.yaml")
     assert out.returncode == 2, out.stdout + out.stderr

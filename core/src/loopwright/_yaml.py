@@ -287,11 +287,12 @@ def parse_yaml(text: str, file: str | None, *, line_offset: int = 0) -> tuple[An
                           path=file, problems=[problem]) from None
     except YAMLError as exc:
         problem = ConfigProblem(f"invalid YAML: {exc}", file=file, line=1, column=1)
-        raise ConfigError(f"{shown_path(file or '<text>')}: invalid YAML: {exc}", path=file, problems=[problem]) from None
+        raise ConfigError(f"{shown_path(file or '<text>')}: invalid YAML: {exc}", path=file,
+                          problems=[problem]) from None
     except (ValueError, TypeError, OverflowError) as exc:  # a value its tag cannot make (``!!float 0x1F``)
         problem = ConfigProblem(f"invalid YAML: a value its tag cannot make ({exc})", file=file, line=1, column=1)
-        raise ConfigError(f"{shown_path(file or '<text>')}: invalid YAML: a value its tag cannot make ({exc})", path=file,
-                          problems=[problem]) from None
+        raise ConfigError(f"{shown_path(file or '<text>')}: invalid YAML: a value its tag cannot make ({exc})",
+                          path=file, problems=[problem]) from None
     if isinstance(node, (CommentedMap, CommentedSeq)):
         positions.record((), (node.lc.line + 1 + line_offset, node.lc.col + 1),
                        (node.lc.line + 1 + line_offset, node.lc.col + 1))

@@ -75,9 +75,9 @@ def shown_path(path: str | os.PathLike[str]) -> str:
     text = os.fspath(path)
     if not text or text.startswith("<"):
         return text
-    absolute = os.path.abspath(text)
+    absolute = os.path.abspath(text)  # noqa: PTH100 - not resolve(): symlinks stay as the user named them
     try:
-        here = os.getcwd()
+        here = os.getcwd()  # noqa: PTH109 - a str, as abspath's
     except OSError:  # the working directory was removed
         return absolute
     if absolute == here or absolute.startswith(here.rstrip(os.sep) + os.sep):

@@ -17,7 +17,7 @@ from loopwright.cli._exits import EXIT_OK, EXIT_USAGE
 from loopwright.cli._opening import runtime
 from loopwright.cli._output import echo_json, print_plugins
 from loopwright.display import safe_text
-from loopwright.errors import CapabilityError, ConfigError, ConfigProblem, PluginError
+from loopwright.errors import CapabilityError, ConfigError, ConfigProblem, PluginError, shown_path
 
 if TYPE_CHECKING:
     from loopwright.cli._settings import CliSettings
@@ -94,16 +94,16 @@ def validate(settings: CliSettings, files: Sequence[str], kind: str | None) -> i
         if not problems and checker.applies(found):
             problems = checker.problems(file, str(found))
         results.append({
-            "file": file, "kind": found, "valid": not problems,
-            "problems": [{"file": p.file, "line": p.line, "column": p.column, "path": p.path,
-                          "message": p.message} for p in problems],
+            "file": shown_path(file), "kind": found, "valid": not problems,
+            "problems": [{"file": shown_path(p.file) if p.file else None, "line": p.line, "column": p.column,
+                          "path": p.path, "message": p.message} for p in problems],
         })
         if not settings.json:
             if problems:
                 for p in problems:
                     click.echo(safe_text(p, multiline=True))
             else:
-                click.echo(f"{file}: valid {found or ''}".rstrip())
+                click.echo(f"{shown_path(file)}: valid {found or ''}".rstrip())
     if settings.json:
         echo_json(results)
     invalid = [r for r in results if not r["valid"]]
