@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final, cast
 
 import attrs
@@ -36,6 +36,7 @@ from loopwright._types import (
 
 __all__ = [
     "Instance",
+    "LazyTranscript",
     "message_from_json",
     "message_to_json",
     "new_id",
@@ -204,6 +205,77 @@ _SHAPES: Final = {
     ("role", "content", "toolCallId", "name", "status", "toolCallWireId"): _tool_result,
     ("role", "toolCalls", "model"): _call_request,
 }
+
+
+class LazyTranscript(Transcript):
+    """A transcript loaded from a checked checkpoint: messages kept as JSON until first read (issue 30).
+
+    Loading a 10,000-turn instance built its 20,000 messages up front (two thirds of the
+    load), though resuming it reads only the tail (:func:`unanswered_calls`) and showing it none.
+    Here a message is any :class:`Message`, or the JSON object of one that a checkpoint's fold
+    built already (so building it cannot fail: see :mod:`loopwright._replay`); each is built at
+    its first read (an index, iteration, :meth:`encoded`) and kept. Lengths, appends and
+    replacements touch none. It is a :class:`Transcript` in every other way.
+    """
+
+    __slots__ = ("_unbuilt",)
+
+    def __init__(self, messages: Sequence[Message | dict[str, Any]] = (), *, unbuilt: int | None = None) -> None:
+        """Hold ``messages``: messages, or JSON objects of messages a fold built (``unbuilt`` of them, if known)."""
+        super().__init__(messages)  # type: ignore[arg-type]
+        #: How many of the held messages are still JSON (0: a plain transcript from here on).
+        self._unbuilt = sum(type(m) is dict for m in self._messages) if unbuilt is None else unbuilt
+
+    def _build(self, i: int) -> Message:
+        held: Any = self._messages[i]
+        if type(held) is dict:
+            held = self._messages[i] = message_from_json(held)
+            self._unbuilt -= 1
+        return held  # type: ignore[no-any-return]
+
+    def _build_all(self) -> None:
+        if self._unbuilt:
+            for i in range(len(self._messages)):
+                self._build(i)
+
+    def __getitem__(self, index: Any) -> Any:
+        """Return a message (built now if it is still JSON), or a list of them for a slice."""
+        if not self._unbuilt:
+            return self._messages[index]
+        if isinstance(index, slice):
+            return [self._build(i) for i in range(*index.indices(len(self._messages)))]
+        return self._build(index if index >= 0 else index + len(self._messages))
+
+    def __iter__(self) -> Iterator[Message]:
+        """Iterate over the messages in order, building each still held as JSON."""
+        if not self._unbuilt:
+            return iter(self._messages)
+        return self._iter()
+
+    def _iter(self) -> Iterator[Message]:
+        messages = self._messages
+        i = 0
+        while i < len(messages):  # as a list's iterator: sees appends, ends at the end
+            held = messages[i]
+            if type(held) is dict:  # built and kept; on a list replaced meanwhile, built only
+                held = self._build(i) if messages is self._messages else message_from_json(held)
+            yield held
+            i += 1
+
+    def replace_tail(self, start: int, messages: Sequence[Message]) -> None:
+        """Replace the messages from index ``start`` on (see :meth:`Transcript.replace_tail`)."""
+        super().replace_tail(start, messages)
+        self._unbuilt = sum(type(m) is dict for m in self._messages) if self._unbuilt else 0
+
+    def replace(self, messages: Sequence[Message]) -> None:
+        """Replace every message (see :meth:`Transcript.replace`)."""
+        super().replace(messages)
+        self._unbuilt = 0
+
+    def encoded(self, key: str, encode: Any) -> list[Any]:
+        """Return the encoded messages (see :meth:`Transcript.encoded`), building any still held as JSON."""
+        self._build_all()
+        return super().encoded(key, encode)
 
 
 @attrs.define(kw_only=True)
