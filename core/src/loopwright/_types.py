@@ -501,6 +501,7 @@ class Event:
         kind: One of ``state`` (``state``, ``stopReason``), ``text`` (``text``: an answer's
             whole text), ``text_delta`` (``delta``: a streamed piece), ``stream_reset`` (a
             streamed answer starts over), ``tool_call_start`` (``id``, ``name``: streamed),
+            ``tool_call_delta`` (``id``, ``delta``: a streamed piece of the call's JSON arguments),
             ``usage`` (``usage``, ``cost``, ``model``), ``tool_call`` (``id``, ``name``,
             ``arguments``: a call starts running), ``tool_result`` (``id``, ``name``, ``status``,
             ``content``), ``approval`` (``toolCallId``, ``tool``, ``reason``) and ``monitor``

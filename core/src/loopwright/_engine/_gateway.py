@@ -83,7 +83,7 @@ class Gateway:
         raise failure
 
     async def stream(self, run: SegmentRun, provider: Any, request: ModelRequest) -> ModelResponse:
-        """Consume a provider's stream: text and tool-call starts become events; return the answer."""
+        """Consume a provider's stream: text, tool-call starts and argument pieces become events; return the answer."""
         turn = run.inst.turn + 1
         emit = self.journal.emit
         response: ModelResponse | None = None
@@ -95,11 +95,12 @@ class Gateway:
         try:
             async for delta in deltas:
                 kind = delta.kind
-                if kind == "text":
-                    if delta.text:
-                        await emit(run, "text_delta", turn, delta=delta.text)
+                if kind == "text" and delta.text:
+                    await emit(run, "text_delta", turn, delta=delta.text)
                 elif kind == "tool_call":
                     await emit(run, "tool_call_start", turn, id=delta.tool_call_id, name=delta.name)
+                elif kind == "arguments" and delta.text:
+                    await emit(run, "tool_call_delta", turn, id=delta.tool_call_id, delta=delta.text)
                 elif kind == "done":
                     response = delta.response
         finally:
