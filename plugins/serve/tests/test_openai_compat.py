@@ -109,15 +109,19 @@ def test_the_agents_tool_calls_stay_inside(server: Server, project: Path) -> Non
 
 
 def test_a_streamed_completion_decodes_with_the_sdk_and_ends_with_usage(server: Server) -> None:
-    """``stream=True`` with ``include_usage``: chunks carry the final text only, then the finish, then usage."""
+    """``stream=True`` with ``include_usage``: each turn's text as it streams (a blank line between turns), the
+    agent's own call under ``agent_tool_calls`` (never ``tool_calls``), then the finish, then usage."""
     stream = _client(server).chat.completions.create(
         model="loopwright/oa_stream", messages=[{"role": "user", "content": "stream it"}], stream=True,
         stream_options={"include_usage": True})
     chunks = list(stream)
     with_choices = [c for c in chunks if c.choices]
     text = "".join(c.choices[0].delta.content or "" for c in with_choices)
-    assert text == "streamed answer"
+    assert text == "a moment\n\nstreamed answer"
     assert all(c.choices[0].delta.tool_calls is None for c in with_choices)
+    agent_calls = [call for c in with_choices for call in (c.choices[0].delta.model_extra or {}).get(
+        "agent_tool_calls", [])]
+    assert [(call["index"], call["function"]["name"]) for call in agent_calls] == [(0, "echo")]
     assert with_choices[0].choices[0].delta.role == "assistant"
     assert with_choices[-1].choices[0].finish_reason == "stop"
     assert chunks[-1].choices == []

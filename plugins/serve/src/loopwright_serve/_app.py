@@ -66,6 +66,8 @@ def build_app(
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
         async with ctx.runtime, contextlib.AsyncExitStack() as stack:
+            live = ctx.runtime.register_plugin(ctx.live, "loopwright-serve-live")  # stream deltas (issue 27)
+            stack.callback(ctx.runtime.unregister_plugin, live)
             for surface in built:
                 await stack.enter_async_context(surface.lifespan(ctx))
             try:

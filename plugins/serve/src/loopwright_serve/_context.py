@@ -10,6 +10,7 @@ import anyio
 import attrs
 
 from loopwright_serve._auth import LOCAL, Principal, Scope
+from loopwright_serve._deltas import LiveChannel
 from loopwright_serve._problems import ProblemError
 from loopwright_serve._settings import ServerSettings, is_loopback
 
@@ -62,12 +63,14 @@ class ServeContext:
         runtime: The runtime over the assembly's store, opened and closed by the app's lifespan.
         settings: The assembly's ``server:`` key.
         streams: The bound on SSE connections, and the signal that ends them at shutdown.
+        live: The stream deltas of instances running here (registered on the runtime by the app's lifespan).
     """
 
     runtime: Runtime
     settings: ServerSettings
     streams: StreamGate = attrs.field(default=attrs.Factory(
         lambda self: StreamGate(self.settings.max_event_streams), takes_self=True))
+    live: LiveChannel = attrs.field(factory=LiveChannel)
 
     async def authorize(self, request: Request, scope: Scope) -> Principal:
         """Return who makes ``request``, if they may act with ``scope``.

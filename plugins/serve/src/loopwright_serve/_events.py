@@ -7,6 +7,14 @@ records and entries read when the event was sent. A client that reconnects with
 in a ``loopwright run`` or in a ``loopwright worker`` on another machine. The logs are read
 again every :data:`POLL` seconds while the stream is open, and at once when the runtime says
 they grew (:mod:`._notify`, for instances running in this server).
+
+An instance running in this server also streams its provider's deltas live
+(:mod:`._deltas`): ``text_delta`` (``{"turn", "delta"}``), ``tool_call_start`` (``{"turn",
+"id", "name"}``), ``tool_call_delta`` (``{"turn", "id", "delta"}``: a piece of the call's JSON
+arguments), ``stream_reset`` (``{"turn"}``: the turn's streamed answer starts over) and ``gap``
+(``{"turn"}``: this slow client missed the rest of the turn's deltas). These carry no ``id:``
+line: they are not durable, and a client that reconnects does not get them again; the durable
+``transcript`` event that follows carries the whole message.
 """
 
 from __future__ import annotations
@@ -27,9 +35,10 @@ if TYPE_CHECKING:
     from starlette.types import Receive, Scope, Send
 
     from loopwright_serve._context import ServeContext
+    from loopwright_serve._deltas import LiveEvent, Subscription
     from loopwright_serve._notify import Waiter, Wakeups
 
-__all__ = ["HEARTBEAT", "POLL", "Cursor", "event_stream", "parse_event_id"]
+__all__ = ["HEARTBEAT", "LIVE_EVENTS", "POLL", "Cursor", "event_stream", "parse_event_id"]
 
 #: Seconds between two reads of the logs of an instance that runs elsewhere.
 POLL = 0.2
@@ -37,6 +46,9 @@ POLL = 0.2
 POLL_WOKEN = 2.0
 #: Seconds between two keep-alive comments on an idle stream (so that proxies keep it open).
 HEARTBEAT = 15.0
+
+#: The live events the stream sends (without ``id:``), as the engine names them.
+LIVE_EVENTS = frozenset({"text_delta", "tool_call_start", "tool_call_delta", "stream_reset", "gap"})
 
 _EVENT_ID = re.compile(r"(\d{1,12})-(\d{1,12})")
 
@@ -70,11 +82,18 @@ def _frame(event: str, cursor: Cursor, data: Any) -> bytes:
     return f"id: {cursor}\nevent: {event}\ndata: {body}\n\n".encode()
 
 
+def _live_frame(event: LiveEvent) -> bytes:
+    body = json.dumps(event.json(), ensure_ascii=False, separators=(",", ":"), default=str)
+    return f"event: {event.kind}\ndata: {body}\n\n".encode()
+
+
 def event_stream(ctx: ServeContext, instance_id: str, cursor: Cursor, wakeups: Wakeups) -> StreamingResponse:
     """Return the SSE response following ``instance_id`` from ``cursor`` until the client leaves.
 
     Events: ``transcript`` (``{"index", "message", "turn"?}``, one per message of the entry log)
-    and ``record`` (a record as ``loopwright records`` prints it). Counted against
+    and ``record`` (a record as ``loopwright records`` prints it), with ids; and, while the
+    instance runs in this server, the live events of :data:`LIVE_EVENTS` (``text_delta`` is
+    ``{"turn", "delta"}``), without ids (see the module's docstring). Counted against
     ``server.maxEventStreams``; ends when the server shuts down.
 
     :raises ProblemError: 503 when the most streams are open.
@@ -101,13 +120,15 @@ class _EventResponse(StreamingResponse):
 async def _follow(ctx: ServeContext, instance_id: str, cursor: Cursor, wakeups: Wakeups) -> AsyncIterator[bytes]:
     waiter = wakeups.add(instance_id)
     try:
-        async for chunk in _read(ctx, instance_id, cursor, waiter):
-            yield chunk
+        with ctx.live.following(instance_id) as live:
+            async for chunk in _read(ctx, instance_id, cursor, waiter, live):
+                yield chunk
     finally:
         wakeups.remove(instance_id, waiter)
 
 
-async def _read(ctx: ServeContext, instance_id: str, cursor: Cursor, waiter: Waiter) -> AsyncIterator[bytes]:
+async def _read(ctx: ServeContext, instance_id: str, cursor: Cursor, waiter: Waiter,
+                live: Subscription) -> AsyncIterator[bytes]:
     store = ctx.runtime.store
     closing = ctx.streams.closing
     yield b"retry: 1000\n\n"
@@ -115,6 +136,12 @@ async def _read(ctx: ServeContext, instance_id: str, cursor: Cursor, waiter: Wai
     entries: list[dict[str, Any]] = []
     records: list[dict[str, Any]] = []
     while not closing.is_set():
+        # Deltas first: they come before the message that ends their turn is saved.
+        sent = False
+        for event in live.drain():
+            if event.kind in LIVE_EVENTS:
+                sent = True
+                yield _live_frame(event)
         # Woken by this runtime: read only the log that grew; polled: both.
         read_entries, read_records = waiter.entries, waiter.records
         waiter.rearm()
@@ -128,8 +155,8 @@ async def _read(ctx: ServeContext, instance_id: str, cursor: Cursor, waiter: Wai
         frames, cursor = _frames(entries, records, cursor)
         for frame in frames:
             yield frame
-        waited = await _wait(waiter, closing)
-        idle = 0.0 if frames else idle + waited
+        waited = await _wait(waiter, live, closing)
+        idle = 0.0 if frames or sent else idle + waited
         if idle >= HEARTBEAT:
             idle = 0.0
             yield b": keep-alive\n\n"
@@ -152,16 +179,20 @@ def _frames(entries: list[dict[str, Any]], records: list[dict[str, Any]], cursor
     return frames, cursor
 
 
-async def _wait(waiter: Waiter, closing: anyio.Event) -> float:
-    """Wait until the logs grew here, the poll interval passed, or the server closes; return the seconds waited."""
+async def _wait(waiter: Waiter, live: Subscription, closing: anyio.Event) -> float:
+    """Wait until the logs grew here, a live event came, the poll interval passed, or the server closes.
+
+    :return: The seconds waited.
+    """
     started = anyio.current_time()
     with anyio.move_on_after(POLL_WOKEN if waiter.woken else POLL) as timer:
         async with anyio.create_task_group() as tg:
-            async def closed() -> None:
-                await closing.wait()
+            async def until(wait: Any) -> None:
+                await wait()
                 tg.cancel_scope.cancel()
 
-            tg.start_soon(closed)
+            tg.start_soon(until, closing.wait)
+            tg.start_soon(until, live.wait)
             await waiter.event.wait()
             tg.cancel_scope.cancel()
     if timer.cancelled_caught:  # nobody said what grew: read both

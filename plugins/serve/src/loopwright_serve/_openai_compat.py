@@ -36,6 +36,7 @@ from loopwright_serve._auth import Scope
 from loopwright_serve._problems import ProblemError
 from loopwright_serve._resting import Started, question_of, start
 from loopwright_serve._schema import load_json
+from loopwright_serve._steer import new_id
 from loopwright_serve._surface import null_lifespan
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 
     from loopwright import AgentRun, PendingApproval
     from loopwright_serve._context import ServeContext
+    from loopwright_serve._deltas import LiveEvent, Subscription
 
 __all__ = ["OpenAICompatSurface"]
 
@@ -196,13 +198,18 @@ async def _completions(ctx: ServeContext, request: Request) -> Response:
                         code="not_implemented", param=INSTANCE_HEADER)
     if chat.stream:
         ctx.streams.enter()  # before the instance exists: a refused stream starts nothing
+    # A streamed answer run here follows the instance's deltas: subscribed before it runs.
+    live = ctx.live.subscribe(continued or new_id()) if chat.stream and ctx.settings.run else None
     try:
         if continued:
             started = Started(continued, await _continue(ctx, chat, continued))
         else:
             started = await start(ctx.runtime, chat.name, chat.inputs, chat.prompt, runs=ctx.settings.run,
-                                  history=chat.history)
+                                  history=chat.history, stream=chat.stream,
+                                  instance_id=live.instance_id if live else None)
     except BaseException as exc:
+        if live is not None:
+            ctx.live.unsubscribe(live)
         if chat.stream:
             ctx.streams.leave()
         if isinstance(exc, ConfigError):
@@ -212,7 +219,8 @@ async def _completions(ctx: ServeContext, request: Request) -> Response:
     completion_id = f"chatcmpl-{instance_id}"
     created = int(time.time())
     if chat.stream:
-        return StreamingResponse(_stream(ctx, started, chat, completion_id, created), media_type="text/event-stream",
+        return StreamingResponse(_stream(ctx, started, chat, _Chunks(completion_id, created, chat.model), live),
+                                 media_type="text/event-stream",
                                  headers={INSTANCE_HEADER: instance_id, "cache-control": "no-cache"})
     rested = await started.rest(ctx.runtime, ctx.streams.closing)
     run, result = _raise_failure(instance_id, rested)
@@ -255,6 +263,7 @@ async def _continue(ctx: ServeContext, chat: ChatRequest, instance_id: str) -> A
         raise ChatError(409, f"instance {instance_id} {why}", param=INSTANCE_HEADER, code="instance_busy",
                         instance_id=instance_id)
     run = await runtime.get_agent(instance_id)
+    run.stream = run.stream or chat.stream
     await run.message(chat.prompt)
     if not run.running:
         raise ChatError(409, f"instance {instance_id} was taken up by another process; the message is in its "
@@ -263,25 +272,109 @@ async def _continue(ctx: ServeContext, chat: ChatRequest, instance_id: str) -> A
     return run
 
 
-async def _stream(ctx: ServeContext, started: Started, chat: ChatRequest, completion_id: str,
-                  created: int) -> AsyncIterator[str]:
-    """Yield the answer as ``chat.completion.chunk`` events, then ``[DONE]``.
+class _Chunks:
+    """The ``chat.completion.chunk`` events of one streamed answer, as SSE ``data:`` lines."""
 
-    The role comes first, at once; while the agent works, an SSE comment goes every
-    :data:`KEEPALIVE` seconds (clients ignore it; proxies see traffic). The final text is sent
-    once the run rests, because only then is it known which turn's text is the answer (earlier
-    turns' text goes with tool calls that stay inside). A failure after the stream started is
-    an ``error`` event in OpenAI's shape, as OpenAI sends one.
+    def __init__(self, completion_id: str, created: int, model: str) -> None:
+        self.head = (f'data: {{"id":{json.dumps(completion_id)},"object":"chat.completion.chunk",'
+                     f'"created":{created},"model":{json.dumps(model)},')
+        self.completion_id, self.created, self.model = completion_id, created, model
+
+    def delta(self, delta: Mapping[str, Any], finish: str | None = None, **extra: Any) -> str:
+        """Return one chunk whose only choice carries ``delta``."""
+        choice = {"index": 0, "delta": dict(delta), "finish_reason": finish, "logprobs": None}
+        return self.head + json.dumps({"choices": [choice], **extra})[1:] + "\n\n"
+
+    def content(self, text: str) -> str:
+        """Return a chunk of content (the hot path: one per streamed piece)."""
+        return self.head + '"choices":[{"index":0,"delta":{"content":' + json.dumps(text) + \
+            '},"finish_reason":null,"logprobs":null}]}\n\n'
+
+    def usage(self, usage: Usage) -> str:
+        """Return the last chunk of a stream asked with ``include_usage``: no choices, the usage."""
+        return self.head + json.dumps({"choices": [], "usage": usage_json(usage)})[1:] + "\n\n"
+
+
+class _Streamed:
+    """What a streamed answer has sent of the agent's turns: their text, and the agent's tool calls.
+
+    Each turn's text is sent as it streams; a later turn's is set off from an earlier one by a
+    blank line. The agent's own tool calls are sent as they stream under the delta's
+    ``agent_tool_calls`` key, shaped like OpenAI's ``tool_calls`` (``index``, ``id``,
+    ``function.name``, ``function.arguments`` in pieces): never under ``tool_calls``, which
+    would ask the client to run them.
     """
 
-    def chunk(delta: Mapping[str, Any], finish: str | None = None, **extra: Any) -> str:
-        body = {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": chat.model,
-                "choices": [{"index": 0, "delta": dict(delta), "finish_reason": finish, "logprobs": None}],
-                **extra}
-        return f"data: {json.dumps(body)}\n\n"
+    def __init__(self, chunks: _Chunks) -> None:
+        self.chunks = chunks
+        self.text: dict[int | None, str] = {}
+        self.last_turn: int | None = None
+        self.lost: set[int | None] = set()
+        self.calls: dict[str, int] = {}
+        self.rested = False
 
+    def frames(self, event: LiveEvent) -> list[str]:
+        """Return the chunks for one live event (none for a turn whose pieces were lost or reset)."""
+        kind, turn = event.kind, event.turn
+        if kind == "text_delta":
+            if turn in self.lost or not event.delta:
+                return []
+            piece = event.delta
+            if turn not in self.text:
+                if any(self.text.values()):
+                    piece = "\n\n" + piece
+                self.text[turn] = ""
+            self.text[turn] += event.delta
+            self.last_turn = turn
+            return [self.chunks.content(piece)]
+        if kind in ("gap", "stream_reset"):  # the rest of the turn comes with the result, if it is the answer
+            self.lost.add(turn)
+        elif kind == "tool_call_start":
+            call_id = str(event.data.get("id"))
+            index = self.calls.setdefault(call_id, len(self.calls))
+            return [self.chunks.delta({"agent_tool_calls": [{"index": index, "id": call_id, "type": "function",
+                                                             "function": {"name": event.data.get("name"),
+                                                                          "arguments": ""}}]})]
+        elif kind == "tool_call_delta":
+            index = self.calls.get(str(event.data.get("id")))
+            if index is not None and turn not in self.lost:
+                return [self.chunks.delta({"agent_tool_calls": [{"index": index,
+                                                                 "function": {"arguments": event.delta}}]})]
+        elif kind == "state" and event.data.get("state") != State.RUNNING.value:
+            self.rested = True
+        return []
+
+    def rest_of(self, answer: str) -> str:
+        """Return what is still to send of the final ``answer`` after what was streamed."""
+        last = self.text.get(self.last_turn, "") if self.last_turn is not None or None in self.text else ""
+        if answer == last:
+            return ""
+        if last and answer.startswith(last):
+            return answer[len(last):]
+        if not answer:
+            return ""
+        return ("\n\n" if any(self.text.values()) else "") + answer
+
+
+async def _stream(ctx: ServeContext, started: Started, chat: ChatRequest, chunks: _Chunks,
+                  live: Subscription | None) -> AsyncIterator[str]:
+    """Yield the answer as ``chat.completion.chunk`` events, then ``[DONE]``.
+
+    The role comes first, at once. For an instance run here (``live``), each piece of text the
+    provider streams is a chunk as it arrives, and the agent's tool calls stream under
+    ``agent_tool_calls`` (:class:`_Streamed`); once the run rests, what the answer has beyond
+    what was streamed (a ``task_complete`` result, a question, the approval message) follows.
+    An instance a worker runs (``server.run: false``) sends its final text once it rests. While
+    nothing comes, an SSE comment goes every :data:`KEEPALIVE` seconds (clients ignore it;
+    proxies see traffic). A failure after the stream started is an ``error`` event in OpenAI's
+    shape, as OpenAI sends one.
+    """
     try:
-        yield chunk({"role": "assistant", "content": ""}, metadata={"instance_id": started.instance_id})
+        yield chunks.delta({"role": "assistant", "content": ""}, metadata={"instance_id": started.instance_id})
+        streamed = _Streamed(chunks)
+        if live is not None:
+            async for frame in _follow_live(ctx, started, live, streamed):
+                yield frame
         rested = None
         while rested is None:
             rested = await started.rest(ctx.runtime, ctx.streams.closing, KEEPALIVE)
@@ -291,19 +384,34 @@ async def _stream(ctx: ServeContext, started: Started, chat: ChatRequest, comple
                 yield ": the agent is working\n\n"
         run, result = _raise_failure(started.instance_id, rested)
         text, finish = answer_of(result, question_of(run))
-        if text:
-            yield chunk({"content": text})
-        yield chunk({}, finish, metadata=metadata_of(result))
+        if rest := streamed.rest_of(text):
+            yield chunks.content(rest)
+        yield chunks.delta({}, finish, metadata=metadata_of(result))
         if chat.include_usage:
-            body = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
-                    "model": chat.model, "choices": [], "usage": usage_json(result.usage)}
-            yield f"data: {json.dumps(body)}\n\n"
+            yield chunks.usage(result.usage)
         yield "data: [DONE]\n\n"
     except ChatError as exc:
         error = {"message": exc.message, "type": exc.type, "param": None, "code": exc.code}
         yield f"data: {json.dumps({'error': error})}\n\n"
     finally:
+        if live is not None:
+            ctx.live.unsubscribe(live)
         ctx.streams.leave()
+
+
+async def _follow_live(ctx: ServeContext, started: Started, live: Subscription,
+                       streamed: _Streamed) -> AsyncIterator[str]:
+    """Yield the chunks of the instance's live events until its segment rests (or the server closes)."""
+    run = started.run
+    while not streamed.rested:
+        batch = await live.get(KEEPALIVE)
+        for event in batch:
+            for frame in streamed.frames(event):
+                yield frame
+        if not batch:
+            if ctx.streams.closing.is_set() or run is None or not run.running:
+                return  # resting (its state event missed) or closing: the caller reads the result
+            yield ": the agent is working\n\n"
 
 
 def parse_request(body: Any, registered: Mapping[str, Any]) -> ChatRequest:  # noqa: C901 - one check per field

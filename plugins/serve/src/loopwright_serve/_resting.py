@@ -91,13 +91,16 @@ class Started:
 
 
 async def start(runtime: Runtime, name: str, inputs: Mapping[str, Any] | None, prompt: str, *,
-                runs: bool, history: Sequence[Message] = ()) -> Started:
+                runs: bool, history: Sequence[Message] = (), stream: bool = False,
+                instance_id: str | None = None) -> Started:
     """Start the registered definition ``name`` here, or (``runs`` false: ``server.run: false``) submit it.
 
+    :param stream: Ask providers to stream (an instance run here).
+    :param instance_id: The id of an instance run here (default: a new one).
     :raises ConfigError: As :meth:`loopwright.Runtime.start_agent`.
     """
     if runs:
-        run = await runtime.start_agent(name, inputs, prompt, history=history)
+        run = await runtime.start_agent(name, inputs, prompt, history=history, stream=stream, instance_id=instance_id)
         return Started(run.instance_id, run)
     return Started(await runtime.submit(name, inputs, prompt, history=history))
 
