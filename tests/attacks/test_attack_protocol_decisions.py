@@ -292,7 +292,7 @@ async def test_a2a_a_stale_digest_decides_and_runs_nothing(url: str, project: Pa
         # The control: with the digest shown, the call runs.
         done = await agent.send(new_data_part({"approve": second["toolCallId"], "digest": second["digest"]}),
                                 task_id=task_id)
-        assert task_of(done)[1] == TaskState.TASK_STATE_INPUT_REQUIRED  # "done": the agent waits for more
+        assert task_of(done)[1] == TaskState.TASK_STATE_COMPLETED  # "done": answered, nothing open (issue 27)
     assert effects(project, "a2a") == ["second"]
     assert ran(project, task_id) == [(first["toolCallId"], "denied"), (second["toolCallId"], "success")]
 
@@ -316,7 +316,7 @@ async def test_a2a_an_id_that_is_no_instance_id_is_an_error_and_no_instance(url:
             assert stored(project) == before, refused
         # The control: a context id that follows the rule starts the instance of that id.
         task_id, state = task_of(await agent.send(new_text_part("hello"), context_id="ctx-ok"))
-    assert (task_id, state) == ("ctx-ok", TaskState.TASK_STATE_INPUT_REQUIRED)
+    assert (task_id, state) == ("ctx-ok", TaskState.TASK_STATE_COMPLETED)  # answered, nothing open (issue 27)
     assert stored(project) == sorted([*before, "ctx-ok"])
 
 

@@ -182,8 +182,10 @@ async def test_a_streamed_task_asks_for_approval_and_input_then_completes(assemb
             assert [(a["toolCallId"], a["digest"], a["arguments"]) for a in streamed] == [
                 (call, pending["digest"], {"path": "old/notes.txt"})]
             assert pending["digest"] in next(iter(get_text_parts(message.parts)))
-            answers = [r.artifact_update.artifact for r in first if r.HasField("artifact_update")]
-            assert [list(get_text_parts(a.parts)) for a in answers] == [["I will delete it"]]
+            # The answer streams as the artifact (the provider's piece), then is sent whole.
+            updates = [r.artifact_update for r in first if r.HasField("artifact_update")]
+            assert [(list(get_text_parts(u.artifact.parts)), u.append, u.last_chunk) for u in updates] == [
+                (["I will delete it"], False, False), (["I will delete it"], False, True)]
 
             second = await agent.send(new_data_part({"approve": call, "digest": pending["digest"]}), task_id=task_id)
             data = [d for r in second if r.HasField("status_update") and r.status_update.status.HasField("message")
@@ -199,6 +201,10 @@ async def test_a_streamed_task_asks_for_approval_and_input_then_completes(assemb
             third = await agent.send(new_text_part("blue"), task_id=task_id)
             _, state, message = final_task_state(third)
             assert state == TaskState.TASK_STATE_COMPLETED
+            # The task_complete result is the answer artifact of the stream too (no text event carried it).
+            (done,) = [r.artifact_update for r in third if r.HasField("artifact_update")]
+            assert (list(get_text_parts(done.artifact.parts)), done.artifact.artifact_id, done.last_chunk) == (
+                ["all done"], "answer", True)
             task = await agent.get(task_id)
             listed = await agent.client.list_tasks(ListTasksRequest())
             working = await agent.client.list_tasks(ListTasksRequest(status=TaskState.TASK_STATE_WORKING))
@@ -322,8 +328,11 @@ async def test_a_task_id_of_another_agents_instance_is_refused(assembly: Path) -
             async with other:
                 streamed = await other.send(new_text_part("hello"))
                 theirs, state, message = final_task_state(streamed)
-                assert state == TaskState.TASK_STATE_INPUT_REQUIRED
+                # It answered and waits on nobody: a completed task (issue 27), not input-required.
+                assert state == TaskState.TASK_STATE_COMPLETED
                 assert list(get_text_parts(message.parts)) == ["the other agent answers"]
+                (task,) = [r.task for r in streamed if r.HasField("task")]
+                assert [list(get_text_parts(a.parts)) for a in task.artifacts] == [["the other agent answers"]]
             with pytest.raises(A2AError, match=f"Task {theirs} not found"):
                 await agent.send(new_text_part("delete the old notes"), task_id=theirs)
             with pytest.raises(A2AError, match="not a task of the agent helper"):

@@ -13,8 +13,9 @@ What maps to what (docs/protocols.md, "A2A"):
   the context id; a message naming a context (or a task) continues that instance. The
   :class:`InstanceTaskStore` is a view of the instance, read from loopwright's store every time,
   so a task survives a restart of the server and reflects what the serve API did to it.
-- **States.** ``running`` → working; ``waiting`` (an answer, or an ``ask_user`` question) and
-  ``waiting_for_approval`` → input-required; ``completed`` → completed; cancelled → canceled;
+- **States.** ``running`` → working; an open ``ask_user`` question (``waiting``) and a held call
+  (``waiting_for_approval``) → input-required; an answer with nothing open (``waiting``) and
+  ``completed`` → completed (a completed task is final, as A2A says); cancelled → canceled;
   ``error`` and the other stop reasons (limits) → failed. A start refused for bad inputs → rejected.
 - **Messages.** The text parts of the first message are the task prompt (``metadata.inputs``
   fills the definition's inputs). A follow-up's text is a message to the instance (the answer
@@ -23,8 +24,10 @@ What maps to what (docs/protocols.md, "A2A"):
   the one shown with the call in ``pendingApprovals``; a decision without it, or with another
   call's, is an invalid-params error (its data names the current digest) and nothing runs.
 - **Streaming.** The instance's events become task updates: each answer is the ``answer``
-  artifact (streamed pieces appended), tool calls and results are working status updates whose
-  message holds a data part, and the segment's end is the final status.
+  artifact (each piece the provider streams appended while the task works, then the whole
+  text), tool calls and results are working status updates whose message holds a data part,
+  and the segment's end is the final status. An answer given through ``task_complete`` is the
+  ``answer`` artifact too, streamed or not.
 - **Scopes.** ``run`` sends messages and cancels, ``read`` gets, lists and subscribes, and
   ``approve`` decides held calls.
 """
@@ -164,12 +167,18 @@ def _message_text(message: Message | None) -> str:
 
 
 def _state_of(header: HeaderFields) -> TaskState:
+    """Return the A2A state of an instance (issue 27): only what it waits on from someone is input-required.
+
+    An open ``ask_user`` question or a held call is ``input-required``; an instance that answered
+    and rests ``waiting`` with nothing open is ``completed``, as one that ended with
+    ``task_complete`` is.
+    """
     state, stop = header.state, header.stop_reason
     if state == State.RUNNING:
         return TaskState.TASK_STATE_WORKING
-    if state in (State.WAITING, State.WAITING_FOR_APPROVAL):
+    if state == State.WAITING_FOR_APPROVAL or (state == State.WAITING and header.awaiting_answer):
         return TaskState.TASK_STATE_INPUT_REQUIRED
-    if state == State.STOPPED and stop == StopReason.COMPLETED:
+    if state == State.WAITING or (state == State.STOPPED and stop == StopReason.COMPLETED):
         return TaskState.TASK_STATE_COMPLETED
     if header.cancelled or stop == StopReason.CANCELLED:
         return TaskState.TASK_STATE_CANCELED
@@ -489,12 +498,13 @@ class LoopwrightExecutor(AgentExecutor):
                                                  status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED)))
             try:
                 run = await rt.start_agent(self.agent.key, inputs=_inputs_of(context), prompt=text or None,
-                                           instance_id=iid)
+                                           instance_id=iid, stream=True)
             except ConfigError as exc:
                 await updater.reject(updater.new_agent_message([new_text_part(f"refused: {exc}")]))
                 return
         else:
             run = await rt.get_agent(iid)
+            run.stream = True  # the segment this message begins streams its answers (artifact updates per piece)
             before = HeaderFields(await rt.store.read_header(iid))
             decisions = decisions_of(message)
             # Every decision is checked against the calls held now before any is made: a message
@@ -521,16 +531,34 @@ class LoopwrightExecutor(AgentExecutor):
             if text:
                 await run.message(text)
         await updater.start_work()
-        await self._follow(segment_events(run, before), updater)
+        sent = await self._follow(segment_events(run, before), updater)
         await run.wait()
-        header = HeaderFields(await rt.store.read_header(iid))
+        await self._finish(updater, sent)
+
+    async def _finish(self, updater: TaskUpdater, sent: str | None) -> None:
+        """Publish where the instance rests: the ``answer`` artifact if no event carried it whole, then the status."""
+        iid = updater.task_id
+        header = HeaderFields(await self.agent.runtime.store.read_header(iid))
+        answer = _answer_artifact(header) if header.state in (State.WAITING, State.STOPPED) else None
+        if answer is not None and (sent != header.text or header.output is not None):
+            # An answer no text event carried (a task_complete result, a structured output): the
+            # task SendMessage returns, and the stream, get it as GetTask shows it.
+            await updater.event_queue.enqueue_event(TaskArtifactUpdateEvent(
+                task_id=iid, context_id=iid, append=False, last_chunk=True, artifact=answer))
         await updater.update_status(status_of(header).state, message=status_of(header).message,
                                     metadata={"loopwright": {"instanceId": iid, "usage": dict(header.usage or {}),
                                                              "cost": header.cost}})
 
-    async def _follow(self, events: Any, updater: TaskUpdater) -> None:
-        """Publish a segment's events: answers as the ``answer`` artifact, tool activity as status updates."""
+    async def _follow(self, events: Any, updater: TaskUpdater) -> str | None:
+        """Publish a segment's events: answers as the ``answer`` artifact, tool activity as status updates.
+
+        Each piece a streaming provider sends is an artifact update appended to the answer
+        while the task works; the whole text replaces it once the answer is complete.
+
+        :return: The last answer text sent whole, if any.
+        """
         streamed = False
+        sent: str | None = None
         async for event in events:
             data = event.data
             if event.kind == "text_delta":
@@ -543,6 +571,7 @@ class LoopwrightExecutor(AgentExecutor):
                     task_id=updater.task_id, context_id=updater.context_id, append=False, last_chunk=True,
                     artifact=Artifact(artifact_id=ANSWER, name=ANSWER, parts=[new_text_part(str(data["text"]))])))
                 streamed = False
+                sent = str(data["text"])
             elif event.kind in ("tool_call", "tool_result", "approval"):
                 payload = {"toolCall": {"id": data.get("id"), "name": data.get("name"),
                                         "arguments": data.get("arguments")}} if event.kind == "tool_call" else \
@@ -553,6 +582,7 @@ class LoopwrightExecutor(AgentExecutor):
                                                 "reason": data.get("reason")}}
                 await updater.update_status(TaskState.TASK_STATE_WORKING,
                                             message=updater.new_agent_message([new_data_part(_json_safe(payload))]))
+        return sent
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         """Cancel the instance; the task becomes canceled."""

@@ -12,7 +12,8 @@ What maps to what (docs/protocols.md, "AG-UI"):
   instance of another agent is refused.
 - **Events.** ``RUN_STARTED``; a ``STATE_SNAPSHOT`` of the instance (id, state, pending
   approvals, question, usage) at the start and the end; each answer as ``TEXT_MESSAGE_START``,
-  ``TEXT_MESSAGE_CONTENT`` (streamed pieces when the provider streams), ``TEXT_MESSAGE_END``;
+  one ``TEXT_MESSAGE_CONTENT`` per piece the provider streams (runs started or steered here ask
+  providers to stream), ``TEXT_MESSAGE_END``;
   each tool call as ``TOOL_CALL_START``, ``TOOL_CALL_ARGS`` (the arguments as JSON),
   ``TOOL_CALL_END`` and its ``TOOL_CALL_RESULT``; then ``RUN_FINISHED`` or ``RUN_ERROR``.
 - **Interrupts.** A held call ends the run with ``RUN_FINISHED`` whose outcome is ``interrupt``:
@@ -224,11 +225,12 @@ class AguiAgent:
             inputs = body.forwarded_props.get("inputs") if isinstance(body.forwarded_props, dict) else None
             try:
                 run = await rt.start_agent(self.session.key, inputs=inputs if isinstance(inputs, dict) else None,
-                                           prompt=_last_user_text(body), instance_id=thread)
+                                           prompt=_last_user_text(body), instance_id=thread, stream=True)
             except ConfigError as exc:
                 raise _problem(400, "the agent cannot start", str(exc)) from exc
         else:
             run = await rt.get_agent(thread)
+            run.stream = True  # the segment this run begins streams its answers (TEXT_MESSAGE_CONTENT per piece)
             if body.resume:
                 resumed, answered = await self._resume(request, run, header, body.resume)
             else:
