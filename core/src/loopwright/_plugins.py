@@ -478,10 +478,10 @@ def _default_name(plugin: object) -> str:
 
 
 def _entry_points() -> dict[str, EntryPoint]:
-    # importlib.metadata (about 10 ms with zipfile, email ...) only when entry points are read.
-    import importlib.metadata  # noqa: PLC0415
+    # Read from the metadata folders without importlib.metadata (~25 ms less: issue 30).
+    from loopwright._entry_points import entry_points  # noqa: PLC0415 - only when entry points are read
 
-    return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    return entry_points(ENTRY_POINT_GROUP)
 
 
 def _likeness(entry_point: str, wanted: str | None) -> tuple[int, str]:
