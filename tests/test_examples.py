@@ -171,8 +171,31 @@ def test_postgres_workers(tmp_path: Path, fresh_database: str) -> None:
     assert len(ids) == 3
     assert all((i["state"], i["usage"]["requests"]) == ("waiting", 2) for i in instances), instances
     events = [json.loads(line) for log in ("worker-1.jsonl", "worker-2.jsonl")
-              for line in (folder / log).read_text().splitlines() if line.strip()]
+              for line in (folder / ".loopwright" / log).read_text().splitlines() if line.strip()]
     assert Counter((e["event"], e["instanceId"]) for e in events) == Counter(
         [("pickedUp", i) for i in ids] + [("finished", i) for i in ids])
     assert {e["reason"] for e in events if e["event"] == "pickedUp"} == {"message"}
     assert {e["text"] for e in events if e["event"] == "finished"} == {"test answer to: And how are they grown?"}
+
+
+def test_running_every_example_in_place_leaves_only_ignored_files(tmp_path: Path, fresh_database: str) -> None:
+    """Issue 31: in a clone where every example's README was run in its own folder, git sees nothing new.
+
+    Each example writes only to git-ignored places (``.loopwright/``, logs the root
+    ``.gitignore`` names), so such a clone is a fresh clone to every test (which copies only
+    tracked files) and to ``git status``. Run in a real ``git clone`` of this checkout.
+    """
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(ROOT), str(clone)], check=True, timeout=TIMEOUT)
+    names = sorted(p.name for p in EXAMPLES.iterdir() if p.is_dir() and not p.name.startswith("."))
+    for name in names:
+        extra = {"LOOPWRIGHT_TEST_POSTGRES_DSN": fresh_database} if name == "postgres-workers" else {}
+        done = subprocess.run(["bash", "-c", commands(name)], cwd=clone / "examples" / name, env=env(**extra),
+                              capture_output=True, text=True, timeout=TIMEOUT, check=False)
+        assert done.returncode == 0, f"{name}:\nstdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+    left = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=clone, capture_output=True,
+                          text=True, check=True).stdout
+    assert left == "", f"running the examples left files git does not ignore:\n{left}"
+    ignored = subprocess.run(["git", "status", "--porcelain", "--ignored", "--untracked-files=all", "examples"],
+                             cwd=clone, capture_output=True, text=True, check=True).stdout
+    assert ".loopwright/" in ignored  # the examples did run, and wrote where they should
