@@ -23,8 +23,6 @@ import functools
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-import re2
-
 if TYPE_CHECKING:
     import jsonschema
     from jsonschema.exceptions import ValidationError
@@ -34,6 +32,8 @@ __all__ = ["has_pattern_properties", "has_patterns", "pattern_problems", "schema
 
 @functools.cache
 def _options() -> Any:
+    import re2  # noqa: PLC0415 - RE2 only when a pattern is checked: ls and show compile none (issue 30)
+
     options = re2.Options()
     options.log_errors = False  # errors are reported as problems, not printed to stderr
     return options
@@ -42,6 +42,8 @@ def _options() -> Any:
 @functools.lru_cache(maxsize=1024)
 def _compiled(pattern: str) -> Any:
     """Return the RE2 program of ``pattern``, or ``None`` when RE2 cannot compile it."""
+    import re2  # noqa: PLC0415 - see _options
+
     try:
         return re2.compile(pattern, _options())
     except re2.error:
@@ -49,6 +51,8 @@ def _compiled(pattern: str) -> Any:
 
 
 def _why(pattern: str) -> str:
+    import re2  # noqa: PLC0415 - see _options
+
     try:
         re2.compile(pattern, _options())
     except re2.error as exc:

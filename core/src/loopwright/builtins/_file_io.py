@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import logging
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -46,8 +45,18 @@ __all__ = [
     "write_all",
 ]
 
+class _Log:
+    """The file store's logger, made at its first message: ``logging`` costs ``ls`` ~5 ms to import (issue 30)."""
+
+    def warning(self, msg: str, *args: object) -> None:
+        """Log a warning on ``loopwright.builtins.file_store``."""
+        import logging  # noqa: PLC0415 - see the class
+
+        logging.getLogger("loopwright.builtins.file_store").warning(msg, *args)
+
+
 #: The file store's logger (one name for all its modules: what operators filter on).
-log: Final = logging.getLogger("loopwright.builtins.file_store")
+log: Final = _Log()
 
 #: The store folder when ``path`` is not set, relative to the assembly's folder.
 DEFAULT_PATH: Final = ".loopwright/instances"
