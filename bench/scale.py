@@ -4,6 +4,7 @@
     python bench/scale.py                      # both parts: 1,000 instances at once, then resume
     python bench/scale.py many --n 10000       # 10,000 instances at once
     python bench/scale.py resume --turns 10000 # get_agent in a fresh process: 10,000 turns vs 10
+    python bench/scale.py resume --against /tmp/before/core/src  # and an old checkout's, in turn
     python bench/scale.py turn                 # CPU per turn alone, and where it goes (cProfile)
 
 No HTTP: the model is an in-process provider (kind ``inproc``) that answers after
@@ -26,7 +27,11 @@ a runtime on that store, loads a third, 2-turn instance (so that first-use costs
 converters' generated code are not counted) and times ``get_agent`` (header, log, rebuild) of the
 instance, ``--repeat`` times, each in its own process, alternating the two; it reports the
 median and the ratio of the two, plus the CPU time of one more tool turn (a message, one tool
-turn, a final answer) at both sizes.
+turn, a final answer) at both sizes. ``--against SRC`` also loads the long instance with the
+loopwright under ``SRC`` (another checkout's ``core/src``), process by process in turn with this
+one, from the same files: before and after figures under the same load. Since issue 30 the long
+instance's messages stay JSON until first read (a lazy transcript), so "one more turn" at 10,000
+turns includes building them all for the model request.
 
 The stores go to ``--store-dir`` (default ``bench/out/stores``, kept: see bench/README.md,
 "Where the stores go"). ``--json PATH`` writes the figures.
@@ -274,9 +279,11 @@ asyncio.run(main())
 """
 
 
-def _load_in_child(store: Path, iid: str, warm: str) -> dict[str, Any]:
+def _load_in_child(store: Path, iid: str, warm: str, against: str | None = None) -> dict[str, Any]:
+    """Time ``get_agent(iid)`` in a fresh process; with ``against``, the loopwright under that ``src`` folder."""
     code = _CHILD.format(here=str(HERE), store=str(store), iid=iid, warm=warm)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    env = None if against is None else {**os.environ, "PYTHONPATH": str(Path(against).resolve())}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -299,15 +306,22 @@ async def _build(store: Path, turns: int) -> tuple[str, float]:
     return iid, cpu
 
 
-def resume(turns: int, repeat: int, store_dir: Path) -> dict[str, Any]:
-    """Build a long and a short instance; time get_agent on each in fresh processes."""
+def resume(turns: int, repeat: int, store_dir: Path, against: str | None = None) -> dict[str, Any]:
+    """Build a long and a short instance; time get_agent on each in fresh processes.
+
+    With ``against`` (another checkout's ``core/src``), the long instance is also loaded by that
+    loopwright, process by process in turn with this one, from the same files (``against``).
+    """
     store = new_store(store_dir, "resume")
     long_id, long_more = asyncio.run(_build(store, turns))
     short_id, short_more = asyncio.run(_build(store, 10))
     warm_id, _ = asyncio.run(_build(store, 2))
     long_t: list[dict[str, Any]] = []
     short_t: list[dict[str, Any]] = []
+    old_t: list[dict[str, Any]] = []
     for _ in range(repeat):
+        if against is not None:
+            old_t.append(_load_in_child(store, long_id, warm_id, against))
         long_t.append(_load_in_child(store, long_id, warm_id))
         short_t.append(_load_in_child(store, short_id, warm_id))
     lw = statistics.median(t["wall"] for t in long_t)
@@ -324,6 +338,9 @@ def resume(turns: int, repeat: int, store_dir: Path) -> dict[str, Any]:
                   "all_ms": [round(t["wall"] * 1000, 2) for t in short_t],
                   "one_more_turn_cpu_ms": round(short_more * 1000, 2)},
         "ratio": round(lw / sw, 2),
+        **({"against": {"src": against, "get_agent_ms": round(statistics.median(t["wall"] for t in old_t) * 1000, 2),
+                        "cpu_ms": round(statistics.median(t["cpu"] for t in old_t) * 1000, 2),
+                        "all_ms": [round(t["wall"] * 1000, 2) for t in old_t]}} if old_t else {}),
     }
 
 
@@ -339,6 +356,9 @@ def main() -> None:
                     help="skip the traced second burst (many): no KB per running instance, much faster at 10,000")
     ap.add_argument("--turns", type=int, default=10000, help="tool turns of the long instance (resume)")
     ap.add_argument("--repeat", type=int, default=5, help="fresh processes per instance (resume)")
+    ap.add_argument("--against", metavar="SRC",
+                    help="also load the long instance with the loopwright under SRC (another checkout's core/src), "
+                         "process by process in turn with this one (resume): before and after figures")
     ap.add_argument("--store-dir", type=Path, default=HERE / "out" / "stores")
     ap.add_argument("--json", type=Path, default=HERE / "results" / "scale.json")
     args = ap.parse_args()
@@ -359,11 +379,16 @@ def main() -> None:
               f"GC {m['gc_s']} s CPU in {m['gc_collections']} collections, load {out['load']:.1f}"
               + ("" if m["valid"] else "  INVALID"))
     if args.part in ("all", "resume"):
-        r = resume(args.turns, args.repeat, args.store_dir)
+        r = resume(args.turns, args.repeat, args.store_dir, args.against)
         out["resume"] = r
         print(f"resume: get_agent in a fresh process: {r['turns']} turns ({r['long']['messages']} messages) "
-              f"{r['long']['get_agent_ms']} ms, 10 turns {r['short']['get_agent_ms']} ms: {r['ratio']}x; "
-              f"one more turn: {r['long']['one_more_turn_cpu_ms']} ms CPU vs {r['short']['one_more_turn_cpu_ms']} ms")
+              f"{r['long']['get_agent_ms']} ms ({r['long']['cpu_ms']} ms CPU), "
+              f"10 turns {r['short']['get_agent_ms']} ms: {r['ratio']}x; one more turn: {r['long']['one_more_turn_cpu_ms']} ms CPU vs "
+              f"{r['short']['one_more_turn_cpu_ms']} ms")
+        if "against" in r:
+            a = r["against"]
+            print(f"resume, against {a['src']}: {r['turns']} turns {a['get_agent_ms']} ms ({a['cpu_ms']} ms CPU), "
+                  f"all {a['all_ms']}; this one: all {r['long']['all_ms']}")
     if args.part == "turn":
         t = asyncio.run(turn_profile(args.runs, 10, args.store_dir, args.top))
         out["turn"] = t
