@@ -383,7 +383,8 @@ def main() -> None:
         out["resume"] = r
         print(f"resume: get_agent in a fresh process: {r['turns']} turns ({r['long']['messages']} messages) "
               f"{r['long']['get_agent_ms']} ms ({r['long']['cpu_ms']} ms CPU), "
-              f"10 turns {r['short']['get_agent_ms']} ms: {r['ratio']}x; one more turn: {r['long']['one_more_turn_cpu_ms']} ms CPU vs "
+              f"10 turns {r['short']['get_agent_ms']} ms: {r['ratio']}x; "
+              f"one more turn: {r['long']['one_more_turn_cpu_ms']} ms CPU vs "
               f"{r['short']['one_more_turn_cpu_ms']} ms")
         if "against" in r:
             a = r["against"]
