@@ -145,6 +145,39 @@ PROVIDERS: dict[str, Any] = {
                                                                  "id": "call_same"}]},
         "all right, nothing deleted",
     ]),
+    # Issue 27's control plane.
+    **_script("narrow", [
+        {"text": "I will delete it", "toolCalls": [{"name": "delete", "arguments": {"path": "narrow.txt"},
+                                                    "id": "call_n"}]},
+        "done",
+    ]),
+    **_script("brief", ["briefed"]),
+    # Three model calls a second apart, each with its usage: the numbers move while it runs.
+    **_script("count", [
+        {"text": "step one", "delay": 1.5, "usage": {"inputTokens": 100, "outputTokens": 10},
+         "toolCalls": [{"name": "todowrite", "arguments": {"todos": []}}]},
+        {"text": "step two", "delay": 1.5, "usage": {"inputTokens": 200, "outputTokens": 20},
+         "toolCalls": [{"name": "todowrite", "arguments": {"todos": []}}]},
+        {"text": "counted to three", "delay": 1.5, "usage": {"inputTokens": 300, "outputTokens": 30}},
+    ]),
+    **_script("fork", ["the first answer", "the second answer"]),
+    **_script("ask", [
+        {"text": "one question first", "toolCalls": [{"name": "ask_user", "id": "call_ask",
+                                                      "arguments": {"question": "Which colour should it be?"}}]},
+        "blue it is",
+    ]),
+    **_script("boss", [
+        {"text": "I will ask an aide", "toolCalls": [{"name": "run_agent_async", "id": "call_aide",
+                                                      "arguments": {"definition": "aide",
+                                                                    "prompt": "sweep the old logs"}}]},
+        "the aide is on it",
+    ]),
+    **_script("aide", [
+        {"text": "sweeping", "toolCalls": [{"name": "delete", "arguments": {"path": "logs/old.log"},
+                                            "id": "call_sweep"}]},
+        "swept",
+    ]),
+    **_script("many", [f"answer {k}" for k in range(30)]),
 }
 AGENTS = {
     "approver": ("m_approve", ["delete"]),
@@ -159,6 +192,24 @@ AGENTS = {
     "raced": ("m_raced", ["delete"]),
     "lead": ("m_lead", ["run_agent_async"]),
     "helper": ("m_helper", ["delete"]),
+    "narrow": ("m_narrow", ["delete"]),
+    "counter": ("m_count", ["todowrite"]),
+    "forker": ("m_fork", []),
+    "asker": ("m_ask", ["ask_user"]),
+    "boss": ("m_boss", ["run_agent_async"]),
+    "aide": ("m_aide", ["delete"]),
+    "many": ("m_many", []),
+}
+#: A definition with inputs of every kind the start form builds a field for.
+BRIEFING = {
+    "name": "briefing", "model": "m_brief:any", "description": "Writes a short brief on a topic.",
+    "systemPrompt": "Brief on {{ topic }} at depth {{ depth }}; urgent {{ urgent }}; tags {{ tags }}",
+    "inputs": {
+        "topic": {"type": "string", "description": "What the brief is about."},
+        "depth": {"type": "integer", "default": 2},
+        "urgent": {"type": "boolean", "default": False},
+        "tags": {"type": "array", "default": ["news"]},
+    },
 }
 
 
@@ -275,11 +326,12 @@ def _write_assembly(folder: Path, *, tokens: bool = True) -> None:
     for name, (model, tools) in AGENTS.items():
         (folder / "agents" / f"{name}.yaml").write_text(
             json.dumps({"name": name, "model": f"{model}:any", "tools": tools}))
+    (folder / "agents" / "briefing.yaml").write_text(json.dumps(BRIEFING))
     assembly: dict[str, Any] = {
         "store": {"kind": "file", "path": "./store"},
         "plugins": ["testing", "browser_tools.py"],
         "providers": PROVIDERS,
-        "agentDefinitions": {name: f"agents/{name}.yaml" for name in AGENTS},
+        "agentDefinitions": {name: f"agents/{name}.yaml" for name in [*AGENTS, "briefing"]},
         "capabilities": {"agents": {"spawn": True, "maxDepth": 2}},
     }
     if tokens:
@@ -560,21 +612,58 @@ def test_send_a_message(page: Page) -> None:
     assert page.server.wait_for(instance_id, "waiting")["state"] == "waiting"
 
 
-def test_start_a_registered_definition_from_the_page(page: Page) -> None:
+def test_start_from_the_picker_with_a_form_built_from_the_inputs(page: Page) -> None:
+    """The picker lists the registered definitions; the form is the chosen one's inputs; a refusal shows at a field."""
     page.sign_in()
-    page.page.locator("#start-definition").fill("agents/starter.yaml")
-    page.page.locator("#start-form button").click()
-    page.expect(page.page.locator("#error")).to_contain_text("422")
-    page.expect(page.page.locator("#error")).to_contain_text("agentDefinitions")
-    page.page.locator("#start-definition").fill("starter")
-    page.page.locator("#start-prompt").fill("begin")
-    page.page.locator("#start-form button").click()
-    page.expect(page.page.locator("#detail-title")).to_contain_text("starter")
-    page.expect(page.transcript()).to_contain_text("begin")
-    page.expect(page.transcript()).to_contain_text("started from the page")
-    page.expect(page.page.locator("#error")).to_be_hidden()
+    picker = page.page.locator("#start-definition")
+    names = picker.locator("option").evaluate_all("options => options.map(o => o.value)")
+    assert names == sorted([*AGENTS, "briefing"])
+    picker.select_option("briefing")
+    page.expect(page.page.locator("#start-about")).to_contain_text("Writes a short brief on a topic.")
+    field = page.page.locator("#start-inputs .field")
+    page.expect(field).to_have_count(4)
+    topic = page.page.locator("#input-topic")
+    page.expect(topic).to_have_attribute("required", "")
+    page.expect(page.page.locator('.field[data-input="topic"]')).to_contain_text("What the brief is about.")
+    page.expect(page.page.locator("#input-depth")).to_have_attribute("type", "number")
+    page.expect(page.page.locator("#input-depth")).to_have_value("2")  # its default
+    page.expect(page.page.locator("#input-urgent")).to_have_attribute("type", "checkbox")
+    page.expect(page.page.locator("#input-urgent")).not_to_be_checked()
+    page.expect(page.page.locator("#input-tags")).to_have_value('["news"]')
+
+    # Without the required topic the server refuses: its reason is shown at the field, and nothing starts.
+    before = len(page.server.api("GET", "/v1/instances")[1])
+    page.page.locator("#start-form button[type=submit]").click()
+    page.expect(page.page.locator("#start-error")).to_contain_text("422")
+    page.expect(page.page.locator('.field[data-input="topic"] .field-error')).to_contain_text(
+        "missing required input 'topic'")
+    assert len(page.server.api("GET", "/v1/instances")[1]) == before
+    # JSON that does not parse is caught in the page, at its field.
+    page.page.locator("#input-tags").fill("[not json")
+    page.page.locator("#start-form button[type=submit]").click()
+    page.expect(page.page.locator('.field[data-input="tags"] .field-error')).to_contain_text("must be JSON")
+    page.shot("12-start-form-refused")
+
+    topic.fill("owls")
+    page.page.locator("#input-depth").fill("3")
+    page.page.locator("#input-urgent").check()
+    page.page.locator("#input-tags").fill('["birds", "night"]')
+    page.page.locator("#start-prompt").fill("keep it short")
+    page.page.locator("#start-form button[type=submit]").click()
+    page.expect(page.page.locator("#detail-title")).to_contain_text("briefing")
+    page.expect(page.page.locator("#start-error")).to_be_hidden()
+    page.expect(page.transcript().locator(".item.system")).to_contain_text(
+        'Brief on owls at depth 3; urgent true; tags ["birds", "night"]')
+    page.expect(page.transcript()).to_contain_text("keep it short")
+    page.expect(page.transcript()).to_contain_text("briefed")
+    page.shot("13-started-from-the-form")
     started = page.page.locator("#detail-title").text_content().split()[-1]
-    assert page.server.wait_for(started, "waiting")["name"] == "starter"
+    assert page.server.wait_for(started, "waiting")["name"] == "briefing"
+    # The body the page sent: the typed values, each of its input's type.
+    (sent,) = [r.post_data_json for r in page.requests if r.method == "POST" and r.url.endswith("/v1/instances")
+               and r.post_data_json.get("inputs", {}).get("topic")]
+    assert sent == {"definition": "briefing", "prompt": "keep it short",
+                    "inputs": {"topic": "owls", "depth": 3, "urgent": True, "tags": ["birds", "night"]}}
 
 
 def test_cancel_a_running_instance(page: Page) -> None:
@@ -852,7 +941,7 @@ def test_serve_prints_the_ui_and_how_to_sign_in_and_a_browser_finds_it_at_the_ro
 
 def test_the_page_works_in_a_narrow_window(page: Page) -> None:
     """At 400 px wide nothing is cut off sideways: the panels stack and the controls stay in reach."""
-    instance_id = page.server.start("approver")
+    instance_id = page.server.start("narrow")
     page.server.wait_for(instance_id, "waiting_for_approval")
     page.page.set_viewport_size({"width": 400, "height": 800})
     page.sign_in()

@@ -419,6 +419,9 @@ def test_the_list_filters_by_text_and_pages_with_a_total(client: httpx.Client) -
     second = client.get("/v1/instances", params={"q": "page-marker", "limit": 2, "offset": 2})
     assert [s["instanceId"] for s in second.json()] == ids[2:]
     assert second.headers["x-total-count"] == "3"
+    newest = client.get("/v1/instances", params={"q": "page-marker", "order": "newest", "limit": 1})
+    assert [s["instanceId"] for s in newest.json()] == ids[2:]
+    assert client.get("/v1/instances", params={"order": "random"}).status_code == 422
     assert client.get("/v1/instances", params={"q": ids[1][-8:]}).json()[0]["instanceId"] == ids[1]
     trees = client.get("/v1/instances", params={"q": "page-marker-1", "tree": "true"}).json()
     assert [n["instanceId"] for n in trees] == [ids[1]]

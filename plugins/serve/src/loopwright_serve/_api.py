@@ -167,6 +167,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
                         "(case-insensitive); with tree=true, the trees with such an instance.")),
                  "tree": ({"type": "boolean"}, "Every tree in the store as nested nodes (as ls --tree --json)."),
                  "live": ({"type": "boolean"}, _LIVE_HELP),
+                 "order": ({"enum": ["oldest", "newest"]}, "oldest first (the default) or newest first."),
                  "offset": ({"type": "integer", "minimum": 0}, "Skip this many (summaries, or trees) first."),
                  "limit": ({"type": "integer", "minimum": 1, "maximum": _MAX_PAGE},
                            (f"At most this many (default: all; at most {_MAX_PAGE}). X-Total-Count says how "
@@ -469,6 +470,9 @@ class _Handlers:
         offset = _whole(request, "offset", 0, None)
         limit = _whole(request, "limit", None, _MAX_PAGE)
         live = _flag(request, "live")
+        order = request.query_params.get("order", "oldest")
+        if order not in {"oldest", "newest"}:
+            raise ProblemError(422, "Invalid query", f"order must be oldest or newest, not {order[:40]!r}")
         headers: dict[Any, HeaderFields] = {}
         if live or text:  # the headers again: what the summaries leave out
             headers = {h.get("instanceId"): HeaderFields(h) for h in await self.rt.store.list_headers()}
@@ -476,12 +480,16 @@ class _Handlers:
             nodes = [n for n in await self.rt.trees()
                      if (state is None or n.get("state") == state) and (name is None or n.get("name") == name)
                      and (not text or any(_matches(headers.get(i), text) for i in _node_ids(n)))]
+            if order == "newest":
+                nodes.reverse()
             page = nodes[offset:None if limit is None else offset + limit]
             for node in page if live else ():
                 await self._dress_node(node, headers)
             return JSONResponse(page, headers={"X-Total-Count": str(len(nodes))})
         found = [s for s in await self.rt.list_instances(state) if (name is None or s.get("name") == name)
                  and (not text or _matches(headers.get(s.get("instanceId")), text))]
+        if order == "newest":
+            found.reverse()
         page = found[offset:None if limit is None else offset + limit]
         for summary in page if live else ():
             await self._dress(summary, headers.get(summary.get("instanceId")))

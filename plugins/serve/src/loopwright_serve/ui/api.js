@@ -18,7 +18,7 @@ export function setToken(token) {
  * or what could be made of a response that was not one.
  */
 export class ProblemError extends Error {
-  constructor({ status, title, detail, type, instance }) {
+  constructor({ status, title, detail, type, instance, errors }) {
     super(detail ? `${title}: ${detail}` : title);
     this.name = "ProblemError";
     this.status = status;
@@ -26,6 +26,10 @@ export class ProblemError extends Error {
     this.detail = detail ?? "";
     this.type = type ?? "about:blank";
     this.instance = instance ?? null;
+    // Where the request was wrong, as the server says: [{path: "$.name", message}].
+    this.errors = Array.isArray(errors)
+      ? errors.filter((e) => e && typeof e === "object").map((e) => ({ path: String(e.path ?? "$"), message: String(e.message ?? "") }))
+      : [];
   }
 }
 
@@ -43,6 +47,7 @@ async function problemFrom(response) {
     detail: typeof doc.detail === "string" ? doc.detail : "",
     type: typeof doc.type === "string" ? doc.type : undefined,
     instance: typeof doc.instance === "string" ? doc.instance : undefined,
+    errors: doc.errors,
   });
 }
 
@@ -64,6 +69,17 @@ export function path(strings, ...ids) {
 
 /** GET (body undefined) or POST a JSON body; resolve to the parsed answer, or throw a ProblemError. */
 export async function request(url, body = undefined) {
+  return (await exchange(url, body)).body;
+}
+
+/** GET a list that says how many matched in X-Total-Count: resolve to {body, total}. */
+export async function requestPage(url) {
+  const { body, response } = await exchange(url);
+  const total = Number(response.headers.get("X-Total-Count"));
+  return { body, total: Number.isFinite(total) ? total : (Array.isArray(body) ? body.length : 0) };
+}
+
+async function exchange(url, body = undefined) {
   const init = { headers: headers(), cache: "no-store", credentials: "omit" };
   if (body !== undefined) {
     init.method = "POST";
@@ -77,9 +93,9 @@ export async function request(url, body = undefined) {
     throw new ProblemError({ status: 0, title: "The server cannot be reached", detail: String(error.message ?? error) });
   }
   if (!response.ok) throw await problemFrom(response);
-  if (response.status === 204) return null;
+  if (response.status === 204) return { body: null, response };
   const text = await response.text();
-  return text ? JSON.parse(text) : null;
+  return { body: text ? JSON.parse(text) : null, response };
 }
 
 /**

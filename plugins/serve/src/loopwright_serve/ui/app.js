@@ -1,28 +1,38 @@
-// The control plane: instances as trees, one instance's transcript as it runs, the approvals
-// inbox over all instances, a message box and Cancel. Everything a model or a tool wrote goes
-// into the page as text (textContent, through safeText/safeJson), never as HTML.
+// The control plane: start an agent from a form, find instances (filters, pages, trees), follow
+// one instance's run as a timeline with live numbers, fork or rewind it from a turn, and the
+// inbox of held calls and open questions over every tree. Everything a model or a tool wrote
+// goes into the page as text (textContent, through safeText/safeJson), never as HTML.
 
-import { ProblemError, followEvents, getToken, path, request, setToken } from "./api.js";
+import { ProblemError, followEvents, getToken, path, request, requestPage, setToken } from "./api.js";
 import { safeJson, safeText } from "./display.js";
+import { formatCost, formatDuration, formatTokens, secondsBetween } from "./format.js";
+import { StartForm } from "./start.js";
+import { Timeline } from "./timeline.js";
 
 const REFRESH_MS = 1500;
 const RECONNECT_MS = 1000;
+const PAGE_SIZE = 20;
 // States in which nothing runs or waits to run: there is nothing to cancel.
 const RESTING = new Set(["waiting", "stopped", "error"]);
 
 const $ = (id) => document.getElementById(id);
 
 const state = {
-  summaries: new Map(), // instanceId -> summary (as `show --json`)
-  nodes: new Map(), // instanceId -> tree node (as `ls --tree --json`)
-  parents: new Map(), // instanceId -> the instanceId of the node it hangs under
+  summaries: new Map(), // instanceId -> summary (as `show --json`, with live, question, forkedFrom)
+  nodes: new Map(), // instanceId -> tree node of the page shown
+  parents: new Map(), // instanceId -> the instanceId of the agent that started it
+  kids: new Map(), // instanceId -> [the instanceIds it started]
   selected: null,
-  stream: null, // {id, controller, lastEventId, held}: the selected instance's event stream
+  stream: null, // the selected instance's event stream
+  timeline: null, // the selected instance's Timeline
   soon: null, // a refresh waiting to run
   timer: null,
   generation: 0, // of the latest refresh: an older answer that arrives later is dropped
   signedIn: false,
+  find: { text: "", state: "", definition: "", view: "trees", offset: 0 },
+  total: 0,
 };
+const startForm = new StartForm();
 
 /** Make an element with a class and text (text always through textContent). */
 function el(tag, className = "", text = undefined) {
@@ -40,21 +50,36 @@ function shortId(id) {
   return id.length > 12 ? `…${id.slice(-8)}` : id;
 }
 
-function formatCost(cost) {
-  if (cost === null || cost === undefined) return "unknown";
-  if (cost === 0) return "$0.00";
-  return cost < 0.01 ? `$${cost.toPrecision(2)}` : `$${cost.toFixed(2)}`;
-}
-
-function tokensOf(summary) {
-  const usage = summary?.usage;
-  if (!usage) return null;
-  return usage.totalTokens ?? (usage.inputTokens ?? 0) + (usage.outputTokens ?? 0);
-}
-
 function stateText(item) {
   const shown = item.state ?? "unknown";
   return item.stopReason && item.stopReason !== item.state ? `${shown} (${item.stopReason})` : shown;
+}
+
+/** The counters of an instance as they stand: live while it runs, else its header's. */
+function numbers(id) {
+  const summary = state.summaries.get(id) ?? {};
+  const live = summary.live ?? state.nodes.get(id)?.live;
+  if (live) return { turns: live.turns, usage: live.usage, cost: live.cost, since: live.runningSince };
+  return { turns: state.nodes.get(id)?.turns ?? null, usage: summary.usage ?? null, cost: summary.cost ?? null, since: null };
+}
+
+/** The numbers of an instance and every agent below it: how many, tokens, cost (null: unknown). */
+function subtree(id) {
+  let agents = 0;
+  let tokens = 0;
+  let cost = 0;
+  const seen = new Set();
+  const walk = (at) => {
+    if (seen.has(at) || seen.size > 10000) return;
+    seen.add(at);
+    agents += 1;
+    const own = numbers(at);
+    tokens += Number(own.usage?.totalTokens) || (Number(own.usage?.inputTokens) || 0) + (Number(own.usage?.outputTokens) || 0);
+    cost = cost === null || own.cost === null || own.cost === undefined ? null : cost + own.cost;
+    for (const child of state.kids.get(at) ?? []) walk(child);
+  };
+  walk(id);
+  return { agents, tokens, cost };
 }
 
 // ---- errors and status -------------------------------------------------------------------
@@ -100,9 +125,13 @@ function showSignIn() {
   state.summaries = new Map();
   state.nodes = new Map();
   state.parents = new Map();
+  state.kids = new Map();
   for (const id of ["tree", "inbox", "facts", "transcript"]) $(id).replaceChildren();
+  $("records-view").hidden = true;
+  $("records-view").textContent = "";
   $("detail-title").textContent = "Select an instance";
   $("message-form").hidden = true;
+  $("detail-tools").hidden = true;
   $("transcript").hidden = true;
   $("detail-hint").hidden = false;
   $("app").hidden = true;
@@ -150,35 +179,55 @@ function enterApp() {
 
 // ---- the instance list and the tree ------------------------------------------------------
 
+function pageQuery() {
+  const query = new URLSearchParams({ live: "true", order: "newest", offset: String(state.find.offset), limit: String(PAGE_SIZE) });
+  if (state.find.view === "trees") query.set("tree", "true");
+  if (state.find.text) query.set("q", state.find.text);
+  if (state.find.state) query.set("state", state.find.state);
+  if (state.find.definition) query.set("name", state.find.definition);
+  return `../v1/instances?${query}`;
+}
+
 async function refresh({ once = false } = {}) {
   clearTimeout(state.timer);
   state.generation += 1;
   const generation = state.generation;
   try {
-    const [roots, summaries] = await Promise.all([
-      request("../v1/instances?tree=true"),
-      request("../v1/instances"),
+    const [summaries, page, definitions] = await Promise.all([
+      request("../v1/instances?live=true"),
+      requestPage(pageQuery()),
+      request("../v1/definitions"),
     ]);
     if (generation !== state.generation) return;
     state.summaries = new Map(list(summaries).map((s) => [s.instanceId, s]));
-    state.nodes = new Map();
     state.parents = new Map();
+    state.kids = new Map();
+    for (const s of state.summaries.values()) {
+      const parent = s.spawnerInstanceId;
+      if (typeof parent === "string" && state.summaries.has(parent)) {
+        state.parents.set(s.instanceId, parent);
+        state.kids.set(parent, [...(state.kids.get(parent) ?? []), s.instanceId]);
+      }
+    }
+    state.nodes = new Map();
     const walk = (node) => {
       state.nodes.set(node.instanceId, node);
-      for (const child of list(node.children)) {
-        state.parents.set(child.instanceId, node.instanceId);
-        walk(child);
-      }
+      list(node.children).forEach(walk);
     };
-    const rootList = list(roots);
-    rootList.forEach(walk);
+    const shown = list(page.body);
+    if (state.find.view === "trees") shown.forEach(walk);
+    state.total = page.total;
     // The server answers again: a "cannot be reached" (or a 5xx) shown before is over.
-    const shown = Number($("error").dataset.status);
-    if (!$("error").hidden && (shown === 0 || shown >= 500)) clearError();
+    const status = Number($("error").dataset.status);
+    if (!$("error").hidden && (status === 0 || status >= 500)) clearError();
+    startForm.load(list(definitions));
+    loadDefinitionFilter(list(definitions));
     enterApp();
-    renderTree(rootList);
+    renderTree(shown);
     renderInbox();
     renderFacts();
+    state.timeline?.setChildren(childrenOf(state.selected));
+    state.timeline?.refreshNested();
   } catch (error) {
     if (generation !== state.generation) return;
     if (once || (error instanceof ProblemError && error.status === 401)) throw error;
@@ -192,31 +241,57 @@ async function refresh({ once = false } = {}) {
   }
 }
 
-function renderTree(roots) {
+function loadDefinitionFilter(definitions) {
+  const picker = $("find-definition");
+  const names = [...new Set(definitions.map((d) => d.agentName ?? d.name).filter((n) => typeof n === "string"))].sort();
+  const have = [...picker.options].slice(1).map((o) => o.value);
+  if (JSON.stringify(have) === JSON.stringify(names)) return;
+  const chosen = picker.value;
+  picker.replaceChildren(Object.assign(el("option", "", "any agent"), { value: "" }),
+    ...names.map((n) => Object.assign(el("option", "", safeText(n)), { value: n })));
+  picker.value = names.includes(chosen) ? chosen : "";
+}
+
+function childrenOf(id) {
+  return (state.kids.get(id) ?? []).map((child) => state.summaries.get(child)).filter(Boolean);
+}
+
+function row(id, fallback) {
+  const summary = state.summaries.get(id) ?? fallback;
+  const node = state.nodes.get(id) ?? fallback;
+  const button = el("button", "node");
+  button.type = "button";
+  button.dataset.id = id;
+  if (id === state.selected) button.classList.add("selected");
+  button.append(el("span", "name", safeText(node.name ?? summary?.name ?? "?")));
+  button.append(el("span", `state state-${(node.state ?? "").replace(/[^a-z_]/g, "")}`, stateText(node)));
+  const own = numbers(id);
+  const tokens = own.usage ? Number(own.usage.totalTokens) || 0 : null;
+  const pending = list(node.pendingApprovals).length;
+  const meta = [
+    shortId(safeText(id)),
+    `${own.turns ?? "?"} turns`,
+    `${tokens ?? "?"} tokens`,
+    formatCost(own.cost),
+  ];
+  if (pending) meta.push(`${pending} to approve`);
+  const below = (Number(node.waitingOn) || 0) - pending;
+  if (below > 0) meta.push(`${below} waiting below`);
+  if (summary?.question) meta.push("asks a question");
+  if (summary?.forkedFrom?.instanceId) meta.push(`fork of ${shortId(safeText(summary.forkedFrom.instanceId))}`);
+  button.append(el("span", "meta", meta.join(" · ")));
+  if ((state.kids.get(id) ?? []).length) {
+    const tree = subtree(id);
+    button.append(el("span", "subtree", `tree: ${tree.agents} agents · ${tree.tokens} tokens · ${formatCost(tree.cost)}`));
+  }
+  button.addEventListener("click", () => select(id));
+  return button;
+}
+
+function renderTree(shown) {
   const build = (node) => {
-    const summary = state.summaries.get(node.instanceId);
     const li = el("li");
-    const row = el("button", "node");
-    row.type = "button";
-    row.dataset.id = node.instanceId;
-    if (node.instanceId === state.selected) row.classList.add("selected");
-    row.append(el("span", "name", safeText(node.name ?? summary?.name ?? "?")));
-    const badge = el("span", `state state-${(node.state ?? "").replace(/[^a-z_]/g, "")}`, stateText(node));
-    row.append(badge);
-    const tokens = tokensOf(summary);
-    const pending = list(node.pendingApprovals).length;
-    const meta = [
-      shortId(safeText(node.instanceId)),
-      `${node.turns ?? "?"} turns`,
-      `${tokens ?? "?"} tokens`,
-      formatCost(node.subtreeCost ?? node.cost),
-    ];
-    if (pending) meta.push(`${pending} to approve`);
-    const below = (Number(node.waitingOn) || 0) - pending;
-    if (below > 0) meta.push(`${below} waiting below`);
-    row.append(el("span", "meta", meta.join(" · ")));
-    row.addEventListener("click", () => select(node.instanceId));
-    li.append(row);
+    li.append(row(node.instanceId, node));
     const children = list(node.children);
     if (children.length) {
       const ul = el("ul");
@@ -225,62 +300,95 @@ function renderTree(roots) {
     }
     return li;
   };
+  const flat = (summary) => {
+    const li = el("li");
+    li.append(row(summary.instanceId, summary));
+    return li;
+  };
   const focused = document.activeElement?.classList.contains("node") ? document.activeElement.dataset.id : null;
-  $("tree").replaceChildren(...roots.map(build));
-  $("tree-empty").hidden = roots.length > 0;
+  $("tree").replaceChildren(...shown.map(state.find.view === "trees" ? build : flat));
+  const filtered = state.find.text || state.find.state || state.find.definition;
+  $("tree-empty").textContent = filtered ? "Nothing matches." : "No instances yet.";
+  $("tree-empty").hidden = shown.length > 0;
+  const first = shown.length ? state.find.offset + 1 : 0;
+  const what = state.find.view === "trees" ? "trees" : "instances";
+  $("page-info").textContent = `${first}–${state.find.offset + shown.length} of ${state.total} ${what}`;
+  $("page-prev").disabled = state.find.offset === 0;
+  $("page-next").disabled = state.find.offset + shown.length >= state.total;
   // The rows are new: keep the keyboard where it was.
-  if (focused) [...document.querySelectorAll(".node")].find((row) => row.dataset.id === focused)?.focus();
+  if (focused) [...document.querySelectorAll(".node")].find((r) => r.dataset.id === focused)?.focus();
 }
 
-// ---- the approvals inbox -----------------------------------------------------------------
+// ---- the inbox: held calls and open questions ---------------------------------------------
 
-function pendingCalls() {
-  const calls = [];
+function rootOf(id) {
+  let at = id;
+  for (let k = 0; k < 64 && state.parents.has(at); k += 1) at = state.parents.get(at);
+  return at;
+}
+
+function inboxItems() {
+  const items = [];
   for (const summary of state.summaries.values()) {
+    const root = rootOf(summary.instanceId);
     for (const call of list(summary.pendingApprovals)) {
       if (call.decision) continue;
       // The digest is part of the key: a call id whose call changed gets a new card, never the old one.
-      calls.push({ holder: summary, call, key: `${summary.instanceId}\u0000${call.toolCallId}\u0000${call.digest}` });
+      items.push({ kind: "call", holder: summary, call, root, when: String(call.requestedAt ?? ""),
+        key: `${summary.instanceId}\u0000${call.toolCallId}\u0000${call.digest}` });
+    }
+    if (summary.question) {
+      items.push({ kind: "question", holder: summary, question: summary.question, root, when: String(summary.updatedAt ?? ""),
+        key: `q\u0000${summary.instanceId}\u0000${summary.question.toolCallId}` });
     }
   }
-  calls.sort((a, b) => String(a.call.requestedAt ?? "").localeCompare(String(b.call.requestedAt ?? "")));
-  return calls;
+  // Grouped by tree (its root's start), then in the order they came.
+  const started = (id) => String(state.summaries.get(id)?.createdAt ?? "");
+  items.sort((a, b) => started(a.root).localeCompare(started(b.root)) || a.root.localeCompare(b.root) || a.when.localeCompare(b.when));
+  return items;
 }
 
 function renderInbox() {
   const inbox = $("inbox");
-  const calls = pendingCalls();
-  const wanted = new Set(calls.map((c) => c.key));
-  // Cards are kept while their call waits, so a reason being typed is not wiped by a refresh; a
-  // card whose call changed under the same id (a new digest) is removed and built anew.
+  const items = inboxItems();
+  const wanted = new Set(items.map((c) => c.key));
+  // Cards are kept while what they show waits, so a reason being typed is not wiped by a refresh;
+  // a card whose call changed under the same id (a new digest) is removed and built anew.
   for (const card of [...inbox.children]) if (!wanted.has(card.dataset.key)) card.remove();
-  const have = new Set([...inbox.children].map((card) => card.dataset.key));
-  for (const item of calls) if (!have.has(item.key)) inbox.append(card(item));
-  $("inbox-empty").hidden = calls.length > 0;
-  $("inbox-count").textContent = String(calls.length);
-  $("inbox-count").classList.toggle("some", calls.length > 0);
+  const have = new Map([...inbox.children].map((card) => [card.dataset.key, card]));
+  items.forEach((entry, index) => {
+    const card = have.get(entry.key) ?? (entry.kind === "call" ? callCard(entry) : questionCard(entry));
+    if (inbox.children[index] !== card) inbox.insertBefore(card, inbox.children[index] ?? null);
+  });
+  $("inbox-empty").hidden = items.length > 0;
+  $("inbox-count").textContent = String(items.length);
+  $("inbox-count").classList.toggle("some", items.length > 0);
 }
 
-function card({ holder, call, key }) {
-  const li = el("li", "card");
-  li.dataset.key = key;
-  li.dataset.instanceId = holder.instanceId;
-  li.dataset.toolCallId = call.toolCallId;
-  li.dataset.digest = call.digest ?? "";
-  li.append(el("div", "tool", safeText(call.tool ?? "?")));
-  const where = el("div", "where");
+function where(holder, extra) {
+  const node = el("div", "where");
   const open = el("button", "", `${safeText(holder.name ?? "?")} ${shortId(safeText(holder.instanceId))}`);
   open.type = "button";
   open.title = "Show this instance";
   open.addEventListener("click", () => select(holder.instanceId));
-  // The agents above the holder, root first: where in which tree the call waits.
+  // The agents above the holder, root first: where in which tree it waits.
   const above = [];
   for (let id = state.parents.get(holder.instanceId); id && above.length < 32; id = state.parents.get(id)) {
-    above.unshift(safeText(state.nodes.get(id)?.name ?? id));
+    above.unshift(safeText(state.summaries.get(id)?.name ?? id));
   }
-  where.append("in ", above.length ? `${above.join(" › ")} › ` : "", open, ` · call ${safeText(call.toolCallId)}`);
-  if (call.requestedAt) where.append(` · ${safeText(call.requestedAt)}`);
-  li.append(where);
+  node.append("in ", above.length ? `${above.join(" › ")} › ` : "", open, extra);
+  return node;
+}
+
+function callCard({ holder, call, key, root }) {
+  const li = el("li", "card");
+  li.dataset.key = key;
+  li.dataset.root = root;
+  li.dataset.instanceId = holder.instanceId;
+  li.dataset.toolCallId = call.toolCallId;
+  li.dataset.digest = call.digest ?? "";
+  li.append(el("div", "tool", safeText(call.tool ?? "?")));
+  li.append(where(holder, ` · call ${safeText(call.toolCallId)}${call.requestedAt ? ` · ${safeText(call.requestedAt)}` : ""}`));
   // What runs if approved, as a digest (name, canonical arguments, the entry): the decision sends it.
   const digest = el("div", "digest", `digest ${safeText(String(call.digest ?? "")).slice(0, 16)}`);
   digest.title = safeText(String(call.digest ?? ""));
@@ -331,20 +439,101 @@ function card({ holder, call, key }) {
   return li;
 }
 
+function questionCard({ holder, question, key, root }) {
+  const li = el("li", "card question");
+  li.dataset.key = key;
+  li.dataset.root = root;
+  li.dataset.instanceId = holder.instanceId;
+  li.dataset.toolCallId = String(question.toolCallId ?? "");
+  li.append(el("div", "tool", "asks"));
+  li.append(where(holder, ` · call ${safeText(String(question.toolCallId ?? ""))}`));
+  li.append(el("p", "question-text", safeText(String(question.question ?? ""), { multiline: true })));
+  const form = el("form", "answer-form");
+  const text = el("textarea", "answer-text");
+  text.rows = 2;
+  text.placeholder = "your answer";
+  text.setAttribute("aria-label", "answer");
+  const send = el("button", "primary answer", "Answer");
+  send.type = "submit";
+  form.append(text, send);
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    if (!text.value.trim()) return;
+    send.disabled = true;
+    try {
+      // The answer is the next message: the instance reads it as the question's answer.
+      await request(path`../v1/instances/${holder.instanceId}/messages`, { text: text.value });
+      clearError();
+      li.remove();
+      refresh().catch(failed);
+    } catch (error) {
+      failed(error);
+      send.disabled = false;
+    }
+  });
+  li.append(form);
+  return li;
+}
+
 // ---- one instance ------------------------------------------------------------------------
 
 function select(id) {
   if (state.selected === id && state.stream) return;
   state.selected = id;
   history.replaceState(null, "", `#${encodeURIComponent(id)}`);
-  for (const row of document.querySelectorAll(".node")) row.classList.toggle("selected", row.dataset.id === id);
+  for (const node of document.querySelectorAll(".node")) node.classList.toggle("selected", node.dataset.id === id);
   stopStream();
-  $("transcript").replaceChildren();
   $("transcript").hidden = false;
   $("detail-hint").hidden = true;
   $("message-form").hidden = false;
+  $("detail-tools").hidden = false;
+  $("records-view").hidden = true;
+  $("show-records").setAttribute("aria-expanded", "false");
+  state.timeline = new Timeline($("transcript"), id, {
+    onTurnAction: (kind, turn) => timeTravel(kind, id, turn),
+    openInstance: (other) => select(other),
+    follow: (other, onEvent, onSettle) => followInstance(other, onEvent, onSettle),
+    childrenOf: (other) => childrenOf(other),
+    describe: (other) => state.summaries.get(other),
+  });
+  state.timeline.setChildren(childrenOf(id));
   renderFacts();
-  startStream(id);
+  state.stream = followInstance(id, (message) => onEvent(message), () => state.timeline?.settle());
+}
+
+function lineage(summary) {
+  const from = summary.forkedFrom;
+  const forks = [...state.summaries.values()].filter((s) => s.forkedFrom?.instanceId === summary.instanceId);
+  const rows = [];
+  const link = (id, text) => {
+    const button = el("button", "link", text);
+    button.type = "button";
+    button.dataset.id = id;
+    button.addEventListener("click", () => select(id));
+    return button;
+  };
+  if (from?.instanceId) {
+    const parent = state.summaries.get(from.instanceId);
+    rows.push(["forked from", [link(from.instanceId, `${safeText(parent?.name ?? "")} ${safeText(from.instanceId)}`.trim()), ` at turn ${safeText(String(from.turn ?? "?"))}`]]);
+  }
+  if (forks.length) {
+    const parts = [];
+    forks.forEach((fork, k) => {
+      if (k) parts.push(", ");
+      parts.push(link(fork.instanceId, `${safeText(fork.instanceId)}`), ` (turn ${safeText(String(fork.forkedFrom.turn ?? "?"))})`);
+    });
+    rows.push(["forks", parts]);
+  }
+  return rows;
+}
+
+function elapsedText(id) {
+  const own = numbers(id);
+  const summary = state.summaries.get(id) ?? {};
+  if (summary.state === "running" && own.since) return `${formatDuration(secondsBetween(own.since))} (running)`;
+  const run = state.timeline?.instanceId === id ? state.timeline.lastRun : null;
+  if (run?.from) return formatDuration(secondsBetween(run.from, run.to));
+  return "—";
 }
 
 function renderFacts() {
@@ -354,33 +543,43 @@ function renderFacts() {
   const summary = state.summaries.get(id) ?? { instanceId: id };
   const node = state.nodes.get(id) ?? {};
   $("detail-title").textContent = `${safeText(summary.name ?? node.name ?? "instance")} ${safeText(id)}`;
-  const usage = summary.usage ?? {};
+  const own = numbers(id);
   const rows = [
     ["state", stateText(summary.state ? summary : node)],
     ["model", summary.model ? safeText(summary.model) : "—"],
-    ["turns", String(node.turns ?? "?")],
-    ["tokens", usage.totalTokens !== undefined ? `${usage.totalTokens} (${usage.inputTokens ?? 0} in, ${usage.outputTokens ?? 0} out)` : "?"],
-    ["cost", formatCost(summary.cost)],
-    ["subtree cost", formatCost(summary.subtreeCost)],
+    ["turns", String(own.turns ?? "?")],
+    ["tokens", own.usage ? formatTokens(own.usage) : "?"],
+    ["cost", formatCost(own.cost)],
+    ["elapsed", elapsedText(id)],
   ];
+  if ((state.kids.get(id) ?? []).length) {
+    const tree = subtree(id);
+    rows.push(["subtree", `${tree.agents} agents · ${tree.tokens.toLocaleString("en-US")} tokens · ${formatCost(tree.cost)}`]);
+  }
+  if (summary.question) rows.push(["asks", safeText(String(summary.question.question ?? ""), { multiline: true })]);
+  rows.push(...lineage(summary));
   if (summary.error) rows.push(["error", safeText(summary.error, { multiline: true })]);
   facts.replaceChildren(...rows.flatMap(([key, value]) => {
-    const dd = el("dd", "", value);
+    const dd = el("dd");
+    if (Array.isArray(value)) dd.append(...value);
+    else dd.textContent = value;
     dd.dataset.fact = key;
     return [el("dt", "", key), dd];
   }));
   $("cancel").disabled = RESTING.has(summary.state);
 }
 
-function stopStream() {
-  if (state.stream) state.stream.controller.abort();
-  state.stream = null;
+function tick() {
+  const id = state.selected;
+  const shown = document.querySelector('#facts dd[data-fact="elapsed"]');
+  if (id && shown) shown.textContent = elapsedText(id);
 }
 
-function startStream(id) {
-  const stream = { id, controller: new AbortController(), lastEventId: null, held: new Map() };
-  state.stream = stream;
-  follow(stream);
+function stopStream() {
+  state.stream?.abort();
+  state.stream = null;
+  state.timeline?.close();
+  state.timeline = null;
 }
 
 function sleep(ms) {
@@ -388,34 +587,51 @@ function sleep(ms) {
 }
 
 /**
- * Follow the selected instance's events until another one is selected. The server keeps the
- * stream open; when it breaks (a restart, the network), this reconnects with Last-Event-ID and
- * gets what it missed. An error answer (401, 403, 404) ends it and is shown.
+ * Follow an instance's events until abort() is called. The server keeps the stream open; when
+ * it breaks (a restart, the network), this reconnects with Last-Event-ID and gets what it
+ * missed. An error answer (401, 403, 404) ends it and is shown. onSettle runs once, a moment
+ * after the stream's first events (what was written before it opened) have come.
  */
-async function follow(stream) {
-  let wait = RECONNECT_MS;
-  for (;;) {
-    const before = stream.lastEventId;
-    try {
-      await followEvents(path`../v1/instances/${stream.id}/events`, {
-        lastEventId: stream.lastEventId,
-        signal: stream.controller.signal,
-        onEvent: (message) => onEvent(stream, message),
-      });
-    } catch (error) {
-      if (stream.controller.signal.aborted) return;
-      // No answer, or a 5xx (a server shutting down, a proxy without its upstream): try again.
-      // A 4xx (401, 403, 404) will not change by itself: show it and stop.
-      if (!(error instanceof ProblemError) || !transient(error)) {
-        failed(error);
-        return;
+function followInstance(id, onEvent, onSettle = () => {}) {
+  const stream = { id, controller: new AbortController(), lastEventId: null };
+  stream.abort = () => stream.controller.abort();
+  let settle = setTimeout(() => {
+    settle = null;
+    onSettle();
+  }, 600);
+  (async () => {
+    let wait = RECONNECT_MS;
+    for (;;) {
+      const before = stream.lastEventId;
+      try {
+        await followEvents(path`../v1/instances/${id}/events`, {
+          lastEventId: stream.lastEventId,
+          signal: stream.controller.signal,
+          onEvent: (message) => {
+            if (stream.controller.signal.aborted) return;
+            if (message.id) stream.lastEventId = message.id;
+            onEvent(message);
+          },
+        });
+      } catch (error) {
+        if (stream.controller.signal.aborted) return;
+        // No answer, or a 5xx (a server shutting down, a proxy without its upstream): try again.
+        // A 4xx (401, 403, 404) will not change by itself: show it and stop.
+        if (!(error instanceof ProblemError) || !transient(error)) {
+          failed(error);
+          return;
+        }
       }
+      if (stream.controller.signal.aborted) return;
+      wait = stream.lastEventId !== before ? RECONNECT_MS : Math.min(wait * 2, 15000);
+      await sleep(wait);
+      if (stream.controller.signal.aborted) return;
     }
-    if (stream.controller.signal.aborted || state.stream !== stream) return;
-    wait = stream.lastEventId !== before ? RECONNECT_MS : Math.min(wait * 2, 15000);
-    await sleep(wait);
-    if (stream.controller.signal.aborted || state.stream !== stream) return;
-  }
+  })();
+  stream.controller.signal.addEventListener("abort", () => {
+    if (settle) clearTimeout(settle);
+  });
+  return stream;
 }
 
 /** Refresh the list soon, once for a burst of events (a replay sends many at once). */
@@ -427,117 +643,64 @@ function refreshSoon() {
   }, 150);
 }
 
-function onEvent(stream, message) {
-  if (state.stream !== stream) return;
-  if (message.id) stream.lastEventId = message.id;
+function onEvent(message) {
+  if (!state.timeline) return;
+  state.timeline.onEvent(message);
   if (!message.data || typeof message.data !== "object") return;
-  if (message.event === "transcript") renderMessage(message.data);
-  else if (message.event === "record") {
-    renderRecord(stream, message.data);
-    if (["state", "approval", "turn", "tool_call"].includes(message.data.kind)) refreshSoon();
-  }
+  // A model's answer moves the numbers (its turn's usage and cost are in it); so do these records.
+  if (message.event === "transcript" && message.data.turn) refreshSoon();
+  if (message.event === "record" && ["state", "approval", "turn", "tool_call", "fork", "rewind"].includes(message.data.kind)) refreshSoon();
 }
 
-function item(kind, label, text) {
-  const node = el("div", `item ${kind}`);
-  node.dataset.kind = kind;
-  node.append(el("span", "label", label));
-  node.append(document.createTextNode(text));
-  return node;
+// ---- time travel -------------------------------------------------------------------------
+
+/** Ask in the page (a dialog of its own, not window.confirm) whether to go on; resolve to true or false. */
+function confirmStep(title, text, yes) {
+  const dialog = $("confirm");
+  $("confirm-title").textContent = title;
+  $("confirm-text").textContent = text;
+  $("confirm-yes").textContent = yes;
+  return new Promise((resolve) => {
+    const done = (answer) => {
+      $("confirm-yes").removeEventListener("click", onYes);
+      $("confirm-no").removeEventListener("click", onNo);
+      dialog.removeEventListener("cancel", onNo);
+      dialog.close();
+      resolve(answer);
+    };
+    const onYes = () => done(true);
+    const onNo = () => done(false);
+    $("confirm-yes").addEventListener("click", onYes);
+    $("confirm-no").addEventListener("click", onNo);
+    dialog.addEventListener("cancel", onNo);
+    dialog.showModal();
+  });
 }
 
-function addItem(node) {
-  const box = $("transcript");
-  const atEnd = box.scrollHeight - box.scrollTop - box.clientHeight < 60;
-  box.append(node);
-  if (atEnd) box.scrollTop = box.scrollHeight;
-}
-
-function contentText(content) {
-  if (content === null || content === undefined) return "";
-  if (typeof content === "string") return safeText(content, { multiline: true });
-  return safeJson(content);
-}
-
-/** One message of the transcript (the instance's entry log): {index, message, turn?}. */
-function renderMessage({ message, turn }) {
-  if (!message || typeof message !== "object") return;
-  const at = turn && typeof turn === "object" && turn.n !== undefined ? ` · turn ${turn.n}` : "";
-  switch (message.role) {
-    case "system":
-      addItem(item("system", "system prompt", contentText(message.content)));
-      return;
-    case "user": {
-      const source = message.source ? ` · from ${safeText(message.source)}` : "";
-      addItem(item("user", `user${source}`, contentText(message.content)));
-      return;
-    }
-    case "assistant": {
-      const text = contentText(message.content);
-      if (text) addItem(item("assistant", `assistant${at}`, text));
-      for (const call of list(message.toolCalls)) {
-        addItem(item("tool_call", `call ${safeText(call.id ?? "")}${at}`,
-          `${safeText(call.name ?? "?")} ${safeJson(call.arguments ?? {}, 0)}`));
-      }
-      return;
-    }
-    case "tool": {
-      const status = message.status ? ` · ${safeText(message.status)}` : "";
-      addItem(item("tool_result", `result of ${safeText(message.name ?? "?")} ${safeText(message.toolCallId ?? "")}${status}`,
-        contentText(message.content)));
-      return;
-    }
-    default:
-      addItem(item("other", safeText(message.role ?? "message"), contentText(message.content)));
-  }
-}
-
-/** One record (as `loopwright records` prints it): {kind, instanceId, at, data}. */
-function renderRecord(stream, record) {
-  const data = record.data && typeof record.data === "object" ? record.data : {};
-  switch (record.kind) {
-    case "state": {
-      // "running" is left out: the messages show the work, and it would land after them (a
-      // batch of the stream has the new messages first, then the new records).
-      if (data.to === "running") return;
-      const text = data.to === data.stopReason || !data.stopReason ? `${data.to}` : `${data.to} (${data.stopReason})`;
-      addItem(item(data.to === "error" ? "error" : "state", "state", safeText(text + (data.cancelled ? ", cancelled" : ""))));
-      return;
-    }
-    case "approval": {
-      const call = `${safeText(data.tool ?? "?")} (call ${safeText(data.toolCallId ?? "?")})`;
-      if (!data.decision) {
-        // The digest a decision on it must carry (the inbox card shows it too, and sends it).
-        const digest = typeof data.digest === "string" ? ` · digest ${safeText(data.digest).slice(0, 16)}` : "";
-        const held = item("approval", "waits for approval", `${call}${digest}${data.reason ? `: ${safeText(data.reason, { multiline: true })}` : ""}`);
-        stream.held.set(data.toolCallId, held);
-        addItem(held);
-        return;
-      }
-      // The decision is shown where the call was held (it happened before what follows it).
-      const by = data.by ? ` by ${safeText(data.by)}` : "";
-      const why = data.reason ? ` (${safeText(data.reason, { multiline: true })})` : "";
-      const decided = item(data.decision === "denied" ? "denied" : "approved", `${safeText(data.decision)}${by}`, `${call}${why}`);
-      const held = stream.held.get(data.toolCallId);
-      if (held) held.replaceWith(decided);
-      else addItem(decided);
-      stream.held.delete(data.toolCallId);
-      return;
-    }
-    case "error":
-      addItem(item("error", "error", safeText(data.message ?? data.error ?? safeJson(data, 0), { multiline: true })));
-      return;
-    case "compaction":
-    case "completion":
-    case "monitor":
-      addItem(item("other", safeText(record.kind), safeJson(data, 0)));
-      return;
-    default:
-      // turn, tool_call, message, cost, hook ...: their facts show in the transcript and the header.
+async function timeTravel(kind, id, turn) {
+  const name = safeText(state.summaries.get(id)?.name ?? "this instance");
+  const fork = kind === "fork";
+  const title = fork ? `Fork ${name} at turn ${turn}?` : `Rewind ${name} to turn ${turn}?`;
+  const text = fork
+    ? `This creates a new instance whose history is this one's up to the end of turn ${turn}. It rests waiting for your message, with the same grants and budget; it starts no agent. This instance is not changed.`
+    : `This moves this instance back to the end of turn ${turn}: it rests waiting for your message, and its next turn follows turn ${turn}. What came after stays in its logs and records (the timeline keeps it, marked rewound); agents it started after that point keep running or resting as they are.`;
+  if (!(await confirmStep(title, text, fork ? `Fork at turn ${turn}` : `Rewind to turn ${turn}`))) return;
+  try {
+    const answer = await request(path`../v1/instances/${id}/${fork ? "fork" : "rewind"}`, { turn });
+    clearError();
+    await refresh();
+    if (fork && answer?.instanceId) select(answer.instanceId);
+  } catch (error) {
+    failed(error);
   }
 }
 
 // ---- wiring ------------------------------------------------------------------------------
+
+function findChanged() {
+  state.find.offset = 0;
+  refresh().catch(failed);
+}
 
 function wire() {
   $("error-close").addEventListener("click", clearError);
@@ -579,21 +742,65 @@ function wire() {
       failed(error);
     }
   });
-  $("start-form").addEventListener("submit", async (event) => {
-    event.preventDefault();
-    const body = { definition: $("start-definition").value.trim() };
-    const prompt = $("start-prompt").value;
-    if (prompt) body.prompt = prompt;
+  $("show-records").addEventListener("click", async () => {
+    const view = $("records-view");
+    const id = state.selected;
+    if (!id) return;
+    if (!view.hidden) {
+      view.hidden = true;
+      $("show-records").setAttribute("aria-expanded", "false");
+      return;
+    }
     try {
-      const started = await request("../v1/instances", body);
-      clearError();
-      $("start-prompt").value = "";
-      await refresh();
-      if (started?.instanceId) select(started.instanceId);
+      view.textContent = safeJson(await request(path`../v1/instances/${id}/records`));
+      view.hidden = false;
+      $("show-records").setAttribute("aria-expanded", "true");
     } catch (error) {
       failed(error);
     }
   });
+  $("start-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const body = startForm.body();
+    if (!body) return;
+    try {
+      const started = await request("../v1/instances", body);
+      clearError();
+      startForm.started();
+      await refresh();
+      if (started?.instanceId) select(started.instanceId);
+    } catch (error) {
+      if (error instanceof ProblemError && error.status === 401) failed(error);
+      else startForm.showProblem(error instanceof ProblemError ? error : new ProblemError({ status: 0, title: String(error) }));
+    }
+  });
+  let typing = null;
+  $("find-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    findChanged();
+  });
+  $("find-text").addEventListener("input", () => {
+    clearTimeout(typing);
+    typing = setTimeout(() => {
+      state.find.text = $("find-text").value.trim();
+      findChanged();
+    }, 250);
+  });
+  for (const [id, key] of [["find-state", "state"], ["find-definition", "definition"], ["find-view", "view"]]) {
+    $(id).addEventListener("change", () => {
+      state.find[key] = $(id).value;
+      findChanged();
+    });
+  }
+  $("page-prev").addEventListener("click", () => {
+    state.find.offset = Math.max(0, state.find.offset - PAGE_SIZE);
+    refresh().catch(failed);
+  });
+  $("page-next").addEventListener("click", () => {
+    state.find.offset += PAGE_SIZE;
+    refresh().catch(failed);
+  });
+  setInterval(tick, 1000);
 }
 
 wire();
