@@ -25,14 +25,8 @@ guards only.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import re
-import signal
-import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -58,6 +52,9 @@ from ag_ui.core import Event, ResumeEntry, RunAgentInput, RunFinishedEvent, Stat
 from pydantic import TypeAdapter
 
 from loopwright import INSTANCE_ID_RULE
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plugins" / "serve" / "tests"))
+from _serve_testlib import serving
 
 # The token is a test value, made up for this server.
 # ruff: noqa: S105
@@ -145,35 +142,11 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def url(project: Path) -> Iterator[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPWRIGHT_")}
-    env.update(ATTACK_APPROVER=TOKEN, LOOPWRIGHT_DISABLE_PLUGIN_AUTOLOAD="1")
-    proc = subprocess.Popen([sys.executable, "-m", "loopwright.cli", "serve", "-c", "loopwright.yaml", "--port", "0"],
-                            cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    errors: list[str] = []
-    threading.Thread(target=lambda: errors.extend(iter(proc.stderr.readline, "")), daemon=True).start()
-    try:
-        match = re.search(r"listening on (http://\S+)", proc.stdout.readline())
-        assert match, "".join(errors)
-        base = match.group(1)
-        deadline = time.monotonic() + GUARD
-        while True:
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{base}/healthz", timeout=5).status_code == 200:
-                    break
-            assert proc.poll() is None, "".join(errors)
-            assert time.monotonic() < deadline, "".join(errors)
-            time.sleep(0.05)
-        yield base
+    env = {"ATTACK_APPROVER": TOKEN, "LOOPWRIGHT_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    with serving(project / "loopwright.yaml", env=env) as server:
+        yield server.url
         # No request of this module made the server fail (a 500 logs "unexpected error").
-        assert "unexpected error" not in "".join(errors), "".join(errors)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=GUARD)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
+        assert "unexpected error" not in server.stderr, server.stderr
 
 
 @pytest.fixture

@@ -19,16 +19,15 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import re
-import signal
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plugins" / "serve" / "tests"))
+from _serve_testlib import serving
 
 RUNNER = "runner-token-0123456789abcdef"
 OTHER = "other-token-0123456789abcdef"
@@ -56,24 +55,10 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def url(project: Path) -> Iterator[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPWRIGHT_")}
-    env.update(ATTACK_RUNNER=RUNNER, ATTACK_OTHER=OTHER, ATTACK_READER=READER, LOOPWRIGHT_DISABLE_PLUGIN_AUTOLOAD="1")
-    proc = subprocess.Popen([sys.executable, "-m", "loopwright.cli", "serve", "-c", "loopwright.yaml", "--port", "0"],
-                            cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        line = proc.stdout.readline() if proc.stdout else ""
-        match = re.search(r"listening on (http://\S+)", line)
-        assert match, f"the server did not start: {line!r}"
-        yield match.group(1)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=GUARD)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stdout:
-            proc.stdout.close()
+    env = {"ATTACK_RUNNER": RUNNER, "ATTACK_OTHER": OTHER, "ATTACK_READER": READER,
+           "LOOPWRIGHT_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    with serving(project / "loopwright.yaml", env=env) as server:
+        yield server.url
 
 
 def _instances(project: Path) -> set[str]:

@@ -17,11 +17,9 @@ import contextlib
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +29,9 @@ import httpx
 import pytest
 
 from loopwright_serve._api import ENDPOINTS
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plugins" / "serve" / "tests"))
+from _serve_testlib import serving as served
 
 # The tokens here are test values, made up for these servers.
 # ruff: noqa: S106, S107
@@ -112,32 +113,8 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
 @contextlib.contextmanager
 def serving(assembly: Path, *extra: str) -> Iterator[str]:
     """Run ``loopwright serve -c ASSEMBLY --port 0``; yield its URL once /healthz answers; SIGTERM it after."""
-    proc = subprocess.Popen([sys.executable, "-m", "loopwright.cli", "serve", "-c", str(assembly), "--port", "0",
-                             *extra], cwd=assembly.parent, env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    errors: list[str] = []
-    threading.Thread(target=lambda: errors.extend(iter(proc.stderr.readline, "")), daemon=True).start()
-    try:
-        match = re.search(r"listening on (http://\S+)", proc.stdout.readline())
-        assert match, "".join(errors)
-        url = match.group(1)
-        deadline = time.monotonic() + GUARD
-        while True:
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{url}/healthz", timeout=5).status_code == 200:
-                    break
-            assert proc.poll() is None, "".join(errors)
-            assert time.monotonic() < deadline, "".join(errors)
-            time.sleep(0.05)
-        yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=GUARD)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
+    with served(assembly, *extra, env=_env()) as server:
+        yield server.url
 
 
 def bearer(name: str | None) -> dict[str, str]:
@@ -507,7 +484,8 @@ def test_a_body_nested_within_the_limit_is_not_refused_for_its_depth(tokened: tu
     """The control: brackets inside strings do not count, and 100 real levels are only checked by the schema."""
     url, _root = tokened
     headers = {**bearer("ADMIN_TOKEN"), "Content-Type": "application/json"}
-    deep_inputs = {"definition": "chat", "prompt": "[" * 5000 + '\\"{' * 3000, "inputs": {"x": json.loads("[" * 100 + "]" * 100)}}
+    deep_inputs = {"definition": "chat", "prompt": "[" * 5000 + '\\"{' * 3000,
+                   "inputs": {"x": json.loads("[" * 100 + "]" * 100)}}
     response = httpx.post(f"{url}/v1/instances", content=json.dumps(deep_inputs).encode(), headers=headers,
                           timeout=GUARD)
     assert "deep" not in response.text, response.text[:300]
