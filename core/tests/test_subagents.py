@@ -311,7 +311,7 @@ def test_the_agent_tools_are_registered_with_seed_names() -> None:
 
     props = {t.name: set(t.parameters["properties"]) for t in AGENT_TOOLS}
     assert props == {
-        "run_agent_async": {"definition", "agentSwarmUri", "agentId", "prompt"},
+        "run_agent_async": {"definition", "agentSwarmUri", "agentId", "prompt", "grants"},
         "await_agent": {"ids", "all"},
         "message_agent": {"agentId", "prompt"},
         "list_agent_instances": {"name", "state", "swarm"},

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from loopwright._capabilities import is_within
+from loopwright._capabilities import intersect, is_within
 from loopwright._definition import gates_of, with_gates
 from loopwright._duration import parse_duration
 from loopwright._header_fields import ChildLinks, HeaderFields
@@ -54,6 +54,7 @@ from loopwright._views import agent_report
 from loopwright.errors import ConfigError, InstanceLockedError, InstanceNotFoundError, ToolError
 
 if TYPE_CHECKING:
+    from loopwright._definition import Capabilities
     from loopwright._hosts import AgentHost
     from loopwright._instance import Instance
     from loopwright._run import AgentRun
@@ -93,17 +94,20 @@ class Agents:
 
     # -- starting -------------------------------------------------------------------------------
 
-    async def start(self, swarm_uri: str, prompt: str) -> dict[str, Any]:
+    async def start(self, swarm_uri: str, prompt: str, requested: Capabilities | None = None) -> dict[str, Any]:
         """Start a child instance of ``swarm_uri`` (a registered name or a definition file) on ``prompt``.
 
+        :param requested: Grants the caller asks for its child, narrowed to its own
+            (:func:`~loopwright._capabilities.intersect`: never wider; a ``sandbox`` caller's
+            child is sandboxed whatever it asks). ``None``: the caller's grants.
         :return: ``{instanceId, name, state}`` of the child, which runs in the background.
         :raises ToolError: The caller may not spawn, is too deep, the definition cannot be read
             from here, or a file definition names a tool the caller does not hold.
         """
         rt, caller = self._rt, self.caller
-        grants = caller.grants
-        if not grants.agents_spawn:
+        if not caller.grants.agents_spawn:
             raise ToolError("this agent may not start agents: its grants do not include agents.spawn")
+        grants = intersect(caller.grants, requested)
         depth = int(caller.header.depth or 0)
         limit = grants.agents_max_depth
         defined = rt.limits_for(caller.definition).max_depth

@@ -3,7 +3,10 @@
 * ``run_agent_async {definition, prompt} | {agentId, prompt}`` starts an agent (a name from
   the assembly's ``agentDefinitions``, or a definition file under the caller's file roots) or
   messages one it started, and returns its instance id at once. ``agentSwarmUri``, seed 000's
-  name for ``definition``, is still accepted.
+  name for ``definition``, is still accepted. ``grants`` (optional, a new agent only) asks for
+  narrower grants than the caller's: ``files``, ``shell``, ``network`` as in the assembly (absolute
+  roots), narrowed to the caller's, so a child is never wider and a sandboxed caller's child is
+  always sandboxed.
 * ``await_agent {ids, all?}`` waits for one (or all) of them to rest and reports on each: state,
   stop reason, text, output, cost, subtree cost and context use. A message for the caller ends
   the wait early.
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from loopwright._capabilities import capabilities_from_dict, capabilities_to_dict
 from loopwright._tools import Tool, ToolContext, tool
 from loopwright.errors import ToolError
 
@@ -51,7 +55,7 @@ def _agents(ctx: ToolContext) -> Any:
 
 async def _run_agent_async(  # noqa: D417 - ctx is filled in by the loop, not by the model
     ctx: ToolContext, prompt: str, definition: str | None = None, agentId: str | None = None,  # noqa: N803
-    agentSwarmUri: str | None = None,  # noqa: N803
+    agentSwarmUri: str | None = None, *, grants: dict[str, Any] | None = None,  # noqa: N803
 ) -> dict[str, Any]:
     """Start an agent on a task, or send a message to one you started; returns its instance id at once.
 
@@ -63,6 +67,8 @@ async def _run_agent_async(  # noqa: D417 - ctx is filled in by the loop, not by
         definition: The agent to start: a registered agent name, or the path of a definition file.
         agentId: The instance id of an agent you started, to message instead of starting one.
         agentSwarmUri: The older name of definition (seed 000's), still accepted.
+        grants: For a new agent, narrower grants than yours: any of files ({read, write}: absolute
+            folders within yours), shell and network; what you leave out stays as yours.
     """
     agents = _agents(ctx)
     if definition is not None and agentSwarmUri is not None and definition != agentSwarmUri:
@@ -71,8 +77,23 @@ async def _run_agent_async(  # noqa: D417 - ctx is filled in by the loop, not by
     if (definition is None) == (agentId is None):
         raise ToolError("give exactly one of definition (to start an agent) and agentId (to message one)")
     if agentId is not None:
+        if grants is not None:
+            raise ToolError("grants are for a new agent: an agent you message keeps the grants it has")
         return await agents.message(agentId, prompt)  # type: ignore[no-any-return]
-    return await agents.start(definition, prompt)  # type: ignore[no-any-return]
+    return await agents.start(definition, prompt, _requested(ctx, grants))  # type: ignore[no-any-return]
+
+
+def _requested(ctx: ToolContext, grants: dict[str, Any] | None) -> Any:
+    """Return the grants asked for (the caller's, with what ``grants`` names replaced), or None; raise ToolError."""
+    if grants is None:
+        return None
+    unknown = set(grants) - {"files", "shell", "network"}
+    if unknown:
+        raise ToolError(f"grants may name files, shell and network, not {min(unknown)!r}")
+    try:
+        return capabilities_from_dict({**capabilities_to_dict(ctx.grants), **grants})
+    except ValueError as exc:
+        raise ToolError(f"grants: {exc}") from exc
 
 
 run_agent_async: Tool = tool(name="run_agent_async")(_run_agent_async)

@@ -65,6 +65,8 @@ OUTPUT_TAIL = 16 * 1024
 #: Seconds kept back from the loop's tool timeout, so that the tool itself stops the command and
 #: reports its output before the loop gives up on the call.
 _RESERVE = 3 * KILL_GRACE
+#: What a shell adds to a signal's number in an exit code (bubblewrap reports its command's death so).
+_SIGNALLED = 128
 #: Seconds between two counts of a sandbox's processes.
 _WATCH_EVERY = 0.01
 
@@ -348,7 +350,7 @@ async def _run(command: str, workdir: Path, limit: float, *, plan: SandboxPlan |
             if not stopped:
                 await _stop_group(group)
             await process.aclose()
-    report = _report(process.returncode, out, err)
+    report = _report(process.returncode, out, err, sandboxed=plan is not None)
     if timed_out:
         raise ToolError(f"timed out after {limit:g} s: the command and every process it started were "
                         f"stopped\n{report}")
@@ -363,7 +365,8 @@ async def _watched(scope: anyio.CancelScope, guard: _Guard, processes: int) -> N
         await _watch(guard, processes)
 
 
-def _report(returncode: int | None, out: _Capture, err: _Capture) -> str:
+def _report(returncode: int | None, out: _Capture, err: _Capture, *, sandboxed: bool = False) -> str:
+    """Return the result text; ``sandboxed``: bubblewrap reports a command killed by signal N as 128 + N."""
     if returncode is None:
         status = "exit code: unknown"
     elif returncode < 0:
@@ -372,6 +375,12 @@ def _report(returncode: int | None, out: _Capture, err: _Capture) -> str:
         except ValueError:
             name = str(-returncode)
         status = f"exit code: {returncode} (killed by {name})"
+    elif sandboxed and _SIGNALLED < returncode < _SIGNALLED + 65:
+        try:
+            name = signal.Signals(returncode - _SIGNALLED).name
+        except ValueError:
+            name = str(returncode - _SIGNALLED)
+        status = f"exit code: {returncode} (128 + {name}: killed by that signal, or it exited with {returncode})"
     else:
         status = f"exit code: {returncode}"
     parts = [status]
