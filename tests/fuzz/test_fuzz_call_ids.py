@@ -40,10 +40,12 @@ from urllib.parse import quote
 import anyio
 import anyio.from_thread
 import httpx
+import ids_plugin
 import pytest
 from fuzzing import HANG_GUARD, fuzz
 from hypothesis import example, given
 from hypothesis import strategies as st
+from ids_plugin import ARGUMENTS, echo, guarded
 
 import loopwright
 from loopwright import Message, ModelRequest, ModelResponse, ToolCall, approval_digest, hookimpl
@@ -56,29 +58,6 @@ from _serve_testlib import Server, serving
 
 RUNTIME_ID = re.compile(r"^lw-\d+-\d+-[0-9a-f]{6}$")
 """The shape of the runtime's own id for a tool call: ``lw-TURN-INDEX-RANDOM6HEX``."""
-
-
-@loopwright.tool
-def echo(text: str) -> str:
-    """Say it back.
-
-    Args:
-        text: What.
-    """
-    return text
-
-
-@loopwright.tool(requires_approval=True)
-def guarded(n: int) -> str:
-    """Needs a yes.
-
-    Args:
-        n: A number.
-    """
-    return f"ran {n}"
-
-
-ARGUMENTS = {"echo": {"text": "x"}, "guarded": {"n": 1}}
 
 
 class IdsModel(Provider):
@@ -246,60 +225,7 @@ def test_any_call_ids_get_runtime_ids_and_go_back_on_the_wire(host: Host, turns:
 
 TOKEN = "fuzz-ids-0123456789abcdef"  # noqa: S105 - a made-up token for this server
 #: The model of the served agent: its prompt lists the calls to make, ``[[id, tool], ...]``.
-MODEL_PLUGIN = '''\
-import json
-
-import loopwright
-from loopwright import Message, ModelResponse, ToolCall
-from loopwright.abc import Provider
-
-ARGUMENTS = {"echo": {"text": "x"}, "guarded": {"n": 1}}
-
-
-@loopwright.tool
-def echo(text: str) -> str:
-    """Say it back.
-
-    Args:
-        text: What.
-    """
-    return text
-
-
-@loopwright.tool(requires_approval=True)
-def guarded(n: int) -> str:
-    """Needs a yes.
-
-    Args:
-        n: A number.
-    """
-    return f"ran {n}"
-
-
-class Planned(Provider):
-    """Makes the calls its prompt lists, with those ids; then answers with the wire ids it got back."""
-
-    def __init__(self, settings):
-        self.settings = settings
-
-    async def complete(self, request):
-        last = request.messages[-1]
-        if last.role == "user":
-            calls = tuple(ToolCall(id=i, name=t, arguments=ARGUMENTS[t]) for i, t in json.loads(last.content))
-            return ModelResponse(message=Message(role="assistant", tool_calls=calls), finish_reason="tool_calls")
-        wire = [m.provider_call_id for m in request.messages if m.role == "tool"]
-        return ModelResponse(message=Message(role="assistant", content=json.dumps(wire)))
-
-
-@loopwright.hookimpl
-def loopwright_register_providers(register):
-    register("planned", Planned)
-
-
-@loopwright.hookimpl
-def loopwright_register_tools(register):
-    register(echo, guarded)
-'''
+MODEL_PLUGIN = Path(ids_plugin.__file__).read_text(encoding="utf-8")
 ASSEMBLY = """\
 store: {kind: file, path: ./store}
 plugins: [model.py]
