@@ -71,3 +71,28 @@ def test_keywords_that_differ_between_drafts_leave_it_to_jsonschema(option_schem
     import json  # noqa: PLC0415
 
     assert _schemas._fast_option_validator(json.dumps(option_schema, sort_keys=True)) is None
+
+
+@pytest.mark.parametrize(("option_schema", "valid"), [
+    ({"type": "object", "additionalProperties": False, "properties": {}}, True),
+    ({"properties": {"a": {"type": "string"}}, "patternProperties": {"^x": {}}, "description": "d"}, True),
+    ({"type": ["object", "null"], "propertyNames": {"maxLength": 1}}, True),
+    ({"type": "object", "required": ["path"], "properties": {"path": {"type": "string"}}}, False),
+    ({"type": "object", "minProperties": 1}, False),
+    ({"type": "string"}, False),
+    ({"anyOf": [{"type": "string"}, {"type": "integer"}]}, False),
+])
+def test_no_options_are_checked_without_a_validator_where_the_schema_cannot_refuse_them(
+    option_schema: dict[str, Any], valid: bool,
+) -> None:
+    """No options against a schema only about keys (issue 30): valid on sight; anything else is asked as before."""
+    assert _schemas._empty_is_valid(option_schema) is valid
+    problems = _schemas.option_problems(option_schema, {}, at=("engine",), file=None)
+    assert (problems == []) is valid, problems
+    assert (list(jsonschema_validator(option_schema).iter_errors({})) == []) is valid
+
+
+def jsonschema_validator(option_schema: dict[str, Any]) -> Any:
+    import jsonschema  # noqa: PLC0415 - the reference the shortcut must agree with
+
+    return jsonschema.Draft202012Validator(option_schema)

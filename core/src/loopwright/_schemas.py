@@ -381,6 +381,8 @@ def option_problems(option_schema: Mapping[str, Any], options: Mapping[str, Any]
     :param at: Where the mapping sits in the file, as a key path (``("providers", "local")``).
     :param file: The assembly file, to place each problem at its line and column.
     """
+    if not options and _empty_is_valid(option_schema):
+        return []  # no options, and nothing the schema says can refuse none: no validator to compile (issue 30)
     data = plain_data(options)
     fast = _fast_option_validator(json.dumps(option_schema, sort_keys=True))
     if fast is not None and fast(data):
@@ -391,6 +393,23 @@ def option_problems(option_schema: Mapping[str, Any], options: Mapping[str, Any]
     reporter = Reporter(_file_positions(file), prefix=at)
     reporter.schema_errors(checker.iter_errors(data))
     return sorted_problems(reporter.problems)
+
+
+#: Keywords an empty object satisfies whatever their values: annotations, and those about keys it has none of.
+_EMPTY_SATISFIES = frozenset({"$schema", "$id", "$comment", "title", "description", "default", "examples",
+                              "properties", "additionalProperties", "patternProperties", "propertyNames"})
+
+
+def _empty_is_valid(option_schema: Mapping[str, Any]) -> bool:
+    """Return whether ``{}`` is valid by ``option_schema`` on sight: an object schema of keywords it satisfies.
+
+    A component registered with options, started without any (the engine's ``local``), is
+    checked without compiling a validator; any other schema (``required``, ``minProperties``,
+    ``allOf`` ...) is asked as before.
+    """
+    kind = option_schema.get("type", "object")
+    is_object = kind == "object" or (isinstance(kind, list) and "object" in kind)
+    return is_object and _EMPTY_SATISFIES.issuperset(k for k in option_schema if k != "type")
 
 
 #: Keywords whose meaning is the same in draft 7 (fastjsonschema) and 2020-12 (jsonschema), or annotations.
