@@ -104,6 +104,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+import pluggy
+
 from loopwright._header_fields import HeaderFields
 from loopwright._ids import is_instance_id
 from loopwright.abc import Store, StoreSettings
@@ -135,7 +137,6 @@ from loopwright.errors import (
     InstanceNotFoundError,
     StoreError,
 )
-from loopwright.hookspecs import hookimpl
 
 if TYPE_CHECKING:
     import anyio
@@ -153,6 +154,9 @@ __all__ = [
 ]
 
 _OPTIONS: Final = frozenset({"path", "fsync", "createParents"})
+#: :data:`loopwright.hookimpl` (the same marker: ``pluggy.HookimplMarker("loopwright")``), made here
+#: so that reading the store without a runtime (``ls``, ``show``) imports no hookspecs (issue 30).
+hookimpl: Final = pluggy.HookimplMarker("loopwright")
 # A module global, so that the kill matrix (tests/crash/crash_plugin.py) can wrap it: every write of a
 # log goes through it (a new instance's header: _file_create._write_all; rewrites: _file_header._write_all).
 _write_all = write_all
