@@ -90,10 +90,12 @@ def test_reading_a_valid_store_imports_no_jsonschema(project: tuple[Path, str]) 
 #: What ``ls`` and ``show`` on a file store leave out (issue 10, item 7): the runtime, the engine, the
 #: plugin host and the tools, the value objects, any event loop, and the schema and FFI libraries;
 #: since issue 30 also logging, secrets (hmac, hashlib) and RE2, which only writes, warnings and
-#: pattern checks use, and the hookspecs and decisions, which only a plugin host uses.
+#: pattern checks use, the hookspecs and decisions, which only a plugin host uses, hashlib (checkpoints)
+#: and difflib (the wording of a problem).
 NOT_FOR_A_BARE_STORE = ("loopwright._runtime", "loopwright._engine", "loopwright._plugins", "loopwright._tools",
                         "loopwright._types", "loopwright._instance", "anyio", "asyncio", "ctypes", "fastjsonschema",
-                        "jsonschema", "logging", "secrets", "re2", "loopwright.hookspecs", "loopwright._decisions")
+                        "jsonschema", "logging", "secrets", "re2", "loopwright.hookspecs", "loopwright._decisions",
+                        "hashlib", "difflib")
 
 
 def test_reading_a_file_store_opens_no_runtime(project: tuple[Path, str]) -> None:

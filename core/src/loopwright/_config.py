@@ -22,7 +22,6 @@ callers use are re-exported here.
 
 from __future__ import annotations
 
-import difflib
 import functools
 import os
 import re
@@ -198,6 +197,8 @@ def _check_template(text: str, path: PathKey, names: set[str], reporter: Reporte
     for ph in template.placeholders:
         if ph.path and ph.path[0] not in names:
             declared = ", ".join(sorted(names)) or "none"
+            import difflib  # noqa: PLC0415 - only to word a problem: ls and show import none (issue 30)
+
             close = difflib.get_close_matches(ph.path[0], sorted(names), n=1)
             suggestion = f"; did you mean {close[0]!r}?" if close else ""
             where = positions.find(path, ph.text, text.count(ph.text, 0, ph.start))

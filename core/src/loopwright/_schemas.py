@@ -11,7 +11,6 @@ file pays for it). :class:`Reporter` turns schema errors and the loader's own fi
 from __future__ import annotations
 
 import copy
-import difflib
 import functools
 import json
 import re
@@ -258,6 +257,8 @@ class Reporter:
         for name in error.instance:
             if name in allowed or any(re.search(p, name) for p in patterns):
                 continue
+            import difflib  # noqa: PLC0415 - only to word a problem: ls and show import none (issue 30)
+
             close = difflib.get_close_matches(name, allowed, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else f" (allowed: {', '.join(allowed)})"
             self.add(f"unknown key {name!r}{hint}", (*path, name), key=True)
@@ -299,6 +300,8 @@ def _type_message(error: ValidationError, _described: str | None) -> str:
 
 def _enum_message(error: ValidationError, _described: str | None) -> str:
     choices = [str(c) for c in error.validator_value if c is not None]
+    import difflib  # noqa: PLC0415 - only to word a problem: ls and show import none (issue 30)
+
     close = difflib.get_close_matches(str(error.instance), choices, n=1)
     suggestion = f"; did you mean {close[0]!r}?" if close and isinstance(error.instance, str) else ""
     return f"{json.dumps(error.instance)} is not one of: {', '.join(choices)}{suggestion}"

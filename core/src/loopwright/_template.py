@@ -20,7 +20,6 @@ Templates are compiled once and cached, so rendering costs a join.
 from __future__ import annotations
 
 import copy
-import difflib
 import functools
 import json
 import re
@@ -231,6 +230,8 @@ def _describe(value: Any) -> str:
 
 def _suggest(name: str, choices: Mapping[str, Any] | Sequence[str]) -> str:
     names = sorted(map(str, choices))
+    import difflib  # noqa: PLC0415 - only to word a problem: ls and show import none (issue 30)
+
     close = difflib.get_close_matches(name, names, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     known = ", ".join(names) if names else "none"
