@@ -247,25 +247,64 @@ async def _watch(guard: _Guard, processes: int) -> None:
     """Count the sandbox's processes every :data:`_WATCH_EVERY` seconds; past ``processes``, stop it all.
 
     RLIMIT_NPROC is not enforced for uid 0, so as root this is what bounds a fork bomb: the
-    kernel kills every process of a pid namespace when its first one dies.
+    kernel kills every process of a pid namespace when its first one dies. The count walks the
+    sandbox's tree from its first process (every orphan in a pid namespace is reparented to it),
+    so it costs what the sandbox holds, not what the host runs.
     """
-    own = _pid_namespace(os.getpid())
-    namespace = None
+    namespace: str | None = None
     while guard.tripped is None:
-        if namespace is None:
-            guard.sandbox_init = guard.sandbox_init or _sandbox_init(guard.bwrap)
-            if guard.sandbox_init is not None:
-                found = _pid_namespace(guard.sandbox_init)
-                namespace = found if found != own else None
+        await anyio.sleep(_WATCH_EVERY)  # most commands are over before the first count
+        if guard.sandbox_init is None:
+            guard.sandbox_init = _sandbox_init(guard.bwrap)
+            if guard.sandbox_init is None:
+                continue
+        count = _descendants(guard.sandbox_init)
+        if count is None:  # no /proc/PID/task/TID/children here: count the pid namespace's members
+            namespace = namespace or _pid_namespace(guard.sandbox_init)
+            count = _count_in(namespace) - 1 if namespace is not None else 0
         # The sandbox's own first process (bubblewrap's reaper) is not one of the command's.
-        if namespace is not None and _count_in(namespace) > processes + 1:
+        if count > processes:
             guard.trip(f"it ran more than {processes} processes at once (the sandbox's limit)")
             return
-        await anyio.sleep(_WATCH_EVERY)
+
+
+def _children(pid: int) -> list[int] | None:
+    """Return the children of every thread of ``pid``, or None where the kernel does not list them."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")  # noqa: PTH208 - a few names
+    except OSError:
+        return []
+    out: list[int] = []
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children", "rb") as f:  # noqa: PTH123 - many tiny reads
+                out.extend(int(n) for n in f.read().split())
+        except FileNotFoundError:
+            if not os.path.exists(f"/proc/{pid}/task/{task}"):  # noqa: PTH110 - the task ended meanwhile
+                continue
+            return None
+        except OSError:
+            continue
+    return out
+
+
+def _descendants(pid: int) -> int | None:
+    """Return how many processes descend from ``pid`` (None: the kernel does not list children)."""
+    count, todo = 0, [pid]
+    while todo:
+        children = _children(todo.pop())
+        if children is None:
+            return None
+        count += len(children)
+        todo.extend(children)
+    return count
 
 
 def _sandbox_init(bwrap: int) -> int | None:
     """Return the pid of bubblewrap's child (the first process of the sandbox's pid namespace), if it has one yet."""
+    children = _children(bwrap)
+    if children is not None:
+        return children[0] if children else None
     for name in _proc_names():
         stat = _stat(name)
         if stat is not None and len(stat) > 1 and int(stat[1]) == bwrap:
@@ -281,7 +320,7 @@ def _pid_namespace(pid: int) -> str | None:
 
 
 def _count_in(namespace: str) -> int:
-    """Return how many live processes are in the pid namespace ``namespace`` (``pid:[inode]``)."""
+    """Return how many processes are in the pid namespace ``namespace`` (``pid:[inode]``)."""
     count = 0
     for name in _proc_names():
         try:
