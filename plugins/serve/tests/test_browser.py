@@ -178,6 +178,11 @@ PROVIDERS: dict[str, Any] = {
         "swept",
     ]),
     **_script("many", [f"answer {k}" for k in range(30)]),
+    **_script("hold", [
+        {"text": "I will delete it", "toolCalls": [{"name": "delete", "arguments": {"path": "held.txt"},
+                                                    "id": "call_h"}]},
+        "held and done",
+    ]),
 }
 AGENTS = {
     "approver": ("m_approve", ["delete"]),
@@ -199,6 +204,7 @@ AGENTS = {
     "boss": ("m_boss", ["run_agent_async"]),
     "aide": ("m_aide", ["delete"]),
     "many": ("m_many", []),
+    "holder": ("m_hold", ["delete"]),
 }
 #: A definition with inputs of every kind the start form builds a field for.
 BRIEFING = {
@@ -958,3 +964,226 @@ def test_the_page_works_in_a_narrow_window(page: Page) -> None:
     page.shot("11-narrow-window")
     card.locator(".approve").click()
     page.expect(card).to_have_count(0)
+
+
+#: Amounts the page must write as the CLI does (loopwright.cli._output.format_cost), edge cases included.
+_COSTS = [None, 0, 0.0, 0.0123, 1234.5678, 0.00005, 0.0000012, 0.000006, 1.03125, 12345678.9, 0.99995,
+          0.00009999, 2.5e-9, 0.1, 1e-4, 3]
+_USAGES = [None, {}, {"inputTokens": 1000, "outputTokens": 234}, {"totalTokens": 1234567},
+           {"inputTokens": 5, "outputTokens": 1, "unreportedRequests": 1},
+           {"inputTokens": 5, "outputTokens": 1, "totalTokens": 6, "unreportedRequests": 3}]
+
+
+def test_costs_and_tokens_are_written_as_the_cli_writes_them(page: Page) -> None:
+    """ui/format.js agrees with the CLI's format_cost and format_tokens, character for character."""
+    from loopwright.cli._output import format_cost, format_tokens  # noqa: PLC0415 - the reference, only here
+
+    page.page.goto(page.server.url + "/ui/")
+    costs, tokens = page.page.evaluate(
+        """async ([costs, usages]) => {
+            const format = await import("./format.js");
+            return [costs.map((c) => format.formatCost(c)), usages.map((u) => format.formatTokens(u))];
+        }""", [_COSTS, _USAGES])
+    assert costs == [format_cost(c) for c in _COSTS]
+    assert tokens == [format_tokens(u) for u in _USAGES]
+
+
+def _facts(page: Page) -> dict[str, str]:
+    return dict(page.page.evaluate(
+        """() => Object.fromEntries([...document.querySelectorAll('#facts dd')].map(
+            (dd) => [dd.dataset.fact, dd.textContent]))"""))
+
+
+def test_live_numbers_move_while_a_slow_model_runs(page: Page) -> None:
+    """Turns, tokens and elapsed time change on the page while the instance runs, before it rests."""
+    page.sign_in()
+    instance_id = page.server.start("counter", prompt="count to three")
+    page.select(instance_id)
+    running: list[dict[str, str]] = []
+    deadline = time.monotonic() + START_GUARD
+    while True:
+        facts = _facts(page)
+        if facts.get("state", "").startswith("running"):
+            running.append(facts)
+            if len(running) == 1:
+                page.shot("15-live-numbers-while-running")
+        elif facts.get("state", "").startswith("waiting"):
+            break
+        assert time.monotonic() < deadline, f"{instance_id} did not rest: {facts}"
+        time.sleep(0.1)
+    # While it ran, the page showed the first turn's numbers, then the second's: they moved.
+    seen = {(f["turns"], f["tokens"]) for f in running}
+    assert ("1", "110 tokens (100 in, 10 out)") in seen, seen
+    assert ("2", "330 tokens (300 in, 30 out)") in seen, seen
+    elapsed = [f["elapsed"] for f in running if f["elapsed"].endswith("(running)")]
+    assert len(set(elapsed)) >= 2, elapsed  # the clock moved too
+    assert {f["cost"] for f in running} == {"$0.0000"}  # the scripted model is free: 0, never "unknown"
+    done = _facts(page)
+    assert done["turns"] == "3"
+    assert done["tokens"] == "660 tokens (600 in, 60 out)"
+    assert re.fullmatch(r"\d+(\.\d)? s|\d+ ms", done["elapsed"]), done["elapsed"]
+    row = page.page.locator(f'.node[data-id="{instance_id}"] .meta')
+    page.expect(row).to_contain_text("3 turns · 660 tokens · $0.0000")
+
+
+def test_the_timeline_of_a_tree_with_a_child_opened_in_place(page: Page) -> None:
+    """Each turn with its model call, its tool calls with status, the agent it started opened in place, and records."""
+    boss = page.server.start("boss", prompt="tidy the logs")
+    page.server.wait_for(boss, "waiting")
+    aide = _child(page.server, boss)
+    page.server.wait_for(aide, "waiting_for_approval")
+    page.sign_in()
+    page.select(boss)
+    turn = page.transcript().locator(':scope > .turn[data-turn="1"]')
+    page.expect(turn.locator(".turn-facts")).to_contain_text("m_boss:any")
+    facts = re.compile(r"\d+ ms · \d+ tokens \(\d+ in, \d+ out\) · \$0\.0000")
+    page.expect(turn.locator(".turn-facts")).to_contain_text(facts)
+    call = turn.locator(".item.tool_call")
+    page.expect(call).to_contain_text('run_agent_async {"definition":"aide","prompt":"sweep the old logs"}')
+    page.expect(call.locator(".call-status")).to_contain_text(re.compile(r"success · \d+ ms"))
+    page.expect(page.transcript().locator('.turn[data-turn="2"]')).to_contain_text("the aide is on it")
+    page.expect(page.fact("subtree")).to_contain_text("2 agents")
+    # The agent it started, right after the result that names it, opens in place.
+    child = turn.locator(f'.item.child[data-child-id="{aide}"]')
+    page.expect(child).to_contain_text("aide")
+    page.expect(child.locator(".child-state")).to_have_text("waiting_for_approval")
+    child.locator(".child-toggle").click()
+    nested = child.locator(f'.timeline-nested[data-instance-id="{aide}"]')
+    page.expect(nested).to_contain_text("sweep the old logs")
+    page.expect(nested.locator(".item.approval")).to_contain_text("delete (call ")
+    page.expect(nested.locator(".turn-actions")).to_have_count(0)  # time travel is for the run shown
+    # Its records are one click away, per turn.
+    turn.locator(":scope > .turn-records > summary").click()
+    records = turn.locator(":scope > .turn-records > pre")
+    page.expect(records).to_contain_text('"kind": "turn"')
+    page.expect(records).to_contain_text('"latency"')
+    page.expect(records).to_contain_text('"kind": "tool_call"')
+    page.shot("14-timeline-of-a-tree")
+    # The held call is approved from the inbox: the child's timeline, open in place, shows it go on.
+    page.card(aide).locator(".approve").click()
+    page.expect(nested).to_contain_text("swept")
+    page.expect(nested.locator(".item.approved")).to_contain_text("delete")
+    # The whole record log of the run shown.
+    page.page.locator("#show-records").click()
+    page.expect(page.page.locator("#records-view")).to_contain_text('"kind": "state"')
+    child.locator(".child-open").click()
+    page.expect(page.page.locator("#detail-title")).to_contain_text(aide)
+    assert page.server.wait_for(aide, "waiting")["pendingApprovals"] == []
+
+
+def test_fork_and_rewind_from_a_turn_with_a_confirmation_and_lineage_both_ways(page: Page) -> None:
+    original = page.server.start("forker", prompt="hi")
+    page.server.wait_for(original, "waiting")
+    status, _ = page.server.api("POST", f"/v1/instances/{original}/messages", {"text": "and again"})
+    assert status == 202
+    page.server.wait_for(original, "waiting")
+    page.sign_in()
+    page.select(original)
+    first = page.transcript().locator('.turn[data-turn="1"]')
+    page.expect(page.transcript().locator('.turn[data-turn="2"]')).to_contain_text("the second answer")
+    dialog = page.page.locator("#confirm")
+
+    # The confirmation says what a fork does; keeping things as they are does nothing.
+    first.locator(".turn-actions .fork").click()
+    page.expect(dialog).to_be_visible()
+    page.expect(dialog).to_contain_text("Fork forker at turn 1?")
+    page.expect(dialog).to_contain_text("a new instance whose history is this one's up to the end of turn 1")
+    page.expect(dialog).to_contain_text("This instance is not changed.")
+    page.shot("16-fork-confirmation")
+    page.page.locator("#confirm-no").click()
+    page.expect(dialog).to_be_hidden()
+    assert not [r for r in page.requests if r.method == "POST" and r.url.endswith("/fork")]
+
+    first.locator(".turn-actions .fork").click()
+    page.page.locator("#confirm-yes").click()
+    page.expect(page.page.locator("#detail-title")).not_to_contain_text(original)
+    fork = page.page.locator("#detail-title").text_content().split()[-1]
+    assert page.server.show(fork)["state"] == "waiting"
+    status, shown = page.server.api("GET", f"/v1/instances/{fork}?live=true")
+    assert shown["forkedFrom"] == {"instanceId": original, "turn": 1}
+    # Lineage both ways: the fork names its original, the original lists its fork.
+    page.expect(page.fact("forked from")).to_contain_text(f"{original} at turn 1")
+    page.expect(page.transcript().locator(".item.fork")).to_contain_text("forked from the end of turn 1 of")
+    page.fact("forked from").locator("button").click()
+    page.expect(page.page.locator("#detail-title")).to_contain_text(original)
+    page.expect(page.fact("forks")).to_contain_text(f"{fork} (turn 1)")
+    page.expect(page.transcript().locator(".item.fork")).to_contain_text(fork)
+    page.shot("17-forked-lineage")
+
+    # Rewind to turn 1: said first, then done; the later turn stays, marked.
+    page.transcript().locator('.turn[data-turn="1"] .turn-actions .rewind').click()
+    page.expect(dialog).to_contain_text("moves this instance back to the end of turn 1")
+    page.page.locator("#confirm-yes").click()
+    page.expect(page.transcript().locator(".item.rewind")).to_contain_text("from turn 2 to the end of turn 1")
+    page.expect(page.transcript().locator('.turn.rewound[data-turn="2"]')).to_contain_text("the second answer")
+    status, marks = page.server.api("GET", f"/v1/instances/{original}/records?kind=rewind")
+    assert [m["data"]["to"] for m in marks] == [1]
+    assert page.dialogs == []  # the page asked in its own dialog, never window.confirm
+
+
+def test_the_inbox_holds_every_held_call_and_open_question_answered_in_place(page: Page) -> None:
+    asker = page.server.start("asker", prompt="paint it")
+    holder = page.server.start("holder", prompt="clean up")
+    page.server.wait_for(asker, "waiting")
+    (held,) = page.server.wait_for(holder, "waiting_for_approval")["pendingApprovals"]
+    page.sign_in()
+    question = page.page.locator(f'#inbox .card.question[data-instance-id="{asker}"]')
+    page.expect(question.locator(".question-text")).to_have_text("Which colour should it be?")
+    page.expect(question.locator(".where")).to_contain_text("asker")
+    call = page.page.locator(f'#inbox .card[data-instance-id="{holder}"]:not(.question)')
+    page.expect(call).to_have_attribute("data-digest", held["digest"])
+    page.expect(page.page.locator("#inbox-count")).not_to_have_text("0")
+    page.shot("18-inbox-question-and-call")
+    question.locator(".answer-text").fill("blue, please")
+    question.locator(".answer").click()
+    page.expect(question).to_have_count(0)
+    page.select(asker)
+    # The answer is the result of the model's ask_user call; the model goes on from it.
+    page.expect(page.transcript().locator(".item.tool_result")).to_contain_text("blue, please")
+    page.expect(page.transcript()).to_contain_text("blue it is")
+    call.locator(".approve").click()
+    page.expect(call).to_have_count(0)
+    # The approval sent the digest of the card shown, as every decision from the page does.
+    assert page.decisions(holder) == [(held["toolCallId"], {"decision": "approve", "digest": held["digest"]})]
+    assert page.server.wait_for(holder, "waiting")["pendingApprovals"] == []
+
+
+#: The dash of a range of rows on the page (an en dash, as in 1-20 of 22).
+DASH = "\u2013"
+
+
+def test_find_instances_by_text_state_and_agent_in_pages_and_as_a_list(page: Page) -> None:
+    ids = [page.server.start("many", prompt=f"needle-{k:02d}") for k in range(22)]
+    for instance_id in ids:
+        page.server.wait_for(instance_id, "waiting")
+    page.sign_in()
+    info = page.page.locator("#page-info")
+    rows = page.page.locator("#tree .node")
+    page.page.locator("#find-text").fill("needle-")
+    page.expect(info).to_have_text(f"1{DASH}20 of 22 trees")
+    page.expect(rows).to_have_count(20)
+    page.expect(rows.first).to_have_attribute("data-id", ids[-1])  # newest first
+    page.page.locator("#page-next").click()
+    page.expect(info).to_have_text(f"21{DASH}22 of 22 trees")
+    assert rows.evaluate_all("rows => rows.map(r => r.dataset.id)") == [ids[1], ids[0]]
+    page.page.locator("#page-prev").click()
+    page.expect(info).to_have_text(f"1{DASH}20 of 22 trees")
+    page.page.locator("#find-text").fill("needle-07")
+    page.expect(rows).to_have_count(1)
+    page.expect(rows.first).to_have_attribute("data-id", ids[7])
+    page.page.locator("#find-state").select_option("error")
+    page.expect(rows).to_have_count(0)
+    page.expect(page.page.locator("#tree-empty")).to_have_text("Nothing matches.")
+    page.page.locator("#find-state").select_option("waiting")
+    page.expect(rows).to_have_count(1)
+    page.page.locator("#find-text").fill("")
+    page.page.locator("#find-definition").select_option("many")
+    page.expect(info).to_have_text(f"1{DASH}20 of 22 trees")
+    page.page.locator("#find-view").select_option("list")
+    page.expect(info).to_have_text(f"1{DASH}20 of 22 instances")
+    page.expect(page.page.locator("#tree ul")).to_have_count(0)  # a flat list
+    page.shot("19-find-instances")
+    # Offline and dependency-light: everything the page loaded came from this server.
+    assert page.requests
+    assert all(r.url.startswith(page.server.url + "/") for r in page.requests), {
+        r.url for r in page.requests if not r.url.startswith(page.server.url)}
