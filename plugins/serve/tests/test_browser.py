@@ -1187,3 +1187,50 @@ def test_find_instances_by_text_state_and_agent_in_pages_and_as_a_list(page: Pag
     assert page.requests
     assert all(r.url.startswith(page.server.url + "/") for r in page.requests), {
         r.url for r in page.requests if not r.url.startswith(page.server.url)}
+
+
+def test_an_answer_streams_into_the_timeline_as_the_model_writes_it(tmp_path: Path, browser_context: Any,
+                                                                     artifacts: Path) -> None:
+    """The page shows each piece of the answer while the model still holds the rest; the whole message replaces them.
+
+    The model is a fake OpenAI server that streams its answer in pieces and stops at gates
+    (``_gated_model``): each step is checked while the model waits, by events, never by sleeps.
+    """
+    from _gated_model import Gate, Streamed, gated_model  # noqa: PLC0415 - only this test streams
+
+    with gated_model() as model:
+        (tmp_path / "agents").mkdir()
+        (tmp_path / "agents" / "streamer.yaml").write_text("name: streamer\nmodel: live:gpt-test\n")
+        (tmp_path / "loopwright.yaml").write_text(json.dumps({
+            "store": {"kind": "file", "path": "./store"},
+            "providers": {"live": {"kind": "openai", "baseUrl": model.url, "apiKey": "test-key", "stream": True}},
+            "agentDefinitions": {"streamer": "agents/streamer.yaml"}}))
+        local = Server(tmp_path)
+        tab = Page(browser_context, local, artifacts)
+        try:
+            held, first, second = Gate(), Gate(), Gate()
+            model.enqueue(Streamed([held, "Hello", first, " wide", second, " world"]))
+            tab.page.goto(local.url + "/ui")
+            tab.expect(tab.page.locator("#app")).to_be_visible()
+            instance_id = local.start("streamer", prompt="greet the world")
+            held.wait_reached()  # the model has the request and holds its answer
+            tab.select(instance_id)
+            # The task's message came through the page's event stream: the stream follows the instance.
+            tab.expect(tab.transcript().locator(".item.user")).to_contain_text("greet the world")
+            streaming = tab.transcript().locator(".item.assistant.streaming")
+            held.open()
+            first.wait_reached()
+            tab.expect(streaming).to_contain_text("Hello")
+            first.open()
+            second.wait_reached()  # two pieces are out; the model holds the last one
+            tab.expect(streaming).to_contain_text("Hello wide")
+            tab.expect(streaming).not_to_contain_text("world")
+            tab.shot("20-answer-streaming-in")
+            second.open()
+            tab.expect(tab.transcript().locator(".item.assistant:not(.streaming)")).to_contain_text("Hello wide world")
+            tab.expect(streaming).to_have_count(0)
+            assert local.wait_for(instance_id, "waiting")["state"] == "waiting"
+            assert not tab.errors
+        finally:
+            tab.close()
+            local.stop()

@@ -139,12 +139,47 @@ export class Timeline {
     if (message.event === "transcript") this.message(message.data);
     else if (message.event === "record") this.record(message.data);
     else if (message.event === "text_delta") this.delta(message.data);
+    else if (message.event === "tool_call_start") this.callStart(message.data);
+    else if (message.event === "tool_call_delta") this.callDelta(message.data);
+    else if (message.event === "stream_reset") this.streamReset(message.data);
+    else if (message.event === "gap") this.gap(message.data);
+  }
+
+  /** The group the live events of `turn` go to: the turn the model is answering now. */
+  liveGroup(turn) {
+    return this.group(Number.isInteger(turn) ? turn : this.latest + 1);
+  }
+
+  /** A tool call the model has begun to write: its name now, its arguments as they stream. */
+  callStart({ turn, id, name }) {
+    const group = this.liveGroup(turn);
+    const node = item("tool_call streaming", `call ${safeText(String(id ?? ""))} · turn ${group.n} · writing…`, `${safeText(String(name ?? "?"))} `);
+    node.dataset.streamId = String(id ?? "");
+    this.add(node, group.n);
+  }
+
+  callDelta({ turn, id, delta }) {
+    if (typeof delta !== "string") return;
+    const group = this.liveGroup(turn);
+    const node = [...group.body.querySelectorAll(".item.tool_call.streaming")].find((n) => n.dataset.streamId === String(id ?? ""));
+    node?.append(document.createTextNode(safeText(delta)));
+  }
+
+  /** The turn's streamed answer starts over (the provider retried): what was shown of it goes. */
+  streamReset({ turn }) {
+    for (const node of this.liveGroup(turn).body.querySelectorAll(".item.streaming")) node.remove();
+  }
+
+  /** This page missed the rest of the turn's pieces (it read too slowly): the whole message follows. */
+  gap({ turn }) {
+    const node = this.liveGroup(turn).body.querySelector(".item.assistant.streaming");
+    if (node) node.querySelector(".label").textContent += " (part missed: the whole answer follows)";
   }
 
   /** A piece of the current turn's answer as the model writes it. */
   delta({ turn, delta }) {
     if (typeof delta !== "string" || !delta) return;
-    const group = this.group(Number.isInteger(turn) ? turn : this.latest + 1);
+    const group = this.liveGroup(turn);
     let node = group.body.querySelector(".item.assistant.streaming");
     if (!node) {
       node = item("assistant streaming", `assistant · turn ${group.n} · writing…`, "");
@@ -172,7 +207,8 @@ export class Timeline {
           Object.assign(group.info, { model: turn.model ?? group.info.model, usage: turn.usage, cost: turn.cost });
           this.facts(group);
         }
-        group.body.querySelector(".item.assistant.streaming")?.remove();
+        // The whole message replaces what was streamed of it.
+        for (const node of group.body.querySelectorAll(".item.streaming")) node.remove();
         const at = n !== undefined ? ` · turn ${n}` : "";
         const text = contentText(message.content);
         if (text) this.add(item("assistant", `assistant${at}`, text), group.n);
