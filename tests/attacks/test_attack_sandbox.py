@@ -338,6 +338,21 @@ def test_filling_the_disk_hits_a_wall(project: Project) -> None:
     assert not Path("/tmp/fill1").exists()  # noqa: S108 - the host's /tmp: the sandbox had its own
 
 
+def test_nothing_but_the_bounded_tmpfs_and_the_write_roots_is_writable(project: Project) -> None:
+    """The sandbox's root, ``/dev`` and ``/usr`` are read-only; ``/dev/shm`` fills up at 8 MiB like ``/tmp``."""
+    (result,) = project.run(
+        "echo x > /planted; LC_ALL=C.UTF-8 mkdir /newdir; echo x > /dev/planted; echo x > /usr/planted; "
+        "for i in $(seq 20); do head -c 1000000 /dev/zero > /dev/shm/fill$i || break; done; "
+        "df -k /dev/shm | tail -1; echo hi > /dev/null && echo devnull-ok; echo end")
+    text = content(result)
+    for refused in ("/planted: Read-only file system", "/newdir\u2019: Read-only file system",
+                    "/dev/planted: Read-only file system", "/usr/planted: Read-only file system",
+                    "No space left on device"):
+        assert refused in text, text
+    assert "100% /dev/shm" in text
+    assert "devnull-ok" in text
+
+
 def test_printing_gigabytes_is_cut_at_the_output_limit(project: Project) -> None:
     """``yes`` forever: stopped once 1 MiB was read, never buffered whole; the model gets a short result."""
     t0 = time.monotonic()

@@ -5,8 +5,9 @@ What a sandboxed command sees and may do (every point is enforced by the kernel,
 * **Files.** A fresh mount namespace whose root is an empty tmpfs. The system's ``/usr`` (and
   ``/bin``, ``/sbin``, ``/lib*`` as the host has them: links into ``/usr`` or read-only binds) is
   bound read-only; ``/proc`` is a new procfs of the sandbox's own pid namespace; ``/dev`` holds
-  only the harmless devices (null, zero, random, urandom, tty); ``/tmp`` is a private tmpfs of
-  :attr:`SandboxSettings.tmp_bytes`. Each read root is bound read-only and each write root
+  only the harmless devices (null, zero, full, random, urandom, tty); ``/tmp`` and ``/dev/shm``
+  are private tmpfs mounts of :attr:`SandboxSettings.tmp_bytes` each; the root and ``/dev``
+  themselves are read-only. Each read root is bound read-only and each write root
   read-write, at its own path, after symlinks are resolved exactly as the file tools resolve
   them (a link inside a root that points elsewhere leads to a path the sandbox does not have).
   Nothing else of the host exists inside: not ``/etc``, not ``/home``, not the store.
@@ -73,6 +74,7 @@ _SECRET = re.compile(r"API_?KEY|SECRET|TOKEN|PASSWORD|PASSWD", re.IGNORECASE)
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: The sandbox's own ``/tmp``: a private tmpfs, not the host's.
 _TMP = "/tmp"  # noqa: S108
+_SHM = "/dev/shm"  # noqa: S108
 
 
 @attrs.frozen(kw_only=True)
@@ -238,7 +240,8 @@ def plan_sandbox(
     argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID),
             "--gid", str(SANDBOX_GID), "--cap-drop", "ALL", "--die-with-parent", "--new-session",
             "--hostname", "sandbox", *_system_binds(), "--proc", "/proc", "--dev", "/dev",
-            "--size", str(settings.tmp_bytes), "--tmpfs", _TMP]
+            "--size", str(settings.tmp_bytes), "--tmpfs", _TMP,
+            "--size", str(settings.tmp_bytes), "--tmpfs", _SHM]
     if network:
         argv.append("--share-net")
         for name in _NETWORK_ETC:
@@ -248,6 +251,9 @@ def plan_sandbox(
     for path, option in sorted([(p, "--ro-bind") for p in reads] + [(p, "--bind") for p in writes],
                                key=lambda item: len(item[0].parts)):
         argv += [option, str(path), str(path)]
+    # The root and /dev are tmpfs mounts without a size: read-only, so that only /tmp, /dev/shm
+    # (both bounded) and the write roots can be written.
+    argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
     argv += ["--chdir", workdir, *_environment(settings, workdir, os.environ if environ is None else environ)]
     s = settings
     argv += ["--", "/usr/bin/prlimit" if Path("/usr/bin/prlimit").exists() else "/bin/prlimit",
