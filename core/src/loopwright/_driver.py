@@ -26,6 +26,7 @@ from loopwright._capabilities import (
     resolve_roots,
 )
 from loopwright._engine import Decided, LateMail, Mail, Resume, SegmentEnd, Start
+from loopwright._gc import BURST
 from loopwright._header_fields import ChildLinks, HeaderFields
 from loopwright._instance import Instance, message_to_json, new_id, now_iso, shown_call, unanswered_calls
 from loopwright._lease import holding
@@ -226,7 +227,12 @@ class Driver:
             await self._rt.forest.join_tree(run.inst)
         run.segment_starting()
         self._rt.live.segment_started(run)
-        self._rt.start_soon(self._drive, run, segment, held.hand_over())
+        BURST.segment_started()
+        try:
+            self._rt.start_soon(self._drive, run, segment, held.hand_over())
+        except BaseException:
+            BURST.segment_ended()
+            raise
 
     async def _drive(self, run: AgentRun, segment: Segment, lease: Lease) -> None:
         """Run segments of ``run`` until it rests (a late message starts the next one), then give ``lease`` back."""
@@ -279,6 +285,7 @@ class Driver:
             finally:
                 lease.release()
                 run.segment_ended()
+                BURST.segment_ended()
 
     async def watch_for_cancel(self) -> None:
         """While the runtime is open, look for posts other processes made to the instances running here.
