@@ -220,13 +220,14 @@ def test_symlinks_planted_in_a_root_lead_nowhere(project: Project) -> None:
 
 
 def test_proc_shows_only_the_sandbox(project: Project) -> None:
-    """/proc is the sandbox's own: the host's processes, their environments and their roots are out of reach."""
+    """/proc is the sandbox's own: the host's processes, environments, roots and sysctls are out of reach."""
     key = f"sk-{project.canary}"
     (result,) = project.run(
         "ls /proc | grep -c '^[0-9]'; cat /proc/*/environ | tr '\\0' '\\n'; "
         f"cat /proc/1/root{project.secret}; cat /proc/self/root{project.secret}; "
         f"ls /proc/{os.getpid()}/; cat /proc/self/mountinfo | grep -c .; "
-        "mount -t proc proc /tmp 2>&1; echo end",
+        "mount -t proc proc /tmp 2>&1; echo 1 > /proc/sys/vm/drop_caches; echo sysctl=$?; "
+        "ls /proc/sys | wc -l; cat /proc/timer_list | wc -c; echo end",
         env={"OPENAI_API_KEY": key})
     text = content(result)
     stdout = text.split("--- stdout ---\n")[1]
@@ -234,6 +235,9 @@ def test_proc_shows_only_the_sandbox(project: Project) -> None:
     assert project.canary not in text
     assert project.saw_canary() == []
     assert "must be superuser" in text or "Operation not permitted" in text or "Permission denied" in text
+    # /proc/sys is hidden: run as root, the sandbox's uid is root's outside it, and sysctls check only that.
+    assert "sysctl=2" in text
+    assert "\n0\n0\nend" in stdout
 
 
 # -- environment, network ----------------------------------------------------------------------------------

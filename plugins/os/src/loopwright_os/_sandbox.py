@@ -4,7 +4,9 @@ What a sandboxed command sees and may do (every point is enforced by the kernel,
 
 * **Files.** A fresh mount namespace whose root is an empty tmpfs. The system's ``/usr`` (and
   ``/bin``, ``/sbin``, ``/lib*`` as the host has them: links into ``/usr`` or read-only binds) is
-  bound read-only; ``/proc`` is a new procfs of the sandbox's own pid namespace; ``/dev`` holds
+  bound read-only; ``/proc`` is a new procfs of the sandbox's own pid namespace, without
+  ``/proc/sys``, ``/proc/sysrq-trigger`` and the other interfaces of :data:`_PROC_DIRS` and
+  :data:`_PROC_FILES`; ``/dev`` holds
   only the harmless devices (null, zero, full, random, urandom, tty); ``/tmp`` and ``/dev/shm``
   are private tmpfs mounts of :attr:`SandboxSettings.tmp_bytes` each; the root and ``/dev``
   themselves are read-only. Each read root is bound read-only and each write root
@@ -70,6 +72,14 @@ _SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 #: What a command needs of ``/etc`` to reach the network, bound only when the grant allows it.
 _NETWORK_ETC = ("/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf", "/etc/ssl", "/etc/ca-certificates",
                 "/etc/gai.conf")
+#: What of the sandbox's own /proc is hidden: kernel interfaces that check only that the writer's
+#: uid is root's, not a capability. Run by root, the sandbox's uid 1000 *is* root's uid outside
+#: its user namespace, so without these masks a command could write the host's sysctls
+#: (``/proc/sys/kernel/core_pattern``: code run as root) or ``/proc/sysrq-trigger``. Folders get a
+#: read-only 4 KiB tmpfs over them, files ``/dev/null`` (bubblewrap itself covers /proc/irq and /proc/bus).
+_PROC_DIRS = ("sys", "fs", "acpi", "scsi", "asound", "driver")
+_PROC_FILES = ("sysrq-trigger", "kcore", "kmsg", "timer_list", "timer_stats", "sched_debug", "latency_stats",
+               "kallsyms", "keys", "key-users")
 _SECRET = re.compile(r"API_?KEY|SECRET|TOKEN|PASSWORD|PASSWD", re.IGNORECASE)
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: The sandbox's own ``/tmp``: a private tmpfs, not the host's.
@@ -187,6 +197,18 @@ def _system_binds() -> list[str]:
     return out
 
 
+def _proc_masks() -> list[str]:
+    """Return the options that hide :data:`_PROC_DIRS` and :data:`_PROC_FILES` (those this kernel has)."""
+    out: list[str] = []
+    for name in _PROC_DIRS:
+        if Path("/proc", name).is_dir():
+            out += ["--perms", "0555", "--size", "4096", "--tmpfs", f"/proc/{name}"]
+    for name in _PROC_FILES:
+        if Path("/proc", name).exists():
+            out += ["--ro-bind", "/dev/null", f"/proc/{name}"]
+    return out
+
+
 def _roots(grants: Capabilities, base: Path) -> tuple[tuple[Path, ...], tuple[Path, ...]]:
     """Return the existing read roots (those not inside a write root) and write roots, resolved."""
     writes = tuple(dict.fromkeys(p for p in (_resolve(r, base) for r in grants.files.write) if p.exists()))
@@ -239,7 +261,7 @@ def plan_sandbox(
     workdir = next((str(w) for w in writes if w.is_dir()), _TMP)
     argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID),
             "--gid", str(SANDBOX_GID), "--cap-drop", "ALL", "--die-with-parent", "--new-session",
-            "--hostname", "sandbox", *_system_binds(), "--proc", "/proc", "--dev", "/dev",
+            "--hostname", "sandbox", *_system_binds(), "--proc", "/proc", *_proc_masks(), "--dev", "/dev",
             "--size", str(settings.tmp_bytes), "--tmpfs", _TMP,
             "--size", str(settings.tmp_bytes), "--tmpfs", _SHM]
     if network:
