@@ -249,7 +249,7 @@ def main() -> None:
     ap.add_argument("--many-rounds", type=int, default=3,
                     help="rounds of C streams at once measured at each concurrency C above 1")
     ap.add_argument("--first-ms", type=float, default=20.0, help="the fake model's time to its first token")
-    ap.add_argument("--gap-ms", type=float, default=5.0, help="time between the fake model's tokens")
+    ap.add_argument("--gap-ms", type=float, default=20.0, help="time between the fake model's tokens")
     ap.add_argument("--tokens", type=int, default=16, help="tokens after the first")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     ap.add_argument("--profile", type=Path, default=None,

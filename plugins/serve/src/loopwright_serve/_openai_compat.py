@@ -405,9 +405,9 @@ async def _follow_live(ctx: ServeContext, started: Started, live: Subscription,
     run = started.run
     while not streamed.rested:
         batch = await live.get(KEEPALIVE)
-        for event in batch:
-            for frame in streamed.frames(event):
-                yield frame
+        # The pieces that came meanwhile: one chunk each, written to the socket at once.
+        if frames := [frame for event in batch for frame in streamed.frames(event)]:
+            yield "".join(frames)
         if not batch:
             if ctx.streams.closing.is_set() or run is None or not run.running:
                 return  # resting (its state event missed) or closing: the caller reads the result
