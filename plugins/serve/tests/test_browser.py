@@ -1052,13 +1052,15 @@ def test_the_timeline_of_a_tree_with_a_child_opened_in_place(page: Page) -> None
     page.expect(nested).to_contain_text("sweep the old logs")
     page.expect(nested.locator(".item.approval")).to_contain_text("delete (call ")
     page.expect(nested.locator(".turn-actions")).to_have_count(0)  # time travel is for the run shown
+    page.expect(page.fact("elapsed")).not_to_have_text("—")
+    page.shot("14-timeline-of-a-tree")  # docs/images/control-plane.png, the README's
     # Its records are one click away, per turn.
     turn.locator(":scope > .turn-records > summary").click()
     records = turn.locator(":scope > .turn-records > pre")
     page.expect(records).to_contain_text('"kind": "turn"')
     page.expect(records).to_contain_text('"latency"')
     page.expect(records).to_contain_text('"kind": "tool_call"')
-    page.shot("14-timeline-of-a-tree")
+    page.shot("14b-timeline-records")
     # The held call is approved from the inbox: the child's timeline, open in place, shows it go on.
     page.card(aide).locator(".approve").click()
     page.expect(nested).to_contain_text("swept")
