@@ -86,15 +86,7 @@ export class Timeline {
     const facts = el("span", "turn-facts");
     head.append(title, facts);
     const body = el("div", "turn-body");
-    group = { section, head, facts, body, records: [], info: {}, n };
-    if (n > 0 && !this.options.nested && this.options.onTurnAction) {
-      const actions = el("span", "turn-actions");
-      actions.append(
-        button("Fork", "fork", () => this.options.onTurnAction("fork", n), `a new instance from the end of turn ${n}`),
-        button("Rewind", "rewind", () => this.options.onTurnAction("rewind", n), `go back to the end of turn ${n}`),
-      );
-      head.append(actions);
-    }
+    group = { section, head, facts, body, records: [], info: {}, n, answered: false };
     const details = el("details", "turn-records");
     const summary = el("summary", "", "records");
     const pre = el("pre", "records-json");
@@ -120,6 +112,27 @@ export class Timeline {
     this.group(turn).body.append(node);
     if (atEnd && !this.options.nested) this.box.scrollTop = this.box.scrollHeight;
     return node;
+  }
+
+  /** The turn's model answer came: it is a point the run can be forked or rewound from. */
+  answered(group) {
+    if (group.answered) return;
+    group.answered = true;
+    if (group.n > 0 && !this.options.nested && this.options.onTurnAction) {
+      const n = group.n;
+      const actions = el("span", "turn-actions");
+      actions.append(
+        button("Fork", "fork", () => this.options.onTurnAction("fork", n), `a new instance from the end of turn ${n}`),
+        button("Rewind", "rewind", () => this.options.onTurnAction("rewind", n), `go back to the end of turn ${n}`),
+      );
+      group.head.append(actions);
+    }
+  }
+
+  /** Where a message without a turn goes: the turn it leads to, once the latest turn has its answer. */
+  nextGroup() {
+    const latest = this.groups.get(this.latest);
+    return latest?.answered && this.latest > 0 ? this.latest + 1 : this.latest;
   }
 
   facts(group) {
@@ -198,7 +211,7 @@ export class Timeline {
         return;
       case "user": {
         const source = message.source ? ` · from ${safeText(message.source)}` : "";
-        this.add(item("user", `user${source}`, contentText(message.content)));
+        this.add(item("user", `user${source}`, contentText(message.content)), this.nextGroup());
         return;
       }
       case "assistant": {
@@ -206,6 +219,7 @@ export class Timeline {
         if (n !== undefined) {
           Object.assign(group.info, { model: turn.model ?? group.info.model, usage: turn.usage, cost: turn.cost });
           this.facts(group);
+          this.answered(group);
         }
         // The whole message replaces what was streamed of it.
         for (const node of group.body.querySelectorAll(".item.streaming")) node.remove();
@@ -268,7 +282,14 @@ export class Timeline {
         }
         if (this.lastRun.from && !this.lastRun.to) this.lastRun.to = record.at;
         const text = data.to === data.stopReason || !data.stopReason ? `${data.to}` : `${data.to} (${data.stopReason})`;
-        this.add(item(data.to === "error" ? "error" : "state", "state", safeText(text + (data.cancelled ? ", cancelled" : ""))));
+        const node = item(data.to === "error" ? "error" : "state", "state", safeText(text + (data.cancelled ? ", cancelled" : "")));
+        // Where it rests now, at the end (a replay sends the records after all the messages, so
+        // an earlier rest would land in a later turn; each one is in the turn's records).
+        if (data.to !== "error") {
+          this.restItem?.remove();
+          this.restItem = node;
+        }
+        this.add(node);
         return;
       }
       case "approval":
