@@ -234,9 +234,9 @@ class LazyTranscript(Transcript):
         return held  # type: ignore[no-any-return]
 
     def _build_all(self) -> None:
-        if self._unbuilt:
-            for i in range(len(self._messages)):
-                self._build(i)
+        if self._unbuilt:  # in one pass, in place (the list stays the one iterators walk)
+            self._messages[:] = [message_from_json(m) if type(m) is dict else m for m in self._messages]
+            self._unbuilt = 0
 
     def __getitem__(self, index: Any) -> Any:
         """Return a message (built now if it is still JSON), or a list of them for a slice."""
