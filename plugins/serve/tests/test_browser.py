@@ -178,6 +178,7 @@ PROVIDERS: dict[str, Any] = {
         "swept",
     ]),
     **_script("many", [f"answer {k}" for k in range(30)]),
+    **_script("viewed", ["seen, not forked"]),
     **_script("hold", [
         {"text": "I will delete it", "toolCalls": [{"name": "delete", "arguments": {"path": "held.txt"},
                                                     "id": "call_h"}]},
@@ -205,6 +206,7 @@ AGENTS = {
     "aide": ("m_aide", ["delete"]),
     "many": ("m_many", []),
     "holder": ("m_hold", ["delete"]),
+    "viewed": ("m_viewed", []),
 }
 #: A definition with inputs of every kind the start form builds a field for.
 BRIEFING = {
@@ -1236,3 +1238,33 @@ def test_an_answer_streams_into_the_timeline_as_the_model_writes_it(tmp_path: Pa
         finally:
             tab.close()
             local.stop()
+
+
+def test_a_read_only_token_cannot_fork_rewind_or_start_and_the_page_says_so(page: Page) -> None:
+    """The attack: a ``read`` token presses Fork and Rewind, and starts; each is a 403, and nothing changes."""
+    instance_id = page.server.start("viewed", prompt="look")
+    page.server.wait_for(instance_id, "waiting")
+    before = {s["instanceId"] for s in page.server.api("GET", "/v1/instances")[1]}
+    page.sign_in(VIEWER_TOKEN)
+    page.select(instance_id)
+    turn = page.transcript().locator(':scope > .turn[data-turn="1"]')
+    turn.locator(".turn-actions .fork").click()
+    page.page.locator("#confirm-yes").click()
+    page.expect(page.page.locator("#error")).to_contain_text("403")
+    turn.locator(".turn-actions .rewind").click()
+    page.page.locator("#confirm-yes").click()
+    page.expect(page.page.locator("#error")).to_contain_text("403")
+    page.page.locator("#start-definition").select_option("viewed")
+    page.page.locator("#start-form button[type=submit]").click()
+    page.expect(page.page.locator("#start-error")).to_contain_text("403")
+    # Straight at the API, with no token and with the read-only one: refused, and nothing is written.
+    for token, status in ((None, 401), (VIEWER_TOKEN, 403)):
+        for action, body in (("fork", {"turn": 1}), ("rewind", {"turn": 0})):
+            answer = page.server.api("POST", f"/v1/instances/{instance_id}/{action}", body, token=token)
+            assert answer[0] == status, (action, token, answer)
+    assert {s["instanceId"] for s in page.server.api("GET", "/v1/instances")[1]} == before
+    status, records = page.server.api("GET", f"/v1/instances/{instance_id}/records")
+    assert status == 200
+    assert not [r for r in records if r["kind"] in {"fork", "rewind"}]
+    # The definitions are readable with it: the picker is there, only starting is refused.
+    assert page.server.api("GET", "/v1/definitions", token=VIEWER_TOKEN)[0] == 200
