@@ -165,6 +165,27 @@ def test_openai_streams_the_agents_tool_call_as_it_streams(server: Server, model
     assert [m["content"] for m in transcript(project, instance_id) if m["role"] == "tool"] == ["echo: hi"]
 
 
+def test_openai_streams_the_answer_of_an_instance_it_continues(server: Server, model: GatedModel) -> None:
+    """A request naming a resting instance (``x-loopwright-instance``) streams that instance's next answer too."""
+    model.enqueue(Streamed(["first answer"]))
+    raw = _openai(server).chat.completions.with_raw_response.create(
+        model="loopwright/talker", messages=[{"role": "user", "content": "hello"}], stream=True)
+    instance_id = raw.headers["x-loopwright-instance"]
+    assert "".join(c.choices[0].delta.content or "" for c in raw.parse() if c.choices) == "first answer"
+    gate = Gate()
+    model.enqueue(Streamed(["second", gate, " answer"]))
+    stream = _openai(server).chat.completions.create(
+        model="loopwright/talker", messages=[{"role": "user", "content": "and then?"}], stream=True,
+        extra_headers={"x-loopwright-instance": instance_id})
+    chunks = iter(stream)
+    assert next(chunks).model_extra["metadata"]["instance_id"] == instance_id
+    assert next(chunks).choices[0].delta.content == "second"
+    gate.wait_reached()  # the piece is in; the model holds the rest
+    gate.open()
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == " answer"
+    assert model.bodies[-1]["stream"] is True
+
+
 # ---------------------------------------------------------------------------------------------
 # The serve API's event stream
 # ---------------------------------------------------------------------------------------------
