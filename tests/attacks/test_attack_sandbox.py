@@ -417,6 +417,9 @@ def test_no_bubblewrap_refuses_the_assembly_and_runs_nothing(project: Project) -
     checked = project.lw("validate", "loopwright.yaml", env=missing)
     assert checked.returncode == 2
     assert "the sandbox cannot start on this machine" in checked.stdout + checked.stderr
+    works = project.lw("validate", "./loopwright.yaml")  # the control: where it works, validate says so
+    assert works.returncode == 0, works
+    assert "shell: sandbox: the sandbox works on this machine" in works.stdout
 
 
 # -- a child with narrower grants --------------------------------------------------------------------------

@@ -104,6 +104,7 @@ def validate(settings: CliSettings, files: Sequence[str], kind: str | None) -> i
                     click.echo(safe_text(p, multiline=True))
             else:
                 click.echo(f"{shown_path(file)}: valid {found or ''}".rstrip())
+                checker.echo_sandbox_note(file)  # issue 28: whether the sandbox works, when the grants need it
     if settings.json:
         echo_json(results)
     invalid = [r for r in results if not r["valid"]]
@@ -120,6 +121,15 @@ class _RunChecks:
     def __init__(self, assembly: Path | None) -> None:
         """Check definitions against ``assembly`` (``None``: there is none; the defaults ``run`` would use)."""
         self._assembly = assembly
+        #: For each file whose runtime grants a sandboxed shell and opened: that the sandbox works here.
+        #: (Where it does not, the runtime refuses to open and says why: one of the file's problems.)
+        self.sandbox_notes: dict[str, str] = {}
+
+    def echo_sandbox_note(self, file: str) -> None:
+        """Print the note of ``file``'s sandbox, if it has one (issue 28)."""
+        note = self.sandbox_notes.get(str(Path(file)))
+        if note is not None:
+            click.echo(f"  {note}")
 
     def applies(self, kind: str | None) -> bool:
         """Whether a file of ``kind`` gets these checks: an assembly or a definition (``run`` takes no other)."""
@@ -140,8 +150,17 @@ class _RunChecks:
             async with Runtime.from_file(assembly) as rt:
                 if kind == "definition":
                     rt.check_definition(rt.load_definition(file))
+                _note_sandbox(self.sandbox_notes, str(file), rt.assembly.capabilities.shell)
         except ConfigError as exc:
             return list(exc.problems) or [ConfigProblem(str(exc), file=exc.path or where)]
         except (PluginError, CapabilityError) as exc:
             return [ConfigProblem(str(exc), file=where)]
         return []
+
+
+def _note_sandbox(notes: dict[str, str], file: str, mode: str) -> None:
+    """Note that ``shell: MODE`` works here when it is a sandboxed mode (issue 28; the runtime has just probed it)."""
+    from loopwright.capabilities import SANDBOX_MODES, sandbox_problem  # noqa: PLC0415 - only for validate
+
+    if mode in SANDBOX_MODES and sandbox_problem() is None:
+        notes[file] = f"shell: {mode}: the sandbox works on this machine (bubblewrap, user and network namespaces)"
