@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from loopwright._retry import parse_retry_after, retry_transient
     from loopwright._runtime import AgentRun, Runtime
     from loopwright._sync import run_agent
+    from loopwright._threads import Thread
     from loopwright._tools import Tool, ToolContext, tool
     from loopwright._types import (
         AgentResult,
@@ -113,6 +114,7 @@ __all__ = [
     "StoreConfig",
     "StoreSettings",
     "StreamDelta",
+    "Thread",
     "Tool",
     "ToolCall",
     "ToolContext",
@@ -179,6 +181,7 @@ _LAZY: dict[str, str] = {
     "StoreConfig": "loopwright._definition",
     "StoreSettings": "loopwright.abc",
     "StreamDelta": "loopwright._types",
+    "Thread": "loopwright._threads",
     "Tool": "loopwright._tools",
     "ToolCall": "loopwright._types",
     "ToolContext": "loopwright._tools",

@@ -317,6 +317,11 @@ class LiveRuns:
         self._instances[run.instance_id] = run.inst
         self._runs[run.instance_id] = run
 
+    def forget(self, instance_id: str) -> None:
+        """Hold ``instance_id``'s run and instance no more (the instance was deleted)."""
+        self._runs.pop(instance_id, None)
+        self._instances.pop(instance_id, None)
+
     def runs(self) -> list[AgentRun]:
         """Return every run held here now."""
         return list(self._runs.values())

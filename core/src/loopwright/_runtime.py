@@ -43,6 +43,7 @@ from loopwright._providers import Providers, assembly_error, build_component
 from loopwright._records import Recorder
 from loopwright._run import AgentRun, LiveRuns
 from loopwright._steering import Steering
+from loopwright._threads import Thread, delete_tree
 from loopwright._tree import Trees
 from loopwright._types import Message
 from loopwright._views import approval_to_json, result_to_json, summary, usage_to_json
@@ -441,6 +442,33 @@ class Runtime:
         run = await self.get_agent(instance_id)
         await run.message(text, source=source)
         return run
+
+    def thread(self, thread_id: str,
+               definition: str | os.PathLike[str] | Definition | Mapping[str, Any]) -> Thread:
+        """Return the conversation ``thread_id`` with ``definition``: ``await rt.thread(ID, DEF).send(text)``.
+
+        Nothing is read or created until :meth:`Thread.send <loopwright.Thread.send>`: the first
+        send starts an instance whose id is ``thread_id``; later ones send it messages.
+
+        :raises ConfigError: ``thread_id`` breaks the instance id rule.
+        """
+        return Thread(self, thread_id, definition)
+
+    async def delete(self, instance_id: str) -> list[str]:
+        """Delete a root instance, the instances below it and everything the store keeps of them.
+
+        Refused while any of them runs (here or in another process); a child is deleted with
+        its root, never alone. Records already sent to other record sinks stay there (see
+        docs/security.md, "Deleting data").
+
+        :return: The ids deleted, children before their spawner.
+        :raises InstanceNotFoundError: No such instance.
+        :raises InstanceLockedError: One of them runs in another process; nothing is deleted.
+        :raises StoreError: One runs here, or the store cannot delete.
+        :raises LoopwrightError: It is not a root.
+        """
+        self.loop  # noqa: B018 - raises if the runtime is not open
+        return await delete_tree(self.store, self.live, self.owner, instance_id)
 
     async def cancel(self, instance_id: str, *, timeout: float = 30.0) -> AgentRun:  # noqa: ASYNC109
         """Cancel an instance, live here, resting, or running in another process.

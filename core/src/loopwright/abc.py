@@ -17,6 +17,7 @@ import attrs
 
 from loopwright._header_fields import HeaderFields
 from loopwright._states import State
+from loopwright.errors import StoreError
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -224,6 +225,24 @@ class Store(_AsyncClosing, abc.ABC):
         The default keeps none.
         """
         del instance_id, fold
+
+    async def delete(self, instance_id: str) -> None:
+        """Delete an instance and everything this store keeps of it: header, entries, records, mailbox, checkpoint.
+
+        Only the holder of the instance's lease calls this (:meth:`loopwright.Runtime.delete`
+        takes it, for every instance of the tree, first); releasing that lease afterwards must
+        not fail. Once it returns, :meth:`read_header` raises
+        :class:`~loopwright.errors.InstanceNotFoundError`, :meth:`list_headers` no longer lists
+        it, and the id may be created again. A store that leases on a server must delete under
+        the same fence as its other writes (nothing is deleted once another runner took over).
+        The default raises :class:`~loopwright.errors.StoreError`: a store plugin that cannot
+        delete says so, and nothing is deleted.
+
+        :raises InstanceNotFoundError: There is no such instance.
+
+        .. versionadded:: 0.3
+        """
+        raise StoreError(f"the {type(self).__name__} cannot delete instances", instance_id=instance_id)
 
     async def create_leased(self, instance_id: str, header: Mapping[str, Any], owner: str) -> Lease:
         """Create an instance (as :meth:`create`) with its runner lease already held by ``owner``.

@@ -333,6 +333,50 @@ class FileStore(Creating, Headers, Checkpoints, Mailbox, Locking, Store):
         """Return the whole record log in order; same contract as :meth:`read_entries`."""
         return self._read_log(instance_id, RECORDS_FILE)
 
+    # -- deleting ------------------------------------------------------------------------------
+
+    async def delete(self, instance_id: str) -> None:
+        """Delete the instance's folder: its header, logs, mailbox and checkpoint (see :meth:`Store.delete`).
+
+        The folder is first renamed to a hidden name (``.deleted-ID-RANDOM``, which is no
+        instance id), so every reader finds the instance gone at once, then removed with
+        everything in it. The caller's lease (an ``flock`` on the folder) stays valid until it
+        is released. A crash between the two leaves only the hidden folder, which no read sees.
+
+        :raises InstanceNotFoundError: There is no such instance.
+        :raises StoreError: The folder cannot be renamed or removed (naming it).
+        """
+        folder = self.root / check_id(instance_id)
+        if not (folder / HEADER_FILE).is_file():
+            raise InstanceNotFoundError(instance_id)
+        self._forget(instance_id)
+        tomb = self.root / f".deleted-{instance_id}-{os.urandom(4).hex()}"
+        try:
+            folder.rename(tomb)
+        except OSError as exc:
+            raise StoreError(f"cannot delete {folder}: {exc}", instance_id=instance_id) from exc
+        import shutil  # noqa: PLC0415 - only to delete: ls and show import no more than they need (issue 30)
+
+        try:
+            shutil.rmtree(tomb)
+        except OSError as exc:
+            raise StoreError(f"deleted, but cannot remove {tomb}: {exc}", instance_id=instance_id) from exc
+
+    def _forget(self, instance_id: str) -> None:
+        """Close and drop every descriptor and cache this store keeps for ``instance_id``."""
+        for name in (ENTRIES_FILE, RECORDS_FILE):
+            fd = self._logs.pop((instance_id, name), None)
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            self._clean.pop((instance_id, name), None)
+        fd = self._post_fds.pop(instance_id, None)
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._post_paths.pop(instance_id, None)
+        self._checkpointed.pop(instance_id, None)
+
     # -- lifetime ------------------------------------------------------------------------------
 
     def locations(self) -> Sequence[Path]:

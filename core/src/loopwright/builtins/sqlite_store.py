@@ -188,7 +188,7 @@ class SqliteStore(Store):
         self._conn: sqlite3.Connection | None = None
         self._mutex = threading.Lock()
         self._closed = False
-        self._known: set[str] = set()  # ids seen to exist (instances are never deleted)
+        self._known: set[str] = set()  # ids seen to exist (a delete here drops its id)
         self._locks = Locks(self.lock_dir)
 
     def __repr__(self) -> str:
@@ -473,6 +473,37 @@ class SqliteStore(Store):
             raise InstanceNotFoundError(instance_id) from None  # the foreign key: no such instance
         except sqlite3.Error as exc:
             raise self._error(exc, instance_id, "post") from exc
+
+    async def delete(self, instance_id: str) -> None:
+        """Delete the instance's row and its entries, records and posts in one transaction (see :meth:`Store.delete`).
+
+        The lock file stays (as for every instance: removing one races with its next taker).
+
+        :raises InstanceNotFoundError: There is no such instance.
+        """
+        await self._run(self._delete, _check_id(instance_id))
+
+    def _delete(self, instance_id: str) -> None:
+        conn = self._connect(create=False)
+        if conn is None:
+            raise InstanceNotFoundError(instance_id)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                if conn.execute("SELECT 1 FROM instances WHERE id = ?", (instance_id,)).fetchone() is None:
+                    raise InstanceNotFoundError(instance_id)  # noqa: TRY301 - rolled back below
+                for table in _LOGS:
+                    conn.execute(f"DELETE FROM {table} WHERE instance_id = ?", (instance_id,))  # noqa: S608 - one of _LOGS
+                conn.execute("DELETE FROM instances WHERE id = ?", (instance_id,))
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            raise self._error(exc, instance_id, "delete the instance") from exc
+        finally:
+            self._known.discard(instance_id)
 
     async def read_posts(self, instance_id: str, cursor: int) -> tuple[list[dict[str, Any]], int]:
         """Return the posts after ``cursor`` (a row ``seq``; 0 reads all) and the ``seq`` of the last one.

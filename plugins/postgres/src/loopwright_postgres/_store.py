@@ -389,6 +389,10 @@ class PostgresStore(Store):
             "lease_state": "SELECT epoch, session, writes FROM {s}.leases WHERE instance_id = %s",
             "read_header": "SELECT header::text FROM {s}.instances WHERE id = %s",
             "exists": "SELECT 1 FROM {s}.instances WHERE id = %s",
+            "delete": "DELETE FROM {s}.instances WHERE id = %s",
+            # A fenced delete's first statement: the lease is still this store's (see delete()).
+            "count_write": ("UPDATE {s}.leases SET writes = writes + 1 WHERE instance_id = %s AND epoch = %s "
+                            "AND session = %s AND writes = %s"),
             "list": ("SELECT header::text FROM {s}.instances ORDER BY CASE json_typeof(header->'createdAt') "
                      "WHEN 'string' THEN header->>'createdAt' ELSE '' END COLLATE \"C\", id COLLATE \"C\""),
             # Take a free lease (see _FREE_LEASE; or one of this store's own whose release is
@@ -883,6 +887,52 @@ class PostgresStore(Store):
                 conn.execute(self._sql["post"], (instance_id, line, post_id, instance_id))
 
         await self._run(instance_id, "post", post)
+
+    async def delete(self, instance_id: str) -> None:
+        """Delete the instance's row; its logs, mailbox and lease row go with it (``ON DELETE CASCADE``).
+
+        Fenced as every write under a lease is (see :class:`Lease`): in one transaction, the
+        lease's row is counted only if it still carries this store's epoch and session, and the
+        instance is deleted only then. A delete whose reply was lost is done when retried (the
+        instance is gone). Without a lease held here it is one ``DELETE``.
+
+        :raises InstanceNotFoundError: There is no such instance.
+        :raises LeaseLostError: Another runner took the lease over; nothing was deleted.
+        """
+        _check_id(instance_id)
+        lease = self._held.get(instance_id)
+        remove = self._sql["delete"]
+        if lease is None or not lease.epoch:
+            def plain(conn: psycopg.Connection[Any]) -> int:
+                return conn.execute(remove, (instance_id,)).rowcount
+
+            if await self._run(instance_id, "delete the instance", plain) == 0:
+                raise InstanceNotFoundError(instance_id)
+            return
+        if lease.lost:
+            raise LeaseLostError("cannot delete it: another runner took over its lease", instance_id=instance_id)
+        count = self._sql["count_write"]
+        attempts = 0
+
+        def fenced(conn: psycopg.Connection[Any]) -> bool | None:
+            nonlocal attempts
+            attempts += 1
+            with conn.transaction():
+                if conn.execute(count, self._fence_args(lease, lease.writes)).rowcount:
+                    conn.execute(remove, (instance_id,))
+                    return True
+            if conn.execute(self._sql["exists"], (instance_id,)).fetchone() is None:
+                return True if attempts > 1 else None  # gone: deleted by an attempt whose reply was lost
+            return False
+
+        async with lease.mutex:
+            done = await self._run(instance_id, "delete the instance", fenced)
+        if done is None:
+            raise InstanceNotFoundError(instance_id)
+        if not done:
+            lease.lost = True
+            raise LeaseLostError(f"cannot delete it: another runner took over its lease (epoch {lease.epoch} "
+                                 "is not the latest); nothing was deleted", instance_id=instance_id)
 
     async def read_posts(self, instance_id: str, cursor: int) -> tuple[list[dict[str, Any]], int]:
         """Return the posts whose ``seq`` is above ``cursor`` and the last one's ``seq``.

@@ -34,7 +34,10 @@ The checks are generic, drawn from the :class:`~loopwright.abc.Store` docstrings
   the lease, a post with an ``id`` landing once (retried here or by a second store);
 * invalid ids (``..``, ``/``, empty, too long, not a string, ...) raise StoreError and write
   nothing; ids of letters, digits and ``_ . -`` work;
-* an item that is not a JSON-ready mapping raises StoreError and none of its batch is written.
+* an item that is not a JSON-ready mapping raises StoreError and none of its batch is written;
+* delete under the lease removes the header, the logs and the mailbox (seen by a second store
+  too), leaves the others, frees the id for a new instance and its lease; a store that cannot
+  delete sets ``deletes = False`` and must refuse with StoreError, deleting nothing.
 
 Cross-process checks that need a real second process (a lease holder that is SIGKILLed) depend
 on how the store is opened, so they belong in the store's own tests; so does any timing.
@@ -85,9 +88,12 @@ class StoreContract:
             (``False`` skips the lease checks).
         invalid_ids: Ids every method must refuse with StoreError.
         valid_ids: Ids that must work end to end.
+        deletes: Whether the store implements :meth:`~loopwright.abc.Store.delete` (``False``
+            checks instead that it refuses with StoreError and deletes nothing).
     """
 
     locks: ClassVar[bool] = True
+    deletes: ClassVar[bool] = True
     invalid_ids: ClassVar[tuple[object, ...]] = INVALID_IDS
     valid_ids: ClassVar[tuple[str, ...]] = VALID_IDS
 
@@ -153,6 +159,8 @@ class StoreContract:
             calls.insert(0, ("create", lambda: store.create(instance_id, {"id": "bad"})))
         if self.locks:
             calls.append(("acquire", lambda: store.acquire(instance_id, "tester")))
+        if self.deletes:
+            calls.append(("delete", lambda: store.delete(instance_id)))
         return calls
 
     # -- create and headers ------------------------------------------------------------------------
@@ -492,6 +500,52 @@ class StoreContract:
         assert (await store.read_posts("twice", 0))[0] == [item]
 
     # -- ids --------------------------------------------------------------------------------------
+
+    # -- deleting --------------------------------------------------------------------------------
+
+    async def _filled(self, store: Store, instance_id: str) -> None:
+        await store.create(instance_id, {"id": instance_id, "createdAt": "2026-01-01T00:00:00Z"})
+        await store.append_entries(instance_id, [{"t": "msg", "n": 1}, {"t": "msg", "n": 2}])
+        await store.append_records(instance_id, [{"kind": "r"}])
+        await store.post(instance_id, {"id": "p1", "type": "message", "text": "hi"})
+
+    @pytest.mark.anyio
+    async def test_delete_removes_everything_and_the_id_can_be_used_again(
+            self, store: Store, second_store: Store) -> None:
+        """After delete() under the lease, nothing of the instance is read by this store or another; others stay."""
+        await self._filled(store, "gone")
+        await self._filled(store, "kept")
+        lease = await store.acquire("gone", "deleter")
+        if not self.deletes:
+            with pytest.raises(StoreError):
+                await store.delete("gone")
+            lease.release()
+            assert (await store.read_header("gone"))["id"] == "gone"
+            return
+        await store.delete("gone")
+        lease.release()  # after a delete: must not fail
+        for reader in (store, second_store):
+            with pytest.raises(InstanceNotFoundError):
+                await reader.read_header("gone")
+            with pytest.raises(InstanceNotFoundError):
+                await reader.read_entries("gone")
+            assert [h["id"] for h in await reader.list_headers()] == ["kept"]
+            assert [e["n"] for e in await reader.read_entries("kept")] == [1, 2]
+        await store.create("gone", {"id": "gone", "again": True})
+        assert await store.read_entries("gone") == []
+        assert await store.read_records("gone") == []
+        assert (await store.read_posts("gone", 0))[0] == []
+        assert (await second_store.read_header("gone"))["again"] is True
+        again = await second_store.acquire("gone", "next")  # the id's lease is free for its new instance
+        again.release()
+
+    @pytest.mark.anyio
+    async def test_delete_of_an_unknown_instance_raises_not_found(self, store: Store) -> None:
+        """delete() of an id no instance has raises InstanceNotFoundError."""
+        if not self.deletes:
+            pytest.skip(f"{type(self).__name__} does not delete (deletes = False)")
+        with pytest.raises(InstanceNotFoundError):
+            await store.delete("never-was")
 
     @pytest.mark.anyio
     async def test_invalid_ids_are_refused_everywhere(self, store: Store) -> None:
