@@ -1006,6 +1006,7 @@ def test_live_numbers_move_while_a_slow_model_runs(page: Page) -> None:
     while True:
         facts = _facts(page)
         if facts.get("state", "").startswith("running"):
+            facts["row"] = page.page.locator(f'.node[data-id="{instance_id}"] .meta').first.text_content() or ""
             running.append(facts)
             if len(running) == 1:
                 page.shot("15-live-numbers-while-running")
@@ -1020,6 +1021,9 @@ def test_live_numbers_move_while_a_slow_model_runs(page: Page) -> None:
     elapsed = [f["elapsed"] for f in running if f["elapsed"].endswith("(running)")]
     assert len(set(elapsed)) >= 2, elapsed  # the clock moved too
     assert {f["cost"] for f in running} == {"$0.0000"}  # the scripted model is free: 0, never "unknown"
+    # The row in the tree moves too, with the time it has been running.
+    assert any(re.search(r"[12] turns · [13]{2}0 tokens · \$0\.0000 · running \d", f["row"]) for f in running), [
+        f["row"] for f in running]
     done = _facts(page)
     assert done["turns"] == "3"
     assert done["tokens"] == "660 tokens (600 in, 60 out)"

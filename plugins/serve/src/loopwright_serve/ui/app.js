@@ -274,6 +274,7 @@ function row(id, fallback) {
     `${tokens ?? "?"} tokens`,
     formatCost(own.cost),
   ];
+  if (node.state === "running" && own.since) meta.push(`running ${formatDuration(secondsBetween(own.since))}`);
   if (pending) meta.push(`${pending} to approve`);
   const below = (Number(node.waitingOn) || 0) - pending;
   if (below > 0) meta.push(`${below} waiting below`);
