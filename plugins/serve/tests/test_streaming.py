@@ -423,3 +423,26 @@ async def test_a_follower_nobody_reads_never_holds_up_the_run(tmp_path: Path) ->
     assert [e.kind for e in held if e.kind == "gap"] == ["gap"]
     assert sub.dropped > 0
     assert [e.data["state"] for e in held if e.kind == "state"][-1] == "waiting"
+
+
+def _chunks_of(frames: list[str]) -> list[dict[str, Any]]:
+    return [json.loads(frame.removeprefix("data: ")) for frame in frames]
+
+
+def test_a_streamed_answer_sends_what_its_client_missed_and_numbers_calls_per_stream() -> None:
+    """After a gap, the chunk after the rest carries what the last turn's pieces missed; a call id the model
+    repeats in a later turn is another call, with its own index."""
+    from loopwright_serve._openai_compat import _Chunks, _Streamed  # noqa: PLC0415 - the surface's own parts
+
+    streamed = _Streamed(_Chunks("chatcmpl-x", 1, "loopwright/talker"))
+    sent = [*streamed.frames(LiveEvent(kind="tool_call_start", turn=1, data={"id": "call_0", "name": "echo"})),
+            *streamed.frames(LiveEvent(kind="tool_call_start", turn=2, data={"id": "call_0", "name": "echo"})),
+            *streamed.frames(LiveEvent(kind="tool_call_delta", turn=2, data={"id": "call_0", "delta": "{}"})),
+            *streamed.frames(_delta(3, "The answer")), *streamed.frames(LiveEvent(kind="gap", turn=3)),
+            *streamed.frames(_delta(3, " is lost"))]
+    calls = [c["choices"][0]["delta"].get("agent_tool_calls") for c in _chunks_of(sent)]
+    assert [call[0]["index"] for call in calls if call] == [0, 1, 1]
+    assert [c["choices"][0]["delta"].get("content") for c in _chunks_of(sent)][-1] == "The answer"
+    assert streamed.rest_of("The answer is 42.") == " is 42."
+    assert streamed.rest_of("The answer") == ""
+    assert streamed.rest_of("Something else") == "\n\nSomething else"

@@ -301,8 +301,9 @@ class _Streamed:
     Each turn's text is sent as it streams; a later turn's is set off from an earlier one by a
     blank line. The agent's own tool calls are sent as they stream under the delta's
     ``agent_tool_calls`` key, shaped like OpenAI's ``tool_calls`` (``index``, ``id``,
-    ``function.name``, ``function.arguments`` in pieces): never under ``tool_calls``, which
-    would ask the client to run them.
+    ``function.name``, ``function.arguments`` in pieces; each call of the stream its own index,
+    whatever ids the model repeats across turns): never under ``tool_calls``, which would ask the
+    client to run them.
     """
 
     def __init__(self, chunks: _Chunks) -> None:
@@ -310,7 +311,7 @@ class _Streamed:
         self.text: dict[int | None, str] = {}
         self.last_turn: int | None = None
         self.lost: set[int | None] = set()
-        self.calls: dict[str, int] = {}
+        self.calls: dict[tuple[int | None, str], int] = {}  # (turn, the model's id): its index in the stream
         self.rested = False
 
     def frames(self, event: LiveEvent) -> list[str]:
@@ -331,12 +332,12 @@ class _Streamed:
             self.lost.add(turn)
         elif kind == "tool_call_start":
             call_id = str(event.data.get("id"))
-            index = self.calls.setdefault(call_id, len(self.calls))
+            index = self.calls.setdefault((turn, call_id), len(self.calls))
             return [self.chunks.delta({"agent_tool_calls": [{"index": index, "id": call_id, "type": "function",
                                                              "function": {"name": event.data.get("name"),
                                                                           "arguments": ""}}]})]
         elif kind == "tool_call_delta":
-            index = self.calls.get(str(event.data.get("id")))
+            index = self.calls.get((turn, str(event.data.get("id"))))
             if index is not None and turn not in self.lost:
                 return [self.chunks.delta({"agent_tool_calls": [{"index": index,
                                                                  "function": {"arguments": event.delta}}]})]
@@ -346,7 +347,7 @@ class _Streamed:
 
     def rest_of(self, answer: str) -> str:
         """Return what is still to send of the final ``answer`` after what was streamed."""
-        last = self.text.get(self.last_turn, "") if self.last_turn is not None or None in self.text else ""
+        last = self.text.get(self.last_turn, "")  # the text of the last turn that streamed any
         if answer == last:
             return ""
         if last and answer.startswith(last):
