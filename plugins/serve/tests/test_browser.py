@@ -1112,6 +1112,12 @@ def test_fork_and_rewind_from_a_turn_with_a_confirmation_and_lineage_both_ways(p
     # Lineage both ways: the fork names its original, the original lists its fork.
     page.expect(page.fact("forked from")).to_contain_text(f"{original} at turn 1")
     page.expect(page.transcript().locator(".item.fork")).to_contain_text("forked from the end of turn 1 of")
+    # The history the fork starts from opens in place, from the original's log, up to that turn only.
+    page.transcript().locator(".item.fork .history-toggle").click()
+    history = page.transcript().locator(f'.timeline-nested.history[data-instance-id="{original}"]')
+    page.expect(history).to_contain_text("the first answer")
+    page.expect(history.locator(".turn")).to_have_count(2)  # the start, and turn 1
+    page.expect(history).not_to_contain_text("the second answer")
     page.fact("forked from").locator("button").click()
     page.expect(page.page.locator("#detail-title")).to_contain_text(original)
     page.expect(page.fact("forks")).to_contain_text(f"{fork} (turn 1)")

@@ -70,6 +70,8 @@ export class Timeline {
 
   /** Stop following everything this timeline opened (the agents opened in place). */
   close() {
+    this.history?.stream.abort();
+    this.history?.timeline.close();
     for (const child of this.children.values()) child.open?.timeline.close();
     for (const child of this.children.values()) child.open?.stream.abort();
     this.children.clear();
@@ -77,6 +79,12 @@ export class Timeline {
 
   group(turn) {
     const n = Number.isInteger(turn) && turn >= 0 ? turn : this.latest;
+    // A history shown up to a turn (where a fork began): what came later goes nowhere.
+    if (this.options.upTo !== undefined && n > this.options.upTo) {
+      this.beyond ??= { section: el("section"), head: el("div"), facts: el("span"), body: el("div"), summary: el("summary"),
+        records: [], info: {}, n, answered: true };
+      return this.beyond;
+    }
     let group = this.groups.get(n);
     if (group) return group;
     const section = el("section", "turn");
@@ -281,6 +289,7 @@ export class Timeline {
           return;
         }
         if (this.lastRun.from && !this.lastRun.to) this.lastRun.to = record.at;
+        if (this.options.upTo !== undefined) return; // where the original rests now is not this history's
         const text = data.to === data.stopReason || !data.stopReason ? `${data.to}` : `${data.to} (${data.stopReason})`;
         const node = item(data.to === "error" ? "error" : "state", "state", safeText(text + (data.cancelled ? ", cancelled" : "")));
         // Where it rests now, at the end (a replay sends the records after all the messages, so
@@ -352,7 +361,34 @@ export class Timeline {
     const text = data.to ? `a fork of this instance from the end of turn ${data.turn}: ` : `forked from the end of turn ${data.turn} of `;
     const node = item("fork", data.to ? "forked" : "fork of", text);
     node.append(this.link(other));
+    if (!data.to) {
+      // A fork's history is the original's up to the turn: it opens here, from the original's log.
+      const toggle = button("▸ the history it starts from", "history-toggle", () => this.toggleHistory(node, other, Number(data.turn) || 0));
+      toggle.setAttribute("aria-expanded", "false");
+      node.append(" ", toggle);
+    }
     this.add(node, data.to ? Number(data.turn) : 0);
+  }
+
+  toggleHistory(node, original, turn) {
+    const toggle = node.querySelector(".history-toggle");
+    if (this.history) {
+      this.history.stream.abort();
+      this.history.timeline.close();
+      this.history.box.remove();
+      this.history = null;
+      toggle.setAttribute("aria-expanded", "false");
+      toggle.textContent = "▸ the history it starts from";
+      return;
+    }
+    const box = el("div", "timeline-nested history");
+    box.dataset.instanceId = original;
+    node.append(box);
+    const timeline = new Timeline(box, original, { ...this.options, nested: true, onTurnAction: null, upTo: turn });
+    const stream = this.options.follow(original, (message) => timeline.onEvent(message), () => timeline.settle());
+    this.history = { box, timeline, stream };
+    toggle.setAttribute("aria-expanded", "true");
+    toggle.textContent = `▾ the history it starts from (up to turn ${turn})`;
   }
 
   link(id) {
