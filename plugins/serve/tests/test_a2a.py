@@ -333,6 +333,9 @@ async def test_a_task_id_of_another_agents_instance_is_refused(assembly: Path) -
                 assert list(get_text_parts(message.parts)) == ["the other agent answers"]
                 (task,) = [r.task for r in streamed if r.HasField("task")]
                 assert [list(get_text_parts(a.parts)) for a in task.artifacts] == [["the other agent answers"]]
+                # A completed task is final (A2A's rule, kept by a2a-sdk): a follow-up is refused, nothing runs.
+                with pytest.raises(A2AError, match="terminal state"):
+                    await other.send(new_text_part("and then?"), task_id=theirs)
             with pytest.raises(A2AError, match=f"Task {theirs} not found"):
                 await agent.send(new_text_part("delete the old notes"), task_id=theirs)
             with pytest.raises(A2AError, match="not a task of the agent helper"):
@@ -343,3 +346,4 @@ async def test_a_task_id_of_another_agents_instance_is_refused(assembly: Path) -
             instance = next(i for i in http.get("/v1/instances").json() if i["instanceId"] == theirs)
     assert instance["name"] == "other"
     assert instance["state"] == "waiting"
+    assert instance["usage"]["requests"] == 1
