@@ -15,6 +15,9 @@ names the tools it wants, by name or by path (a path resolves by its last segmen
   assembly's ``pluginSettings: {os: {allowHardLinks: true}}`` lets ``read-file`` read files that
   have other hard links (refused by default).
 
+A plugin's own tool may run sandboxed too: :func:`sandboxed_tool` makes one whose every call runs
+a program in the calling instance's sandbox, its arguments as JSON on stdin.
+
 The rules and what the tests prove are in ``docs/tools/os.md``.
 """
 
@@ -24,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from loopwright import hookimpl
 from loopwright_os._files import list_directory, read_file, read_file_tool, write_file
+from loopwright_os._sandboxed_tools import sandboxed_tool
 from loopwright_os._shell import execute_terminal_command, shell_tool
 
 if TYPE_CHECKING:
@@ -34,6 +38,7 @@ __all__ = [
     "list_directory",
     "loopwright_register_tools",
     "read_file",
+    "sandboxed_tool",
     "shell_tool",
     "write_file",
 ]

@@ -40,7 +40,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -241,12 +241,17 @@ def _environment(settings: SandboxSettings, workdir: str, environ: Mapping[str, 
 
 
 def plan_sandbox(
-    command: str, grants: Capabilities, *, base: Path, private: Iterable[tuple[str, Path]],
-    settings: SandboxSettings, environ: Mapping[str, str] | None = None,
+    command: str | Sequence[str], grants: Capabilities, *, base: Path, private: Iterable[tuple[str, Path]],
+    settings: SandboxSettings, environ: Mapping[str, str] | None = None, binds: Sequence[str | Path] = (),
 ) -> SandboxPlan:
     """Return how to run ``command`` in a sandbox confined to ``grants``.
 
+    :param command: A shell command line (run as ``/bin/sh -c COMMAND``), or a program and its
+        arguments (run as they are; the program must be inside the sandbox: under ``/usr``, a
+        root, or ``binds``).
     :param base: The folder relative roots are resolved against (the assembly's).
+    :param binds: More folders (or files) bound read-only, resolved like roots: what a tool's own
+        program needs (its code), chosen by the host or a plugin, never by a model.
     :param private: ``(what, location)`` pairs that must not be visible in the sandbox: the
         store's locations and the record sinks'.
     :param environ: Where the names of ``settings.env`` are looked up (default: ``os.environ``).
@@ -257,7 +262,8 @@ def plan_sandbox(
     network = grants.network
     etc = [Path(p).resolve() for p in _NETWORK_ETC if Path(p).exists()] if network else []
     system = [Path(p).resolve() for p in _SYSTEM if Path(p).is_dir() and not Path(p).is_symlink()]
-    _check_private(private, (*system, *etc, *reads, *writes), base)
+    extra = tuple(p for p in (_resolve(b, base) for b in binds) if p.exists())
+    _check_private(private, (*system, *etc, *reads, *writes, *extra), base)
     workdir = next((str(w) for w in writes if w.is_dir()), _TMP)
     argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID),
             "--gid", str(SANDBOX_GID), "--cap-drop", "ALL", "--die-with-parent", "--new-session",
@@ -270,8 +276,8 @@ def plan_sandbox(
             if Path(name).exists():
                 argv += ["--ro-bind", name, name]
     # Parents first, so that a root inside another is mounted over it and keeps its own mode.
-    for path, option in sorted([(p, "--ro-bind") for p in reads] + [(p, "--bind") for p in writes],
-                               key=lambda item: len(item[0].parts)):
+    mounts = [(p, "--ro-bind") for p in extra] + [(p, "--ro-bind") for p in reads] + [(p, "--bind") for p in writes]
+    for path, option in sorted(mounts, key=lambda item: len(item[0].parts)):
         argv += [option, str(path), str(path)]
     # The root and /dev are tmpfs mounts without a size: read-only, so that only /tmp, /dev/shm
     # (both bounded) and the write roots can be written.
@@ -281,6 +287,6 @@ def plan_sandbox(
     argv += ["--", "/usr/bin/prlimit" if Path("/usr/bin/prlimit").exists() else "/bin/prlimit",
              f"--cpu={s.cpu_seconds}:{s.cpu_seconds}", f"--as={s.memory_bytes}:{s.memory_bytes}",
              f"--fsize={s.file_bytes}:{s.file_bytes}", f"--nproc={s.processes}:{s.processes}", "--core=0:0",
-             "--", "/bin/sh", "-c", command]
+             "--", *(("/bin/sh", "-c", command) if isinstance(command, str) else command)]
     return SandboxPlan(argv=tuple(argv), env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, workdir=workdir,
                        reads=reads, writes=writes, settings=settings)

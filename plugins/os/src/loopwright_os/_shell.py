@@ -41,17 +41,27 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import attrs
 
 from loopwright import ToolContext, tool
 from loopwright.errors import ToolCallDenied, ToolError
 from loopwright_os._sandbox import SANDBOX_MODES, SandboxPlan, SandboxSettings, plan_sandbox, sandbox_settings
 
 if TYPE_CHECKING:
-    from anyio.abc import ByteReceiveStream, Process
+    from anyio.abc import ByteReceiveStream, ByteSendStream, Process
 
     from loopwright import Capabilities, Tool
 
-__all__ = ["DEFAULT_TIMEOUT", "KILL_GRACE", "OUTPUT_HEAD", "OUTPUT_TAIL", "execute_terminal_command", "shell_tool"]
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "KILL_GRACE",
+    "OUTPUT_HEAD",
+    "OUTPUT_TAIL",
+    "Outcome",
+    "collect",
+    "execute_terminal_command",
+    "shell_tool",
+]
 
 #: Seconds a command may run when the call gives no ``timeout``.
 DEFAULT_TIMEOUT = 60.0
@@ -348,23 +358,56 @@ def _stat(name: str) -> list[bytes] | None:
     return stat[stat.rfind(b")") + 2:].split()
 
 
+@attrs.frozen
+class Outcome:
+    """What a finished process left: its exit code, its output, and why it was stopped early (if it was)."""
+
+    returncode: int | None
+    out: _Capture
+    err: _Capture
+    timed_out: bool
+    tripped: str | None
+
+
 async def _run(command: str, workdir: Path, limit: float, *, plan: SandboxPlan | None = None) -> str:
     """Run ``command`` (in ``plan``'s sandbox when given); return the report, or raise ToolError.
 
     Raises ToolError, with the output so far, when the command timed out or (sandboxed) passed
     its output or process bound.
     """
+    done = await collect(command, workdir, limit, plan=plan)
+    report = _report(done.returncode, done.out, done.err, sandboxed=plan is not None)
+    if done.timed_out:
+        raise ToolError(f"timed out after {limit:g} s: the command and every process it started were "
+                        f"stopped\n{report}")
+    if done.tripped is not None:
+        raise ToolError(f"stopped: {done.tripped}; the command and every process it started were "
+                        f"stopped\n{report}")
+    return report
+
+
+async def collect(command: str, workdir: Path, limit: float, *, plan: SandboxPlan | None = None,
+                  stdin: bytes | None = None) -> Outcome:
+    """Run ``command`` (``plan.argv`` when a sandbox plan is given) to its end or ``limit`` seconds.
+
+    Whatever happens (an exit, the limit, a bound of the sandbox, the call cancelled), every
+    process it started is stopped before this returns. ``stdin`` is written to its standard input,
+    which is then closed (``None``: ``/dev/null``).
+    """
+    feed = subprocess.DEVNULL if stdin is None else subprocess.PIPE
     if plan is None:
-        process = await anyio.open_process(command, cwd=workdir, stdin=subprocess.DEVNULL, start_new_session=True)
+        process = await anyio.open_process(command, cwd=workdir, stdin=feed, start_new_session=True)
     else:
         process = await anyio.open_process(list(plan.argv), cwd=workdir, env=dict(plan.env),
-                                           stdin=subprocess.DEVNULL, start_new_session=True)
+                                           stdin=feed, start_new_session=True)
     group = process.pid  # the session leader's pid is its process group id
     guard = _Guard(plan.settings.output_bytes if plan is not None else None, process)
     out, err = _Capture(), _Capture()
     timed_out = stopped = False
     try:
         async with anyio.create_task_group() as tg:
+            if stdin is not None:
+                tg.start_soon(_feed, process.stdin, stdin)
             tg.start_soon(_drain, process.stdout, out, guard, err)
             tg.start_soon(_drain, process.stderr, err, guard, out)
             if plan is not None:
@@ -389,14 +432,18 @@ async def _run(command: str, workdir: Path, limit: float, *, plan: SandboxPlan |
             if not stopped:
                 await _stop_group(group)
             await process.aclose()
-    report = _report(process.returncode, out, err, sandboxed=plan is not None)
-    if timed_out:
-        raise ToolError(f"timed out after {limit:g} s: the command and every process it started were "
-                        f"stopped\n{report}")
-    if guard.tripped is not None and guard.tripped != "stopped":
-        raise ToolError(f"stopped: {guard.tripped}; the command and every process it started were "
-                        f"stopped\n{report}")
-    return report
+    tripped = guard.tripped if guard.tripped not in (None, "stopped", "timed out") else None
+    return Outcome(returncode=process.returncode, out=out, err=err, timed_out=timed_out, tripped=tripped)
+
+
+async def _feed(stream: ByteSendStream | None, data: bytes) -> None:
+    """Write ``data`` to the process's stdin and close it (a process that stops reading just loses the rest)."""
+    if stream is None:
+        return
+    with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+        await stream.send(data)
+    with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+        await stream.aclose()
 
 
 async def _watched(scope: anyio.CancelScope, guard: _Guard, processes: int) -> None:
