@@ -1147,6 +1147,9 @@ def test_the_inbox_holds_every_held_call_and_open_question_answered_in_place(pag
     call = page.page.locator(f'#inbox .card[data-instance-id="{holder}"]:not(.question)')
     page.expect(call).to_have_attribute("data-digest", held["digest"])
     page.expect(page.page.locator("#inbox-count")).not_to_have_text("0")
+    # Grouped by tree: each of these two roots' first card names its tree.
+    page.expect(question.locator(".tree-label")).to_have_text(f"tree asker …{asker[-8:]}")
+    page.expect(call.locator(".tree-label")).to_have_text(f"tree holder …{holder[-8:]}")
     page.shot("18-inbox-question-and-call")
     question.locator(".answer-text").fill("blue, please")
     question.locator(".answer").click()

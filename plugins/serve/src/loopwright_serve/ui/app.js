@@ -357,9 +357,17 @@ function renderInbox() {
   // a card whose call changed under the same id (a new digest) is removed and built anew.
   for (const card of [...inbox.children]) if (!wanted.has(card.dataset.key)) card.remove();
   const have = new Map([...inbox.children].map((card) => [card.dataset.key, card]));
+  let previous = null;
   items.forEach((entry, index) => {
     const card = have.get(entry.key) ?? (entry.kind === "call" ? callCard(entry) : questionCard(entry));
     if (inbox.children[index] !== card) inbox.insertBefore(card, inbox.children[index] ?? null);
+    // The first card of each tree names the tree (its root), so a tree's calls and questions read together.
+    card.querySelector(".tree-label")?.remove();
+    if (entry.root !== previous) {
+      const root = state.summaries.get(entry.root);
+      card.prepend(el("div", "tree-label", `tree ${safeText(root?.name ?? "?")} ${shortId(safeText(entry.root))}`));
+    }
+    previous = entry.root;
   });
   $("inbox-empty").hidden = items.length > 0;
   $("inbox-count").textContent = String(items.length);
