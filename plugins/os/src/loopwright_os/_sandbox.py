@@ -218,10 +218,10 @@ def _roots(grants: Capabilities, base: Path) -> tuple[tuple[Path, ...], tuple[Pa
     return reads, writes
 
 
-def _check_private(private: Iterable[Path], binds: Iterable[Path], base: Path) -> None:
+def _check_private(private: Iterable[tuple[str, Path]], binds: Iterable[Path], base: Path) -> None:
     """Raise ToolError if a store or record-sink location would be visible through one of ``binds``."""
     binds = tuple(binds)
-    for what, loc in private:  # type: ignore[misc]
+    for what, loc in private:
         where = _resolve(loc, base)
         for bind in binds:
             if _overlaps(where, bind):
