@@ -270,7 +270,7 @@ function row(id, fallback) {
   const pending = list(node.pendingApprovals).length;
   const meta = [
     shortId(safeText(id)),
-    `${own.turns ?? "?"} turns`,
+    own.turns === 1 ? "1 turn" : `${own.turns ?? "?"} turns`,
     `${tokens ?? "?"} tokens`,
     formatCost(own.cost),
   ];
