@@ -1281,3 +1281,38 @@ def test_a_read_only_token_cannot_fork_rewind_or_start_and_the_page_says_so(page
     assert not [r for r in records if r["kind"] in {"fork", "rewind"}]
     # The definitions are readable with it: the picker is there, only starting is refused.
     assert page.server.api("GET", "/v1/definitions", token=VIEWER_TOKEN)[0] == 200
+
+
+def test_the_readme_picture(tmp_path: Path, browser_context: Any, artifacts: Path) -> None:
+    """On a fresh store: a lead agent's timeline with its aide opened in place, the tree, and the aide's call held.
+
+    Saved as ``control-plane.png`` among the screenshots: ``docs/images/control-plane.png`` is a copy.
+    """
+    _write_assembly(tmp_path)
+    local = Server(tmp_path)
+    tab = Page(browser_context, local, artifacts)
+    try:
+        boss = local.start("boss", prompt="tidy the logs")
+        local.wait_for(boss, "waiting")
+        aide = _child(local, boss)
+        local.wait_for(aide, "waiting_for_approval")
+        tab.page.set_viewport_size({"width": 1280, "height": 760})
+        tab.sign_in()
+        tab.page.locator("#start-definition").select_option("briefing")
+        tab.select(boss)
+        child = tab.transcript().locator(f'.item.child[data-child-id="{aide}"]')
+        child.locator(".child-toggle").click()
+        tab.expect(child.locator(".timeline-nested .item.approval")).to_contain_text("delete")
+        tab.expect(tab.card(aide).locator(".tree-label")).to_contain_text("tree boss")
+        tab.expect(tab.fact("elapsed")).not_to_have_text("—")
+        tab.page.evaluate("""() => {
+            const box = document.getElementById("transcript");
+            const call = box.querySelector(':scope > .turn[data-turn="1"] .item.tool_call');
+            box.scrollTop = call.getBoundingClientRect().top - box.getBoundingClientRect().top + box.scrollTop - 8;
+            window.scrollTo(0, 0);
+        }""")
+        tab.shot("control-plane")
+        assert not tab.errors
+    finally:
+        tab.close()
+        local.stop()
