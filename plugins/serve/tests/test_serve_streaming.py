@@ -78,7 +78,7 @@ def project(tmp_path_factory: pytest.TempPathFactory, model: GatedModel) -> Path
     (root / "agents").mkdir()
     (root / "tools.py").write_text(TOOLS)
     (root / "agents" / "talker.yaml").write_text("name: talker\nmodel: gated:gpt-test\ntools: [echo]\n")
-    (root / "agents" / "streamer.yaml").write_text("name: streamer\nmodel: live:gpt-test\n")
+    (root / "agents" / "streamer.yaml").write_text("name: streamer\nmodel: live:gpt-test\ntools: [echo]\n")
     assembly = root / "loopwright.yaml"
     assembly.write_text(textwrap.dedent(f"""\
         store: {{kind: file, path: ./store}}
@@ -239,6 +239,35 @@ def test_the_serve_event_stream_sends_text_deltas_without_ids(server: Server, mo
     assert all("id" not in e for e in deltas)
     assert final["id"]
     assert json.loads(final["data"])["message"]["content"] == "Hello wide world"
+
+
+def test_the_serve_event_stream_sends_a_tool_call_as_it_streams(server: Server, model: GatedModel) -> None:
+    """``tool_call_start`` and ``tool_call_delta`` events (no ids) arrive while the model streams the call."""
+    held, half = Gate(), Gate()
+    model.enqueue(Streamed([held, Piece(0, name="echo", id="call_s"), Piece(0, '{"text":'), half, Piece(0, ' "x"}')],
+                           finish="tool_calls"), Streamed(["done"]))
+    with server.client() as http:
+        started = http.post("/v1/instances", json={"definition": "streamer", "prompt": "echo x"})
+        instance_id = started.json()["instanceId"]
+        held.wait_reached()
+        live: list[dict[str, str]] = []
+        with http.stream("GET", f"/v1/instances/{instance_id}/events", timeout=GUARD) as response:
+            events = _sse(response)
+            assert "retry" in next(events)
+            held.open()
+            for event in events:
+                if event.get("event") in ("tool_call_start", "tool_call_delta"):
+                    live.append(event)
+                    if len(live) == 2:  # the start and a piece are in; the model holds the rest
+                        half.wait_reached()
+                        half.open()
+                if event.get("event") == "transcript" and json.loads(event["data"])["message"]["role"] == "tool":
+                    break
+    assert [(e["event"], json.loads(e["data"])) for e in live] == [
+        ("tool_call_start", {"turn": 1, "id": "call_s", "name": "echo"}),
+        ("tool_call_delta", {"turn": 1, "id": "call_s", "delta": '{"text":'}),
+        ("tool_call_delta", {"turn": 1, "id": "call_s", "delta": ' "x"}'})]
+    assert all("id" not in e for e in live)
 
 
 # ---------------------------------------------------------------------------------------------
