@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import typing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -199,7 +200,9 @@ def test_definition_literals_match_python() -> None:
     assert _at("definition", "/properties/approvalPolicy")["enum"] == ["perCall", "holdTurn"]
     assert attrs.fields(_D.Definition).approval_policy.default == "perCall"
     assert _at("assembly", "/$defs/capabilities/properties/shell")["enum"] == [
-        "none", "allow", "approval", "loopApproval"]
+        "none", "allow", "approval", "loopApproval", "sandbox", "sandboxLoopApproval"]
+    assert list(typing.get_args(typing.get_type_hints(_D.Capabilities)["shell"])) == _at(
+        "assembly", "/$defs/capabilities/properties/shell")["enum"]
 
 
 # ---------------------------------------------------------------------------------------------
