@@ -34,7 +34,7 @@ def test_an_unset_token_variable_is_a_config_error_with_its_place(tmp_path: Path
     assembly.write_text("server:\n  tokens:\n    - {name: ci, tokenEnv: SERVE_TEST_UNSET, scopes: [read]}\n")
     proc = _serve_exits(assembly)
     assert proc.returncode == 2, proc.stderr
-    assert f"{assembly.resolve()}:3:" in proc.stderr
+    assert "\n  loopwright.yaml:3:" in proc.stderr  # beneath the working directory: named relative to it
     assert "SERVE_TEST_UNSET" in proc.stderr
     assert "listening" not in proc.stdout
 

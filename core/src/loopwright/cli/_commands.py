@@ -6,7 +6,7 @@ name, importing this module only then, so that ``loopwright --help`` imports non
 work itself lives in one module per family of commands:
 
 * :mod:`~loopwright.cli._running`: ``run`` (and ``submit``), ``resume``;
-* :mod:`~loopwright.cli._steer`: ``approve``, ``deny``, ``message``, ``cancel``, ``fork``, ``rewind``;
+* :mod:`~loopwright.cli._steer`: ``approve``, ``deny``, ``message``, ``cancel``, ``fork``, ``rewind``, ``delete``;
 * :mod:`~loopwright.cli._inspect`: ``show``, ``ls``, ``records``;
 * :mod:`~loopwright.cli._serving`: ``worker``, ``serve``, ``mcp-serve``;
 * :mod:`~loopwright.cli._checks`: ``plugins``, ``validate``.
@@ -32,12 +32,13 @@ if TYPE_CHECKING:
     from loopwright.cli._inspect import ls, records, show
     from loopwright.cli._running import resume, run
     from loopwright.cli._serving import mcp_serve, server, worker
-    from loopwright.cli._steer import approve, cancel, deny, fork, message, rewind
+    from loopwright.cli._steer import approve, cancel, delete, deny, fork, message, rewind
 
 #: The module of each command's work, imported when the command asks for it (see the docstring).
 _LAZY = {
     "approve": "_steer",
     "cancel": "_steer",
+    "delete": "_steer",
     "deny": "_steer",
     "fork": "_steer",
     "ls": "_inspect",
@@ -57,6 +58,7 @@ _LAZY = {
 __all__ = [
     "approve",
     "cancel",
+    "delete",
     "deny",
     "fork",
     "ls",

@@ -21,6 +21,7 @@ from loopwright.cli._exits import EXIT_OK
 from loopwright.cli._opening import assembly, read_header, runtime, sync
 from loopwright.cli._output import echo_json, print_instance, print_instances, print_tree
 from loopwright.display import safe_json, safe_text
+from loopwright.errors import shown_path
 
 if TYPE_CHECKING:
     from loopwright._definition import Assembly
@@ -48,7 +49,8 @@ def ls(settings: CliSettings, state: str | None, tree: bool = False) -> int:
     """``loopwright ls``: every instance's summary, optionally only those in ``state``; or every tree.
 
     With none to list, the text output says so on stderr and names the store it looked in
-    (``no instances in the file store at /abs/path``), so that a mistyped store path shows;
+    (``no instances in the file store at .loopwright/instances``: :func:`~loopwright.errors.shown_path`), so that
+    a mistyped store path shows;
     ``--json`` prints ``[]``.
     """
     loaded = assembly(settings)
@@ -88,7 +90,7 @@ def _none_in(store: Store, kind: str, state: str | None) -> str:
     if where is None:
         return safe_text(f"{which} in the {kind} store")
     note = "" if os.path.exists(where) else " (nothing is there yet)"  # noqa: PTH110 - never raises
-    return safe_text(f"{which} in the {kind} store at {where}{note}")
+    return safe_text(f"{which} in the {kind} store at {shown_path(where)}{note}")
 
 
 def _read(settings: CliSettings, query: Callable[[Store], Awaitable[int]], loaded: Assembly | None = None) -> int:

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from loopwright.cli._exits import EXIT_USAGE, CliError
-from loopwright.errors import InstanceNotFoundError, StoreError
+from loopwright.errors import InstanceNotFoundError, StoreError, shown_path
 
 if TYPE_CHECKING:
     from loopwright._definition import Assembly
@@ -104,6 +104,6 @@ async def read_header(store: Store, instance_id: str) -> dict[str, Any]:
 
 def _not_found(store: Store, instance_id: str) -> str:
     """Return the message for an id the store does not hold: where it looked, and how to list what it holds."""
-    where = ", ".join(str(p) for p in store.locations())
+    where = ", ".join(shown_path(p) for p in store.locations())
     return (f"no instance {instance_id!r} in the store{' at ' + where if where else ''} "
             "('loopwright ls' lists them)")

@@ -219,7 +219,7 @@ def _before_first_turn(instance_id: str) -> str:
     iid = safe_text(instance_id)
     return (f"the instance {iid} is saved in the error state, with its prompt and no turn: once the cause is "
             f"fixed, retry it with 'loopwright message {iid} TEXT', or start anew with 'loopwright run' "
-            "(there is no delete command; 'loopwright ls --state error' lists such instances)")
+            f"('loopwright delete {iid}' removes it; 'loopwright ls --state error' lists such instances)")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,17 +11,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from loopwright._states import State
-from loopwright.cli._exits import EXIT_USAGE, CliError
+from loopwright.cli._exits import EXIT_OK, EXIT_USAGE, CliError
 from loopwright.cli._following import follow_agent, follow_elsewhere, report_submitted
 from loopwright.cli._opening import lookup, runtime, sync
 from loopwright.cli._output import report
+from loopwright.errors import InstanceNotFoundError
 
 if TYPE_CHECKING:
+    from loopwright._runtime import Runtime
     from loopwright.cli._settings import CliSettings
 
 __all__ = ["resume", "run"]
@@ -29,8 +31,12 @@ __all__ = ["resume", "run"]
 
 @sync
 async def run(settings: CliSettings, definition: str, prompt: str | None, inputs: Mapping[str, str],  # noqa: PLR0917 - click passes them in order
-              stream: bool, detach: bool = False) -> int:
-    """``loopwright run``: start an instance and follow it until it rests (``detach``: queue it for a worker)."""
+              stream: bool, detach: bool = False, thread_id: str | None = None) -> int:
+    """``loopwright run``: start an instance and follow it until it rests (``detach``: queue it for a worker).
+
+    With ``thread_id``, the instance is the conversation ``thread_id``: started with the prompt
+    if it does not exist, else sent the prompt as a message (:meth:`loopwright.Thread.send`).
+    """
     from loopwright._template import resolve_inputs  # noqa: PLC0415 - only for run, for a cheap start
 
     async with runtime(settings) as rt:
@@ -42,6 +48,9 @@ async def run(settings: CliSettings, definition: str, prompt: str | None, inputs
         values = resolve_inputs(defn, inputs, from_strings=True)
         # A registered name is passed as the name: the instance is then read from the assembly whenever it loads.
         target = definition if rt.registered_name(definition) else defn
+        if thread_id is not None:
+            return await _thread_turn(settings, rt, target, thread_id, prompt or "", values=values, stream=stream,
+                                      detach=detach)
         if detach or not rt.engine.in_process:
             instance_id = await rt.submit(target, values, prompt)
             if detach:
@@ -49,6 +58,34 @@ async def run(settings: CliSettings, definition: str, prompt: str | None, inputs
             return await follow_elsewhere(settings, rt, instance_id)
         agent = await rt.start_agent(target, values, prompt, stream=stream)
         return await follow_agent(settings, agent)
+
+
+async def _thread_turn(settings: CliSettings, rt: Runtime, target: Any, thread_id: str, text: str, *,
+                       values: Mapping[str, Any], stream: bool, detach: bool) -> int:
+    """``run --thread``: one turn of the conversation ``thread_id`` (see :func:`run`), then follow it."""
+    thread = rt.thread(thread_id, target)
+    exists = True
+    try:
+        await rt.get_agent(thread_id)
+    except InstanceNotFoundError:
+        exists = False
+    if detach or not rt.engine.in_process:
+        if exists:
+            await rt.submit_message(thread_id, text, source="user")
+        else:
+            await rt.submit(target, values, text, instance_id=thread_id)
+        if detach:
+            return report_submitted(settings, await rt.store.read_header(thread_id),
+                                    "the message is posted" if exists else "queued")
+        return await follow_elsewhere(settings, rt, thread_id)
+    agent = await thread.send(text, inputs=values, stream=stream)
+    if exists and not agent.running and agent.state is State.RUNNING:
+        # Another process runs the thread: the message is in its mailbox, read at its next turn boundary.
+        if not settings.json:
+            click.echo(f"delivered: thread {thread_id} is running in another process, which reads the message "
+                       "at its next turn boundary", err=True)
+        return EXIT_OK
+    return await follow_agent(settings, agent)
 
 
 @sync

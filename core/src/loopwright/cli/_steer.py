@@ -27,7 +27,7 @@ from loopwright.errors import ApprovalDigestMismatchError, InstanceLockedError, 
 if TYPE_CHECKING:
     from loopwright.cli._settings import CliSettings
 
-__all__ = ["approve", "cancel", "deny", "fork", "message", "rewind"]
+__all__ = ["approve", "cancel", "delete", "deny", "fork", "message", "rewind"]
 
 
 async def _decide(settings: CliSettings, instance_id: str, call_id: str | None, *, subtree: bool,  # noqa: C901 - each way to go on
@@ -122,6 +122,20 @@ async def message(settings: CliSettings, instance_id: str, text: str, stream: bo
                            "message at its next turn boundary", err=True)
             return EXIT_OK
         return await follow_agent(settings, agent)
+
+
+@sync
+async def delete(settings: CliSettings, instance_id: str) -> int:
+    """``loopwright delete``: delete a root instance and its tree; print each id deleted, exit 0."""
+    async with runtime(settings) as rt:
+        await lookup(rt, instance_id)
+        deleted = await rt.delete(instance_id)
+        if settings.json:
+            echo_json({"deleted": deleted})
+        else:
+            for gone in deleted:
+                click.echo(f"deleted {gone}")
+        return EXIT_OK
 
 
 @sync

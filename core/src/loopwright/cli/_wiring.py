@@ -72,17 +72,23 @@ def _invoke(name: str, settings: CliSettings, *args: Any) -> int:
 @click.option("--stream", is_flag=True, help="Ask the provider to stream its answers.")
 @click.option("--detach", is_flag=True,
               help="Write the work to the store for a worker (loopwright worker), print the id and exit 0 at once.")
+@click.option("--thread", "thread_id", metavar="ID",
+              help="A conversation you name: the first run starts instance ID with the prompt, later ones send "
+                   "the prompt to it as a message (the model sees everything said before).")
 @pass_settings
 def run_command(settings: CliSettings, definition: str, prompt: str | None, inputs: tuple[str, ...],  # noqa: PLR0917 - click
-                stream: bool, detach: bool) -> int:
+                stream: bool, detach: bool, thread_id: str | None) -> int:
     """Start an instance of DEFINITION and follow it until it rests.
 
     DEFINITION is a definition file or a name from the assembly's agentDefinitions. Prints the
     final text (or the calls waiting for approval) and a status line on stderr. With --detach
     (or 'loopwright submit'), the instance is queued for a worker and its id printed at once.
+    With --thread ID, the run is a turn of the conversation ID ('loopwright delete ID' ends it).
     """
     _no_stream(stream, detach)
-    return _invoke("run", settings, definition, prompt, parse_inputs(inputs), stream, detach)
+    if thread_id is not None and not prompt:
+        raise click.UsageError("--thread sends the prompt to the conversation: give -p TEXT too")
+    return _invoke("run", settings, definition, prompt, parse_inputs(inputs), stream, detach, thread_id)
 
 
 @_command("submit")
@@ -282,6 +288,19 @@ def validate_command(settings: CliSettings, files: tuple[str, ...], kind: str | 
     valid, 2 otherwise.
     """
     return _invoke("validate", settings, files, kind)
+
+
+@_command("delete")
+@click.argument("instance_id", metavar="ID")
+@pass_settings
+def delete_command(settings: CliSettings, instance_id: str) -> int:
+    """Delete the root instance ID (a thread, say), the instances below it, and all the store keeps of them.
+
+    Refused (exit 1) while any of them runs, here or in another process: cancel it first. A child
+    is deleted only with its root. Records already sent to other record sinks (OpenTelemetry, a
+    JSON-lines file) stay there. Prints each id deleted.
+    """
+    return _invoke("delete", settings, instance_id)
 
 
 @_command("worker")

@@ -312,7 +312,7 @@ class PostgresStore(Store):
         self._pool: Pool | None = None
         self._setup_lock = threading.Lock()
         self._closed = False
-        self._known: set[str] = set()  # ids seen to exist (instances are never deleted)
+        self._known: set[str] = set()  # ids seen to exist (a delete here drops its id; another's leaves it: reads find nothing)
         self._held: dict[str, Lease] = {}  # instance id -> the lease held here
         self._unreleased: dict[str, Lease] = {}  # released here, but the server was not told yet
         self._leases_mutex = threading.Lock()
@@ -900,6 +900,7 @@ class PostgresStore(Store):
         :raises LeaseLostError: Another runner took the lease over; nothing was deleted.
         """
         _check_id(instance_id)
+        self._known.discard(instance_id)
         lease = self._held.get(instance_id)
         remove = self._sql["delete"]
         if lease is None or not lease.epoch:
