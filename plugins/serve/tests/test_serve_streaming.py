@@ -388,6 +388,20 @@ def test_past_its_characters_a_subscription_drops_the_turn_with_one_gap_then_del
     assert sub.dropped == 999
 
 
+def test_a_call_start_is_never_merged_a_full_queue_loses_its_turn_and_a_reset_brings_the_turn_back() -> None:
+    """A call start does not join a delta (a full queue loses the turn instead); after ``stream_reset`` the
+    lost turn's new pieces come again."""
+    sub = Subscription("i", max_events=1, max_chars=100)
+    sub.push(LiveEvent(kind="tool_call_start", turn=None, data={"id": "a", "name": "echo"}))
+    sub.push(LiveEvent(kind="tool_call_start", turn=1, data={"id": "b", "name": "echo"}))
+    sub.push(_delta(1, "lost"))
+    sub.push(LiveEvent(kind="stream_reset", turn=1))
+    assert [(e.kind, e.turn, e.data.get("id")) for e in sub.drain()] == [
+        ("tool_call_start", None, "a"), ("gap", 1, None), ("stream_reset", 1, None)]
+    sub.push(_delta(1, "again"))
+    assert [(e.kind, e.turn, e.delta) for e in sub.drain()] == [("text_delta", 1, "again")]
+
+
 def test_a_drained_subscription_takes_deltas_again_and_a_closed_one_none() -> None:
     """Draining frees the bound; after ``close`` nothing more is held and ``get`` returns at once."""
     sub = Subscription("i", max_events=2, max_chars=100)

@@ -104,27 +104,24 @@ class Subscription:
         if self.closed:
             return
         kind = event.kind
-        if kind in DELTA_KINDS:
-            if event.turn is not None and event.turn == self._lost_turn:
+        lost = self._lost_turn is not None and event.turn == self._lost_turn
+        if kind in DELTA_KINDS or kind == "tool_call_start":
+            if lost:
                 self.dropped += 1
                 return
             size = len(event.delta)
-            if self._chars + size > self.max_chars or (
-                    len(self._pending) >= self.max_events and not self._coalesce(event)):
+            if self._chars + size > self.max_chars:
                 self._lose(event)
                 return
             if len(self._pending) < self.max_events:
                 self._pending.append(event)
-            self._chars += size
-        elif kind == "tool_call_start" and (event.turn == self._lost_turn or len(self._pending) >= self.max_events):
-            if event.turn == self._lost_turn:
-                self.dropped += 1
-            else:
+            elif kind == "tool_call_start" or not self._coalesce(event):
                 self._lose(event)
-            return
-        else:  # a state change or a reset: always held (at most a few per turn)
-            if kind == "stream_reset" and event.turn == self._lost_turn:
-                self._lost_turn = None
+                return
+            self._chars += size
+        else:  # a state change or a reset: always held (a few per turn at most)
+            if kind == "stream_reset" and lost:
+                self._lost_turn = None  # the turn starts over: its new pieces come again
             self._pending.append(event)
         self._ready.set()
 
