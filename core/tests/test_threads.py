@@ -12,7 +12,7 @@ import loopwright
 from loopwright import Definition, Message, ModelRequest, ModelResponse, State, ToolCall, hookimpl
 from loopwright._definition import Assembly, Capabilities, FileGrants, StoreConfig
 from loopwright.abc import Provider
-from loopwright.errors import ConfigError, InstanceLockedError, InstanceNotFoundError, LoopwrightError, StoreError
+from loopwright.errors import ConfigError, InstanceLockedError, InstanceNotFoundError, LoopwrightError
 
 pytestmark = pytest.mark.anyio
 
@@ -141,7 +141,7 @@ async def test_delete_is_refused_while_the_thread_runs_and_deletes_nothing(
         with anyio.fail_after(30):
             while not model.seen:
                 await anyio.sleep(0.01)
-        with pytest.raises(StoreError, match="cancel it"):
+        with pytest.raises(LoopwrightError, match="cancel it"):
             await rt.delete("busy")
         model.gate.set()
         await run.result()

@@ -206,13 +206,14 @@ def tokened(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Pat
 def _calls(instance_id: str, held: dict) -> list[tuple[str, str, dict | None]]:
     """Every scoped operation, with real ids in its path and a valid body (``held``: the pending approval)."""
     bodies = {"start_instance": {"definition": "chat"}, "message": {"text": "hi"},
-              "decide": {"decision": "approve", "digest": held["digest"]}, "cancel": {}}
+              "decide": {"decision": "approve", "digest": held["digest"]}, "cancel": {},
+              "say_in_thread": {"definition": "chat", "text": "hi"}, "fork": {}, "rewind": {"turn": 0}}
     out = []
     for ep in ENDPOINTS:
         if ep.scope is None:
             continue
         path = ep.path.replace("{instance_id}", instance_id).replace("{call_id}", held["toolCallId"])
-        out.append((ep.method, path, bodies.get(ep.key) if ep.method == "POST" else None))
+        out.append((ep.method, path, bodies.get(ep.key) if ep.method in {"POST", "PUT"} else None))
     return out
 
 
@@ -242,10 +243,15 @@ def test_a_token_without_the_scope_gets_403(tokened: tuple[str, Path]) -> None:
     instance_id = start(url, "held2", token="RUNNER_TOKEN")
     held = held_call(root, wait_state(url, instance_id, "waiting_for_approval", token="READER_TOKEN"), "call_del")
     denied = {
-        "READER_TOKEN": {"start_instance", "message", "decide", "cancel"},
-        "RUNNER_TOKEN": {"decide"},
-        "APPROVER_TOKEN": {"start_instance", "message", "cancel"},
+        "READER_TOKEN": {"start_instance", "say_in_thread", "message", "decide", "fork", "rewind", "cancel",
+                         "delete_instance"},
+        "RUNNER_TOKEN": {"decide", "delete_instance"},
+        "APPROVER_TOKEN": {"start_instance", "say_in_thread", "message", "fork", "rewind", "cancel",
+                           "delete_instance"},
     }
+    # Every scoped endpoint is refused to some token here, and only admin may delete.
+    assert set().union(*denied.values()) == {ep.key for ep in ENDPOINTS if ep.scope is not None} - {
+        "list_instances", "list_definitions", "show_instance", "events", "records"}
     keys = [ep.key for ep in ENDPOINTS if ep.scope is not None]
     before = stored(root)
     for token, refused in denied.items():

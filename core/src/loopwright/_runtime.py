@@ -464,8 +464,8 @@ class Runtime:
         :return: The ids deleted, children before their spawner.
         :raises InstanceNotFoundError: No such instance.
         :raises InstanceLockedError: One of them runs in another process; nothing is deleted.
-        :raises StoreError: One runs here, or the store cannot delete.
-        :raises LoopwrightError: It is not a root.
+        :raises StoreError: The store cannot delete.
+        :raises LoopwrightError: It is not a root, or one of them runs here.
         """
         self.loop  # noqa: B018 - raises if the runtime is not open
         return await delete_tree(self.store, self.live, self.owner, instance_id)

@@ -105,8 +105,8 @@ async def delete_tree(store: Store, live: LiveRuns, owner: str, instance_id: str
     :return: The ids deleted, in the order they were.
     :raises InstanceNotFoundError: There is no such instance.
     :raises LoopwrightError: It is not a root (delete its root instead).
-    :raises InstanceLockedError: It or one of its descendants runs, here or in another process;
-        nothing is deleted.
+    :raises LoopwrightError: It or one of its descendants runs in this process (cancel it first).
+    :raises InstanceLockedError: It or one of its descendants runs in another process; nothing is deleted.
     :raises StoreError: The store cannot delete (its plugin does not implement
         :meth:`~loopwright.abc.Store.delete`), or failed part-way (what is left stays loadable:
         a spawner goes after its children).
@@ -134,8 +134,8 @@ async def delete_tree(store: Store, live: LiveRuns, owner: str, instance_id: str
     for current in order:
         run = live.run(current)
         if run is not None and run.running:
-            raise StoreError(f"is running in this process: cancel it (loopwright cancel {current}) before "
-                             "deleting its tree", instance_id=current)
+            raise LoopwrightError(f"instance {current} is running in this process: cancel it (loopwright cancel "
+                                  f"{current}) before deleting its tree")
     async with contextlib.AsyncExitStack() as leases:
         for current in order:
             await leases.enter_async_context(held_lease(store, current, owner))

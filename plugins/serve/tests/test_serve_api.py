@@ -474,3 +474,46 @@ def test_fork_and_rewind_at_a_turn(client: httpx.Client) -> None:
     assert "not in its history" in beyond.json()["detail"]
     assert client.post(f"/v1/instances/{iid}/fork", json={"turn": -1}).status_code == 422
     assert client.post(f"/v1/instances/{iid}/rewind", json={}).status_code == 422
+
+
+def test_a_thread_is_put_then_continued_then_deleted(client: httpx.Client, assembly: Path) -> None:
+    """PUT /v1/instances/ID starts the thread ID (201), then sends it messages (202); DELETE removes it (issue 29)."""
+    first = client.put("/v1/instances/thread-7", json={"definition": "chat", "text": "first"})
+    assert first.status_code == 201, first.text
+    assert first.headers["location"] == "/v1/instances/thread-7"
+    assert first.json()["instanceId"] == "thread-7"
+    wait_rest(client, "thread-7", "waiting")
+    again = client.put("/v1/instances/thread-7", json={"definition": "chat", "text": "second"})
+    assert again.status_code == 202, again.text
+    events = read_events(client, "thread-7", lambda e: e.event == "transcript"
+                         and e.data["message"]["role"] == "assistant"
+                         and "second" in (e.data["message"].get("content") or ""))
+    assert events[-1].data["message"]["content"] == "you said: second"
+    said = [e.data["message"]["content"] for e in events if e.data["message"]["role"] == "user"]
+    assert said == ["first", "second"]
+    other = client.put("/v1/instances/thread-7", json={"definition": "done", "text": "x"})
+    assert other.status_code == 422
+    assert "is an instance of" in other.json()["detail"]
+    wait_rest(client, "thread-7", "waiting")
+    gone = client.delete("/v1/instances/thread-7")
+    assert gone.status_code == 200, gone.text
+    assert gone.json() == {"deleted": ["thread-7"]}
+    assert client.get("/v1/instances/thread-7").status_code == 404
+    assert client.delete("/v1/instances/thread-7").status_code == 404
+    assert not (assembly.parent / "store" / "thread-7").exists()
+    for bad in ("-rf", "..", ".hidden"):
+        refused = client.put(f"/v1/instances/{bad}", json={"definition": "chat", "text": "x"})
+        assert refused.status_code in {400, 404}, (bad, refused.status_code)
+    assert client.put("/v1/instances/t8", json={"definition": "no-such", "text": "x"}).status_code == 422
+    assert client.get("/v1/instances/t8").status_code == 404
+
+
+def test_delete_of_a_running_instance_is_a_409_and_deletes_nothing(client: httpx.Client, assembly: Path) -> None:
+    iid = start(client, "slow", prompt="go")["instanceId"]
+    refused = client.delete(f"/v1/instances/{iid}")
+    assert refused.status_code == 409, refused.text
+    assert "cancel it" in refused.json()["detail"]
+    assert (assembly.parent / "store" / iid).is_dir()
+    client.post(f"/v1/instances/{iid}/cancel", json={})
+    wait_rest(client, iid, "stopped")
+    assert client.delete(f"/v1/instances/{iid}").status_code == 200

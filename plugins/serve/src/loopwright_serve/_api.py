@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ENDPOINTS", "ApiSurface", "DecisionBody", "Endpoint", "ForkBody", "MessageBody", "RewindBody", "StartBody",
+    "ThreadBody",
     "openapi",
 ]
 
@@ -70,6 +71,18 @@ class StartBody:
     inputs: Mapping[str, Any] = body_field("Values for the definition's inputs.", default=attrs.Factory(dict))
     prompt: str | None = body_field("The task prompt, sent after the definition's initial prompts.", default=None,
                                     maxLength=1_000_000)
+
+
+@attrs.frozen
+class ThreadBody:
+    """Say something in a thread: start the instance with this id, or send it the text as a message."""
+
+    definition: str = body_field("A name from the assembly's agentDefinitions (never a file path); a thread "
+                                 "keeps the one it started with.", minLength=1, maxLength=200)
+    text: str = body_field("What is said: the prompt of a new thread, else a message to it.", minLength=1,
+                           maxLength=1_000_000)
+    inputs: Mapping[str, Any] = body_field("Values for the definition's inputs (used when the thread starts).",
+                                           default=attrs.Factory(dict))
 
 
 @attrs.frozen
@@ -121,7 +134,7 @@ class Endpoint:
 
     Attributes:
         key: The handler's name on :class:`_Handlers`, and the OpenAPI ``operationId``.
-        method: ``GET`` or ``POST``.
+        method: ``GET``, ``POST``, ``PUT`` or ``DELETE``.
         path: The route, with ``{instance_id}`` and ``{call_id}`` parameters.
         summary: One line for the document.
         scope: The scope it needs (``None``: anyone, as ``/healthz``).
@@ -133,7 +146,7 @@ class Endpoint:
     """
 
     key: str
-    method: Literal["GET", "POST"]
+    method: Literal["GET", "POST", "PUT", "DELETE"]
     path: str
     summary: str
     scope: Scope | None
@@ -186,6 +199,15 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              summary="One instance's summary (as show --json): its tree and the tree's pending approvals.",
              scope=Scope.READ, query={"live": ({"type": "boolean"}, _LIVE_HELP)}, responses={200: "The summary."},
              errors=(400, *_AUTH_ERRORS, 404)),
+    Endpoint(key="say_in_thread", method="PUT", path="/v1/instances/{instance_id}",
+             summary="A thread: start the instance with this id (the caller's) with the text as its prompt, or, if "
+                     "it exists, send it the text as a message.", scope=Scope.RUN, body=ThreadBody,
+             responses={201: "Started: its summary.", 202: "Delivered to the thread: its summary."},
+             errors=(400, *_AUTH_ERRORS, 409, 413, 415, 422)),
+    Endpoint(key="delete_instance", method="DELETE", path="/v1/instances/{instance_id}",
+             summary="Delete a root instance (a thread), the instances below it and everything the store keeps "
+                     "of them; refused while any of them runs.", scope=Scope.ADMIN,
+             responses={200: "Deleted: {deleted: [ids, children first]}."}, errors=(400, *_AUTH_ERRORS, 404, 409)),
     Endpoint(key="events", method="GET", path="/v1/instances/{instance_id}/events",
              summary="Server-Sent Events: the instance's transcript and records as they are written.",
              scope=Scope.READ, query={
@@ -594,6 +616,34 @@ class _Handlers:
             raise ProblemError(422, "Invalid query", f"after must be a whole number, not {after_text!r}")
         records = (await self.rt.records(request.path_params["instance_id"]))[int(after_text):]
         return JSONResponse([r for r in records if kind is None or r.get("kind") == kind])
+
+    async def say_in_thread(self, request: Request, _principal: Principal | None, body: ThreadBody) -> Response:
+        instance_id = request.path_params["instance_id"]
+        registered = self.rt.assembly.agent_definitions
+        if body.definition not in registered:
+            names = ", ".join(sorted(registered)) or "none"
+            raise ProblemError(422, "Unknown definition", f"{body.definition!r} is not a name in the assembly's "
+                               f"agentDefinitions; they are: {names}",
+                               errors=[{"path": "$.definition", "message": "not a registered definition name"}])
+        try:
+            await self.rt.store.read_header(instance_id)
+            exists = True
+        except InstanceNotFoundError:
+            exists = False
+        if self.ctx.settings.run:
+            defn = self._definition(body.definition, registered[body.definition])
+            await self.rt.thread(instance_id, defn).send(body.text, inputs=dict(body.inputs))
+        elif exists:  # written for a worker: nothing runs here
+            self.rt.thread(instance_id, body.definition)  # the id rule
+            await self.rt.submit_message(instance_id, body.text, source="api")
+        else:
+            await self.rt.submit(body.definition, dict(body.inputs), body.text, instance_id=instance_id)
+        return JSONResponse(await self.rt.summary(instance_id), status_code=202 if exists else 201,
+                            headers={"Location": f"/v1/instances/{instance_id}"})
+
+    async def delete_instance(self, request: Request, _principal: Principal | None, _body: None) -> Response:
+        deleted = await self.rt.delete(request.path_params["instance_id"])
+        return JSONResponse({"deleted": deleted})
 
     async def message(self, request: Request, _principal: Principal | None, body: MessageBody) -> Response:
         instance_id = request.path_params["instance_id"]
