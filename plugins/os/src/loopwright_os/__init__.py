@@ -16,7 +16,8 @@ names the tools it wants, by name or by path (a path resolves by its last segmen
   have other hard links (refused by default).
 
 A plugin's own tool may run sandboxed too: :func:`sandboxed_tool` makes one whose every call runs
-a program in the calling instance's sandbox, its arguments as JSON on stdin.
+a program in the calling instance's sandbox, its arguments as JSON on stdin. :func:`plan_sandbox`
+builds the command line of such a sandbox for any program (what another plugin would start in one).
 
 The rules and what the tests prove are in ``docs/tools/os.md``.
 """
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from loopwright import hookimpl
 from loopwright_os._files import list_directory, read_file, read_file_tool, write_file
+from loopwright_os._sandbox import SandboxPlan, SandboxSettings, plan_sandbox, sandbox_settings
 from loopwright_os._sandboxed_tools import sandboxed_tool
 from loopwright_os._shell import execute_terminal_command, shell_tool
 
@@ -34,10 +36,14 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
 __all__ = [
+    "SandboxPlan",
+    "SandboxSettings",
     "execute_terminal_command",
     "list_directory",
     "loopwright_register_tools",
+    "plan_sandbox",
     "read_file",
+    "sandbox_settings",
     "sandboxed_tool",
     "shell_tool",
     "write_file",
