@@ -156,10 +156,15 @@ class Subscription:
 
         :return: The events held (empty after a timeout, or once closed and drained).
         """
-        if not self._pending and not self.closed:  # else no cancel scope: the hot path when pieces come fast
+        if not self.ready:  # else no cancel scope: the hot path when pieces come fast
             with anyio.move_on_after(at_most):
                 await self._ready.wait()
         return self.drain()
+
+    @property
+    def ready(self) -> bool:
+        """Whether :meth:`get` would return at once: events are held, or the subscription is closed."""
+        return bool(self._pending) or self.closed
 
     async def wait(self) -> None:
         """Return once events are held or the subscription is closed (at once if so already)."""

@@ -184,6 +184,8 @@ async def _wait(waiter: Waiter, live: Subscription, closing: anyio.Event) -> flo
 
     :return: The seconds waited.
     """
+    if (live.ready and not live.closed) or waiter.event.is_set():  # came while the last were sent: no task group
+        return 0.0
     started = anyio.current_time()
     with anyio.move_on_after(POLL_WOKEN if waiter.woken else POLL) as timer:
         async with anyio.create_task_group() as tg:
