@@ -214,8 +214,10 @@ class LazyTranscript(Transcript):
     load), though resuming it reads only the tail (:func:`unanswered_calls`) and showing it none.
     Here a message is any :class:`Message`, or the JSON object of one that a checkpoint's fold
     built already (so building it cannot fail: see :mod:`loopwright._replay`); each is built at
-    its first read (an index, iteration, :meth:`encoded`) and kept. Lengths, appends and
-    replacements touch none. It is a :class:`Transcript` in every other way.
+    its first read by index (the tail a resume looks at) and kept, and all of them at once, in
+    one pass, at the first iteration or :meth:`encoded` (a model request reads them all: that
+    cost moves from the load to the first model call). Lengths, appends and replacements build
+    none. It is a :class:`Transcript` in every other way.
     """
 
     __slots__ = ("_unbuilt",)
@@ -247,20 +249,9 @@ class LazyTranscript(Transcript):
         return self._build(index if index >= 0 else index + len(self._messages))
 
     def __iter__(self) -> Iterator[Message]:
-        """Iterate over the messages in order, building each still held as JSON."""
-        if not self._unbuilt:
-            return iter(self._messages)
-        return self._iter()
-
-    def _iter(self) -> Iterator[Message]:
-        messages = self._messages
-        i = 0
-        while i < len(messages):  # as a list's iterator: sees appends, ends at the end
-            held = messages[i]
-            if type(held) is dict:  # built and kept; on a list replaced meanwhile, built only
-                held = self._build(i) if messages is self._messages else message_from_json(held)
-            yield held
-            i += 1
+        """Iterate over the messages in order (a whole reading: every message still JSON is built first)."""
+        self._build_all()
+        return iter(self._messages)
 
     def replace_tail(self, start: int, messages: Sequence[Message]) -> None:
         """Replace the messages from index ``start`` on (see :meth:`Transcript.replace_tail`)."""
