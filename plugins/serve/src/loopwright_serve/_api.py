@@ -558,7 +558,8 @@ class _Handlers:
                 errors=[{"path": "$.definition", "message": "not a registered definition name"}])
         defn = self._definition(body.definition, registered[body.definition])
         if self.ctx.settings.run:
-            instance_id = (await self.rt.start_agent(defn, dict(body.inputs), body.prompt)).instance_id
+            # Providers are asked to stream, so that followers of the event stream get text_delta events.
+            instance_id = (await self.rt.start_agent(defn, dict(body.inputs), body.prompt, stream=True)).instance_id
         else:  # written, queued, for a worker: nothing runs here
             instance_id = await self.rt.submit(defn, dict(body.inputs), body.prompt)
         summary = await self.rt.summary(instance_id)
@@ -632,7 +633,7 @@ class _Handlers:
             exists = False
         if self.ctx.settings.run:
             defn = self._definition(body.definition, registered[body.definition])
-            await self.rt.thread(instance_id, defn).send(body.text, inputs=dict(body.inputs))
+            await self.rt.thread(instance_id, defn).send(body.text, inputs=dict(body.inputs), stream=True)
         elif exists:  # written for a worker: nothing runs here
             self.rt.thread(instance_id, body.definition)  # the id rule
             await self.rt.submit_message(instance_id, body.text, source="api")
@@ -648,7 +649,9 @@ class _Handlers:
     async def message(self, request: Request, _principal: Principal | None, body: MessageBody) -> Response:
         instance_id = request.path_params["instance_id"]
         if self.ctx.settings.run:
-            await self.rt.message(instance_id, body.text, source="api")
+            run = await self.rt.get_agent(instance_id)
+            run.stream = True  # the segment it starts streams: followers get text_delta events
+            await run.message(body.text, source="api")
         else:
             await self.rt.submit_message(instance_id, body.text, source="api")
         state = HeaderFields(await self.rt.store.read_header(instance_id)).state
@@ -660,6 +663,7 @@ class _Handlers:
         decision: Literal["approved", "denied"] = "approved" if body.decision == "approve" else "denied"
         if self.ctx.settings.run:
             run = await self.rt.get_agent(instance_id)
+            run.stream = True  # the segment the decision continues streams
             decided = await self.rt.decide(run, call_id, decision, body.reason, by=principal.source,
                                            digest=body.digest)
         else:  # saved, and handed to the engine for a worker to continue
