@@ -226,18 +226,20 @@ class LazyTranscript(Transcript):
         """Hold ``messages``: messages, or JSON objects of messages a fold built (``unbuilt`` of them, if known)."""
         super().__init__(messages)  # type: ignore[arg-type]
         #: How many of the held messages are still JSON (0: a plain transcript from here on).
-        self._unbuilt = sum(type(m) is dict for m in self._messages) if unbuilt is None else unbuilt
+        held: list[Any] = self._messages
+        self._unbuilt = sum(type(m) is dict for m in held) if unbuilt is None else unbuilt
 
     def _build(self, i: int) -> Message:
         held: Any = self._messages[i]
-        if type(held) is dict:
+        if isinstance(held, dict):
             held = self._messages[i] = message_from_json(held)
             self._unbuilt -= 1
         return held  # type: ignore[no-any-return]
 
     def _build_all(self) -> None:
         if self._unbuilt:  # in one pass, in place (the list stays the one iterators walk)
-            self._messages[:] = [message_from_json(m) if type(m) is dict else m for m in self._messages]
+            held: list[Any] = self._messages
+            self._messages[:] = [message_from_json(m) if type(m) is dict else m for m in held]
             self._unbuilt = 0
 
     def __getitem__(self, index: Any) -> Any:
@@ -256,7 +258,8 @@ class LazyTranscript(Transcript):
     def replace_tail(self, start: int, messages: Sequence[Message]) -> None:
         """Replace the messages from index ``start`` on (see :meth:`Transcript.replace_tail`)."""
         super().replace_tail(start, messages)
-        self._unbuilt = sum(type(m) is dict for m in self._messages) if self._unbuilt else 0
+        held: list[Any] = self._messages
+        self._unbuilt = sum(type(m) is dict for m in held) if self._unbuilt else 0
 
     def replace(self, messages: Sequence[Message]) -> None:
         """Replace every message (see :meth:`Transcript.replace`)."""

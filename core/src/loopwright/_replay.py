@@ -47,7 +47,7 @@ import logging
 import operator
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import cattrs
 
@@ -368,7 +368,7 @@ def entry_totals(entries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return {"usage": _usage_unstructure(r.usage), "cost": r.cost.amount, "turns": r.turn}
 
 
-def _call_order(messages: list[_Held], roles: list[str] | None = None) -> list[_Held]:
+def _call_order(messages: list[_H], roles: list[str] | None = None) -> list[_H]:
     """Reorder each run of tool messages to follow the calls of the assistant message before it.
 
     Only a run of two or more tool messages after an assistant message with calls can be out of
@@ -379,7 +379,7 @@ def _call_order(messages: list[_Held], roles: list[str] | None = None) -> list[_
     """
     n = len(messages)
     if roles is None:
-        roles = [m["role"] if type(m) is dict else m.role for m in messages]  # type: ignore[call-overload,union-attr]
+        roles = [m["role"] if isinstance(m, dict) else m.role for m in messages]
     try:  # one letter per message, searched in C: a 20,000-message load spends ~1 ms here
         letters = "".join(map(_LETTERS.__getitem__, roles))
     except KeyError:  # a role of no message loopwright builds: compare one by one
@@ -402,6 +402,8 @@ def _call_order(messages: list[_Held], roles: list[str] | None = None) -> list[_
 
 #: A transcript's message, or the JSON of one a fold built (kept so until first read).
 _Held = Message | dict[str, Any]
+#: What _call_order reorders: built messages, or their JSON (the same type comes back).
+_H = TypeVar("_H", Message, dict[str, Any])
 #: The role of a message's JSON.
 _ROLE = operator.itemgetter("role")
 #: A letter per role, and where a run that may be out of order starts: an assistant message
