@@ -5,7 +5,8 @@ its prompt the first time, and later sends the text to it as a message, so the m
 message of the thread before it. One segment runs at a time per thread: a send while it runs is
 read at the thread's next turn boundary (as any message is), and a send while it waits for
 approval is read once the held calls are decided. Limits (``maxIterations``, budgets) count per
-segment: each message to a resting thread starts one (one read while it runs counts in that one). A thread id follows the instance id rule
+segment: each message to a resting thread starts one (one read while it runs counts in that one).
+A thread id follows the instance id rule
 (:data:`~loopwright.INSTANCE_ID_RULE`); deleting the thread (:meth:`~loopwright.Runtime.delete`)
 deletes its data.
 """

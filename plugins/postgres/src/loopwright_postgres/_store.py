@@ -312,7 +312,8 @@ class PostgresStore(Store):
         self._pool: Pool | None = None
         self._setup_lock = threading.Lock()
         self._closed = False
-        self._known: set[str] = set()  # ids seen to exist (a delete here drops its id; another's leaves it: reads find nothing)
+        # Ids seen to exist (a delete here drops its id; another process's leaves it: its reads find nothing).
+        self._known: set[str] = set()
         self._held: dict[str, Lease] = {}  # instance id -> the lease held here
         self._unreleased: dict[str, Lease] = {}  # released here, but the server was not told yet
         self._leases_mutex = threading.Lock()
