@@ -184,4 +184,4 @@ def test_bad_bounds_are_config_errors(tmp_path: Path) -> None:
         proc = subprocess.run(serve_command(assembly), cwd=tmp_path, env=clean_env(), capture_output=True,
                               text=True, timeout=60, check=False)
         assert proc.returncode == 2, (server, proc.stderr)
-        assert f"{assembly.resolve()}{place}" in proc.stderr, proc.stderr
+        assert f"  loopwright.yaml{place}" in proc.stderr, proc.stderr  # named relative to the working directory
