@@ -12,7 +12,7 @@ each import inside a function with its comment, so a reviewer can check each say
 """
 
 # A command-line script that prints its report, not a package module.
-# ruff: noqa: T201, INP001
+# ruff: noqa: T201
 
 from __future__ import annotations
 

@@ -10,8 +10,8 @@ import inspect
 import itertools
 import json
 import os
-import re
 import pty
+import re
 import select
 import signal
 import subprocess
@@ -36,8 +36,8 @@ __all__ = [
     "entries_path",
     "make_runtime",
     "reply",
-    "runtime_id",
     "run_to_rest",
+    "runtime_id",
     "tool_messages",
 ]
 

@@ -116,7 +116,8 @@ def tool_results(project: Path, instance_id: str) -> dict[str, dict[str, Any]]:
 
     ``toolCallId`` is the runtime's own id; the model's is saved as ``toolCallWireId`` when it differs.
     """
-    entries = (project / "store" / instance_id / "entries.jsonl").read_text().split("\n")  # lines end at \n only (not at U+2028 in an id)
+    # Lines end at \n only (not at U+2028 in an id): split, not splitlines.
+    entries = (project / "store" / instance_id / "entries.jsonl").read_text().split("\n")
     messages = [json.loads(line) for line in entries if line.strip()]
     return {m.get("toolCallWireId", m["toolCallId"]): m
             for m in (e.get("m") or {} for e in messages) if m.get("role") == "tool"}

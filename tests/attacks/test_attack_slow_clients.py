@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -24,7 +25,7 @@ import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plugins" / "serve" / "tests"))
-from _serve_testlib import serving  # noqa: E402
+from _serve_testlib import clean_env, serve_command, serving
 
 pytestmark = pytest.mark.slow
 
@@ -144,7 +145,7 @@ def test_a_body_sent_too_slowly_is_answered_408_problem(tmp_path: Path) -> None:
     with serving(_assembly(tmp_path, "  bodyTimeout: 1s\n")) as server:
         sock = _connect(server.url)
         sock.sendall(b"POST /v1/instances HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 100\r\n\r\n{\"agent\": ")  # 90 bytes never come
+                     b'Content-Length: 100\r\n\r\n{"agent": ')  # 90 bytes never come
         start = time.monotonic()
         got = b""
         while b"\r\n\r\n" not in got or not got.rstrip().endswith(b"}"):
@@ -174,10 +175,6 @@ def test_well_behaved_slow_work_is_not_cut(tmp_path: Path) -> None:
 
 
 def test_bad_bounds_are_config_errors(tmp_path: Path) -> None:
-    import subprocess
-
-    from _serve_testlib import clean_env, serve_command
-
     for server, place in (("  maxConnections: 0\n", ":3:"), ("  headerTimeout: soon\n", ":3:"),
                           ("  bodyTimeout: -1\n", ":3:")):
         assembly = _assembly(tmp_path, server)
