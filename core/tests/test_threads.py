@@ -65,6 +65,13 @@ def runtime(assembly: Assembly, model: Recorder) -> loopwright.Runtime:
     return loopwright.Runtime(assembly, plugins=[Plugin()])
 
 
+async def until(condition: Any) -> None:
+    """Wait (a hang guard of 30 s) until ``condition()`` holds."""
+    with anyio.fail_after(30):
+        while not condition():
+            await anyio.sleep(0.01)
+
+
 CHAT = Definition(name="chat", model="rec:any", tools=("run_agent_async",))
 
 
@@ -88,15 +95,11 @@ async def test_a_send_while_the_thread_runs_is_read_after_the_running_turn(
         assembly: Assembly, model: Recorder) -> None:
     async with runtime(assembly, model) as rt:
         run = await rt.thread("t", CHAT).send("hold")
-        with anyio.fail_after(30):
-            while not model.seen:
-                await anyio.sleep(0.01)
+        await until(lambda: model.seen)
         again = await rt.thread("t", CHAT).send("queued")
         assert again is run
         model.gate.set()
-        with anyio.fail_after(30):
-            while not (model.seen[-1] == ["hold", "queued"] and run.state is not State.RUNNING):
-                await anyio.sleep(0.01)
+        await until(lambda: model.seen[-1] == ["hold", "queued"] and run.state is not State.RUNNING)
         result = await run.result()
         assert result.text == "said 2"
 
@@ -138,9 +141,7 @@ async def test_delete_is_refused_while_the_thread_runs_and_deletes_nothing(
         assembly: Assembly, model: Recorder) -> None:
     async with runtime(assembly, model) as rt:
         run = await rt.thread("busy", CHAT).send("hold")
-        with anyio.fail_after(30):
-            while not model.seen:
-                await anyio.sleep(0.01)
+        await until(lambda: model.seen)
         with pytest.raises(LoopwrightError, match="cancel it"):
             await rt.delete("busy")
         model.gate.set()
@@ -150,9 +151,7 @@ async def test_delete_is_refused_while_the_thread_runs_and_deletes_nothing(
         model.gate = anyio.Event()
         async with runtime(assembly, model) as other:
             running = await other.thread("busy", CHAT).send("hold")
-            with anyio.fail_after(30):
-                while len(model.seen) < 2:
-                    await anyio.sleep(0.01)
+            await until(lambda: len(model.seen) >= 2)
             with pytest.raises(InstanceLockedError):
                 await rt.delete("busy")
             model.gate.set()

@@ -66,7 +66,7 @@ async def _thread_turn(settings: CliSettings, rt: Runtime, target: Any, thread_i
     thread = rt.thread(thread_id, target)
     exists = True
     try:
-        await rt.get_agent(thread_id)
+        await rt.store.read_header(thread_id)  # the header alone: send loads the run once
     except InstanceNotFoundError:
         exists = False
     if detach or not rt.engine.in_process:

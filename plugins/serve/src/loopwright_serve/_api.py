@@ -634,8 +634,7 @@ class _Handlers:
         if self.ctx.settings.run:
             defn = self._definition(body.definition, registered[body.definition])
             await self.rt.thread(instance_id, defn).send(body.text, inputs=dict(body.inputs), stream=True)
-        elif exists:  # written for a worker: nothing runs here
-            self.rt.thread(instance_id, body.definition)  # the id rule
+        elif exists:  # written for a worker: nothing runs here (the path's id was checked above)
             await self.rt.submit_message(instance_id, body.text, source="api")
         else:
             await self.rt.submit(body.definition, dict(body.inputs), body.text, instance_id=instance_id)

@@ -5,6 +5,7 @@
 
 import { ProblemError, followEvents, getToken, path, request, requestPage, setToken } from "./api.js";
 import { safeJson, safeText } from "./display.js";
+import { el, list, shortId } from "./dom.js";
 import { formatCost, formatDuration, formatTokens, secondsBetween } from "./format.js";
 import { StartForm } from "./start.js";
 import { Timeline } from "./timeline.js";
@@ -33,22 +34,6 @@ const state = {
   total: 0,
 };
 const startForm = new StartForm();
-
-/** Make an element with a class and text (text always through textContent). */
-function el(tag, className = "", text = undefined) {
-  const node = document.createElement(tag);
-  if (className) node.className = className;
-  if (text !== undefined) node.textContent = text;
-  return node;
-}
-
-function list(value) {
-  return Array.isArray(value) ? value : [];
-}
-
-function shortId(id) {
-  return id.length > 12 ? `…${id.slice(-8)}` : id;
-}
 
 function stateText(item) {
   const shown = item.state ?? "unknown";

@@ -3,15 +3,9 @@
 // the form, field by field where its problem document names the field ($.inputs... or $.NAME).
 
 import { safeJson, safeText } from "./display.js";
+import { el } from "./dom.js";
 
 const $ = (id) => document.getElementById(id);
-
-function el(tag, className = "", text = undefined) {
-  const node = document.createElement(tag);
-  if (className) node.className = className;
-  if (text !== undefined) node.textContent = text;
-  return node;
-}
 
 /** The picker and its form; `definitions` is GET /v1/definitions. */
 export class StartForm {

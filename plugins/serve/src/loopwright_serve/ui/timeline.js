@@ -7,22 +7,8 @@
 // model or a tool wrote goes in as text (textContent through safeText/safeJson), never as HTML.
 
 import { safeJson, safeText } from "./display.js";
+import { el, list, shortId } from "./dom.js";
 import { formatCost, formatDuration, formatTokens } from "./format.js";
-
-function el(tag, className = "", text = undefined) {
-  const node = document.createElement(tag);
-  if (className) node.className = className;
-  if (text !== undefined) node.textContent = text;
-  return node;
-}
-
-function list(value) {
-  return Array.isArray(value) ? value : [];
-}
-
-function shortId(id) {
-  return id.length > 12 ? `…${id.slice(-8)}` : id;
-}
 
 export function item(kind, label, text) {
   const node = el("div", `item ${kind}`);
