@@ -771,18 +771,18 @@ def _install_agent_points() -> None:  # noqa: C901 - one wrapper per step
     start, wait = _agents.Agents.start, _agents.Agents.wait
     first_segment, write_header = _driver.Driver.start_first_segment, _records.Recorder.write_header
 
-    async def agents_start(self: Any, swarm_uri: str, prompt: str) -> Any:
+    async def agents_start(self: Any, *args: Any, **kwargs: Any) -> Any:  # Agents.start's own arguments
         (n,) = _count(("spawn", ""))
         label = next((lb for ph in ("before", "created", "started", "linked")
                       if (lb := _armed("spawn", "", n, ph)) is not None), None)
         if label is None:
-            return await start(self, swarm_uri, prompt)
+            return await start(self, *args, **kwargs)
         phase = label.rsplit(":", 1)[1]
         if phase == "before":
             die(label)
         _spawning[self.caller.id] = (phase, label)
         try:
-            return await start(self, swarm_uri, prompt)
+            return await start(self, *args, **kwargs)
         finally:
             _spawning.pop(self.caller.id, None)
 
