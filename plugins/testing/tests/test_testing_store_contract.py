@@ -218,6 +218,15 @@ class UnleasedCreate(FileStore):
 class RelativeLocations(FileStore):
     def locations(self):
         return ("store",)
+
+class HeaderOnlyDelete(FileStore):
+    async def delete(self, iid):
+        (self.root / iid / "instance.json").unlink()  # the logs and the mailbox stay behind
+
+class QuietDelete(FileStore):
+    async def delete(self, iid):
+        if (self.root / iid / "instance.json").exists():
+            await super().delete(iid)  # an unknown id is not an error here
 """
 
 #: broken store -> the checks it must fail.
@@ -246,6 +255,8 @@ EXPECTED_FAILURES = {
     "NeverCloses": ["appends_after_aclose_raise_store_error"],
     "UnleasedCreate": ["create_leased_creates_with_the_lease_held"],
     "RelativeLocations": ["locations_are_paths"],
+    "HeaderOnlyDelete": ["delete_removes_everything_and_the_id_can_be_used_again"],
+    "QuietDelete": ["delete_of_an_unknown_instance_raises_not_found"],
 }
 
 
