@@ -158,6 +158,8 @@ class Definition:
         context_strategy: How to shrink the transcript.
         requires_approval: Tool names whose every call is held for approval.
         approval_policy: ``perCall`` (only held calls wait) or ``holdTurn`` (seed 002).
+        on_tool_exception: ``continue`` (a raising tool's error is the call's result and the run
+            goes on) or ``fail`` (seed 002: the result is saved, then the run ends in ``error``).
         completion: A completion gate.
         output: A JSON Schema for structured output.
         hooks: Names of hook sets (registered by name) whose hooks apply to this agent only; a
@@ -181,6 +183,7 @@ class Definition:
     context_strategy: PluginSpec | None = None
     requires_approval: tuple[str, ...] = ()
     approval_policy: Literal["perCall", "holdTurn"] = "perCall"
+    on_tool_exception: Literal["continue", "fail"] = "continue"
     completion: Completion | None = None
     output: Mapping[str, Any] | None = None
     hooks: tuple[str, ...] = ()

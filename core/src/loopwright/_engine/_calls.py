@@ -110,6 +110,16 @@ class Calls:
         else:
             for item in runnable:
                 await self.execute(run, item, turn)
+        failed = self.failed_call(inst, items)
+        if failed is not None:
+            # The run ends with this turn: a call of it that waits (held, or asking the user) gets a
+            # result now, so the transcript the error leaves answers every call.
+            for item in items:
+                if item.result is None and (item.held or item.awaiting_user):
+                    item.held, item.awaiting_user = None, False
+                    item.result = make_result(item.call, ToolStatus.SKIPPED,
+                                              f"skipped: the run ended because {failed.call.name!r} raised")
+                    await self.finish(run, item, turn, save=True)
         # The transcript gets the results in call order, whatever order they finished in.
         for item in items:
             if item.result is not None:
@@ -117,9 +127,13 @@ class Calls:
         await self.deps.flush_records(inst.id)
         await self.end_of_turn(run, items, exceeded or any(i.over_limit for i in items), limits)
 
-    async def end_of_turn(self, run: SegmentRun, items: Sequence[Call], exceeded: bool, limits: Limits) -> None:
+    async def end_of_turn(self, run: SegmentRun, items: Sequence[Call], exceeded: bool, limits: Limits) -> None:  # noqa: C901 - one exit per ending
         """End the segment as the turn's calls say: held, waiting for an answer, completed, or over a limit."""
         inst = run.inst
+        failed = self.failed_call(inst, items)
+        if failed is not None:
+            raise SegmentEnd(State.ERROR, StopReason.ERROR,
+                             error=f"tool {failed.call.name!r} raised {failed.raised} (onToolException: fail)")
         held = [i for i in items if i.held]
         awaiting = next((i for i in items if i.awaiting_user), None)
         if awaiting is not None:
@@ -159,6 +173,13 @@ class Calls:
             _room, which = self.budgets.tool_room(inst, limits)
             raise SegmentEnd(State.ERROR, StopReason.LIMIT_EXCEEDED, limit="toolCalls",
                              error=f"{which or 'the tool-call limit'} reached")
+
+    @staticmethod
+    def failed_call(inst: Instance, items: Sequence[Call]) -> Call | None:
+        """Return the first call whose tool raised, when the definition says ``onToolException: fail``."""
+        if inst.definition.on_tool_exception != "fail":
+            return None
+        return next((i for i in items if i.raised is not None), None)
 
     async def prepare(self, run: SegmentRun, item: Call, turn: int) -> None:  # noqa: C901, PLR0911, PLR0912 - one exit per status
         """Validate a call and run before_tool_call; fill ``result`` or ``held`` when decided."""
@@ -266,9 +287,9 @@ class Calls:
             item.result = make_result(call, ToolStatus.DENIED, f"denied: {exc}", duration=time.perf_counter() - t0)
         except ToolError as exc:
             item.result = make_result(call, ToolStatus.TOOL_ERROR, str(exc), duration=time.perf_counter() - t0)
-        except Exception as exc:  # noqa: BLE001 - a failing tool never ends the run
-            item.result = make_result(call, ToolStatus.TOOL_FAILED, f"{type(exc).__name__}: {exc}",
-                                      duration=time.perf_counter() - t0)
+        except Exception as exc:  # noqa: BLE001 - a failing tool ends the run only with onToolException: fail
+            item.raised = f"{type(exc).__name__}: {exc}"
+            item.result = make_result(call, ToolStatus.TOOL_FAILED, item.raised, duration=time.perf_counter() - t0)
         else:
             if isinstance(value, AwaitUser):
                 item.awaiting_user = True

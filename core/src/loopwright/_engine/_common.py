@@ -76,6 +76,7 @@ class Call:
     original_digest: str | None = None  # call_digest of the model's call when a hook changed its arguments
     awaiting_user: bool = False
     over_limit: bool = False         # skipped at its start: the tree's toolCalls budget was used up
+    raised: str | None = None        # the tool raised (not a ToolError): ``Type: message``, for onToolException
 
 
 def of_ancestor(owner: Instance) -> str:
