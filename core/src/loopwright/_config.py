@@ -125,7 +125,22 @@ def validate_data(kind: Kind, data: Any, *, positions: Positions | None = None) 
         reporter.schema_errors(validator(kind).iter_errors(data))
     if kind == "definition" and isinstance(data, Mapping):
         _check_definition(data, reporter)
+    if kind == "assembly" and isinstance(data, Mapping):
+        _check_redaction(data.get("redaction"), reporter)
     return sorted_problems(reporter.problems)
+
+
+def _check_redaction(redaction: Any, reporter: Reporter) -> None:
+    """Refuse a ``redaction.patterns`` entry RE2 cannot run (in linear time), at its position."""
+    patterns = redaction.get("patterns") if isinstance(redaction, Mapping) else None
+    if not isinstance(patterns, list):
+        return
+    from loopwright._redaction import pattern_problems as redaction_problems  # noqa: PLC0415 - RE2 only when set
+
+    texts = [p.get("pattern") if isinstance(p, Mapping) else None for p in patterns]
+    indexed = [(i, t) for i, t in enumerate(texts) if isinstance(t, str)]
+    for index, message in redaction_problems([t for _i, t in indexed]):
+        reporter.add(f"`redaction.patterns`: {message}", ("redaction", "patterns", indexed[index][0], "pattern"))
 
 
 def _check_definition(data: Mapping[str, Any], reporter: Reporter) -> None:

@@ -352,6 +352,38 @@ class Integrity:
 
 
 @attrs.frozen(kw_only=True)
+class RedactionPattern:
+    """One of the assembly's own redaction patterns (``redaction.patterns``).
+
+    Attributes:
+        name: What a match is replaced with names it: ``[REDACTED:NAME]``.
+        pattern: An RE2 pattern (linear time: no backreferences, no lookarounds; checked on load).
+        replacement: The text a match becomes instead of ``[REDACTED:NAME]``.
+    """
+
+    name: str
+    pattern: str
+    replacement: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Redaction:
+    """The assembly's ``redaction:`` (seed 002): what is cut from model requests and records (``_redaction``).
+
+    Attributes:
+        builtins: The built-in sets to apply: ``apiKeys``, ``tokens``, ``emails``, ``cards`` (all four by default).
+        patterns: The assembly's own patterns, applied after the built-in ones.
+        model: Redact each model request (after recall, before ``before_inference``).
+        records: Redact what record sinks (OpenTelemetry's too) and ``on_record`` observers receive.
+    """
+
+    builtins: tuple[str, ...] = ("apiKeys", "tokens", "emails", "cards")
+    patterns: tuple[RedactionPattern, ...] = ()
+    model: bool = True
+    records: bool = True
+
+
+@attrs.frozen(kw_only=True)
 class Assembly:
     """A runtime, as ``loopwright.yaml`` describes it.
 
@@ -375,6 +407,7 @@ class Assembly:
         server: The settings of ``loopwright serve`` (``tokens``, ``run``, ``cors`` ...), as
             data: the ``loopwright-serve`` package reads them (docs/serve.md).
         integrity: Whether rows are signed, and with which key (``None``: rows are trusted as saved).
+        redaction: What is cut from model requests and records (``None``: nothing).
         path: The file it was read from, if any.
     """
 
@@ -394,6 +427,7 @@ class Assembly:
     plugin_settings: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
     server: Mapping[str, Any] = attrs.field(factory=dict)
     integrity: Integrity | None = None
+    redaction: Redaction | None = None
     path: Path | None = None
 
     @property

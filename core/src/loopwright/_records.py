@@ -18,7 +18,7 @@ from loopwright._instance import now_iso
 from loopwright._types import Record
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
     from loopwright._instance import Instance
     from loopwright._plugins import PluginHost
@@ -33,6 +33,8 @@ class Recorder:
     Attributes:
         store: The runtime's store (set when the runtime opens, before anything is queued).
         sinks: The assembly's record sinks, in its order (the runtime's list, filled as it opens).
+        redact: ``(data)``: the assembly's ``redaction:`` applied to a record's data before the sinks
+            and observers get it (the store's record log keeps it as it was), or ``None``.
     """
 
     def __init__(self, plugins: PluginHost, sinks: Sequence[RecordSink]) -> None:
@@ -40,6 +42,7 @@ class Recorder:
         self.store: Store = None  # type: ignore[assignment]
         self.sinks = sinks
         self._plugins = plugins
+        self.redact: Callable[[Any], Any] | None = None
         self._queued: dict[str, list[dict[str, Any]]] = {}
         self._header_locks: dict[str, anyio.Lock] = {}
 
@@ -63,7 +66,8 @@ class Recorder:
             return
 
         for raw in queued:
-            record = Record(kind=raw["kind"], instance_id=instance_id, at=raw["at"], data=raw["data"])
+            data = raw["data"] if self.redact is None else self.redact(raw["data"])
+            record = Record(kind=raw["kind"], instance_id=instance_id, at=raw["at"], data=data)
             for sink in self.sinks:
                 try:
                     await sink.write(record)

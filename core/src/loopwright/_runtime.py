@@ -41,6 +41,7 @@ from loopwright._plans import Plans, all_todos_done
 from loopwright._plugins import PluginHost
 from loopwright._providers import Providers, assembly_error, build_component
 from loopwright._records import Recorder
+from loopwright._redaction import redactor_of
 from loopwright._run import AgentRun, LiveRuns
 from loopwright._steering import Steering
 from loopwright._threads import Thread, delete_tree
@@ -144,6 +145,10 @@ class Runtime:
         self._sinks: list[RecordSink] = []
         #: Queued records, the record sinks and the order of header writes.
         self.recorder = Recorder(self.plugins, self._sinks)
+        #: The assembly's ``redaction:`` compiled, or ``None``: cut from model requests and outgoing records.
+        self.redactor = redactor_of(self.assembly.redaction)
+        if self.redactor is not None and self.redactor.records:
+            self.recorder.redact = self.redactor.data
         #: The runs and instances held here (weakly), and the followers of segments that start.
         self.live = LiveRuns()
         #: The monitors armed by instances run here (built when the runtime is entered).
@@ -285,7 +290,8 @@ class Runtime:
             sink_locations=lambda: tuple(Path(loc) for sink in self._sinks for loc in sink.locations()),
             agents=lambda caller, call_id, timeout: Agents(self, caller, call_id, timeout),
             begin=driver.begin, still_beginning=driver.still_beginning,
-            defer_task=driver.defer_task, hold_changed=driver.hold_changed)
+            defer_task=driver.defer_task, hold_changed=driver.hold_changed,
+            redact_request=self.redactor.request if self.redactor is not None and self.redactor.model else None)
 
     @property
     def loop(self) -> Loop:

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from loopwright._definition import Capabilities, Definition, Limits
     from loopwright._instance import Instance
     from loopwright._tools import Tool
-    from loopwright._types import Cost, Event, Message, ToolSpec, Usage
+    from loopwright._types import Cost, Event, Message, ModelRequest, ToolSpec, Usage
     from loopwright.abc import ContextStrategy, Provider, Store
 
 __all__ = ["EngineDeps", "SegmentRun"]
@@ -93,6 +93,8 @@ class EngineDeps:
         shell_approver: The host's approver for ``shell: approval``.
         sink_locations: ``()``: where the record sinks write (``ToolContext.sink_locations``).
         agents: ``(caller, tool_call_id, timeout)``: what the agent tools of a call use (``ToolContext.agents``).
+        redact_request: ``(request)``: the request with the assembly's ``redaction:`` applied (after the
+            recall, before ``before_inference``), or ``None`` when the assembly redacts nothing before the model.
 
     The runtime's parts of the segment kinds (see :mod:`loopwright._engine._segments`):
         begin: ``(run, *, resume)``: a new instance's set-up: system prompt, initial prompts, task prompt.
@@ -130,3 +132,4 @@ class EngineDeps:
     defer_task: Callable[[Instance], None]
     hold_changed: Callable[[Instance], bool]
     sink_locations: Callable[[], tuple[Path, ...]] = tuple
+    redact_request: Callable[[ModelRequest], ModelRequest] | None = None

@@ -96,6 +96,8 @@ class Turns:
             model=model_id, provider=pname, messages=inst.transcript, tools=deps.tool_specs(defn, inst.grants),
             settings=defn.model_settings, output_schema=defn.output,
             stream=run.stream or deps.provider_streams(pname), context_management=managed)
+        if deps.redact_request is not None:  # seed 002's order: recall, redaction, then before_inference
+            request = deps.redact_request(request)
         response: ModelResponse | None = None
         impls = deps.hook_impls(inst.definition, "loopwright_before_inference")
         if impls:
