@@ -122,14 +122,14 @@ def test_unreadable_file_is_a_config_error(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("value", "seconds"), [
     ("500ms", 0.5), ("1s", 1.0), ("30m", 1800.0), ("2h", 7200.0), ("1m30s", 90.0), ("1.5s", 1.5),
-    ("1h 30m", 5400.0), (45, 45.0), (0.25, 0.25), ("12", 12.0),
+    ("1h 30m", 5400.0), (45, 45.0), (0.25, 0.25), ("12", 12.0), ("30d", 2592000.0), ("1d 12h", 129600.0),
 ])
 def test_parse_duration(value: str | float, seconds: float) -> None:
-    """Durations are seconds, or number-unit pairs with units ms, s, m and h."""
+    """Durations are seconds, or number-unit pairs with units ms, s, m, h and d."""
     assert parse_duration(value) == seconds
 
 
-@pytest.mark.parametrize("value", ["5 minutes", "1d", "", "ms", "-3s", -1, True, "1h-30m"])
+@pytest.mark.parametrize("value", ["5 minutes", "1w", "", "ms", "-3s", -1, True, "1h-30m", "d"])
 def test_parse_duration_rejects_other_values(value: object) -> None:
     """Anything else is a ValueError that quotes the value."""
     with pytest.raises(ValueError, match="invalid duration"):
@@ -145,7 +145,7 @@ def test_the_schemas_duration_pattern_is_the_grammars() -> None:
 
 @pytest.mark.parametrize("text", [
     "0", "1", "1.5", ".5", "5.", " 7 ", "500ms", "30s", "2m", "1.5h", "1m30s", " 2h 5m ", "1m 30", "1h-30m",
-    "nan", "inf", "1e3", "-1", "-1s", "5 days", "soon", "", "1m30", "ms", "1d", "1 s", "s1", "1..5s", "\t3s\n",
+    "nan", "inf", "1e3", "-1", "-1s", "5 days", "soon", "", "1m30", "ms", "1d", "1w", "1 s", "s1", "1..5s", "\t3s\n",
 ])
 def test_a_string_the_schema_accepts_is_a_duration_the_parser_reads(text: str) -> None:
     """The schema's string branch and parse_duration accept the same strings (so one grammar decides)."""

@@ -43,6 +43,7 @@ from loopwright._definition import (
     Limits,
     PluginSpec,
     ProviderConfig,
+    Retention,
     StoreConfig,
 )
 from loopwright._duration import parse_duration  # the one grammar, re-exported for the loader's callers
@@ -287,6 +288,8 @@ def _converter() -> cattrs.Converter:
         return base_limits(data, t)  # type: ignore[no-any-return]
 
     conv.register_structure_hook(Limits, structure_limits)
+    conv.register_structure_hook(Retention, lambda d, _t: Retention(
+        instances=parse_duration(d["instances"]) if d.get("instances") is not None else None))
     conv.register_structure_hook(PluginSpec, lambda d, _t: PluginSpec(kind=_split_kind(d)[0],
                                                                         options=_split_kind(d)[1]))
     conv.register_structure_hook(StoreConfig, lambda d, _t: StoreConfig(kind=_split_kind(d, "file")[0],

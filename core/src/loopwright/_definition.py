@@ -352,6 +352,18 @@ class Integrity:
 
 
 @attrs.frozen(kw_only=True)
+class Retention:
+    """The assembly's ``retention:`` (seed 002): how long what is at rest is kept (``loopwright._retention``).
+
+    Attributes:
+        instances: Seconds a tree of instances is kept after it last changed, once every instance of
+            it rests (never one running, queued, held or asking); ``None``: kept until deleted.
+    """
+
+    instances: float | None = None
+
+
+@attrs.frozen(kw_only=True)
 class RedactionPattern:
     """One of the assembly's own redaction patterns (``redaction.patterns``).
 
@@ -408,6 +420,7 @@ class Assembly:
             data: the ``loopwright-serve`` package reads them (docs/serve.md).
         integrity: Whether rows are signed, and with which key (``None``: rows are trusted as saved).
         redaction: What is cut from model requests and records (``None``: nothing).
+        retention: How long instance trees at rest are kept (``loopwright gc``, idle workers).
         path: The file it was read from, if any.
     """
 
@@ -428,6 +441,7 @@ class Assembly:
     server: Mapping[str, Any] = attrs.field(factory=dict)
     integrity: Integrity | None = None
     redaction: Redaction | None = None
+    retention: Retention = attrs.field(factory=Retention)
     path: Path | None = None
 
     @property

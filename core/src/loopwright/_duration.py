@@ -7,8 +7,8 @@ CLI options, and the numbers a model passes to the agent tools (``monitor_agent 
 
 * a number of seconds (``30``, ``1.5``), not a boolean;
 * a numeric string (``"1.5"``, ``".5"``);
-* one or more number-unit pairs with units ``ms``, ``s``, ``m`` and ``h``, optionally separated by
-  blanks (``"500ms"``, ``"1m30s"``, ``"2h 5m"``).
+* one or more number-unit pairs with units ``ms``, ``s``, ``m``, ``h`` and ``d`` (days), optionally
+  separated by blanks (``"500ms"``, ``"1m30s"``, ``"2h 5m"``, ``"30d"``).
 
 It is finite and not negative: ``nan``, ``inf``, ``"1e999"`` and ``-1`` are refused.
 """
@@ -22,15 +22,15 @@ from typing import Any
 __all__ = ["DURATION_PATTERN", "is_finite_number", "parse_duration"]
 
 _NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)"
-_PAIRS = rf"(?:{_NUMBER}\s*(?:ms|s|m|h)\s*)+"
+_PAIRS = rf"(?:{_NUMBER}\s*(?:ms|s|m|h|d)\s*)+"
 _PAIRS_RE = re.compile(rf"^\s*{_PAIRS}$")
-_PAIR_RE = re.compile(rf"({_NUMBER})\s*(ms|s|m|h)")
+_PAIR_RE = re.compile(rf"({_NUMBER})\s*(ms|s|m|h|d)")
 _SECONDS_RE = re.compile(rf"^\s*{_NUMBER}\s*$")
 #: The strings of the grammar as one regular expression: the ``pattern`` of ``$defs/duration`` in
 #: ``specs/definition.schema.json`` and ``specs/assembly.schema.json`` is this text (a test holds
 #: them equal), so the schemas accept exactly the strings :func:`parse_duration` reads.
 DURATION_PATTERN = rf"^\s*(?:{_NUMBER}\s*|{_PAIRS})$"
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 def is_finite_number(value: Any) -> bool:
@@ -63,7 +63,7 @@ def parse_duration(value: Any) -> float:
         raise ValueError(f"invalid duration {_shown(value)}: it must be finite")
     else:
         raise ValueError(
-            f"invalid duration {_shown(value)}: expected seconds or a string like 500ms, 1s, 30m, 2h"
+            f"invalid duration {_shown(value)}: expected seconds or a string like 500ms, 1s, 30m, 2h, 30d"
         )
     if not math.isfinite(seconds):
         raise ValueError(f"invalid duration {_shown(value)}: it must be finite")

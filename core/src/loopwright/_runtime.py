@@ -42,6 +42,7 @@ from loopwright._plugins import PluginHost
 from loopwright._providers import Providers, assembly_error, build_component
 from loopwright._records import Recorder
 from loopwright._redaction import redactor_of
+from loopwright._retention import Collected, collect
 from loopwright._run import AgentRun, LiveRuns
 from loopwright._steering import Steering
 from loopwright._threads import Thread, delete_tree
@@ -475,6 +476,28 @@ class Runtime:
         """
         self.loop  # noqa: B018 - raises if the runtime is not open
         return await delete_tree(self.store, self.live, self.owner, instance_id)
+
+    async def collect_garbage(self, *, dry_run: bool = False, keep: float | None = None,
+                              limit: int | None = None) -> Collected:
+        """Apply the assembly's ``retention:``: delete every instance tree at rest for longer than it keeps them.
+
+        A tree goes whole, and only when none of its instances runs, is queued, is held for an
+        approval, asks the user a question or has unread messages (see :mod:`loopwright._retention`).
+        ``loopwright gc`` calls this; so does an idle ``loopwright worker``.
+
+        :param dry_run: List what would go and delete nothing.
+        :param keep: Seconds to keep instead of ``retention.instances``.
+        :param limit: Handle at most this many trees (oldest first).
+        :return: What expired, what was deleted, and what was left for the next pass and why.
+        :raises LoopwrightError: Neither ``keep`` nor ``retention.instances`` says how long to keep.
+        :raises StoreError: The store cannot delete.
+        """
+        self.loop  # noqa: B018 - raises if the runtime is not open
+        keep = keep if keep is not None else self.assembly.retention.instances
+        if keep is None:
+            raise LoopwrightError("the assembly sets no retention (retention: {instances: 30d}, say): "
+                                  "nothing says how long to keep instances")
+        return await collect(self.store, self.live, self.owner, keep, dry_run=dry_run, limit=limit)
 
     async def cancel(self, instance_id: str, *, timeout: float = 30.0) -> AgentRun:  # noqa: ASYNC109
         """Cancel an instance, live here, resting, or running in another process.

@@ -6,7 +6,8 @@ name, importing this module only then, so that ``loopwright --help`` imports non
 work itself lives in one module per family of commands:
 
 * :mod:`~loopwright.cli._running`: ``run`` (and ``submit``), ``resume``;
-* :mod:`~loopwright.cli._steer`: ``approve``, ``deny``, ``message``, ``cancel``, ``fork``, ``rewind``, ``delete``;
+* :mod:`~loopwright.cli._steer`: ``approve``, ``deny``, ``message``, ``cancel``, ``fork``, ``rewind``,
+  ``delete``, ``gc``;
 * :mod:`~loopwright.cli._inspect`: ``show``, ``ls``, ``records``;
 * :mod:`~loopwright.cli._serving`: ``worker``, ``serve``, ``mcp-serve``;
 * :mod:`~loopwright.cli._checks`: ``plugins``, ``validate``.
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
     from loopwright.cli._inspect import ls, records, show
     from loopwright.cli._running import resume, run
     from loopwright.cli._serving import mcp_serve, server, worker
-    from loopwright.cli._steer import approve, cancel, delete, deny, fork, message, rewind
+    from loopwright.cli._steer import approve, cancel, delete, deny, fork, gc, message, rewind
 
 #: The module of each command's work, imported when the command asks for it (see the docstring).
 _LAZY = {
@@ -41,6 +42,7 @@ _LAZY = {
     "delete": "_steer",
     "deny": "_steer",
     "fork": "_steer",
+    "gc": "_steer",
     "ls": "_inspect",
     "mcp_serve": "_serving",
     "message": "_steer",
@@ -61,6 +63,7 @@ __all__ = [
     "delete",
     "deny",
     "fork",
+    "gc",
     "ls",
     "mcp_serve",
     "message",

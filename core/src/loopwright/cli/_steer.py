@@ -27,7 +27,7 @@ from loopwright.errors import ApprovalDigestMismatchError, InstanceLockedError, 
 if TYPE_CHECKING:
     from loopwright.cli._settings import CliSettings
 
-__all__ = ["approve", "cancel", "delete", "deny", "fork", "message", "rewind"]
+__all__ = ["approve", "cancel", "delete", "deny", "fork", "gc", "message", "rewind"]
 
 
 async def _decide(settings: CliSettings, instance_id: str, call_id: str | None, *, subtree: bool,  # noqa: C901 - each way to go on
@@ -135,6 +135,36 @@ async def delete(settings: CliSettings, instance_id: str) -> int:
         else:
             for gone in deleted:
                 click.echo(f"deleted {gone}")
+        return EXIT_OK
+
+
+@sync
+async def gc(settings: CliSettings, dry_run: bool, keep: float | None, limit: int | None) -> int:
+    """``loopwright gc``: apply the retention; print each tree deleted (or that would be), and each left, exit 0."""
+    async with runtime(settings) as rt:
+        try:
+            done = await rt.collect_garbage(dry_run=dry_run, keep=keep, limit=limit)
+        except LoopwrightError as exc:
+            if type(exc) is not LoopwrightError:  # a store that cannot delete: a failure, not bad input
+                raise
+            raise CliError(str(exc), EXIT_USAGE) from None
+        if settings.json:
+            echo_json({"dryRun": done.dry_run, "deleted": list(done.deleted),
+                       "expired": [{"root": t.root, "ids": list(t.ids), "name": t.name, "updatedAt": t.updated_at}
+                                   for t in done.expired],
+                       "skipped": [{"root": root, "reason": reason} for root, reason in done.skipped]})
+            return EXIT_OK
+        verb = "would delete" if done.dry_run else "deleted"
+        left = {root for root, _reason in done.skipped}
+        for tree in done.expired:
+            if tree.root in left:
+                continue
+            extra = f" and {len(tree.ids) - 1} below it" if len(tree.ids) > 1 else ""
+            click.echo(f"{verb} {tree.root} ({safe_text(tree.name)}{extra}), unchanged since {tree.updated_at}")
+        for root, reason in done.skipped:
+            click.echo(f"left {root}: {safe_text(reason)}")
+        if not done.expired:
+            click.echo("nothing is past its retention")
         return EXIT_OK
 
 

@@ -303,6 +303,24 @@ def delete_command(settings: CliSettings, instance_id: str) -> int:
     return _invoke("delete", settings, instance_id)
 
 
+@_command("gc")
+@click.option("--dry-run", is_flag=True, help="List what would be deleted; delete nothing.")
+@click.option("--keep", type=Duration(), metavar="DURATION",
+              help="Keep trees this long instead of the assembly's retention.instances (30d, 12h ...).")
+@click.option("--limit", type=click.IntRange(1), metavar="N", help="Handle at most N trees, oldest first.")
+@pass_settings
+def gc_command(settings: CliSettings, dry_run: bool, keep: float | None, limit: int | None) -> int:
+    """Delete the instance trees at rest for longer than the assembly's retention keeps them.
+
+    A tree (a root and every instance below it) goes whole, with all the store keeps of it, once
+    it has not changed for retention.instances; never while one of its instances runs, is queued,
+    is held for an approval, asks a question or has unread messages. A tree another process
+    holds is left for the next pass. Idle workers do the same every few minutes. Exits 2 when
+    no retention is set and no --keep is given.
+    """
+    return _invoke("gc", settings, dry_run, keep, limit)
+
+
 @_command("worker")
 @click.option("--poll", type=Duration(), default="1s", show_default=True, metavar="DURATION",
               help="How often to look for work in the store (500ms, 1s, 2m ...).")

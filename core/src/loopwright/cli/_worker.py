@@ -86,6 +86,7 @@ class Worker:
         self._signals = 0
         self._failed = False
         self._filling: anyio.CancelScope | None = None
+        self._collected_at: float | None = None
 
     # -- output -----------------------------------------------------------------------------------
 
@@ -166,11 +167,35 @@ class Worker:
             with anyio.CancelScope() as self._filling:  # a stop signal ends a look the store keeps retrying
                 started = await self._fill(tg)
             self._filling = None
+            if not started and not self._active:
+                await self._collect()
             if self.once and not started and not self._active:
                 return
             if self._stopped.is_set():
                 return
             await self._wait()
+
+    async def _collect(self) -> None:
+        """With nothing to run, apply the assembly's ``retention:`` (at most every ``WORKER_INTERVAL`` s).
+
+        A failure is noted and the worker goes on: retention waits for the next idle moment.
+        """
+        from loopwright._retention import WORKER_INTERVAL  # noqa: PLC0415 - only for an assembly with retention
+
+        if self.rt.assembly.retention.instances is None:
+            return
+        now = time.monotonic()
+        if self._collected_at is not None and now - self._collected_at < WORKER_INTERVAL:
+            return
+        self._collected_at = now
+        try:
+            done = await self.rt.collect_garbage(limit=100)
+        except LoopwrightError as exc:
+            self._note(f"retention: {exc}")
+            return
+        for gone in done.deleted:
+            self._line({"event": "deleted", "instanceId": gone, "reason": "retention", "at": now_iso()},
+                       f"deleted {gone} (past its retention)")
 
     async def _wait(self) -> None:
         """Wait for a wake-up (a slot freed, a signal), work the store notifies, or the poll interval."""
