@@ -157,3 +157,29 @@ async def test_delete_is_refused_while_the_thread_runs_and_deletes_nothing(
             model.gate.set()
             await running.result()
         assert [i["instanceId"] for i in await rt.list_instances()] == ["busy"]
+
+
+async def test_retention_takes_a_tree_whole_and_finishes_one_a_crash_cut_short(
+        assembly: Assembly, model: Recorder) -> None:
+    """gc deletes a thread with its child; a tree a killed gc left half-deleted goes on the next pass."""
+    import datetime as dt  # noqa: PLC0415 - this test only
+
+    async def backdate(rt: loopwright.Runtime, iid: str) -> None:
+        head = await rt.store.read_header(iid)
+        head["updatedAt"] = (dt.datetime.now(dt.UTC) - dt.timedelta(days=3)).isoformat()
+        await rt.store.write_header(iid, head)
+
+    async with runtime(assembly, model) as rt:
+        for name in ("whole", "cut"):
+            await (await rt.thread(name, CHAT).send("spawn")).result()
+            await rt.wait_idle()
+        headers = await rt.store.list_headers()
+        children = {h["spawnerInstanceId"]: h["instanceId"] for h in headers if h.get("spawnerInstanceId")}
+        for iid in ("whole", "cut", *children.values()):
+            await backdate(rt, iid)
+        # A gc killed after it deleted the child of "cut" (children go first) and before its root.
+        await rt.store.delete(children["cut"])
+        done = await rt.collect_garbage(keep=86400)
+        assert sorted(done.deleted) == sorted([children["whole"], "whole", "cut"])
+        assert done.deleted.index(children["whole"]) < done.deleted.index("whole")
+        assert await rt.list_instances() == []
