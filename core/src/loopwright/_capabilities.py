@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,18 +21,24 @@ from typing import Any
 
 import attrs
 
-from loopwright._definition import Capabilities, FileGrants
+from loopwright._definition import Capabilities, FileGrants, MemoryGrants
 from loopwright.errors import CapabilityError
 
 __all__ = [
     "BWRAP_ENV",
+    "MAX_SUBJECT",
     "NO_GRANTS",
     "SANDBOX_MODES",
+    "bind_memory",
     "capabilities_from_dict",
     "capabilities_to_dict",
+    "check_namespace",
     "check_store_outside",
+    "check_subject",
     "intersect",
     "is_within",
+    "memory_from_dict",
+    "narrow_memory",
     "narrow_shell",
     "resolve_roots",
     "sandbox_problem",
@@ -113,6 +120,67 @@ def narrow_shell(parent: str, requested: str) -> str:
     return _SHELL_BY_PARTS[asks, sandboxed]
 
 
+#: A memory namespace: 1-64 of letters, digits and ``_.:-``, not starting with ``.``, ``:`` or ``-``.
+_NAMESPACE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,63}")
+#: The longest subject, in characters.
+MAX_SUBJECT = 256
+
+
+def check_namespace(name: Any) -> str:
+    """Return ``name`` if it is a valid memory namespace; raise ValueError naming the rule otherwise."""
+    if not isinstance(name, str) or _NAMESPACE.fullmatch(name) is None:
+        raise ValueError(f"{name!r} is not a memory namespace: 1-64 of letters, digits and _.:- "
+                         "(starting with a letter, digit or _)")
+    return name
+
+
+def check_subject(subject: Any) -> str:
+    """Return ``subject`` if it is a valid memory subject; raise ValueError naming the rule otherwise.
+
+    A subject is 1-256 characters, none of them a control character.
+    """
+    if not isinstance(subject, str) or not subject or len(subject) > MAX_SUBJECT \
+            or any(ord(c) < 32 or ord(c) == 127 for c in subject):  # noqa: PLR2004 - the C0 controls and DEL
+        raise ValueError(f"{str(subject)[:40]!r} is not a memory subject: 1-{MAX_SUBJECT} characters, "
+                         "no control characters")
+    return subject
+
+
+def narrow_memory(parent: MemoryGrants, requested: MemoryGrants) -> MemoryGrants:
+    """Return the memory grants ``requested`` asks for, narrowed to ``parent``'s (never wider).
+
+    A namespace survives only if the parent may do the same with it (read within read, write
+    within write: writing never grants reading). A parent bound to a subject keeps it: a
+    request for another subject gets no namespace at all (fail closed), one for none or the
+    same gets the parent's subject. An unbound parent (the assembly's grant) takes the
+    requested subject.
+    """
+    subject = parent.subject if parent.subject is not None else requested.subject
+    if parent.subject is not None and requested.subject not in (None, parent.subject):
+        return MemoryGrants(subject=parent.subject)
+    return MemoryGrants(subject=subject, read=tuple(n for n in requested.read if n in parent.read),
+                        write=tuple(n for n in requested.write if n in parent.write))
+
+
+def bind_memory(grants: Capabilities, spec: Any, subject: str | None) -> Capabilities:
+    """Return the grants of a new instance whose definition's ``memory:`` is ``spec``.
+
+    Without ``spec`` the instance gets no memory (nor do its children). With one, its memory
+    grants are narrowed (:func:`narrow_memory`) to what it asks for: ``spec.read``,
+    ``spec.write`` and ``subject`` (``spec.subject`` rendered from the instance's inputs).
+    ``grants`` itself is returned when nothing changes.
+
+    :param spec: A :class:`~loopwright._definition.MemorySpec`, or ``None``.
+    :raises ValueError: ``subject`` breaks :func:`check_subject`'s rule.
+    """
+    if spec is None:
+        return grants if grants.memory == MemoryGrants() else attrs.evolve(grants, memory=MemoryGrants())
+    asked = MemoryGrants(subject=None if subject is None else check_subject(subject), read=tuple(spec.read),
+                         write=tuple(spec.write))
+    bound = narrow_memory(grants.memory, asked)
+    return grants if bound == grants.memory else attrs.evolve(grants, memory=bound)
+
+
 def intersect(parent: Capabilities, requested: Capabilities | None) -> Capabilities:
     """Return what ``requested`` asks for, narrowed to what ``parent`` holds.
 
@@ -121,8 +189,8 @@ def intersect(parent: Capabilities, requested: Capabilities | None) -> Capabilit
     on either side, grants nothing (see :func:`resolve_roots`). Shell access
     takes the stricter mode (:func:`narrow_shell`: ``none`` < ``loopApproval`` < ``approval`` <
     ``allow``, and sandboxed when either side is), network
-    and spawning need both, and the depth and the number of agents (``maxAgents``) are the
-    smaller. ``requested=None`` means "all the
+    and spawning need both, the depth and the number of agents (``maxAgents``) are the
+    smaller, and memory is narrowed by :func:`narrow_memory`. ``requested=None`` means "all the
     parent holds".
     """
     if requested is None:
@@ -140,6 +208,7 @@ def intersect(parent: Capabilities, requested: Capabilities | None) -> Capabilit
         agents_spawn=parent.agents_spawn and requested.agents_spawn,
         agents_max_depth=min(parent.agents_max_depth, requested.agents_max_depth),
         agents_max_agents=min(parent.agents_max_agents, requested.agents_max_agents),
+        memory=narrow_memory(parent.memory, requested.memory),
     )
 
 
@@ -148,14 +217,43 @@ def capabilities_to_dict(caps: Capabilities) -> dict[str, Any]:
 
     The one serialiser of grants: the loader's converter (``definition_to_dict``) writes
     capabilities with it too; :func:`capabilities_from_dict`, the one reader, reads it back.
+    ``memory`` is written only when it grants something, so the grants of instances without
+    memory are saved as before it existed.
     """
-    return {
+    out: dict[str, Any] = {
         "files": {"read": list(caps.files.read), "write": list(caps.files.write)},
         "shell": caps.shell,
         "network": caps.network,
         "agents": {"spawn": caps.agents_spawn, "maxDepth": caps.agents_max_depth,
                    "maxAgents": caps.agents_max_agents},
     }
+    memory = caps.memory
+    if memory != MemoryGrants():
+        out["memory"] = {"subject": memory.subject, "read": list(memory.read), "write": list(memory.write)}
+    return out
+
+
+def memory_from_dict(data: Any) -> MemoryGrants:
+    """Parse the ``memory`` entry of grants; raise ValueError unless it is well formed.
+
+    ``{subject, read, write}``: ``subject`` a non-empty string or null, ``read`` and ``write``
+    lists of namespaces (:func:`loopwright.memory.check_namespace`'s rule). Missing keys take
+    the defaults (nothing granted).
+    """
+    if not isinstance(data, Mapping) or set(data) - {"subject", "read", "write"}:
+        raise ValueError("memory must be a mapping of subject, read and write")
+    subject = data.get("subject")
+    if subject is not None:
+        check_subject(subject)
+    lists = []
+    for key in ("read", "write"):
+        value = data.get(key, [])
+        if not isinstance(value, list):
+            raise ValueError(f"memory.{key} must be a list of namespaces")  # noqa: TRY004 - a ValueError, as above
+        for name in value:
+            check_namespace(name)
+        lists.append(tuple(dict.fromkeys(value)))
+    return MemoryGrants(subject=subject, read=lists[0], write=lists[1])
 
 
 def capabilities_from_dict(data: Any, *, saved: bool = True) -> Capabilities:
@@ -170,8 +268,8 @@ def capabilities_from_dict(data: Any, *, saved: bool = True) -> Capabilities:
         saved entry malformed. ``False`` for the YAML form, whose relative roots the runtime
         resolves against the assembly's folder (:func:`resolve_roots`).
     """
-    if not isinstance(data, Mapping) or set(data) - {"files", "shell", "network", "agents"}:
-        raise ValueError("capabilities must be a mapping of files, shell, network and agents")
+    if not isinstance(data, Mapping) or set(data) - {"files", "shell", "network", "agents", "memory"}:
+        raise ValueError("capabilities must be a mapping of files, shell, network, agents and memory")
     files = data.get("files", {})
     agents = data.get("agents", {})
     if not isinstance(files, Mapping) or not isinstance(agents, Mapping):
@@ -197,8 +295,10 @@ def capabilities_from_dict(data: Any, *, saved: bool = True) -> Capabilities:
             isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in (depth, count)):
         raise ValueError(
             "network and agents.spawn must be booleans, agents.maxDepth and agents.maxAgents whole numbers (0 or more)")
+    memory = memory_from_dict(data["memory"]) if "memory" in data else MemoryGrants()
     return Capabilities(files=FileGrants(read=tuple(read), write=tuple(write)), shell=shell,
-                        network=network, agents_spawn=spawn, agents_max_depth=depth, agents_max_agents=count)
+                        network=network, agents_spawn=spawn, agents_max_depth=depth, agents_max_agents=count,
+                        memory=memory)
 
 
 def check_store_outside(store_locations: Iterable[Path], caps: Capabilities, *, base: Path,

@@ -41,6 +41,7 @@ from loopwright._definition import (
     EngineConfig,
     InputSpec,
     Limits,
+    MemoryConfig,
     PluginSpec,
     ProviderConfig,
     Retention,
@@ -296,6 +297,8 @@ def _converter() -> cattrs.Converter:
                                                                           options=_split_kind(d, "file")[1]))
     conv.register_structure_hook(EngineConfig, lambda d, _t: EngineConfig(kind=_split_kind(d, "local")[0],
                                                                             options=_split_kind(d, "local")[1]))
+    conv.register_structure_hook(MemoryConfig, lambda d, _t: MemoryConfig(kind=_split_kind(d, "sqlite")[0],
+                                                                            options=_split_kind(d, "sqlite")[1]))
     conv.register_structure_hook(ProviderConfig, _structure_provider)
     conv.register_structure_hook(Capabilities, lambda d, _t: capabilities_from_dict(d, saved=False))
     conv.register_structure_hook(InputSpec, _structure_input)
@@ -312,6 +315,7 @@ def _converter() -> cattrs.Converter:
     conv.register_unstructure_hook(PluginSpec, lambda p: {"kind": p.kind, **p.options})
     conv.register_unstructure_hook(StoreConfig, lambda s: {"kind": s.kind, **s.options})
     conv.register_unstructure_hook(EngineConfig, lambda e: {"kind": e.kind, **e.options})
+    conv.register_unstructure_hook(MemoryConfig, lambda m: {"kind": m.kind, **m.options})
     conv.register_unstructure_hook(ProviderConfig, _unstructure_provider)
     conv.register_unstructure_hook(Capabilities, capabilities_to_dict)
     conv.register_unstructure_hook(InputSpec, _unstructure_input)

@@ -25,6 +25,9 @@ __all__ = [
     "InputSpec",
     "Integrity",
     "Limits",
+    "MemoryConfig",
+    "MemoryGrants",
+    "MemorySpec",
     "PluginSpec",
     "ProviderConfig",
     "StoreConfig",
@@ -167,6 +170,8 @@ class Definition:
         guardrails: Names of registered guardrails, called before each tool call of this agent;
             a host's definition may also name ``module:function`` of the assembly's plugins.
         fallback_models: Models to try, in order, when the model fails for good.
+        memory: The long-term memory it asks for (a subject, namespaces to read and write), or
+            ``None``: no memory (no recall, no memory tools), whatever its grants hold.
         source: The file it was read from, if any.
     """
 
@@ -189,6 +194,7 @@ class Definition:
     hooks: tuple[str, ...] = ()
     guardrails: tuple[str, ...] = ()
     fallback_models: tuple[str, ...] = ()
+    memory: MemorySpec | None = None
     source: Path | None = None
 
     @property
@@ -248,6 +254,42 @@ def with_gates(defn: Definition, gates: Mapping[str, Any]) -> Definition:
 
 
 @attrs.frozen(kw_only=True)
+class MemorySpec:
+    """A definition's ``memory:``: the long-term memory its instances use (docs/memory.md).
+
+    Attributes:
+        subject: Whom the facts are about (a person, a tenant), templated from ``inputs``
+            (``"{{customer}}"``); ``None`` takes the subject its grant is bound to (a child's:
+            its caller's). A grant bound to another subject grants no namespace (see
+            :func:`loopwright._capabilities.narrow_memory`).
+        read: Namespaces recalled before each model call and readable by the ``recall`` tool.
+        write: Namespaces the ``remember`` tool may write.
+        recall: How many facts are recalled before each model call (0: none; the tools still work).
+    """
+
+    subject: str | None = None
+    read: tuple[str, ...] = ()
+    write: tuple[str, ...] = ()
+    recall: int = 5
+
+
+@attrs.frozen(kw_only=True)
+class MemoryGrants:
+    """The long-term memory an instance may touch: one subject, namespaces to read and to write.
+
+    Attributes:
+        subject: The subject every fact it reads or writes is about; ``None`` (the assembly's
+            grant) leaves it to the definition. Saved bound: a child keeps its caller's.
+        read: Namespaces it may recall from.
+        write: Namespaces it may remember into (writing does not grant reading).
+    """
+
+    subject: str | None = None
+    read: tuple[str, ...] = ()
+    write: tuple[str, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
 class FileGrants:
     """File roots an instance may read and write.
 
@@ -273,6 +315,7 @@ class Capabilities:
         agents_spawn: Whether it may start agents.
         agents_max_depth: How deep agents it starts may nest.
         agents_max_agents: How many agents its whole tree may start (descendants, finished ones included).
+        memory: The long-term memory it may read and write (none by default).
     """
 
     files: FileGrants = attrs.field(factory=FileGrants)
@@ -281,6 +324,7 @@ class Capabilities:
     agents_spawn: bool = False
     agents_max_depth: int = 8
     agents_max_agents: int = 64
+    memory: MemoryGrants = attrs.field(factory=MemoryGrants)
 
 
 @attrs.frozen(kw_only=True)
@@ -312,6 +356,19 @@ class StoreConfig:
     """
 
     kind: str = "file"
+    options: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen(kw_only=True)
+class MemoryConfig:
+    """The assembly's ``memory:``: where long-term memory lives (:class:`loopwright.memory.Memory`).
+
+    Attributes:
+        kind: The registered memory kind (``sqlite`` by default).
+        options: Every other key (``path`` for the sqlite memory).
+    """
+
+    kind: str = "sqlite"
     options: Mapping[str, Any] = attrs.field(factory=dict)
 
 
@@ -421,6 +478,7 @@ class Assembly:
         integrity: Whether rows are signed, and with which key (``None``: rows are trusted as saved).
         redaction: What is cut from model requests and records (``None``: nothing).
         retention: How long instance trees at rest are kept (``loopwright gc``, idle workers).
+        memory: Where long-term memory lives.
         path: The file it was read from, if any.
     """
 
@@ -442,6 +500,7 @@ class Assembly:
     integrity: Integrity | None = None
     redaction: Redaction | None = None
     retention: Retention = attrs.field(factory=Retention)
+    memory: MemoryConfig = attrs.field(factory=MemoryConfig)
     path: Path | None = None
 
     @property

@@ -20,6 +20,7 @@ import anyio
 import attrs
 
 from loopwright._capabilities import (
+    bind_memory,
     capabilities_to_dict,
     check_store_outside,
     intersect,
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
     from loopwright._runtime import Runtime
     from loopwright.abc import Lease
 
-__all__ = ["Driver", "new_id"]
+__all__ = ["Driver", "memory_grants", "new_id"]
 
 _log = logging.getLogger("loopwright")
 
@@ -84,6 +85,7 @@ class Driver:
         header = self.new_header(defn, inputs, prompt, grants=grants, instance_id=instance_id, history=history,
                                  registered=registered)
         iid = header.instance_id
+        grants = memory_grants(defn, header.inputs or {}, grants)
         if links:
             links.write(header)
         self.sign(header)
@@ -125,6 +127,7 @@ class Driver:
         values = resolve_inputs(defn, inputs or {})
         check_templates(defn, values)
         task_history = _history_json(defn, history)
+        grants = memory_grants(defn, values, grants)
         header = HeaderFields.new(
             instance_id=instance_id or new_id(), name=defn.name,
             definition_path=str(defn.source) if defn.source else None, definition=plan.header_snapshot(),
@@ -390,9 +393,26 @@ class Driver:
         rt = self._rt
         base = rt.assembly.base_dir
         check_store_outside(rt.store.locations(), grants, base=base)
+        if rt.memory is not None:
+            check_store_outside(rt.memory.locations(), grants, base=base, what="the memory")
         for sink, spec in zip(rt.recorder.sinks, rt.assembly.records, strict=False):
             check_store_outside(sink.locations(), grants, base=base, what=f"the record sink {spec.kind!r}")
 
+
+
+def memory_grants(defn: Definition, values: Mapping[str, Any], grants: Capabilities) -> Capabilities:
+    """Return ``grants`` with their memory bound to what ``defn``'s ``memory:`` asks for (see ``bind_memory``).
+
+    :raises ConfigError: The subject, rendered from ``values``, is not a valid subject.
+    """
+    spec = defn.memory
+    if spec is None:
+        return bind_memory(grants, None, None)
+    subject = None if spec.subject is None else render(spec.subject, values)
+    try:
+        return bind_memory(grants, spec, subject)
+    except ValueError as exc:
+        raise ConfigError(f"definition {defn.name!r}: memory.subject: {exc}") from None
 
 
 def _history_json(defn: Definition, history: Sequence[Message]) -> list[dict[str, str]]:

@@ -76,6 +76,8 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "loopwright.builtins.local_engine",
     "loopwright.builtins.context",
     "loopwright.builtins.records",
+    "loopwright.builtins.sqlite_memory",
+    "loopwright.builtins.memory_tools",
 )
 
 #: Mark a function as an implementation of a ``loopwright_*`` hook (defined in :mod:`loopwright.hookspecs`).
@@ -178,6 +180,7 @@ class PluginHost:
         engines: Engine kinds → factories (``factory(options, runtime)``).
         context_strategies: Strategy kinds → factories.
         record_sinks: Sink kinds → factories.
+        memories: Long-term memory kinds → factories (``factory(settings)``, a ``MemorySettings``).
         commands: CLI command names → click commands.
         guardrails: Guardrail names → policy functions (see ``loopwright_register_guardrails``).
         verifiers: Completion verifier names → ``verify(messages)`` functions.
@@ -201,6 +204,7 @@ class PluginHost:
         self.engines = Registry("engine")
         self.context_strategies = Registry("context strategy")
         self.record_sinks = Registry("record sink")
+        self.memories = Registry("memory")
         self.commands = Registry("command")
         self.guardrails = Registry("guardrail")
         self.verifiers = Registry("verifier")
@@ -360,7 +364,7 @@ class PluginHost:
 
     def _registries(self) -> tuple[Registry, ...]:
         return (self.providers, self.tools, self.stores, self.engines, self.context_strategies,
-                self.record_sinks, self.commands, self.guardrails, self.verifiers, self.hook_sets)
+                self.record_sinks, self.memories, self.commands, self.guardrails, self.verifiers, self.hook_sets)
 
     def _register_checked(self, plugin: object, name: str) -> None:
         for hook_name in _SYNC_ONLY:
@@ -417,6 +421,7 @@ class PluginHost:
             "loopwright_register_engines": keyed(self.engines),
             "loopwright_register_context_strategies": keyed(self.context_strategies),
             "loopwright_register_record_sinks": keyed(self.record_sinks),
+            "loopwright_register_memories": keyed(self.memories),
             "loopwright_register_commands": register_commands,
         }
         for hook_name, registrar in calls.items():

@@ -37,6 +37,7 @@ from loopwright._history import History
 from loopwright._hooks import notify
 from loopwright._integrity import RowSigner, row_signer_from_env
 from loopwright._loading import Loader
+from loopwright._memory import MemoryAccess
 from loopwright._plans import Plans, all_todos_done
 from loopwright._plugins import PluginHost
 from loopwright._providers import Providers, assembly_error, build_component
@@ -52,13 +53,16 @@ from loopwright._views import approval_to_json, result_to_json, summary, usage_t
 from loopwright._work import Work
 from loopwright.abc import StoreSettings
 from loopwright.errors import ConfigError, LoopwrightError
+from loopwright.memory import MemorySettings
 
 if TYPE_CHECKING:
     from types import TracebackType
 
     from anyio.abc import TaskGroup
 
+    from loopwright._instance import Instance
     from loopwright.abc import Engine, RecordSink, Store
+    from loopwright.memory import Memory
 
 __all__ = [
     "AgentRun",
@@ -171,6 +175,11 @@ class Runtime:
         self._loop: Loop | None = None
         #: Signs new rows and checks saved ones (the assembly's ``integrity:``), set when the runtime opens.
         self.signer: RowSigner | None = None
+        #: Long-term memory (the assembly's ``memory:``, ``sqlite`` by default), built when the
+        #: runtime opens; it opens nothing until it is first used. For hosts: ``remember``,
+        #: ``recall``, ``forget`` and ``forget_fact`` of :class:`loopwright.memory.Memory`,
+        #: with no grant checked (the host is trusted; agents go through their grants).
+        self.memory: Memory | None = None
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str] | None = None, **kwargs: Any) -> Self:
@@ -218,6 +227,10 @@ class Runtime:
             self.store = build_component(self.assembly, self.plugins.stores, cfg.kind, cfg.options, ("store",),
                                          what="the store", make=lambda factory: factory(settings))
         self.recorder.store = self.store
+        memory = self.assembly.memory
+        memory_settings = MemorySettings(kind=memory.kind, base_dir=self.assembly.base_dir, options=memory.options)
+        self.memory = build_component(self.assembly, self.plugins.memories, memory.kind, memory.options, ("memory",),
+                                      what="the memory", make=lambda factory: factory(memory_settings))
         for n, spec in enumerate(self.assembly.records):
             self._sinks.append(build_component(
                 self.assembly, self.plugins.record_sinks, spec.kind, spec.options, ("records", n),
@@ -261,6 +274,8 @@ class Runtime:
                 await self.providers.aclose()
                 for sink in self._sinks:
                     await sink.aclose()
+                if self.memory is not None:
+                    await self.memory.aclose()
                 if self._given_store is None and self.store is not None:
                     await self.store.aclose()
 
@@ -291,8 +306,15 @@ class Runtime:
             sink_locations=lambda: tuple(Path(loc) for sink in self._sinks for loc in sink.locations()),
             agents=lambda caller, call_id, timeout: Agents(self, caller, call_id, timeout),
             begin=driver.begin, still_beginning=driver.still_beginning,
-            defer_task=driver.defer_task, hold_changed=driver.hold_changed,
+            defer_task=driver.defer_task, hold_changed=driver.hold_changed, memory_for=self._memory_for,
             redact_request=self.redactor.request if self.redactor is not None and self.redactor.model else None)
+
+    def _memory_for(self, inst: Instance) -> MemoryAccess | None:
+        """Return ``inst``'s memory through its grant, or ``None`` (no ``memory:``, no subject, no memory)."""
+        grants = inst.grants.memory
+        if inst.definition.memory is None or grants.subject is None or self.memory is None:
+            return None
+        return MemoryAccess(memory=self.memory, grants=grants)
 
     @property
     def loop(self) -> Loop:

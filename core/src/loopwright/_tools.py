@@ -58,6 +58,8 @@ class ToolContext:
             command, False or a reason (a string) to refuse it. ``None`` when the host gave none.
         agents: What the agent tools use to start, reach and wait for other instances on behalf
             of the caller (:class:`loopwright._agents.Agents`); ``None`` outside a run.
+        memory: The caller's long-term memory, limited to its grant
+            (:class:`loopwright._memory.MemoryAccess`); ``None`` when it has none.
     """
 
     instance_id: str
@@ -69,6 +71,7 @@ class ToolContext:
     timeout: float = 60.0
     shell_approver: Callable[..., Any] | None = None
     agents: Any = None
+    memory: Any = None
 
 
 @attrs.frozen(kw_only=True)

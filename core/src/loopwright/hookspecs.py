@@ -58,6 +58,7 @@ if TYPE_CHECKING:
         ToolResult,
         Usage,
     )
+    from loopwright.memory import Fact
 
 __all__ = [  # noqa: RUF022 - plainly sorted, as the project's __all__ test checks
     "HOOKS",
@@ -80,11 +81,13 @@ __all__ = [  # noqa: RUF022 - plainly sorted, as the project's __all__ test chec
     "loopwright_on_runtime_close",
     "loopwright_on_state_change",
     "loopwright_on_stream_event",
+    "loopwright_recall",
     "loopwright_register_commands",
     "loopwright_register_context_strategies",
     "loopwright_register_engines",
     "loopwright_register_guardrails",
     "loopwright_register_hooks",
+    "loopwright_register_memories",
     "loopwright_register_providers",
     "loopwright_register_record_sinks",
     "loopwright_register_stores",
@@ -226,6 +229,28 @@ def loopwright_register_record_sinks(
 
 
 @hookspec
+def loopwright_register_memories(
+    register: Callable[..., None], settings: Mapping[str, Any], runtime: Runtime | None,
+) -> None:
+    """Register long-term memory kinds (the assembly's ``memory:``).
+
+    Call ``register(kind, factory)``, where ``factory(settings)`` takes a
+    :class:`~loopwright.memory.MemorySettings` and returns a :class:`~loopwright.memory.Memory`.
+    Pass ``options=SCHEMA`` (see :mod:`loopwright.options`) to have the options checked, at their
+    place in the assembly, before the factory is called. The built-in kind is ``sqlite``.
+
+    :param register: The registrar.
+    :param settings: The assembly's ``pluginSettings`` (plugin name → its settings mapping).
+    :param runtime: The runtime loading the plugins (not open yet), or ``None`` for a plugin host
+        used on its own.
+
+    Return value ignored. ``async def`` is not allowed.
+
+    .. versionadded:: 0.3
+    """
+
+
+@hookspec
 def loopwright_register_commands(
     register: Callable[..., None], settings: Mapping[str, Any], runtime: Runtime | None,
 ) -> None:
@@ -319,6 +344,34 @@ def loopwright_register_hooks(
 # ---------------------------------------------------------------------------------------------
 # Interceptors: return a decision or None (Continue). They fail closed.
 # ---------------------------------------------------------------------------------------------
+
+
+@hookspec
+def loopwright_recall(
+    facts: Sequence[Fact], request: ModelRequest, instance: InstanceInfo, turn: int,
+) -> Decision | None:
+    """Called before each model call of an instance whose definition has ``memory:``, first of all.
+
+    Seed 002's order: long-term memory is recalled (this hook), then redaction, then
+    ``loopwright_before_inference``. The runtime has recalled ``facts`` (the best matches of the
+    latest user message, from the instance's granted read namespaces) and placed them in
+    ``request`` as one system message whose ``source`` is ``"memory"``, after the system prompt.
+    That message is in this request only: the transcript never holds it. Not called for
+    instances without ``memory:`` (nor with ``recall: 0``, nor without a read grant), so other
+    agents pay nothing for it.
+
+    :param facts: What was recalled, best first (possibly empty).
+    :param request: The request with the recalled message. Frozen; return
+        :class:`~loopwright.ModifyRequest` to send another (to reword, filter or add facts).
+    :param instance: The instance being run.
+    :param turn: The turn number within the instance (1-based).
+    :return: ``None``, :class:`~loopwright.ModifyRequest` or :class:`~loopwright.Block` (the run
+        fails with :class:`~loopwright.errors.HookBlockedError`).
+
+    Walk stops at the first Block; Modify decisions chain. ``async def`` is allowed.
+
+    .. versionadded:: 0.3
+    """
 
 
 @hookspec
@@ -567,6 +620,8 @@ HOOKS: Mapping[str, HookRule] = MappingProxyType({
     "loopwright_register_guardrails": _REGISTRATION,
     "loopwright_register_verifiers": _REGISTRATION,
     "loopwright_register_hooks": _REGISTRATION,
+    "loopwright_register_memories": _REGISTRATION,
+    "loopwright_recall": HookRule(HookKind.INTERCEPTOR, (ModifyRequest, Block)),
     "loopwright_before_inference": HookRule(HookKind.INTERCEPTOR, (ModifyRequest, Block, Respond)),
     "loopwright_after_inference": HookRule(HookKind.INTERCEPTOR, (ModifyMessage, Block), definition_first=True),
     "loopwright_before_tool_call": HookRule(HookKind.INTERCEPTOR, (ModifyInputs, Block, RequireApproval, Respond)),

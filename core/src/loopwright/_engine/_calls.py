@@ -246,7 +246,7 @@ class Calls:
             instance_id=inst.id, tool_call_id=call.id, grants=inst.grants, base_dir=deps.base_dir(),
             store_locations=tuple(deps.store.locations()), sink_locations=deps.sink_locations(),
             shell_approver=deps.shell_approver,
-            timeout=timeout, agents=deps.agents(inst, call.id, timeout))
+            timeout=timeout, agents=deps.agents(inst, call.id, timeout), memory=deps.memory_for(inst))
 
     async def execute(self, run: SegmentRun, item: Call, turn: int) -> None:  # noqa: C901 - one exit per outcome
         """Run the tool of a prepared call, count it, and finish it (hooks, save, record)."""

@@ -93,6 +93,9 @@ class EngineDeps:
         shell_approver: The host's approver for ``shell: approval``.
         sink_locations: ``()``: where the record sinks write (``ToolContext.sink_locations``).
         agents: ``(caller, tool_call_id, timeout)``: what the agent tools of a call use (``ToolContext.agents``).
+        memory_for: ``(inst)``: the instance's long-term memory (a ``MemoryAccess``), or ``None``
+            when its definition asks for none or its grant holds no subject (``ToolContext.memory``,
+            and the recall before each model call).
         redact_request: ``(request)``: the request with the assembly's ``redaction:`` applied (after the
             recall, before ``before_inference``), or ``None`` when the assembly redacts nothing before the model.
 
@@ -132,4 +135,5 @@ class EngineDeps:
     defer_task: Callable[[Instance], None]
     hold_changed: Callable[[Instance], bool]
     sink_locations: Callable[[], tuple[Path, ...]] = tuple
+    memory_for: Callable[[Instance], Any] = lambda _inst: None
     redact_request: Callable[[ModelRequest], ModelRequest] | None = None

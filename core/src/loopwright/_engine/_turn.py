@@ -1,9 +1,10 @@
 """Turns: the loop of one segment, and one model turn from request to saved answer.
 
 One turn: deliver the mail, check the limits, apply the context strategy if its trigger holds,
-run ``before_inference``, call the model through the gateway (the provider's own retries, then
-``agentRetry``, then the fallback models), run ``after_inference``, save the answer and what it
-cost, then run its tool calls (:mod:`loopwright._engine._calls`). Every step is appended to the
+recall long-term memory into the request (seed 002's first step, only for a definition with
+``memory:``; then ``loopwright_recall``), run ``before_inference``, call the model through the
+gateway (the provider's own retries, then ``agentRetry``, then the fallback models), run
+``after_inference``, save the answer and what it cost, then run its tool calls (:mod:`loopwright._engine._calls`). Every step is appended to the
 store before the next begins.
 """
 
@@ -23,6 +24,7 @@ from loopwright._engine._common import SegmentEnd, dumps, usage_json
 from loopwright._engine._limits import elapsed_reached, elapsed_scope
 from loopwright._hooks import intercept
 from loopwright._instance import message_to_json
+from loopwright._memory import recall_message, recall_query, with_recalled
 from loopwright._types import Message, ModelRequest, ModelResponse, State, StopReason, ToolCall
 from loopwright.errors import HookBlockedError, ProviderError, RunError
 
@@ -96,6 +98,8 @@ class Turns:
             model=model_id, provider=pname, messages=inst.transcript, tools=deps.tool_specs(defn, inst.grants),
             settings=defn.model_settings, output_schema=defn.output,
             stream=run.stream or deps.provider_streams(pname), context_management=managed)
+        if defn.memory is not None:
+            request = await self.recalled(run, request, turn)
         if deps.redact_request is not None:  # seed 002's order: recall, redaction, then before_inference
             request = deps.redact_request(request)
         response: ModelResponse | None = None
@@ -171,6 +175,35 @@ class Turns:
             await journal.emit(run, "text", turn, text=message.content)
         await journal.emit(run, "usage", turn, usage=spent, cost=cost.amount, model=served)
         return response, message
+
+    async def recalled(self, run: SegmentRun, request: ModelRequest, turn: int) -> ModelRequest:
+        """Return ``request`` with the facts recalled for it, then ``loopwright_recall``'s decisions.
+
+        The facts about the grant's subject that best match the latest user message, from its
+        read namespaces (at most the definition's ``memory.recall``), become one system message
+        placed after the system prompt, in this request only: the transcript never holds it.
+
+        :raises SegmentEnd: A ``loopwright_recall`` hook blocked the call.
+        """
+        inst = run.inst
+        spec = inst.definition.memory
+        access = self.deps.memory_for(inst)
+        if spec is None or spec.recall <= 0 or access is None or not access.grants.read:
+            return request
+        facts = tuple(await access.recall(recall_query(inst.transcript), limit=spec.recall))
+        if facts:
+            message = recall_message(access.subject, facts)
+            request = attrs.evolve(request, messages=with_recalled(request.messages, message))
+        impls = self.deps.hook_impls(inst.definition, "loopwright_recall")
+        if impls:
+            outcome = await intercept(
+                impls, {"facts": facts, "request": request, "instance": self.journal.info(inst), "turn": turn},
+                hook="recall", modify={ModifyRequest: lambda v, d: v.__setitem__("request", d.request)})
+            self.journal.hook_records(inst, "recall", outcome.decisions, turn)
+            if isinstance(outcome.stop, Block):
+                raise _blocked(outcome.stop, outcome.stopped_by)
+            request = outcome.values["request"]
+        return request
 
     async def _call_model(self, run: SegmentRun, request: ModelRequest, ref: str) -> tuple[ModelResponse, str]:
         """Call the instance's model, then its fallback models, through the gateway; end the segment if all fail."""

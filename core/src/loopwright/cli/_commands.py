@@ -10,7 +10,8 @@ work itself lives in one module per family of commands:
   ``delete``, ``gc``;
 * :mod:`~loopwright.cli._inspect`: ``show``, ``ls``, ``records``;
 * :mod:`~loopwright.cli._serving`: ``worker``, ``serve``, ``mcp-serve``;
-* :mod:`~loopwright.cli._checks`: ``plugins``, ``validate``.
+* :mod:`~loopwright.cli._checks`: ``plugins``, ``validate``;
+* :mod:`~loopwright.cli._memory`: ``memory remember``, ``memory recall``, ``memory forget``.
 
 What only some commands use is imported inside them (the runtime and anyio, the live display
 and the terminal question for the commands that follow a run, the worker loop, entry-point
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from loopwright.cli._checks import plugins, validate
     from loopwright.cli._inspect import ls, records, show
+    from loopwright.cli._memory import memory_forget, memory_recall, memory_remember
     from loopwright.cli._running import resume, run
     from loopwright.cli._serving import mcp_serve, server, worker
     from loopwright.cli._steer import approve, cancel, delete, deny, fork, gc, message, rewind
@@ -45,6 +47,9 @@ _LAZY = {
     "gc": "_steer",
     "ls": "_inspect",
     "mcp_serve": "_serving",
+    "memory_forget": "_memory",
+    "memory_recall": "_memory",
+    "memory_remember": "_memory",
     "message": "_steer",
     "plugins": "_checks",
     "records": "_inspect",
@@ -66,6 +71,9 @@ __all__ = [
     "gc",
     "ls",
     "mcp_serve",
+    "memory_forget",
+    "memory_recall",
+    "memory_remember",
     "message",
     "plugins",
     "records",

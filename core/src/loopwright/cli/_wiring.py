@@ -321,6 +321,57 @@ def gc_command(settings: CliSettings, dry_run: bool, keep: float | None, limit: 
     return _invoke("gc", settings, dry_run, keep, limit)
 
 
+@cli.group("memory")
+def memory_group() -> None:
+    """Long-term memory: remember, recall and forget facts about a subject (a person, a tenant).
+
+    An operator's commands: no grant is checked. 'forget --subject S' removes every fact about S
+    in every namespace; transcripts and records that mention S stay until 'loopwright delete'.
+    """
+
+
+def _memory_command(name: str) -> Callable[[Callable[..., Any]], click.Command]:
+    """Like :func:`_command`, for a subcommand of ``memory``."""
+    def decorate(fn: Callable[..., Any]) -> click.Command:
+        command = memory_group.command(name)(fn)
+        command.params.extend(common_params())
+        return command
+    return decorate
+
+
+@_memory_command("remember")
+@click.option("--subject", required=True, metavar="S", help="Whom the fact is about.")
+@click.option("--namespace", required=True, metavar="N", help="Where to keep it.")
+@click.option("--expires-in", type=Duration(), metavar="DURATION", help="Forget it after this long (30s, 2m ...).")
+@click.argument("text")
+@pass_settings
+def memory_remember_command(settings: CliSettings, subject: str, namespace: str, expires_in: float | None,
+                            text: str) -> int:
+    """Remember TEXT about a subject in a namespace; prints the new fact's id."""
+    return _invoke("memory_remember", settings, subject, namespace, text, expires_in)
+
+
+@_memory_command("recall")
+@click.option("--subject", required=True, metavar="S", help="Whom the facts are about.")
+@click.option("--namespace", "namespaces", multiple=True, metavar="N", help="Where to look (repeatable; one at least).")
+@click.option("--limit", type=click.IntRange(1, 100), default=10, show_default=True, help="The most facts printed.")
+@click.argument("query", default="")
+@pass_settings
+def memory_recall_command(settings: CliSettings, subject: str, namespaces: tuple[str, ...], limit: int,
+                          query: str) -> int:
+    """Print the facts about a subject that best match QUERY (the newest without one), unexpired only."""
+    return _invoke("memory_recall", settings, subject, namespaces, query, limit)
+
+
+@_memory_command("forget")
+@click.option("--subject", metavar="S", help="Forget every fact about S, in every namespace.")
+@click.option("--fact", "fact_id", metavar="ID", help="Forget the one fact ID.")
+@pass_settings
+def memory_forget_command(settings: CliSettings, subject: str | None, fact_id: str | None) -> int:
+    """Forget every fact about a subject (--subject), or one fact (--fact); prints how many."""
+    return _invoke("memory_forget", settings, subject, fact_id)
+
+
 @_command("worker")
 @click.option("--poll", type=Duration(), default="1s", show_default=True, metavar="DURATION",
               help="How often to look for work in the store (500ms, 1s, 2m ...).")
