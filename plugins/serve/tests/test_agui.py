@@ -113,21 +113,25 @@ def test_a_run_with_a_tool_call_and_an_approval_interrupt_resumes_on_the_same_th
         assert first[0].thread_id == thread
         assert [e.delta for e in first if isinstance(e, TextMessageContentEvent)] == ["I will delete it"]
         start = next(e for e in first if isinstance(e, ToolCallStartEvent))
-        call = start.tool_call_id  # the runtime's own id (the model named it call_del)
-        assert re.fullmatch(r"lw-1-0-[0-9a-f]{6}", call), call
+        # A call the model named is t<TURN>-<its id> on AG-UI (known while it streams); interrupts and
+        # resume name it by the runtime's own id, as the serve API does.
+        assert start.tool_call_id == "t1-call_del"
         assert start.tool_call_name == "delete"
         assert json.loads(next(e for e in first if isinstance(e, ToolCallArgsEvent)).delta) == {"path": "old/notes.txt"}
         snapshot = [e for e in first if isinstance(e, StateSnapshotEvent)][-1].snapshot
         assert snapshot["instanceId"] == thread
         assert snapshot["state"] == "waiting_for_approval"
         (held,) = snapshot["pendingApprovals"]
-        assert (held["toolCallId"], held["tool"], held["arguments"]) == (call, "delete", {"path": "old/notes.txt"})
+        call = held["toolCallId"]
+        assert re.fullmatch(r"lw-1-0-[0-9a-f]{6}", call), call
+        assert (held["tool"], held["arguments"]) == ("delete", {"path": "old/notes.txt"})
         digest = held["digest"]
         assert re.fullmatch(r"[0-9a-f]{64}", digest)
         finished = first[-1]
         assert isinstance(finished, RunFinishedEvent)
         assert finished.outcome.type == "interrupt"
-        assert [(i.id, i.reason, i.tool_call_id) for i in finished.outcome.interrupts] == [(call, "approval", call)]
+        assert [(i.id, i.reason, i.tool_call_id) for i in finished.outcome.interrupts] == [
+            (call, "approval", "t1-call_del")]
         (interrupt,) = finished.outcome.interrupts
         # The interrupt shows the call with its digest, and the response it takes must carry that digest.
         assert interrupt.metadata == {"digest": digest, "tool": "delete", "arguments": {"path": "old/notes.txt"}}
@@ -144,12 +148,13 @@ def test_a_run_with_a_tool_call_and_an_approval_interrupt_resumes_on_the_same_th
             "TOOL_CALL_START", "TOOL_CALL_ARGS", "TOOL_CALL_END",
             "STATE_SNAPSHOT", "RUN_FINISHED"]
         result = next(e for e in second if isinstance(e, ToolCallResultEvent))
-        assert (result.tool_call_id, result.content) == (call, "deleted old/notes.txt")
+        assert (result.tool_call_id, result.content) == ("t1-call_del", "deleted old/notes.txt")
         asked = second[-1].outcome
         assert asked.type == "interrupt"
         (question,) = asked.interrupts
         assert re.fullmatch(r"lw-2-0-[0-9a-f]{6}", question.id), question.id  # the model named it call_ask
-        assert (question.reason, question.message) == ("question", "Which colour?")
+        assert (question.reason, question.message, question.tool_call_id) == (
+            "question", "Which colour?", "t2-call_ask")
 
         answer = ResumeEntry(interrupt_id=question.id, status="resolved", payload={"answer": "blue"})
         third = events_of(post(server, RUN, run_input(thread, resume=[answer])))

@@ -26,7 +26,12 @@ What maps to what (docs/protocols.md, "A2A"):
 - **Streaming.** The instance's events become task updates: each answer is the ``answer``
   artifact (each piece the provider streams appended while the task works, then the whole
   text), tool calls and results are working status updates whose message holds a data part,
-  and the segment's end is the final status. An answer given through ``task_complete`` is the
+  a call held for approval an ``approvalRequired`` one, and the segment's end is the final status.
+  The segment is followed through the live channel's bounds (:mod:`._feed`), never an unbounded
+  queue: when a client reads so slowly that a2a-sdk's queue is full, the pieces of the turn it
+  cannot take are dropped, a working status update with the data part ``{"gap": {"turn"}}``
+  says so, and the whole text (the artifact replaced, ``append: false``) follows once the
+  turn's answer is saved. An answer given through ``task_complete`` is the
   ``answer`` artifact too, streamed or not.
 - **Scopes.** ``run`` sends messages and cancels, ``read`` gets, lists and subscribes, and
   ``approve`` decides held calls.
@@ -76,9 +81,10 @@ from starlette.routing import Route
 from loopwright import INSTANCE_ID_RULE, HeaderFields, State, StopReason, approval_digest
 from loopwright.errors import ApprovalDigestMismatchError, ConfigError, LoopwrightError
 from loopwright_serve._auth import Principal, Scope
+from loopwright_serve._feed import Cursor, follow_segment
 from loopwright_serve._problems import ProblemError
 from loopwright_serve._schema import unpaired_surrogate
-from loopwright_serve._steer import GatedResponse, Session, new_id, segment_events, valid_id
+from loopwright_serve._steer import GatedResponse, Session, new_id, valid_id
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -90,6 +96,7 @@ if TYPE_CHECKING:
     from starlette.routing import BaseRoute
 
     from loopwright_serve._context import ServeContext
+    from loopwright_serve._deltas import LiveEvent, Subscription
 
 __all__ = ["A2AAgent", "A2ASurface", "InstanceTaskStore", "LoopwrightExecutor", "decisions_of", "task_view"]
 
@@ -483,13 +490,25 @@ class LoopwrightExecutor(AgentExecutor):
         self.agent = agent
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
-        """Start the instance (a new task) or steer it (decisions, then the text), and follow it until it rests."""
+        """Start the instance (a new task) or steer it (decisions, then the text), and follow it until it rests.
+
+        The live channel is subscribed to before anything starts, and given back however this ends.
+        """
+        iid = str(context.task_id)
+        channel = self.agent.ctx.live
+        live = channel.subscribe(iid, landed=True)
+        try:
+            await self._execute(context, event_queue, live)
+        finally:
+            channel.unsubscribe(live)
+
+    async def _execute(self, context: RequestContext, event_queue: EventQueue, live: Subscription) -> None:
         iid = str(context.task_id)
         updater = TaskUpdater(event_queue, iid, iid)
         rt = self.agent.runtime
         message = context.message
         text = _message_text(message)
-        before: HeaderFields | None = None
+        cursor = Cursor()
         if context.current_task is None:
             # The new task is announced first, then the instance made; until a2a-sdk has saved
             # that announcement, the store does not show the instance as the task yet.
@@ -506,6 +525,7 @@ class LoopwrightExecutor(AgentExecutor):
             run = await rt.get_agent(iid)
             run.stream = True  # the segment this message begins streams its answers (artifact updates per piece)
             before = HeaderFields(await rt.store.read_header(iid))
+            cursor = Cursor.at_end(await rt.store.read_entries(iid))
             decisions = decisions_of(message)
             # Every decision is checked against the calls held now before any is made: a message
             # with one stale decision decides (and runs) nothing.
@@ -531,7 +551,7 @@ class LoopwrightExecutor(AgentExecutor):
             if text:
                 await run.message(text)
         await updater.start_work()
-        sent = await self._follow(segment_events(run, before), updater)
+        sent = await self._follow(follow_segment(run, live, cursor, self.agent.ctx.streams.closing), updater)
         await run.wait()
         await self._finish(updater, sent)
 
@@ -539,6 +559,12 @@ class LoopwrightExecutor(AgentExecutor):
         """Publish where the instance rests: the ``answer`` artifact if no event carried it whole, then the status."""
         iid = updater.task_id
         header = HeaderFields(await self.agent.runtime.store.read_header(iid))
+        if header.state == State.WAITING_FOR_APPROVAL:
+            for p in _undecided(header):
+                await updater.update_status(TaskState.TASK_STATE_WORKING, message=updater.new_agent_message([
+                    new_data_part(_json_safe({"approvalRequired": {
+                        "toolCallId": p.get("toolCallId"), "tool": p.get("tool"), "arguments": p.get("arguments"),
+                        "digest": approval_digest(p), "reason": p.get("reason")}}))]))
         answer = _answer_artifact(header) if header.state in (State.WAITING, State.STOPPED) else None
         if answer is not None and (sent != header.text or header.output is not None):
             # An answer no text event carried (a task_complete result, a structured output): the
@@ -549,39 +575,50 @@ class LoopwrightExecutor(AgentExecutor):
                                     metadata={"loopwright": {"instanceId": iid, "usage": dict(header.usage or {}),
                                                              "cost": header.cost}})
 
-    async def _follow(self, events: Any, updater: TaskUpdater) -> str | None:
+    async def _follow(self, batches: AsyncIterator[list[LiveEvent]], updater: TaskUpdater) -> str | None:
         """Publish a segment's events: answers as the ``answer`` artifact, tool activity as status updates.
 
         Each piece a streaming provider sends is an artifact update appended to the answer
-        while the task works; the whole text replaces it once the answer is complete.
+        while the task works; the whole text replaces it once the answer is saved. A ``gap``
+        (this client fell behind) is a working status update saying which turn lost pieces.
 
         :return: The last answer text sent whole, if any.
         """
         streamed = False
         sent: str | None = None
-        async for event in events:
-            data = event.data
-            if event.kind == "text_delta":
-                await updater.event_queue.enqueue_event(TaskArtifactUpdateEvent(
-                    task_id=updater.task_id, context_id=updater.context_id, append=streamed,
-                    artifact=Artifact(artifact_id=ANSWER, name=ANSWER, parts=[new_text_part(str(data.get("delta")))])))
-                streamed = True
-            elif event.kind == "text" and data.get("text"):
-                await updater.event_queue.enqueue_event(TaskArtifactUpdateEvent(
-                    task_id=updater.task_id, context_id=updater.context_id, append=False, last_chunk=True,
-                    artifact=Artifact(artifact_id=ANSWER, name=ANSWER, parts=[new_text_part(str(data["text"]))])))
-                streamed = False
-                sent = str(data["text"])
-            elif event.kind in ("tool_call", "tool_result", "approval"):
-                payload = {"toolCall": {"id": data.get("id"), "name": data.get("name"),
-                                        "arguments": data.get("arguments")}} if event.kind == "tool_call" else \
-                          {"toolResult": {"id": data.get("id"), "name": data.get("name"), "status": data.get("status"),
-                                          "content": data.get("content")}} if event.kind == "tool_result" else \
-                          {"approvalRequired": {"toolCallId": data.get("toolCallId"), "tool": data.get("tool"),
-                                                "arguments": data.get("arguments"), "digest": data.get("digest"),
-                                                "reason": data.get("reason")}}
-                await updater.update_status(TaskState.TASK_STATE_WORKING,
-                                            message=updater.new_agent_message([new_data_part(_json_safe(payload))]))
+        lost: set[int | None] = set()
+        queue = updater.event_queue
+        async for batch in batches:
+            for event in batch:
+                data = event.data
+                if event.kind == "text_delta" and event.turn not in lost:
+                    await queue.enqueue_event(TaskArtifactUpdateEvent(
+                        task_id=updater.task_id, context_id=updater.context_id, append=streamed,
+                        artifact=Artifact(artifact_id=ANSWER, name=ANSWER, parts=[new_text_part(event.delta)])))
+                    streamed = True
+                elif event.kind in ("gap", "stream_reset"):
+                    if event.kind == "gap":
+                        lost.add(event.turn)
+                        await updater.update_status(TaskState.TASK_STATE_WORKING, message=updater.new_agent_message([
+                            new_data_part({"gap": {"turn": event.turn, "detail": "this client read too slowly: the "
+                                                   "rest of the turn's pieces were dropped; the whole answer "
+                                                   "replaces the artifact once saved"}})]))
+                    else:
+                        lost.discard(event.turn)
+                    streamed = False  # the next piece (or the whole text) replaces the artifact
+                elif event.kind == "text" and data.get("text"):
+                    await queue.enqueue_event(TaskArtifactUpdateEvent(
+                        task_id=updater.task_id, context_id=updater.context_id, append=False, last_chunk=True,
+                        artifact=Artifact(artifact_id=ANSWER, name=ANSWER, parts=[new_text_part(str(data["text"]))])))
+                    streamed = False
+                    sent = str(data["text"])
+                elif event.kind in ("tool_call", "tool_result"):
+                    payload = {"toolCall": {"id": data.get("id"), "name": data.get("name"),
+                                            "arguments": data.get("arguments")}} if event.kind == "tool_call" else \
+                              {"toolResult": {"id": data.get("id"), "name": data.get("name"),
+                                              "status": data.get("status"), "content": data.get("content")}}
+                    await updater.update_status(TaskState.TASK_STATE_WORKING,
+                                                message=updater.new_agent_message([new_data_part(_json_safe(payload))]))
         return sent
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:

@@ -14,8 +14,18 @@ What maps to what (docs/protocols.md, "AG-UI"):
   approvals, question, usage) at the start and the end; each answer as ``TEXT_MESSAGE_START``,
   one ``TEXT_MESSAGE_CONTENT`` per piece the provider streams (runs started or steered here ask
   providers to stream), ``TEXT_MESSAGE_END``;
-  each tool call as ``TOOL_CALL_START``, ``TOOL_CALL_ARGS`` (the arguments as JSON),
-  ``TOOL_CALL_END`` and its ``TOOL_CALL_RESULT``; then ``RUN_FINISHED`` or ``RUN_ERROR``.
+  each tool call as ``TOOL_CALL_START``, ``TOOL_CALL_ARGS`` (one per piece of its JSON arguments
+  the provider streams, or the whole JSON), ``TOOL_CALL_END`` (once the answer holding it is
+  saved) and its ``TOOL_CALL_RESULT``; then ``RUN_FINISHED`` or ``RUN_ERROR``.
+- **Tool call ids.** A call the model named is ``t<TURN>-<the model's id>`` (known while it
+  streams, unique per turn however the model repeats ids); one it did not name keeps the
+  runtime's id. An interrupt's ``id`` is always the runtime's id (what ``resume`` and the serve
+  API name), its ``toolCallId`` the call's AG-UI id.
+- **A slow client.** The run is followed through the live channel's bounds (:mod:`._feed`),
+  never an unbounded queue: a client that reads too slowly misses the rest of a turn's pieces,
+  told by a ``CUSTOM`` event ``loopwright.gap`` (``{"turn"}``); once the turn's answer is saved,
+  what its message and calls missed is sent as one more ``TEXT_MESSAGE_CONTENT`` (or
+  ``TOOL_CALL_ARGS``) before their ends.
 - **Interrupts.** A held call ends the run with ``RUN_FINISHED`` whose outcome is ``interrupt``:
   one interrupt per held call (id = tool call id, reason ``approval``, ``metadata``: the call's
   tool, arguments and digest), or one for an ``ask_user`` question (id = its call id, reason
@@ -38,6 +48,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from ag_ui.core import (
+    CustomEvent,
     Interrupt,
     ResumeEntry,
     RunAgentInput,
@@ -66,8 +77,9 @@ from starlette.routing import Route
 from loopwright import INSTANCE_ID_RULE, HeaderFields, State, StopReason, approval_digest
 from loopwright.errors import ApprovalDigestMismatchError, ConfigError, LoopwrightError
 from loopwright_serve._auth import Scope
+from loopwright_serve._feed import Cursor, follow_segment, turn_of
 from loopwright_serve._problems import ProblemError
-from loopwright_serve._steer import GatedResponse, Session, segment_events, valid_id
+from loopwright_serve._steer import GatedResponse, Session, valid_id
 from loopwright_serve._surface import null_lifespan
 
 if TYPE_CHECKING:
@@ -78,15 +90,38 @@ if TYPE_CHECKING:
     from starlette.responses import Response
     from starlette.routing import BaseRoute
 
-    from loopwright import AgentRun, Event
+    from loopwright import AgentRun
     from loopwright_serve._context import ServeContext
+    from loopwright_serve._deltas import LiveEvent, Subscription
 
-__all__ = ["AguiAgent", "AguiSurface", "final_events", "interrupts_of", "state_of"]
+__all__ = ["AguiAgent", "AguiSurface", "call_id", "call_names", "final_events", "interrupts_of", "state_of"]
 
 _log = logging.getLogger("loopwright.serve")
 
 #: The AG-UI protocol version this surface speaks.
 PROTOCOL_VERSION = "1.0"
+#: The name of the ``CUSTOM`` event that tells a slow client it missed the rest of a turn's pieces.
+GAP_EVENT = "loopwright.gap"
+
+
+def call_id(turn: int | None, wire_id: Any, runtime_id: Any) -> str:
+    """Return a tool call's AG-UI id: ``t<TURN>-<WIRE>`` for a call the model named, else the runtime's id."""
+    return f"t{turn or 0}-{wire_id}" if isinstance(wire_id, str) and wire_id else str(runtime_id)
+
+
+def call_names(entries: list[dict[str, Any]]) -> dict[str, str]:
+    """Return the AG-UI id of every tool call an entry log holds, by the runtime's id."""
+    names: dict[str, str] = {}
+    turn: int | None = 0
+    for entry in entries:
+        message = entry.get("m") if entry.get("t") == "msg" else None
+        if not isinstance(message, dict):
+            continue
+        turn = turn_of(entry) or turn
+        for call in message.get("toolCalls") or ():
+            if isinstance(call, dict):
+                names[str(call.get("id"))] = call_id(turn, call.get("wireId"), call.get("id"))
+    return names
 
 
 def _approval_schema(digest: str) -> dict[str, Any]:
@@ -116,10 +151,16 @@ def state_of(header: HeaderFields) -> dict[str, Any]:
     return state
 
 
-def interrupts_of(header: HeaderFields) -> list[Interrupt]:
-    """Return what the instance waits for, as AG-UI interrupts (none when it waits for nothing)."""
+def interrupts_of(header: HeaderFields, names: Mapping[str, str] | None = None) -> list[Interrupt]:
+    """Return what the instance waits for, as AG-UI interrupts (none when it waits for nothing).
+
+    :param names: The AG-UI ids of the calls (:func:`call_names`), by the runtime's id: each
+        interrupt's ``toolCallId``; its ``id`` is the runtime's.
+    """
+    names = names or {}
     if header.state == State.WAITING_FOR_APPROVAL:
-        return [Interrupt(id=str(p.get("toolCallId")), reason="approval", tool_call_id=str(p.get("toolCallId")),
+        return [Interrupt(id=str(p.get("toolCallId")), reason="approval",
+                          tool_call_id=names.get(str(p.get("toolCallId")), str(p.get("toolCallId"))),
                           message=f"approve the call of {p.get('tool')}? ({p.get('reason')})",
                           response_schema=_approval_schema(approval_digest(p)),
                           metadata={"digest": approval_digest(p), "tool": p.get("tool"),
@@ -127,8 +168,9 @@ def interrupts_of(header: HeaderFields) -> list[Interrupt]:
                 for p in _pending(header)]
     awaiting = header.awaiting_answer
     if awaiting and header.state == State.WAITING:
-        call_id = str(header.asked_call_id)
-        return [Interrupt(id=call_id, reason="question", tool_call_id=call_id, message=awaiting.get("question"),
+        asked = str(header.asked_call_id)
+        return [Interrupt(id=asked, reason="question", tool_call_id=names.get(asked, asked),
+                          message=awaiting.get("question"),
                           response_schema=_QUESTION_SCHEMA)]
     return []
 
@@ -143,11 +185,12 @@ def _usage(header: HeaderFields) -> list[TokenUsage] | None:
                        output_tokens=usage.get("outputTokens"), total_tokens=usage.get("totalTokens"))]
 
 
-def final_events(header: HeaderFields, thread_id: str, run_id: str) -> list[BaseEvent]:
-    """Return the events that end a run, from where the instance rests."""
+def final_events(header: HeaderFields, thread_id: str, run_id: str,
+                 names: Mapping[str, str] | None = None) -> list[BaseEvent]:
+    """Return the events that end a run, from where the instance rests (``names`` as :func:`interrupts_of`)."""
     out: list[BaseEvent] = [StateSnapshotEvent(snapshot=state_of(header))]
     state, stop = header.state, header.stop_reason
-    interrupts = interrupts_of(header)
+    interrupts = interrupts_of(header, names)
     if state == State.ERROR:
         out.append(RunErrorEvent(message=f"the agent failed: {header.error}", code="error"))
     elif interrupts:
@@ -200,13 +243,17 @@ class AguiAgent:
             raise _problem(400, "invalid RunAgentInput", str(exc)) from exc
         gate = self.ctx.streams
         gate.enter()  # the run's event stream: counted against server.maxEventStreams
+        # Subscribed before the instance starts or is steered, so no piece of the segment is missed.
+        live = self.ctx.live.subscribe(body.thread_id, landed=True)
         try:
-            return GatedResponse(await self._start(request, body), gate)  # type: ignore[return-value] - ASGI
+            response = await self._start(request, body, live)
         except BaseException:
+            self.ctx.live.unsubscribe(live)
             gate.leave()
             raise
+        return GatedResponse(response, gate, lambda: self.ctx.live.unsubscribe(live))  # type: ignore[return-value]
 
-    async def _start(self, request: Request, body: RunAgentInput) -> Response:
+    async def _start(self, request: Request, body: RunAgentInput, live: Subscription) -> Response:
         """Start or steer the thread's instance; return the response that streams the run."""
         thread = body.thread_id
         if not valid_id(thread):
@@ -217,6 +264,9 @@ class AguiAgent:
             raise _problem(409, "thread belongs to another agent",
                            f"thread {thread} is an instance that is not a thread of {self.session.key}")
         rt = self.session.runtime
+        entries = await rt.store.read_entries(thread) if header is not None else []
+        cursor, names = Cursor.at_end(entries), call_names(entries)
+        del entries
         resumed: set[str] = set()
         answered: dict[str, str] = {}
         if header is None:
@@ -237,7 +287,8 @@ class AguiAgent:
                 text = _last_user_text(body)
                 if text:
                     await run.message(text)
-        events = self._stream(run, header, body, resumed, answered)
+        events = self._stream(run, body, _Mapper(thread, names, resumed | set(answered)), answered,
+                              live=live, cursor=cursor)
         encoder = EventEncoder(accept=request.headers.get("accept"))
         return StreamingResponse((encoder.encode(e) async for e in events), media_type=encoder.get_content_type(),
                                  headers={"X-Loopwright-Instance-Id": thread})
@@ -294,10 +345,12 @@ class AguiAgent:
             raise _problem(409, "cannot resume", str(exc)) from exc
         return decided, answered
 
-    async def _stream(self, run: AgentRun, before: HeaderFields | None, body: RunAgentInput,
-                      resumed: set[str], answered: Mapping[str, str]) -> AsyncIterator[BaseEvent]:
+    async def _stream(self, run: AgentRun, body: RunAgentInput, mapper: _Mapper, answered: Mapping[str, str], *,
+                      live: Subscription, cursor: Cursor) -> AsyncIterator[BaseEvent]:
         """Yield the run's AG-UI events, from ``RUN_STARTED`` to ``RUN_FINISHED`` or ``RUN_ERROR``.
 
+        The segment is followed through ``live`` and the entry log from ``cursor``
+        (:func:`~loopwright_serve._feed.follow_segment`): bounded, however slowly the client reads.
         An ``ask_user`` answered by this run's ``resume`` gets its ``TOOL_CALL_RESULT`` first: the
         answer is that call's result.
         """
@@ -306,105 +359,181 @@ class AguiAgent:
         yield RunStartedEvent(thread_id=thread, run_id=run_id, protocol_version=PROTOCOL_VERSION, input=body)
         try:
             yield StateSnapshotEvent(snapshot=state_of(HeaderFields(await store.read_header(thread))))
-            mapper = _Mapper(thread, resumed | set(answered))
-            for call_id, text in answered.items():
-                yield mapper.result(call_id, text)
+            for asked, text in answered.items():
+                yield mapper.result(asked, text)
             closing = self.ctx.streams.closing
-            async for event in segment_events(run, before):
-                if closing.is_set():
-                    yield RunErrorEvent(message="the server is shutting down; the instance is kept: run the thread "
-                                                "again to go on", code="shutting_down")
-                    return
-                for out in mapper.map(event):
-                    yield out
+            async for batch in follow_segment(run, live, cursor, closing):
+                for event in batch:
+                    for out in mapper.map(event):
+                        yield out
+            if closing.is_set() and run.running:
+                yield RunErrorEvent(message="the server is shutting down; the instance is kept: run the thread "
+                                            "again to go on", code="shutting_down")
+                return
             await run.wait()
             header = HeaderFields(await store.read_header(thread))
-            for out in [*mapper.close(), *mapper.held_calls(header), *final_events(header, thread, run_id)]:
+            for out in [*mapper.close(), *mapper.held_calls(header),
+                        *final_events(header, thread, run_id, mapper.names)]:
                 yield out
         except Exception as exc:  # noqa: BLE001 - the stream is under way: any failure becomes its last event
             _log.exception("AG-UI run of %s failed", thread)
             yield RunErrorEvent(message=f"{type(exc).__name__}: {exc}", code="server_error")
+        finally:
+            self.ctx.live.unsubscribe(live)
 
 
 class _Mapper:
-    """Turns one segment's loopwright events into AG-UI events, keeping messages and calls well nested."""
+    """Turns one segment's events (:mod:`._feed`) into AG-UI events, keeping messages and calls well nested.
 
-    def __init__(self, instance_id: str, resumed: set[str]) -> None:
+    Streamed pieces open a message (or a call) at once; the saved answer closes it, adding what
+    the client missed (a gap's pieces, or arguments the provider did not stream) when what it
+    got is the start of the whole (else the ``CUSTOM`` gap event is all it has).
+    """
+
+    def __init__(self, instance_id: str, names: dict[str, str], resumed: set[str]) -> None:
         self.iid = instance_id
-        #: Calls already announced to the client (in this run, or held in an earlier one).
-        self.announced = set(resumed)
-        #: Calls whose result was sent in this run.
+        #: The AG-UI id of each tool call, by the runtime's id (:func:`call_names`).
+        self.names = names
+        #: Calls announced to the client (in this run, or held in an earlier one), by AG-UI id.
+        self.announced = {names.get(c, c) for c in resumed}
+        #: Calls whose result was sent in this run (AG-UI ids).
         self.answered: set[str] = set()
         self.open_message: str | None = None
+        self.open_turn: int | None = None
+        self.open_text = ""
         self.last_message: dict[int | None, str] = {}
-        #: Calls held for approval in this segment, with their turns.
-        self.held_turns: dict[str, int | None] = {}
+        #: Turns whose text streamed (their saved text is not sent again), and turns that lost pieces.
+        self.streamed: set[int | None] = set()
+        self.lost: set[int | None] = set()
+        self.resets: dict[int | None, int] = {}
+        #: Calls streaming (started, not ended): their arguments sent so far, and their turns.
+        self.streaming: dict[str, tuple[int | None, str]] = {}
 
     def _message_id(self, turn: int | None) -> str:
-        return f"{self.iid}-t{turn}-text"
+        again = self.resets.get(turn, 0)
+        return f"{self.iid}-t{turn}-text" + (f"-{again}" if again else "")
 
-    def map(self, event: Event) -> list[BaseEvent]:
+    def map(self, event: LiveEvent) -> list[BaseEvent]:  # noqa: PLR0911 - one answer per kind
         """Return the AG-UI events for ``event``."""
-        data, turn = event.data, event.turn
-        if event.kind == "text_delta":
-            return self._delta(turn, str(data.get("delta") or ""))
-        if event.kind == "text":
+        data, turn, kind = event.data, event.turn, event.kind
+        if kind == "text_delta":
+            return [] if turn in self.lost else self._delta(turn, str(data.get("delta") or ""))
+        if kind == "tool_call_start":
+            return [*self.close_text(), *self._call_start(call_id(turn, data.get("id"), data.get("id")),
+                                                          str(data.get("name")), turn)]
+        if kind == "tool_call_delta":
+            return [] if turn in self.lost else self._call_args(call_id(turn, data.get("id"), data.get("id")),
+                                                               str(data.get("delta") or ""))
+        if kind == "gap":
+            self.lost.add(turn)
+            return [CustomEvent(name=GAP_EVENT, value={"turn": turn})]
+        if kind == "stream_reset":
+            return self._reset(turn)
+        if kind == "text":
             return self._whole_text(turn, str(data.get("text") or ""))
-        if event.kind == "tool_call":
-            return [*self.close(), *self._call(str(data.get("id")), str(data.get("name")), data.get("arguments"), turn)]
-        if event.kind == "approval":  # announced with its arguments once the hold is saved (held_calls)
-            self.held_turns[str(data.get("toolCallId"))] = turn
-            return self.close()
-        if event.kind == "tool_result":
-            call_id = str(data.get("id"))
-            return [*self.close(), *([] if call_id in self.answered else [self.result(call_id, data.get("content"))])]
+        if kind == "tool_call":
+            name = self.names[str(data.get("id"))] = call_id(turn, data.get("wireId"), data.get("id"))
+            return [*self.close_text(), *self._call(name, str(data.get("name")), data.get("arguments"), turn)]
+        if kind == "tool_result":
+            name = self.names.get(str(data.get("id")), str(data.get("id")))
+            return [*self.close_text(), *([] if name in self.answered else [self.result(name, data.get("content"))])]
         return []
 
-    def result(self, call_id: str, content: Any) -> ToolCallResultEvent:
+    def result(self, call: str, content: Any) -> ToolCallResultEvent:
         """Return the ``TOOL_CALL_RESULT`` of a call (once: a later result of the same call is left out)."""
-        self.answered.add(call_id)
-        return ToolCallResultEvent(message_id=f"{self.iid}-{call_id}-result", tool_call_id=call_id, role="tool",
+        name = self.names.get(call, call)
+        self.answered.add(name)
+        return ToolCallResultEvent(message_id=f"{self.iid}-{name}-result", tool_call_id=name, role="tool",
                                    content=content if isinstance(content, str) else json.dumps(content, default=str))
 
     def _delta(self, turn: int | None, delta: str) -> list[BaseEvent]:
         out: list[BaseEvent] = []
+        if self.open_message is not None and self.open_turn != turn:
+            out += self.close_text()
         if self.open_message is None:
             self.open_message = self.last_message[turn] = self._message_id(turn)
+            self.open_turn, self.open_text = turn, ""
+            self.streamed.add(turn)
             out.append(TextMessageStartEvent(message_id=self.open_message, role="assistant"))
+        self.open_text += delta
         out.append(TextMessageContentEvent(message_id=self.open_message, delta=delta))
         return out
 
     def _whole_text(self, turn: int | None, text: str) -> list[BaseEvent]:
-        if self.open_message is not None:  # streamed: the pieces are out already
-            return self.close()
-        if not text:
-            return []
+        if self.open_message is not None and self.open_turn == turn:  # streamed: send only what was missed
+            out: list[BaseEvent] = []
+            if text.startswith(self.open_text) and len(text) > len(self.open_text):
+                out.append(TextMessageContentEvent(message_id=self.open_message, delta=text[len(self.open_text):]))
+            return [*out, *self.close_text()]
+        out = self.close_text()
+        if not text or turn in self.streamed:
+            return out
         message_id = self._message_id(turn)
         self.last_message[turn] = message_id
-        return [TextMessageStartEvent(message_id=message_id, role="assistant"),
+        return [*out, TextMessageStartEvent(message_id=message_id, role="assistant"),
                 TextMessageContentEvent(message_id=message_id, delta=text), TextMessageEndEvent(message_id=message_id)]
 
-    def _call(self, call_id: str, name: str, arguments: Any, turn: int | None) -> list[BaseEvent]:
-        if call_id in self.announced:
+    def _call_start(self, name: str, tool: str, turn: int | None) -> list[BaseEvent]:
+        if name in self.announced:
             return []
-        self.announced.add(call_id)
+        self.announced.add(name)
+        self.streaming[name] = (turn, "")
+        return [ToolCallStartEvent(tool_call_id=name, tool_call_name=tool,
+                                   parent_message_id=self.last_message.get(turn))]
+
+    def _call_args(self, name: str, delta: str) -> list[BaseEvent]:
+        if name not in self.streaming or not delta:
+            return []
+        turn, sent = self.streaming[name]
+        self.streaming[name] = (turn, sent + delta)
+        return [ToolCallArgsEvent(tool_call_id=name, delta=delta)]
+
+    def _call(self, name: str, tool: str, arguments: Any, turn: int | None) -> list[BaseEvent]:
         args = arguments if isinstance(arguments, str) else json.dumps(arguments if arguments is not None else {})
-        return [ToolCallStartEvent(tool_call_id=call_id, tool_call_name=name,
+        if name in self.streaming:  # streamed: what the client missed (a gap, or no pieces), then its end
+            _turn, sent = self.streaming.pop(name)
+            rest = [ToolCallArgsEvent(tool_call_id=name, delta=args[len(sent):])] \
+                if args.startswith(sent) and len(args) > len(sent) else []
+            return [*rest, ToolCallEndEvent(tool_call_id=name)]
+        if name in self.announced:
+            return []
+        self.announced.add(name)
+        return [ToolCallStartEvent(tool_call_id=name, tool_call_name=tool,
                                    parent_message_id=self.last_message.get(turn)),
-                ToolCallArgsEvent(tool_call_id=call_id, delta=args), ToolCallEndEvent(tool_call_id=call_id)]
+                ToolCallArgsEvent(tool_call_id=name, delta=args), ToolCallEndEvent(tool_call_id=name)]
+
+    def _reset(self, turn: int | None) -> list[BaseEvent]:
+        """Start the turn's streamed answer over: end what it opened; its new pieces open a new message."""
+        out = self.close_text()
+        for name, (call_turn, _sent) in list(self.streaming.items()):
+            if call_turn == turn:
+                del self.streaming[name]
+                out.append(ToolCallEndEvent(tool_call_id=name))
+        self.lost.discard(turn)
+        self.streamed.discard(turn)
+        self.resets[turn] = self.resets.get(turn, 0) + 1
+        return out
 
     def held_calls(self, header: HeaderFields) -> list[BaseEvent]:
-        """Announce the calls the instance holds for approval (start, arguments, end), once each."""
-        return [event for p in _pending(header)
-                for event in self._call(str(p.get("toolCallId")), str(p.get("tool")), p.get("arguments"),
-                                        self.held_turns.get(str(p.get("toolCallId"))))]
+        """Announce the calls the instance holds for approval (start, arguments, end) not announced yet."""
+        out: list[BaseEvent] = []
+        for p in _pending(header):
+            runtime_id = str(p.get("toolCallId"))
+            out += self._call(self.names.get(runtime_id, runtime_id), str(p.get("tool")), p.get("arguments"), None)
+        return out
 
-    def close(self) -> list[BaseEvent]:
+    def close_text(self) -> list[BaseEvent]:
         """End a streamed message still open."""
         if self.open_message is None:
             return []
-        message_id, self.open_message = self.open_message, None
+        message_id, self.open_message, self.open_turn = self.open_message, None, None
         return [TextMessageEndEvent(message_id=message_id)]
+
+    def close(self) -> list[BaseEvent]:
+        """End a streamed message and every streamed call still open (the segment is over)."""
+        ends: list[BaseEvent] = [ToolCallEndEvent(tool_call_id=name) for name in self.streaming]
+        self.streaming.clear()
+        return [*self.close_text(), *ends]
 
 
 def _digest_of(entry: ResumeEntry, payload: Mapping[str, Any]) -> str:

@@ -20,6 +20,12 @@ characters of deltas:
 Live events are never replayed: a follower sees those published after it subscribed. A surface
 that starts an instance chooses its id (:func:`loopwright_serve._steer.new_id`) and subscribes
 before it starts it, so it misses none.
+
+A subscription made with ``landed=True`` (the protocol surfaces' :mod:`._feed`) is also woken
+when a message of its instance is saved (the ``loopwright_on_message`` hook): it holds no copy of
+the message, only the flag :attr:`Subscription.landed`, and its follower reads the new messages
+from the store. So a stalled follower holds at most the bounds above and one flag, however long
+the run.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ import attrs
 from loopwright import hookimpl
 
 if TYPE_CHECKING:
-    from loopwright import Event
+    from loopwright import Event, InstanceInfo, Message
 
 __all__ = ["DELTA_KINDS", "LIVE_KINDS", "LiveChannel", "LiveEvent", "Subscription"]
 
@@ -84,11 +90,19 @@ class Subscription:
         dropped: How many deltas were dropped for this follower (read slowly), in all.
         coalesced: How many deltas were merged into the one before them.
         closed: Whether :meth:`close` was called (no more events will come).
+        landed: Whether a message of the instance was saved since the flag was last cleared
+            (kept only by a subscription made with ``watch_landed``).
     """
 
-    def __init__(self, instance_id: str, *, max_events: int = MAX_EVENTS, max_chars: int = MAX_CHARS) -> None:
-        """Follow ``instance_id`` (use :meth:`LiveChannel.subscribe`, which registers it)."""
+    def __init__(self, instance_id: str, *, max_events: int = MAX_EVENTS, max_chars: int = MAX_CHARS,
+                 watch_landed: bool = False) -> None:
+        """Follow ``instance_id`` (use :meth:`LiveChannel.subscribe`, which registers it).
+
+        :param watch_landed: Also wake :meth:`get` when a message is saved (:meth:`mark_landed`).
+        """
         self.instance_id = instance_id
+        self.watch_landed = watch_landed
+        self.landed = False
         self.max_events = max_events
         self.max_chars = max_chars
         self.dropped = 0
@@ -124,6 +138,12 @@ class Subscription:
                 self._lost_turn = None  # the turn starts over: its new pieces come again
             self._pending.append(event)
         self._ready.set()
+
+    def mark_landed(self) -> None:
+        """Note that a message of the instance was saved, and wake a follower that watches for that."""
+        if self.watch_landed and not self.closed:
+            self.landed = True
+            self._ready.set()
 
     def _coalesce(self, event: LiveEvent) -> bool:
         """Merge ``event`` into the last event held if it continues it; return whether it did."""
@@ -163,12 +183,12 @@ class Subscription:
 
     @property
     def ready(self) -> bool:
-        """Whether :meth:`get` would return at once: events are held, or the subscription is closed."""
-        return bool(self._pending) or self.closed
+        """Whether :meth:`get` would return at once: events are held, a message landed (if watched), or closed."""
+        return bool(self._pending) or self.closed or self.landed
 
     async def wait(self) -> None:
-        """Return once events are held or the subscription is closed (at once if so already)."""
-        if not self._pending and not self.closed:
+        """Return once :attr:`ready` (at once if so already)."""
+        if not self.ready:
             await self._ready.wait()
 
     def close(self) -> None:
@@ -190,9 +210,12 @@ class LiveChannel:
         self.max_chars = max_chars
         self._subscriptions: dict[str, set[Subscription]] = {}
 
-    def subscribe(self, instance_id: str) -> Subscription:
-        """Return a new subscription to ``instance_id``'s live events; end it with :meth:`unsubscribe`."""
-        sub = Subscription(instance_id, max_events=self.max_events, max_chars=self.max_chars)
+    def subscribe(self, instance_id: str, *, landed: bool = False) -> Subscription:
+        """Return a new subscription to ``instance_id``'s live events; end it with :meth:`unsubscribe`.
+
+        :param landed: Also note (and wake the follower) when a message is saved (:attr:`Subscription.landed`).
+        """
+        sub = Subscription(instance_id, max_events=self.max_events, max_chars=self.max_chars, watch_landed=landed)
         self._subscriptions.setdefault(instance_id, set()).add(sub)
         return sub
 
@@ -206,9 +229,9 @@ class LiveChannel:
                 del self._subscriptions[sub.instance_id]
 
     @contextmanager
-    def following(self, instance_id: str) -> Iterator[Subscription]:
-        """Subscribe to ``instance_id`` for the block's length."""
-        sub = self.subscribe(instance_id)
+    def following(self, instance_id: str, *, landed: bool = False) -> Iterator[Subscription]:
+        """Subscribe to ``instance_id`` for the block's length (``landed`` as :meth:`subscribe`)."""
+        sub = self.subscribe(instance_id, landed=landed)
         try:
             yield sub
         finally:
@@ -228,4 +251,10 @@ class LiveChannel:
         """Publish the engine's live events (:data:`LIVE_KINDS`) of followed instances."""
         if event.kind in LIVE_KINDS and event.instance_id in self._subscriptions:
             self.publish(event.instance_id, LiveEvent(kind=event.kind, turn=event.turn, data=dict(event.data)))
+
+    @hookimpl
+    def loopwright_on_message(self, message: Message, instance: InstanceInfo) -> None:  # noqa: ARG002 - the hook's shape
+        """Tell the subscriptions that watch for it that a message of their instance was saved."""
+        for sub in self._subscriptions.get(instance.instance_id, ()):
+            sub.mark_landed()
 

@@ -1,4 +1,4 @@
-"""What the A2A and AG-UI surfaces share: protocol ids as instance ids, and following a segment.
+"""What the A2A and AG-UI surfaces share: protocol ids as instance ids, and their gated responses.
 
 A protocol session (an A2A task or context, an AG-UI thread) *is* a loopwright instance: its id
 is the instance id. Only top-level instances of the surface's own definition can be reached so.
@@ -10,19 +10,18 @@ import secrets
 import time
 from typing import TYPE_CHECKING, Any
 
-from loopwright import HeaderFields, State, is_instance_id
+from loopwright import HeaderFields, is_instance_id
 from loopwright.errors import InstanceNotFoundError
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import Callable
 
     from starlette.responses import Response
     from starlette.types import Receive, Scope, Send
 
-    from loopwright import AgentRun, Event
     from loopwright_serve._context import StreamGate
 
-__all__ = ["GatedResponse", "Session", "new_id", "segment_events", "valid_id"]
+__all__ = ["GatedResponse", "Session", "new_id", "valid_id"]
 
 def valid_id(value: str) -> bool:
     """Whether ``value`` may be used as an instance id: :func:`loopwright.is_instance_id`, every store's rule."""
@@ -68,39 +67,20 @@ class Session:
         return header if header is not None and self.owns(header) else None
 
 
-async def segment_events(run: AgentRun, before: HeaderFields | None) -> AsyncIterator[Event]:
-    """Yield the events of the segment a start or a steering action began, if it began one.
-
-    A running segment is followed until the instance rests. One that already ended (a fast
-    model) is replayed from the run's backlog when the header changed since ``before`` (the
-    header read before the action; ``None`` for a new instance) in a way only a segment
-    makes: not a decision that left the instance waiting for approval.
-    """
-    if run.running or before is None:
-        async for event in run.events():
-            yield event
-        return
-    after = HeaderFields(await run.runtime.store.read_header(run.instance_id))
-    if after.updated_at == before.updated_at:
-        return
-    if before.state == after.state == State.WAITING_FOR_APPROVAL:
-        return
-    async for event in run.events():
-        yield event
-
-
 class GatedResponse:
     """A streaming response counted by the server's stream gate while it is sent.
 
     The caller has entered the gate (:meth:`StreamGate.enter`, which refuses with 503 past
     ``server.maxEventStreams``); this leaves it once the response is sent, or fails, or the
-    client goes away.
+    client goes away, and then calls ``cleanup`` (if given): what the response held, such as
+    a live subscription, is given back even when its body was never read.
     """
 
-    def __init__(self, response: Response, gate: StreamGate) -> None:
+    def __init__(self, response: Response, gate: StreamGate, cleanup: Callable[[], None] | None = None) -> None:
         """Wrap ``response``, which holds one place in ``gate``."""
         self.response = response
         self.gate = gate
+        self.cleanup = cleanup
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Send the response, then give its place back."""
@@ -108,3 +88,5 @@ class GatedResponse:
             await self.response(scope, receive, send)
         finally:
             self.gate.leave()
+            if self.cleanup is not None:
+                self.cleanup()
