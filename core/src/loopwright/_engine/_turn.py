@@ -2,9 +2,10 @@
 
 One turn: deliver the mail, check the limits, apply the context strategy if its trigger holds,
 recall long-term memory into the request (seed 002's first step, only for a definition with
-``memory:``; then ``loopwright_recall``), run ``before_inference``, call the model through the
-gateway (the provider's own retries, then ``agentRetry``, then the fallback models), run
-``after_inference``, save the answer and what it cost, then run its tool calls (:mod:`loopwright._engine._calls`). Every step is appended to the
+``memory:``; then ``loopwright_recall``), redact it (the assembly's ``redaction:``), run
+``before_inference``, call the model through the gateway (the provider's own retries, then
+``agentRetry``, then the fallback models), run ``after_inference``, save the answer and what it
+cost, then run its tool calls (:mod:`loopwright._engine._calls`). Every step is appended to the
 store before the next begins.
 """
 
